@@ -1,0 +1,24 @@
+//! Compiles protos/ with the pure-Rust `protox` compiler (no protoc needed),
+//! generates prost structs from the descriptors and keeps the encoded
+//! descriptor set so the config loader can reflect over the same schema.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=protos");
+    let proto_dir = PathBuf::from("protos");
+    let files: Vec<PathBuf> = std::fs::read_dir(proto_dir.join("easy_rec"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "proto"))
+        .collect();
+    let fds = protox::compile(&files, [&proto_dir])?;
+
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let bytes = prost::Message::encode_to_vec(&fds);
+    std::fs::write(out_dir.join("easyrec_descriptor.bin"), bytes)?;
+
+    prost_build::Config::new().out_dir(&out_dir).compile_fds(fds)?;
+    Ok(())
+}
