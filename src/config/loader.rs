@@ -1,0 +1,160 @@
+//! Reading a pipeline config file (text proto, or JSON for `.json`), EasyRec's
+//! `auto_expand_input_fields`, and printing a config back as text proto.
+
+use std::path::Path;
+
+use prost_reflect::{text_format::FormatOptions, DynamicMessage, ReflectMessage, Value};
+
+use super::{overrides::Overrides, pipeline_descriptor, proto, text_format, validate, ConfigError};
+
+/// A config after overrides and structural validation, in both forms.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    /// Reflective form, used for printing and further edits.
+    pub message: DynamicMessage,
+    /// Generated prost struct with the same content.
+    pub config: proto::EasyRecConfig,
+}
+
+impl LoadedConfig {
+    /// The effective config as text proto (what `--print_config` shows and
+    /// what train_eval writes to model_dir/pipeline.config).
+    pub fn to_text(&self) -> String {
+        render_text(&self.message)
+    }
+}
+
+/// Reads `path`, applies `overrides` in EasyRec's order and validates.
+pub fn load_pipeline(path: &Path, overrides: &Overrides) -> Result<LoadedConfig, ConfigError> {
+    let mut message = read_pipeline_file(path)?;
+    overrides.apply(&mut message)?;
+    finish(message)
+}
+
+/// Validates a message and converts it to the prost struct.
+pub fn finish(message: DynamicMessage) -> Result<LoadedConfig, ConfigError> {
+    validate::required_fields(&message)?;
+    let config: proto::EasyRecConfig = message
+        .transcode_to()
+        .map_err(|e| ConfigError::invalid("<root>", format!("internal transcoding error: {e}")))?;
+    validate::structure(&config)?;
+    Ok(LoadedConfig { message, config })
+}
+
+/// Parses a config file without overrides or validation.
+pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let file = path.display().to_string();
+    let mut message = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
+        parse_json(&file, &text)?
+    } else {
+        text_format::parse_text(&pipeline_descriptor(), &text).map_err(|e| ConfigError::Syntax {
+            file,
+            line: e.line,
+            col: e.col,
+            message: e.message,
+        })?
+    };
+    expand_input_fields(&mut message)?;
+    Ok(message)
+}
+
+fn parse_json(file: &str, text: &str) -> Result<DynamicMessage, ConfigError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let msg = DynamicMessage::deserialize(pipeline_descriptor(), &mut de)
+        .and_then(|m| de.end().map(|_| m))
+        .map_err(|e| ConfigError::Syntax {
+            file: file.to_string(),
+            line: e.line(),
+            col: e.column(),
+            message: e.to_string(),
+        })?;
+    Ok(msg)
+}
+
+/// With `data_config.auto_expand_input_fields`, a field named `f[1-3]`
+/// stands for f1, f2, f3 (same type and default).
+fn expand_input_fields(message: &mut DynamicMessage) -> Result<(), ConfigError> {
+    let desc = message.descriptor();
+    let data_fd = desc.get_field_by_name("data_config").expect("schema field");
+    if !message.has_field(&data_fd) {
+        return Ok(());
+    }
+    let Value::Message(data) = message.get_field_mut(&data_fd) else {
+        return Ok(());
+    };
+    let ddesc = data.descriptor();
+    let flag = ddesc
+        .get_field_by_name("auto_expand_input_fields")
+        .expect("schema field");
+    if !data.get_field(&flag).as_bool().unwrap_or(false) {
+        return Ok(());
+    }
+    let fields_fd = ddesc.get_field_by_name("input_fields").expect("schema field");
+    let Value::List(items) = data.get_field_mut(&fields_fd) else {
+        return Ok(());
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.drain(..).enumerate() {
+        let Value::Message(field) = &item else { continue };
+        let name = field
+            .get_field_by_name("input_name")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        match expand_range(&name) {
+            Some(Ok(names)) => {
+                for n in names {
+                    let mut copy = field.clone();
+                    copy.set_field_by_name("input_name", Value::String(n));
+                    out.push(Value::Message(copy));
+                }
+            }
+            Some(Err(msg)) => {
+                return Err(ConfigError::invalid(
+                    format!("data_config.input_fields[{i}].input_name"),
+                    msg,
+                ))
+            }
+            None => out.push(item),
+        }
+    }
+    *items = out;
+    Ok(())
+}
+
+/// `c[1-26]` -> Some(Ok([c1..c26])); names without a range -> None.
+fn expand_range(name: &str) -> Option<Result<Vec<String>, String>> {
+    let open = name.find('[')?;
+    let close = open + name[open..].find(']')?;
+    let (lo, hi) = name[open + 1..close].split_once('-')?;
+    let (prefix, suffix) = (&name[..open], &name[close + 1..]);
+    Some(match (lo.trim().parse::<u64>(), hi.trim().parse::<u64>()) {
+        (Ok(a), Ok(b)) if a <= b => Ok((a..=b).map(|k| format!("{prefix}{k}{suffix}")).collect()),
+        _ => Err(format!("`{name}`: expected a range like f[1-21] with start <= end")),
+    })
+}
+
+/// Text proto of `message` with one field per line.
+pub fn render_text(message: &DynamicMessage) -> String {
+    let mut s = message.to_text_format_with_options(&FormatOptions::new().pretty(true));
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_expand() {
+        assert_eq!(expand_range("c[1-3]").unwrap().unwrap(), vec!["c1", "c2", "c3"]);
+        assert_eq!(expand_range("x[2-2]_y").unwrap().unwrap(), vec!["x2_y"]);
+        assert!(expand_range("plain").is_none());
+        assert!(expand_range("c[3-1]").unwrap().is_err());
+    }
+}

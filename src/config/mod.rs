@@ -1,0 +1,81 @@
+//! Pipeline config: text proto / JSON -> `DynamicMessage` -> overrides ->
+//! structural validation -> prost structs -> typed, trainer-ready values.
+
+pub mod edit;
+pub mod loader;
+pub mod overrides;
+pub mod suggest;
+pub mod text_format;
+pub mod typed;
+pub mod validate;
+
+/// prost structs generated from `protos/easy_rec/*.proto` (package `protos`).
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/protos.rs"));
+}
+
+use std::path::PathBuf;
+
+use prost_reflect::{DescriptorPool, MessageDescriptor};
+
+pub use loader::{load_pipeline, render_text, LoadedConfig};
+pub use overrides::Overrides;
+
+/// Every way a config can be wrong. All of them are the user's to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A parse error at a position of a config file.
+    #[error("{file}:{line}:{col}: {message}")]
+    Syntax {
+        file: String,
+        line: usize,
+        col: usize,
+        message: String,
+    },
+    /// A field (named by its path from the root) holds a wrong or conflicting value.
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+    /// Valid for EasyRec, but this trainer cannot do it.
+    #[error("{path}: {what} is not supported by this trainer{hint}")]
+    Unsupported { path: String, what: String, hint: String },
+    /// A `--edit_config_json` key or an extend argument that cannot be applied.
+    #[error("cannot apply edit `{key}`: {message}")]
+    Edit { key: String, message: String },
+}
+
+impl ConfigError {
+    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn unsupported(path: impl Into<String>, what: impl Into<String>) -> Self {
+        ConfigError::Unsupported {
+            path: path.into(),
+            what: what.into(),
+            hint: String::new(),
+        }
+    }
+}
+
+/// The compiled schema (descriptors of every message in protos/).
+pub fn schema() -> DescriptorPool {
+    DescriptorPool::decode(include_bytes!(concat!(env!("OUT_DIR"), "/easyrec_descriptor.bin")).as_ref())
+        .expect("descriptor set produced by build.rs decodes")
+}
+
+/// Descriptor of the root message, `protos.EasyRecConfig`.
+pub fn pipeline_descriptor() -> MessageDescriptor {
+    schema()
+        .get_message_by_name("protos.EasyRecConfig")
+        .expect("EasyRecConfig is in the schema")
+}

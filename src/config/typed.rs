@@ -1,0 +1,728 @@
+//! Trainer-ready view of a validated config: enums instead of strings and
+//! oneofs, defaults resolved, and a clear "not supported" for every EasyRec
+//! option this trainer cannot honour (never silently ignored).
+
+use std::path::PathBuf;
+
+use super::{proto, validate, ConfigError};
+use proto::dataset_config::InputType;
+use proto::feature_config::FeatureType;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputFormat {
+    Csv {
+        separator: String,
+        with_header: bool,
+    },
+    /// One column per feature (ParquetInputV2); `packed` for ParquetInput.
+    Parquet {
+        packed: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// One process, or every rank training alone.
+    Single,
+    /// Tables sharded across ranks, dense part replicated (EmbeddingParallel, Sok).
+    EmbeddingParallel,
+    /// Every parameter replicated, gradients all-reduced.
+    DataParallel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointCadence {
+    Steps(u32),
+    Secs(u32),
+}
+
+/// Learning rate as a function of the global step, EasyRec's formulas.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LrSchedule {
+    Constant(f32),
+    ExponentialDecay {
+        initial: f32,
+        decay_steps: u32,
+        factor: f32,
+        staircase: bool,
+        burnin_lr: f32,
+        burnin_steps: u32,
+        min_lr: f32,
+    },
+    ManualStep {
+        initial: f32,
+        schedule: Vec<(u32, f32)>,
+        warmup: bool,
+    },
+    CosineDecay {
+        base: f32,
+        total_steps: u32,
+        warmup_lr: f32,
+        warmup_steps: u32,
+        hold_steps: u32,
+    },
+    PolyDecay {
+        base: f32,
+        total_steps: i64,
+        power: f32,
+        end_lr: f32,
+    },
+    Transformer {
+        base: f32,
+        hidden_size: i32,
+        warmup_steps: i32,
+        step_scaling: f32,
+    },
+}
+
+impl LrSchedule {
+    pub fn at(&self, step: u64) -> f32 {
+        let s = step as f64;
+        let v = match *self {
+            LrSchedule::Constant(lr) => lr as f64,
+            LrSchedule::ExponentialDecay {
+                initial,
+                decay_steps,
+                factor,
+                staircase,
+                burnin_lr,
+                burnin_steps,
+                min_lr,
+            } => {
+                let burnin = if burnin_lr == 0.0 { initial } else { burnin_lr } as f64;
+                let lr = if step < burnin_steps as u64 {
+                    burnin
+                } else {
+                    let mut p = (s - burnin_steps as f64) / decay_steps.max(1) as f64;
+                    if staircase {
+                        p = p.floor();
+                    }
+                    initial as f64 * (factor as f64).powf(p)
+                };
+                lr.max(min_lr as f64)
+            }
+            LrSchedule::ManualStep {
+                initial,
+                ref schedule,
+                warmup,
+            } => {
+                let mut rates = vec![initial as f64];
+                rates.extend(schedule.iter().map(|(_, r)| *r as f64));
+                let first = schedule.first().map_or(0, |(b, _)| *b) as u64;
+                if warmup && step < first && rates.len() > 1 {
+                    rates[0] + (rates[1] - rates[0]) * s / first as f64
+                } else {
+                    rates[schedule.iter().filter(|(b, _)| step >= *b as u64).count()]
+                }
+            }
+            LrSchedule::CosineDecay {
+                base,
+                total_steps,
+                warmup_lr,
+                warmup_steps,
+                hold_steps,
+            } => {
+                let (base, total, warm, hold) =
+                    (base as f64, total_steps as f64, warmup_steps as f64, hold_steps as f64);
+                if s > total {
+                    0.0
+                } else if warmup_steps > 0 && s < warm {
+                    (base - warmup_lr as f64) / warm * s + warmup_lr as f64
+                } else if hold_steps > 0 && s <= warm + hold {
+                    base
+                } else {
+                    0.5 * base * (1.0 + (std::f64::consts::PI * (s - warm - hold) / (total - warm - hold)).cos())
+                }
+            }
+            LrSchedule::PolyDecay {
+                base,
+                total_steps,
+                power,
+                end_lr,
+            } => {
+                let t = total_steps.max(1) as f64;
+                let p = s.min(t) / t;
+                (base - end_lr) as f64 * (1.0 - p).powf(power as f64) + end_lr as f64
+            }
+            LrSchedule::Transformer {
+                base,
+                hidden_size,
+                warmup_steps,
+                step_scaling,
+            } => {
+                let n = s * step_scaling as f64 + 1.0;
+                let decay = (hidden_size as f64).powf(-0.5) * (n * (warmup_steps as f64).powf(-1.5)).min(n.powf(-0.5));
+                decay * base as f64
+            }
+        };
+        v as f32
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptimizerKind {
+    /// Momentum SGD (momentum 0 is plain SGD).
+    Momentum {
+        momentum: f32,
+    },
+    Adam {
+        beta1: f32,
+        beta2: f32,
+    },
+    /// Adam whose untouched embedding rows keep their moments.
+    LazyAdam {
+        beta1: f32,
+        beta2: f32,
+    },
+    AdamW {
+        beta1: f32,
+        beta2: f32,
+        weight_decay: f32,
+    },
+    Adagrad {
+        initial_accumulator: f32,
+    },
+    Ftrl {
+        lr_power: f32,
+        initial_accumulator: f32,
+        l1: f32,
+        l2: f32,
+        l2_shrinkage: f32,
+    },
+    RmsProp {
+        momentum: f32,
+        decay: f32,
+        epsilon: f32,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimizerSpec {
+    pub kind: OptimizerKind,
+    pub lr: LrSchedule,
+    pub embedding_lr_multiplier: Option<f32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    WideAndDeep,
+    Dlrm,
+    DeepFm,
+    Dcn,
+    MultiTower,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossKind {
+    /// Sigmoid cross entropy on one logit.
+    BinaryClassification,
+    /// Mean squared error.
+    Regression,
+}
+
+/// How an IdFeature / TagFeature turns a raw value into a row id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Bucketing {
+    Hash(u64),
+    Identity(u64),
+    Vocab(Vec<String>),
+    VocabFile(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeatureKind {
+    Id {
+        buckets: Bucketing,
+    },
+    Tag {
+        buckets: Bucketing,
+        separator: String,
+        kv_separator: Option<String>,
+    },
+    /// Numeric value(s): normalized to [0, 1] when min/max are given,
+    /// bucketized into an embedding when boundaries are given.
+    Raw {
+        dim: u32,
+        min_max: Option<(f64, f64)>,
+        boundaries: Vec<f64>,
+    },
+    Combo {
+        buckets: Bucketing,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeatureSpec {
+    pub name: String,
+    pub inputs: Vec<String>,
+    pub kind: FeatureKind,
+    /// Table name (features sharing it share rows) and dimension; 0 = no embedding.
+    pub table: String,
+    pub embedding_dim: u32,
+    pub mean_combiner: bool,
+}
+
+/// Everything training needs, checked for support.
+#[derive(Debug, Clone)]
+pub struct TrainingPlan {
+    pub model_dir: PathBuf,
+    pub train_paths: Vec<String>,
+    pub eval_paths: Vec<String>,
+    pub format: InputFormat,
+    pub batch_size: u32,
+    pub num_epochs: u32,
+    pub num_steps: Option<u32>,
+    pub strategy: Strategy,
+    pub checkpoints: CheckpointCadence,
+    pub keep_checkpoint_max: u32,
+    pub log_step_count_steps: u32,
+    pub save_summary_steps: u32,
+    pub gradient_clip_norm: Option<f32>,
+    pub optimizers: Vec<OptimizerSpec>,
+    pub model: ModelKind,
+    pub loss: LossKind,
+    pub features: Vec<FeatureSpec>,
+}
+
+fn paths(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+impl TrainingPlan {
+    pub fn from_config(cfg: &proto::EasyRecConfig) -> Result<Self, ConfigError> {
+        use proto::easy_rec_config::{EvalPath, TrainPath};
+        let train_paths = match &cfg.train_path {
+            Some(TrainPath::TrainInputPath(p)) | Some(TrainPath::ParquetTrainInput(p)) => paths(p),
+            Some(TrainPath::KafkaTrainInput(_)) => {
+                return Err(ConfigError::unsupported("kafka_train_input", "Kafka input"))
+            }
+            Some(TrainPath::DatahubTrainInput(_)) => {
+                return Err(ConfigError::unsupported("datahub_train_input", "DataHub input"))
+            }
+            Some(TrainPath::HiveTrainInput(_)) => {
+                return Err(ConfigError::unsupported("hive_train_input", "Hive input"))
+            }
+            Some(TrainPath::BinaryTrainInput(_)) => {
+                return Err(ConfigError::unsupported("binary_train_input", "binary Criteo input"))
+            }
+            None => {
+                return Err(ConfigError::invalid(
+                    "train_input_path",
+                    "no training data: set train_input_path or parquet_train_input",
+                ))
+            }
+        };
+        let eval_paths = match &cfg.eval_path {
+            Some(EvalPath::EvalInputPath(p)) | Some(EvalPath::ParquetEvalInput(p)) => paths(p),
+            None => Vec::new(),
+            Some(_) => return Err(ConfigError::unsupported("eval_path", "this eval input source")),
+        };
+        let data = cfg
+            .data_config
+            .clone()
+            .ok_or_else(|| ConfigError::invalid("data_config", "required for training"))?;
+        let format = match data.input_type() {
+            InputType::CsvInput => InputFormat::Csv {
+                separator: data.separator().to_string(),
+                with_header: data.with_header(),
+            },
+            InputType::ParquetInput => InputFormat::Parquet { packed: true },
+            InputType::ParquetInputV2 => InputFormat::Parquet { packed: false },
+            other => {
+                return Err(ConfigError::unsupported(
+                    "data_config.input_type",
+                    format!("input type {}", other.as_str_name()),
+                ))
+            }
+        };
+        if data.sampler.is_some() {
+            return Err(ConfigError::unsupported("data_config", "negative sampling"));
+        }
+        if cfg.fg_json_path.as_deref().is_some_and(|p| !p.is_empty()) {
+            return Err(ConfigError::unsupported("fg_json_path", "RTP feature generation"));
+        }
+        let train = cfg.train_config.clone().unwrap_or_default();
+        let strategy = strategy(train.train_distribute())?;
+        let checkpoints = match train.save_checkpoints_secs {
+            Some(s) => CheckpointCadence::Secs(s),
+            None => CheckpointCadence::Steps(train.save_checkpoints_steps()),
+        };
+        if train.optimizer_config.is_empty() {
+            return Err(ConfigError::invalid(
+                "train_config.optimizer_config",
+                "training needs at least one optimizer",
+            ));
+        }
+        let optimizers = train
+            .optimizer_config
+            .iter()
+            .enumerate()
+            .map(|(i, o)| optimizer(o, &format!("train_config.optimizer_config[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let model = &cfg.model_config;
+        let kind = match model.model_class.as_str() {
+            "WideAndDeep" => ModelKind::WideAndDeep,
+            "DLRM" => ModelKind::Dlrm,
+            "DeepFM" => ModelKind::DeepFm,
+            "DCN" => ModelKind::Dcn,
+            "MultiTower" => ModelKind::MultiTower,
+            other => {
+                return Err(ConfigError::Unsupported {
+                    path: "model_config.model_class".into(),
+                    what: format!("model class `{other}`"),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, DCN, MultiTower)".into(),
+                })
+            }
+        };
+        let loss = match (model.loss_type(), model.num_class()) {
+            (proto::LossType::Classification, 1) => LossKind::BinaryClassification,
+            (proto::LossType::L2Loss, _) => LossKind::Regression,
+            (proto::LossType::Classification, n) => {
+                return Err(ConfigError::unsupported(
+                    "model_config.num_class",
+                    format!("multi-class classification ({n} classes)"),
+                ))
+            }
+            (other, _) => {
+                return Err(ConfigError::unsupported(
+                    "model_config.loss_type",
+                    format!("loss {}", other.as_str_name()),
+                ))
+            }
+        };
+        if !model.losses.is_empty() {
+            return Err(ConfigError::unsupported(
+                "model_config.losses",
+                "a list of extra losses",
+            ));
+        }
+        if !model.kd.is_empty() {
+            return Err(ConfigError::unsupported("model_config.kd", "knowledge distillation"));
+        }
+        if model.ev_params.is_some() {
+            return Err(ConfigError::unsupported(
+                "model_config.ev_params",
+                "key-value embedding variables",
+            ));
+        }
+        let (feats, prefix) = validate::features(cfg);
+        let features = feats
+            .iter()
+            .enumerate()
+            .map(|(i, f)| feature(f, &format!("{prefix}[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let num_steps = train.num_steps.filter(|n| *n > 0);
+        Ok(TrainingPlan {
+            model_dir: PathBuf::from(&cfg.model_dir),
+            train_paths,
+            eval_paths,
+            format,
+            batch_size: data.batch_size(),
+            num_epochs: data.num_epochs(),
+            num_steps,
+            strategy,
+            checkpoints,
+            keep_checkpoint_max: train.keep_checkpoint_max(),
+            log_step_count_steps: train.log_step_count_steps().max(1),
+            save_summary_steps: train.save_summary_steps(),
+            gradient_clip_norm: Some(train.gradient_clipping_by_norm()).filter(|c| *c > 0.0),
+            optimizers,
+            model: kind,
+            loss,
+            features,
+        })
+    }
+}
+
+fn strategy(s: proto::DistributionStrategy) -> Result<Strategy, ConfigError> {
+    use proto::DistributionStrategy::*;
+    match s {
+        NoStrategy => Ok(Strategy::Single),
+        EmbeddingParallelStrategy | SokStrategy => Ok(Strategy::EmbeddingParallel),
+        MirroredStrategy | MultiWorkerMirroredStrategy | CollectiveAllReduceStrategy | HorovodStrategy => {
+            Ok(Strategy::DataParallel)
+        }
+        PsStrategy | ExascaleStrategy => Err(ConfigError::Unsupported {
+            path: "train_config.train_distribute".into(),
+            what: format!("{} (parameter-server / asynchronous training)", s.as_str_name()),
+            hint: " yet; use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy".into(),
+        }),
+    }
+}
+
+fn optimizer(o: &proto::Optimizer, path: &str) -> Result<OptimizerSpec, ConfigError> {
+    use proto::optimizer::Optimizer as O;
+    if o.use_moving_average() {
+        return Err(ConfigError::unsupported(
+            format!("{path}.use_moving_average"),
+            "moving averages of weights",
+        ));
+    }
+    let kind_msg = o.optimizer.as_ref().expect("checked by validate::structure");
+    let (name, lr) = validate::optimizer_lr(kind_msg);
+    let kind = match kind_msg {
+        O::MomentumOptimizer(m) => OptimizerKind::Momentum {
+            momentum: m.momentum_optimizer_value(),
+        },
+        O::AdamOptimizer(a) => OptimizerKind::Adam {
+            beta1: a.beta1(),
+            beta2: a.beta2(),
+        },
+        O::LazyAdamOptimizer(a) => OptimizerKind::LazyAdam {
+            beta1: a.beta1(),
+            beta2: a.beta2(),
+        },
+        O::AdamwOptimizer(a) => OptimizerKind::AdamW {
+            beta1: a.beta1(),
+            beta2: a.beta2(),
+            weight_decay: a.weight_decay(),
+        },
+        O::AdagradOptimizer(a) => OptimizerKind::Adagrad {
+            initial_accumulator: a.initial_accumulator_value(),
+        },
+        O::FtrlOptimizer(f) => OptimizerKind::Ftrl {
+            lr_power: f.learning_rate_power(),
+            initial_accumulator: f.initial_accumulator_value(),
+            l1: f.l1_reg(),
+            l2: f.l2_reg(),
+            l2_shrinkage: f.l2_shrinkage_reg(),
+        },
+        O::RmsPropOptimizer(r) => OptimizerKind::RmsProp {
+            momentum: r.momentum_optimizer_value(),
+            decay: r.decay(),
+            epsilon: r.epsilon(),
+        },
+        O::MomentumwOptimizer(_) | O::AdamAsyncOptimizer(_) | O::AdamAsyncwOptimizer(_) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.{name}"),
+                format!("optimizer {name}"),
+            ))
+        }
+    };
+    let lr_path = format!("{path}.{name}.learning_rate");
+    let lr = schedule(
+        lr.and_then(|l| l.learning_rate.as_ref())
+            .expect("checked by validate::structure"),
+        &lr_path,
+    )?;
+    Ok(OptimizerSpec {
+        kind,
+        lr,
+        embedding_lr_multiplier: o.embedding_learning_rate_multiplier,
+    })
+}
+
+fn schedule(lr: &proto::learning_rate::LearningRate, path: &str) -> Result<LrSchedule, ConfigError> {
+    use proto::learning_rate::LearningRate as L;
+    Ok(match lr {
+        L::ConstantLearningRate(c) => LrSchedule::Constant(c.learning_rate()),
+        L::ExponentialDecayLearningRate(e) => LrSchedule::ExponentialDecay {
+            initial: e.initial_learning_rate(),
+            decay_steps: e.decay_steps(),
+            factor: e.decay_factor(),
+            staircase: e.staircase(),
+            burnin_lr: e.burnin_learning_rate(),
+            burnin_steps: e.burnin_steps(),
+            min_lr: e.min_learning_rate(),
+        },
+        L::ManualStepLearningRate(m) => {
+            let schedule: Vec<(u32, f32)> = m.schedule.iter().map(|s| (s.step(), s.learning_rate())).collect();
+            if schedule.windows(2).any(|w| w[1].0 <= w[0].0) || schedule.first().is_some_and(|s| s.0 == 0) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.manual_step_learning_rate.schedule"),
+                    "steps must be positive and strictly increasing",
+                ));
+            }
+            LrSchedule::ManualStep {
+                initial: m.initial_learning_rate(),
+                schedule,
+                warmup: m.warmup(),
+            }
+        }
+        L::CosineDecayLearningRate(c) => {
+            if c.total_steps() < c.warmup_steps() + c.hold_base_rate_steps() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.cosine_decay_learning_rate.total_steps"),
+                    "must be at least warmup_steps + hold_base_rate_steps",
+                ));
+            }
+            LrSchedule::CosineDecay {
+                base: c.learning_rate_base(),
+                total_steps: c.total_steps(),
+                warmup_lr: c.warmup_learning_rate(),
+                warmup_steps: c.warmup_steps(),
+                hold_steps: c.hold_base_rate_steps(),
+            }
+        }
+        L::PolyDecayLearningRate(p) => LrSchedule::PolyDecay {
+            base: p.learning_rate_base,
+            total_steps: p.total_steps,
+            power: p.power,
+            end_lr: p.end_learning_rate(),
+        },
+        L::TransformerLearningRate(t) => LrSchedule::Transformer {
+            base: t.learning_rate_base,
+            hidden_size: t.hidden_size,
+            warmup_steps: t.warmup_steps,
+            step_scaling: t.step_scaling_rate(),
+        },
+    })
+}
+
+fn buckets(f: &proto::FeatureConfig) -> Option<Bucketing> {
+    if f.hash_bucket_size() > 0 {
+        Some(Bucketing::Hash(f.hash_bucket_size()))
+    } else if f.num_buckets() > 0 {
+        Some(Bucketing::Identity(f.num_buckets()))
+    } else if !f.vocab_list.is_empty() {
+        Some(Bucketing::Vocab(f.vocab_list.clone()))
+    } else {
+        f.vocab_file
+            .as_ref()
+            .filter(|v| !v.is_empty())
+            .map(|v| Bucketing::VocabFile(PathBuf::from(v)))
+    }
+}
+
+fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigError> {
+    let name = validate::feature_name(f).to_string();
+    let need_buckets = || {
+        buckets(f).ok_or_else(|| {
+            ConfigError::invalid(
+                path,
+                format!("`{name}` needs hash_bucket_size, num_buckets or a vocabulary"),
+            )
+        })
+    };
+    let kind = match f.feature_type() {
+        FeatureType::IdFeature => FeatureKind::Id {
+            buckets: need_buckets()?,
+        },
+        FeatureType::TagFeature => FeatureKind::Tag {
+            buckets: need_buckets()?,
+            separator: f.separator().to_string(),
+            kv_separator: f.kv_separator.clone().filter(|s| !s.is_empty()),
+        },
+        FeatureType::RawFeature => {
+            if f.normalizer_fn.as_deref().is_some_and(|n| !n.is_empty()) {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.normalizer_fn"),
+                    "Python normalizer functions",
+                ));
+            }
+            let min_max = (f.min_val.is_some() || f.max_val.is_some()).then(|| (f.min_val(), f.max_val()));
+            FeatureKind::Raw {
+                dim: f.raw_input_dim(),
+                min_max,
+                boundaries: f.boundaries.clone(),
+            }
+        }
+        FeatureType::ComboFeature => FeatureKind::Combo {
+            buckets: need_buckets()?,
+        },
+        other => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.feature_type"),
+                format!("feature type {}", other.as_str_name()),
+            ))
+        }
+    };
+    if f.ev_params.is_some() {
+        return Err(ConfigError::unsupported(
+            format!("{path}.ev_params"),
+            "key-value embedding variables",
+        ));
+    }
+    if f.combiner() == "sqrtn" {
+        return Err(ConfigError::unsupported(
+            format!("{path}.combiner"),
+            "the sqrtn combiner",
+        ));
+    }
+    let table = match &f.embedding_name {
+        Some(n) if !n.is_empty() => n.clone(),
+        _ => name.clone(),
+    };
+    Ok(FeatureSpec {
+        name,
+        inputs: f.input_names.clone(),
+        kind,
+        table,
+        embedding_dim: f.embedding_dim(),
+        mean_combiner: f.combiner() == "mean",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exponential_decay_matches_tf() {
+        let s = LrSchedule::ExponentialDecay {
+            initial: 0.1,
+            decay_steps: 10,
+            factor: 0.5,
+            staircase: true,
+            burnin_lr: 0.0,
+            burnin_steps: 0,
+            min_lr: 0.01,
+        };
+        assert_eq!(s.at(0), 0.1);
+        assert_eq!(s.at(9), 0.1);
+        assert!((s.at(10) - 0.05).abs() < 1e-7);
+        assert!((s.at(100) - 0.01).abs() < 1e-7, "floored at min_lr");
+    }
+
+    #[test]
+    fn manual_step_with_and_without_warmup() {
+        let s = LrSchedule::ManualStep {
+            initial: 0.0,
+            schedule: vec![(10, 1.0), (20, 0.5)],
+            warmup: false,
+        };
+        assert_eq!((s.at(0), s.at(9), s.at(10), s.at(25)), (0.0, 0.0, 1.0, 0.5));
+        let w = LrSchedule::ManualStep {
+            initial: 0.0,
+            schedule: vec![(10, 1.0), (20, 0.5)],
+            warmup: true,
+        };
+        assert!((w.at(5) - 0.5).abs() < 1e-7);
+        assert_eq!(w.at(10), 1.0);
+    }
+
+    #[test]
+    fn cosine_poly_and_transformer() {
+        let c = LrSchedule::CosineDecay {
+            base: 1.0,
+            total_steps: 100,
+            warmup_lr: 0.0,
+            warmup_steps: 10,
+            hold_steps: 0,
+        };
+        assert!((c.at(5) - 0.5).abs() < 1e-6);
+        assert!((c.at(10) - 1.0).abs() < 1e-6);
+        assert!((c.at(55) - 0.5).abs() < 1e-6);
+        assert_eq!(c.at(101), 0.0);
+        let p = LrSchedule::PolyDecay {
+            base: 1.0,
+            total_steps: 10,
+            power: 1.0,
+            end_lr: 0.0,
+        };
+        assert!((p.at(5) - 0.5).abs() < 1e-6);
+        assert_eq!(p.at(50), 0.0);
+        let t = LrSchedule::Transformer {
+            base: 1.0,
+            hidden_size: 4,
+            warmup_steps: 4,
+            step_scaling: 1.0,
+        };
+        // step 3: min(4 * 4^-1.5, 4^-0.5) = 0.5; * 4^-0.5 = 0.25
+        assert!((t.at(3) - 0.25).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,339 @@
+//! Structural checks that hold for any use of a config (train, eval, export,
+//! print): required fields, conflicting options, dangling references.
+//! Whether this trainer can *run* a config is decided in `typed`.
+
+use std::collections::HashSet;
+
+use prost_reflect::{Cardinality, DynamicMessage, Kind, ReflectMessage, Value};
+
+use super::{proto, suggest, ConfigError};
+use proto::feature_config::FeatureType;
+
+/// proto2 `required` fields that declare no default must be present.
+/// (Required fields with a default behave as optional, as in EasyRec, which
+/// never checks initialization.)
+pub fn required_fields(msg: &DynamicMessage) -> Result<(), ConfigError> {
+    fn walk(msg: &DynamicMessage, path: &str) -> Result<(), ConfigError> {
+        let desc = msg.descriptor();
+        for fd in desc.fields() {
+            let here = if path.is_empty() {
+                fd.name().to_string()
+            } else {
+                format!("{path}.{}", fd.name())
+            };
+            if fd.cardinality() == Cardinality::Required
+                && fd.field_descriptor_proto().default_value.is_none()
+                && !msg.has_field(&fd)
+            {
+                return Err(ConfigError::invalid(here, "required field is missing"));
+            }
+            if !matches!(fd.kind(), Kind::Message(_)) || !msg.has_field(&fd) {
+                continue;
+            }
+            match &*msg.get_field(&fd) {
+                Value::Message(m) => walk(m, &here)?,
+                Value::List(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        if let Value::Message(m) = item {
+                            walk(m, &format!("{here}[{i}]"))?;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    walk(msg, "")
+}
+
+/// The features of a config: `feature_configs` when non-empty, else `feature_config.features`,
+/// with the path prefix to name them in errors.
+pub fn features(cfg: &proto::EasyRecConfig) -> (&[proto::FeatureConfig], &'static str) {
+    if !cfg.feature_configs.is_empty() {
+        (&cfg.feature_configs, "feature_configs")
+    } else {
+        (
+            cfg.feature_config.as_ref().map_or(&[][..], |f| &f.features[..]),
+            "feature_config.features",
+        )
+    }
+}
+
+/// A feature's name as EasyRec derives it: feature_name, else the first input name.
+pub fn feature_name(f: &proto::FeatureConfig) -> &str {
+    match &f.feature_name {
+        Some(n) if !n.is_empty() => n,
+        _ => f.input_names.first().map_or("", String::as_str),
+    }
+}
+
+/// Model classes with a dedicated parameter block, and that block's field name.
+pub const MODEL_BLOCKS: [(&str, &str); 8] = [
+    ("WideAndDeep", "wide_and_deep"),
+    ("DeepFM", "deepfm"),
+    ("MultiTower", "multi_tower"),
+    ("FM", "fm"),
+    ("DCN", "dcn"),
+    ("AutoInt", "autoint"),
+    ("DLRM", "dlrm"),
+    ("MMoE", "mmoe"),
+];
+
+fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
+    use proto::easy_rec_model::Model::*;
+    match m {
+        ModelParams(_) => "model_params",
+        Dummy(_) => "dummy",
+        WideAndDeep(_) => "wide_and_deep",
+        Deepfm(_) => "deepfm",
+        MultiTower(_) => "multi_tower",
+        Fm(_) => "fm",
+        Dcn(_) => "dcn",
+        Autoint(_) => "autoint",
+        Dlrm(_) => "dlrm",
+        Mmoe(_) => "mmoe",
+    }
+}
+
+pub fn structure(cfg: &proto::EasyRecConfig) -> Result<(), ConfigError> {
+    if cfg.model_dir.trim().is_empty() {
+        return Err(ConfigError::invalid("model_dir", "must not be empty"));
+    }
+    if let Some(train) = &cfg.train_config {
+        check_train(train, &cfg.model_config)?;
+    }
+    if let Some(data) = &cfg.data_config {
+        check_data(data)?;
+    }
+    let input_names: Option<HashSet<&str>> = cfg
+        .data_config
+        .as_ref()
+        .filter(|d| !d.input_fields.is_empty())
+        .map(|d| d.input_fields.iter().map(|f| f.input_name.as_str()).collect());
+    let feature_names = check_features(cfg, input_names.as_ref())?;
+    check_model(&cfg.model_config, &feature_names)?;
+    if let Some(export) = &cfg.export_config {
+        let t = export.exporter_type();
+        if !["final", "latest", "best", "none"].contains(&t) {
+            return Err(ConfigError::invalid(
+                "export_config.exporter_type",
+                format!("`{t}` is not one of final, latest, best, none"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_train(train: &proto::TrainConfig, model: &proto::EasyRecModel) -> Result<(), ConfigError> {
+    if train.save_checkpoints_steps.is_some() && train.save_checkpoints_secs.is_some() {
+        return Err(ConfigError::invalid(
+            "train_config.save_checkpoints_secs",
+            "conflicts with train_config.save_checkpoints_steps; set only one of them",
+        ));
+    }
+    let n = train.optimizer_config.len();
+    let class = model.model_class.as_str();
+    let (max, rule) = if class == "WideAndDeep" {
+        (
+            3,
+            "WideAndDeep takes 1 (all variables), 2 (wide part, everything else) or 3 (wide, deep embeddings, dense)",
+        )
+    } else {
+        (2, "a model takes 1 (all variables) or 2 (embeddings, everything else)")
+    };
+    if n > max {
+        return Err(ConfigError::invalid(
+            "train_config.optimizer_config",
+            format!("{n} optimizers given, but {rule}"),
+        ));
+    }
+    for (i, opt) in train.optimizer_config.iter().enumerate() {
+        let path = format!("train_config.optimizer_config[{i}]");
+        let Some(kind) = &opt.optimizer else {
+            return Err(ConfigError::invalid(
+                path,
+                "no optimizer chosen (e.g. adam_optimizer { ... })",
+            ));
+        };
+        let (name, lr) = optimizer_lr(kind);
+        if lr.and_then(|l| l.learning_rate.as_ref()).is_none() {
+            return Err(ConfigError::invalid(
+                format!("{path}.{name}.learning_rate"),
+                "missing; choose a schedule such as constant_learning_rate { learning_rate: 0.001 }",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The oneof member name and learning-rate block of an optimizer.
+pub fn optimizer_lr(kind: &proto::optimizer::Optimizer) -> (&'static str, Option<&proto::LearningRate>) {
+    use proto::optimizer::Optimizer::*;
+    match kind {
+        RmsPropOptimizer(o) => ("rms_prop_optimizer", o.learning_rate.as_ref()),
+        MomentumOptimizer(o) => ("momentum_optimizer", o.learning_rate.as_ref()),
+        AdamOptimizer(o) => ("adam_optimizer", o.learning_rate.as_ref()),
+        MomentumwOptimizer(o) => ("momentumw_optimizer", o.learning_rate.as_ref()),
+        AdamwOptimizer(o) => ("adamw_optimizer", o.learning_rate.as_ref()),
+        AdamAsyncOptimizer(o) => ("adam_async_optimizer", o.learning_rate.as_ref()),
+        AdagradOptimizer(o) => ("adagrad_optimizer", o.learning_rate.as_ref()),
+        FtrlOptimizer(o) => ("ftrl_optimizer", o.learning_rate.as_ref()),
+        AdamAsyncwOptimizer(o) => ("adam_asyncw_optimizer", o.learning_rate.as_ref()),
+        LazyAdamOptimizer(o) => ("lazy_adam_optimizer", o.learning_rate.as_ref()),
+    }
+}
+
+fn check_data(data: &proto::DatasetConfig) -> Result<(), ConfigError> {
+    if data.batch_size() == 0 {
+        return Err(ConfigError::invalid("data_config.batch_size", "must be at least 1"));
+    }
+    let mut seen = HashSet::new();
+    for (i, f) in data.input_fields.iter().enumerate() {
+        if !seen.insert(f.input_name.as_str()) {
+            return Err(ConfigError::invalid(
+                format!("data_config.input_fields[{i}].input_name"),
+                format!("`{}` is defined twice", f.input_name),
+            ));
+        }
+    }
+    if !data.input_fields.is_empty() {
+        let names: Vec<String> = data.input_fields.iter().map(|f| f.input_name.clone()).collect();
+        for (i, l) in data.label_fields.iter().enumerate() {
+            if !seen.contains(l.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("data_config.label_fields[{i}]"),
+                    format!("no input field named `{l}`{}", suggest::did_you_mean(l, &names)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_features<'a>(
+    cfg: &'a proto::EasyRecConfig,
+    input_names: Option<&HashSet<&str>>,
+) -> Result<HashSet<&'a str>, ConfigError> {
+    let (features, prefix) = features(cfg);
+    let all_inputs: Vec<String> = input_names
+        .map(|s| s.iter().map(|x| x.to_string()).collect())
+        .unwrap_or_default();
+    let mut names = HashSet::new();
+    for (i, f) in features.iter().enumerate() {
+        let name = feature_name(f);
+        let path = format!("{prefix}[{i}]");
+        if name.is_empty() {
+            return Err(ConfigError::invalid(
+                path,
+                "a feature needs input_names (or feature_name)",
+            ));
+        }
+        if !names.insert(name) {
+            return Err(ConfigError::invalid(path, format!("feature `{name}` is defined twice")));
+        }
+        if let Some(inputs) = input_names {
+            for (j, input) in f.input_names.iter().enumerate() {
+                if !inputs.contains(input.as_str()) {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.input_names[{j}]"),
+                        format!(
+                            "no data_config.input_fields entry named `{input}`{}",
+                            suggest::did_you_mean(input, &all_inputs)
+                        ),
+                    ));
+                }
+            }
+        }
+        let ft = f.feature_type();
+        if matches!(ft, FeatureType::IdFeature | FeatureType::TagFeature) {
+            let set: Vec<&str> = [
+                ("hash_bucket_size", f.hash_bucket_size() > 0),
+                ("num_buckets", f.num_buckets() > 0),
+                ("vocab_list", !f.vocab_list.is_empty()),
+                ("vocab_file", f.vocab_file.as_deref().is_some_and(|v| !v.is_empty())),
+            ]
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| *n)
+            .collect();
+            if set.len() > 1 {
+                return Err(ConfigError::invalid(
+                    path,
+                    format!(
+                        "{} (`{name}`) sets {}; use exactly one of hash_bucket_size, num_buckets, vocab_list, vocab_file",
+                        ft.as_str_name(),
+                        set.join(" and ")
+                    ),
+                ));
+            }
+            if set.is_empty() && ft == FeatureType::IdFeature {
+                return Err(ConfigError::invalid(
+                    path,
+                    format!("IdFeature (`{name}`) needs one of hash_bucket_size, num_buckets, vocab_list, vocab_file"),
+                ));
+            }
+        }
+        if !["sum", "mean", "sqrtn"].contains(&f.combiner()) {
+            return Err(ConfigError::invalid(
+                format!("{path}.combiner"),
+                format!("`{}` is not one of sum, mean, sqrtn", f.combiner()),
+            ));
+        }
+        if ft == FeatureType::RawFeature && f.min_val.is_some() && f.max_val.is_some() && f.max_val() <= f.min_val() {
+            return Err(ConfigError::invalid(
+                format!("{path}.max_val"),
+                "must be greater than min_val",
+            ));
+        }
+        if f.boundaries.windows(2).any(|w| w[1] <= w[0]) {
+            return Err(ConfigError::invalid(
+                format!("{path}.boundaries"),
+                "must be strictly increasing",
+            ));
+        }
+    }
+    Ok(names)
+}
+
+fn check_model(model: &proto::EasyRecModel, feature_names: &HashSet<&str>) -> Result<(), ConfigError> {
+    let all: Vec<String> = feature_names.iter().map(|s| s.to_string()).collect();
+    for (g, group) in model.feature_groups.iter().enumerate() {
+        for (j, name) in group.feature_names.iter().enumerate() {
+            if !feature_names.contains(name.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("model_config.feature_groups[{g}].feature_names[{j}]"),
+                    format!("no feature named `{name}`{}", suggest::did_you_mean(name, &all)),
+                ));
+            }
+        }
+    }
+    let class = model.model_class.as_str();
+    if let Some((_, block)) = MODEL_BLOCKS.iter().find(|(c, _)| *c == class) {
+        match &model.model {
+            Some(m) if model_block_name(m) == *block => {}
+            Some(m) => {
+                return Err(ConfigError::invalid(
+                    format!("model_config.{}", model_block_name(m)),
+                    format!("model_class {class} needs a `{block} {{ ... }}` block, not this one"),
+                ))
+            }
+            None => {
+                return Err(ConfigError::invalid(
+                    "model_config",
+                    format!("model_class {class} needs a `{block} {{ ... }}` block"),
+                ))
+            }
+        }
+    }
+    if let Some(proto::easy_rec_model::Model::Dlrm(d)) = &model.model {
+        let op = d.arch_interaction_op();
+        if op != "dot" && op != "cat" {
+            return Err(ConfigError::invalid(
+                "model_config.dlrm.arch_interaction_op",
+                format!("`{op}` is not one of dot, cat"),
+            ));
+        }
+    }
+    Ok(())
+}
