@@ -1,0 +1,69 @@
+//! What each binary does once its flags are parsed.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use anyhow::Context;
+
+use super::{parse_with_extend_args, EvalArgs, ExportArgs, TrainEvalArgs, UserError};
+use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
+
+pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
+    let (args, extend) = parse_with_extend_args::<TrainEvalArgs>(args)?;
+    let overrides = Overrides {
+        train_input_path: args.train_input_path.clone(),
+        eval_input_path: args.eval_input_path.clone(),
+        fine_tune_checkpoint: args.fine_tune_checkpoint.clone(),
+        ..args.config.overrides(extend)
+    };
+    let loaded = load_pipeline(&args.config.pipeline_config_path, &overrides)?;
+    if args.print_config {
+        print!("{}", loaded.to_text());
+        return Ok(());
+    }
+    let plan = TrainingPlan::from_config(&loaded.config)?;
+    let model_dir = &plan.model_dir;
+    if model_dir.join("checkpoint").exists() && !args.continue_train {
+        return Err(UserError(format!(
+            "{} already holds checkpoints; pass --continue_train to resume or choose another --model_dir",
+            model_dir.display()
+        ))
+        .into());
+    }
+    write_effective_config(&loaded, model_dir)?;
+    Err(anyhow::anyhow!(
+        "config is valid and {} was written, but this build has no training loop yet",
+        model_dir.join("pipeline.config").display()
+    ))
+}
+
+pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
+    let (args, extend) = parse_with_extend_args::<EvalArgs>(args)?;
+    let overrides = Overrides {
+        eval_input_path: args.eval_input_path.clone(),
+        ..args.config.overrides(extend)
+    };
+    let _loaded = load_pipeline(&args.config.pipeline_config_path, &overrides)?;
+    Err(anyhow::anyhow!(
+        "config is valid, but this build cannot evaluate models yet"
+    ))
+}
+
+pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
+    let (args, extend) = parse_with_extend_args::<ExportArgs>(args)?;
+    let _loaded = load_pipeline(&args.config.pipeline_config_path, &args.config.overrides(extend))?;
+    Err(anyhow::anyhow!(
+        "config is valid, but this build cannot export models yet"
+    ))
+}
+
+/// Writes model_dir/pipeline.config atomically (temp file, then rename).
+pub fn write_effective_config(loaded: &LoadedConfig, model_dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(model_dir).with_context(|| format!("cannot create model_dir {}", model_dir.display()))?;
+    let target = model_dir.join("pipeline.config");
+    let tmp = model_dir.join(".pipeline.config.tmp");
+    std::fs::write(&tmp, loaded.to_text()).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &target)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), target.display()))?;
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! Command-line front ends of the binaries, with EasyRec's flag names.
+//! `src/bin/*.rs` only call `main_with` with their run function.
+
+pub mod commands;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::config::{overrides, ConfigError, Overrides};
+
+/// An error the user can fix (bad flags, bad config, bad data): exit code 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UserError(pub String);
+
+/// Flags shared by all binaries that read a pipeline config.
+#[derive(Debug, Clone, clap::Args)]
+#[command(rename_all = "snake_case")]
+pub struct ConfigArgs {
+    /// Path to the EasyRec pipeline config (text proto, or JSON for .json files).
+    #[arg(long, value_name = "PATH")]
+    pub pipeline_config_path: PathBuf,
+    /// Overrides model_dir of the config.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: Option<String>,
+    /// JSON object of config edits, e.g. '{"train_config.num_steps": 10}'.
+    #[arg(long, value_name = "JSON")]
+    pub edit_config_json: Option<String>,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "train_eval",
+    rename_all = "snake_case",
+    about = "Train (and evaluate) a model described by an EasyRec pipeline config",
+    after_help = "Config fields can also be set as --train_config.num_steps=10 or --train_config.num_steps 10 \
+                  (prefixes: data_config, train_config, feature_config, model_config, export_config, eval_config)."
+)]
+pub struct TrainEvalArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Resume from the latest checkpoint in model_dir.
+    #[arg(long)]
+    pub continue_train: bool,
+    /// Overrides the training input (several paths or globs allowed).
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub train_input_path: Vec<String>,
+    /// Overrides the evaluation input.
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub eval_input_path: Vec<String>,
+    /// Checkpoint (or directory: its latest checkpoint) to initialise from.
+    #[arg(long, value_name = "PATH")]
+    pub fine_tune_checkpoint: Option<String>,
+    /// Print the effective config (after all overrides) as text proto and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "eval",
+    rename_all = "snake_case",
+    about = "Evaluate a checkpoint of an EasyRec pipeline config"
+)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Checkpoint to evaluate; default: the latest in model_dir.
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint_path: Option<String>,
+    /// Overrides the evaluation input.
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub eval_input_path: Vec<String>,
+    /// File name (inside model_dir) for the metrics JSON.
+    #[arg(long, default_value = "eval_result.txt", value_name = "FILE")]
+    pub eval_result_path: String,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "export",
+    rename_all = "snake_case",
+    about = "Export a trained model for serving (ONNX)"
+)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Directory that receives <timestamp>/ with the exported model.
+    #[arg(long, value_name = "DIR")]
+    pub export_dir: PathBuf,
+    /// Checkpoint to export; default: the latest in model_dir.
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint_path: Option<String>,
+    /// Extra files copied into the export's assets.
+    #[arg(long, value_delimiter = ',', value_name = "FILES")]
+    pub asset_files: Vec<String>,
+}
+
+/// Parses a command line whose extend args (`--train_config.x=1`) are split
+/// out first, as EasyRec does with argparse's `parse_known_args`.
+pub fn parse_with_extend_args<T: Parser>(args: Vec<OsString>) -> Result<(T, overrides::EditPairs), anyhow::Error> {
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| {
+            a.into_string()
+                .map_err(|a| UserError(format!("argument is not valid UTF-8: {a:?}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let (pairs, rest) = overrides::split_extend_args(&args)?;
+    let parsed = T::try_parse_from(rest)?;
+    Ok((parsed, pairs))
+}
+
+impl ConfigArgs {
+    pub fn overrides(&self, extend_args: overrides::EditPairs) -> Overrides {
+        Overrides {
+            model_dir: self.model_dir.clone(),
+            edit_config_json: self.edit_config_json.clone(),
+            extend_args,
+            ..Overrides::default()
+        }
+    }
+}
+
+/// Runs a binary: prints the whole error chain and maps errors to exit codes
+/// (0 ok, 1 user error, 2 internal error). Help and version go to stdout.
+pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitCode {
+    match run(std::env::args_os().collect()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if let Some(clap_err) = err.downcast_ref::<clap::Error>() {
+                let _ = clap_err.print();
+                return if clap_err.use_stderr() {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+            eprintln!("error: {err:#}");
+            if err.downcast_ref::<ConfigError>().is_some() || err.downcast_ref::<UserError>().is_some() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::from(2)
+            }
+        }
+    }
+}
