@@ -1,0 +1,46 @@
+# Set-up and everyday commands. `make test` and `make demo` work on a fresh
+# machine: they install what they need first.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+# One target directory outside the clone, reused across clones and CI runs.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/rustrec-target
+BIN := $(CARGO_TARGET_DIR)/debug
+
+# System packages: OpenMPI for distributed training, clang/libclang for the
+# MPI bindings, pkg-config to find them.
+APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deps build test demo lint fmt clean
+
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "system packages present"; fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install the Rust toolchain (rustup)"; exit 1; }
+
+build: deps
+	$(CARGO) build --locked --bins
+
+test: deps
+	$(CARGO) test --locked
+
+demo: build
+	@echo "== effective config of samples/dlrm_criteo_sample.config with overrides (training arrives in a later version)"
+	$(BIN)/train_eval --pipeline_config_path samples/dlrm_criteo_sample.config --print_config \
+	  --train_config.num_steps=100 --edit_config_json '{"model_config.dlrm.bot_dnn.hidden_units": [128, 16]}'
+
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt
+
+clean:
+	rm -rf experiments
