@@ -126,16 +126,23 @@ fn split_key(key: &str) -> Result<Vec<(String, Option<String>)>, String> {
         .collect()
 }
 
+/// The value at `path` (unset fields read as their defaults), cloning only that value.
 fn read(root: &DynamicMessage, path: &[Step]) -> Option<Value> {
-    let mut cur = Value::Message(root.clone());
-    for step in path {
-        cur = match (step, &cur) {
-            (Step::Field(fd), Value::Message(m)) => m.get_field(fd).into_owned(),
-            (Step::Index(i), Value::List(items)) => items.get(*i)?.clone(),
-            _ => return None,
+    fn walk(cur: &Value, path: &[Step]) -> Option<Value> {
+        let Some((step, rest)) = path.split_first() else {
+            return Some(cur.clone());
         };
+        match (step, cur) {
+            (Step::Field(fd), Value::Message(m)) => walk(&m.get_field(fd), rest),
+            (Step::Index(i), Value::List(items)) => walk(items.get(*i)?, rest),
+            _ => None,
+        }
     }
-    Some(cur)
+    match path.split_first() {
+        None => Some(Value::Message(root.clone())),
+        Some((Step::Field(fd), rest)) => walk(&root.get_field(fd), rest),
+        Some((Step::Index(_), _)) => None,
+    }
 }
 
 fn describe(path: &[Step]) -> String {
