@@ -3,6 +3,7 @@
 
 pub mod edit;
 pub mod loader;
+pub mod model_plan;
 pub mod overrides;
 pub mod suggest;
 pub mod text_format;

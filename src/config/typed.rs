@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use super::model_plan::{self, Arch, FeatureGroup, InputField, Metric};
 use super::{proto, validate, ConfigError};
 use proto::dataset_config::InputType;
 use proto::feature_config::FeatureType;
@@ -282,6 +283,27 @@ pub struct TrainingPlan {
     pub model: ModelKind,
     pub loss: LossKind,
     pub features: Vec<FeatureSpec>,
+    /// Input columns in file order (CSV) or by name (Parquet).
+    pub fields: Vec<InputField>,
+    pub label_fields: Vec<String>,
+    pub groups: Vec<FeatureGroup>,
+    pub arch: Arch,
+    pub l2_regularization: f32,
+    pub embedding_regularization: f32,
+    pub metrics: Vec<Metric>,
+    pub shuffle: bool,
+    pub shuffle_buffer_size: usize,
+    pub prefetch_size: usize,
+    /// Evaluate on this many examples (0 = all).
+    pub eval_num_examples: u64,
+    pub fine_tune: Option<FineTune>,
+}
+
+/// `fine_tune_checkpoint` with its `fine_tune_ckpt_var_map` file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FineTune {
+    pub checkpoint: PathBuf,
+    pub var_map: Option<PathBuf>,
 }
 
 fn paths(s: &str) -> Vec<String> {
@@ -416,7 +438,42 @@ impl TrainingPlan {
             .map(|(i, f)| feature(f, &format!("{prefix}[{i}]")))
             .collect::<Result<Vec<_>, _>>()?;
         let num_steps = train.num_steps.filter(|n| *n > 0);
+        let names: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
+        let groups = model_plan::groups(model, &names)?;
+        let (arch, l2_regularization) = model_plan::arch(model)?;
+        if data.label_fields.is_empty() {
+            return Err(ConfigError::invalid(
+                "data_config.label_fields",
+                "training needs a label field",
+            ));
+        }
+        if data.label_fields.len() > 1 {
+            return Err(ConfigError::unsupported(
+                "data_config.label_fields",
+                "more than one label (multi-task models)",
+            ));
+        }
+        let fine_tune = Some(train.fine_tune_checkpoint())
+            .filter(|c| !c.is_empty())
+            .map(|c| FineTune {
+                checkpoint: PathBuf::from(c),
+                var_map: Some(train.fine_tune_ckpt_var_map())
+                    .filter(|m| !m.is_empty())
+                    .map(PathBuf::from),
+            });
         Ok(TrainingPlan {
+            fields: model_plan::input_fields(&data)?,
+            label_fields: data.label_fields.clone(),
+            groups,
+            arch,
+            l2_regularization,
+            embedding_regularization: model.embedding_regularization(),
+            metrics: model_plan::metrics(cfg.eval_config.as_ref())?,
+            shuffle: data.shuffle(),
+            shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
+            prefetch_size: data.prefetch_size().max(1) as usize,
+            eval_num_examples: cfg.eval_config.as_ref().map_or(0, |e| e.num_examples()) as u64,
+            fine_tune,
             model_dir: PathBuf::from(&cfg.model_dir),
             train_paths,
             eval_paths,

@@ -1,0 +1,370 @@
+//! Typed view of what the model and its input need: input columns, labels,
+//! feature groups, the architecture block and the evaluation metrics.
+
+use super::{proto, ConfigError};
+use proto::dataset_config::FieldType;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    Int,
+    Float,
+    Str,
+    Bool,
+}
+
+/// One column of the input, as `data_config.input_fields` declares it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputField {
+    pub name: String,
+    pub ty: ColumnType,
+    pub default_val: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    Sigmoid,
+    Tanh,
+    Linear,
+}
+
+/// EasyRec's DNN block: dense -> batch norm (optional) -> activation -> dropout, per layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DnnSpec {
+    pub hidden_units: Vec<usize>,
+    pub dropout: Vec<f32>,
+    pub activation: Activation,
+    pub use_bn: bool,
+}
+
+/// Which feature groups feed a model, by index into `TrainingPlan::features`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeatureGroup {
+    pub name: String,
+    pub features: Vec<usize>,
+    pub wide: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interaction {
+    Dot,
+    Cat,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arch {
+    WideAndDeep {
+        wide_output_dim: usize,
+        dnn: DnnSpec,
+        final_dnn: Option<DnnSpec>,
+    },
+    Dlrm {
+        bot: DnnSpec,
+        top: DnnSpec,
+        interaction: Interaction,
+        itself: bool,
+        with_dense: bool,
+    },
+    DeepFm {
+        wide_output_dim: usize,
+        dnn: DnnSpec,
+        final_dnn: Option<DnnSpec>,
+    },
+    Dcn {
+        deep_input: String,
+        deep: DnnSpec,
+        cross_input: String,
+        cross_num: usize,
+        final_dnn: DnnSpec,
+    },
+    MultiTower {
+        towers: Vec<(String, DnnSpec)>,
+        final_dnn: DnnSpec,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Metric {
+    Auc,
+    Gauc { uid_field: String },
+    Accuracy,
+    Mse,
+    Rmse,
+    Mae,
+}
+
+impl Metric {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Metric::Auc => "auc",
+            Metric::Gauc { .. } => "gauc",
+            Metric::Accuracy => "accuracy",
+            Metric::Mse => "mean_squared_error",
+            Metric::Rmse => "root_mean_squared_error",
+            Metric::Mae => "mean_absolute_error",
+        }
+    }
+}
+
+pub fn input_fields(data: &proto::DatasetConfig) -> Result<Vec<InputField>, ConfigError> {
+    data.input_fields
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let path = format!("data_config.input_fields[{i}]");
+            if f.user_define_fn.as_deref().is_some_and(|s| !s.is_empty()) {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.user_define_fn"),
+                    "Python user-defined input functions",
+                ));
+            }
+            if f.input_dim() != 1 || f.input_shape() != 1 {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.input_dim"),
+                    "multi-dimensional input fields",
+                ));
+            }
+            let ty = match f.input_type() {
+                FieldType::Int32 | FieldType::Int64 => ColumnType::Int,
+                FieldType::Float | FieldType::Double => ColumnType::Float,
+                FieldType::String => ColumnType::Str,
+                FieldType::Bool => ColumnType::Bool,
+            };
+            Ok(InputField {
+                name: f.input_name.clone(),
+                ty,
+                default_val: f.default_val.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
+    let activation = match d.activation().trim_start_matches("tf.nn.").trim_start_matches("tf.") {
+        "relu" => Activation::Relu,
+        "sigmoid" => Activation::Sigmoid,
+        "tanh" => Activation::Tanh,
+        "" | "linear" | "None" | "none" => Activation::Linear,
+        other => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.activation"),
+                format!("activation `{other}` (supported: relu, sigmoid, tanh, linear)"),
+            ))
+        }
+    };
+    if !d.dropout_ratio.is_empty() && d.dropout_ratio.len() != d.hidden_units.len() {
+        return Err(ConfigError::invalid(
+            format!("{path}.dropout_ratio"),
+            format!(
+                "has {} values for {} hidden_units",
+                d.dropout_ratio.len(),
+                d.hidden_units.len()
+            ),
+        ));
+    }
+    if let Some(r) = d.dropout_ratio.iter().find(|r| !(0.0..1.0).contains(*r)) {
+        return Err(ConfigError::invalid(
+            format!("{path}.dropout_ratio"),
+            format!("{r} is outside [0, 1)"),
+        ));
+    }
+    if d.hidden_units.contains(&0) {
+        return Err(ConfigError::invalid(
+            format!("{path}.hidden_units"),
+            "a layer of width 0",
+        ));
+    }
+    Ok(DnnSpec {
+        hidden_units: d.hidden_units.iter().map(|u| *u as usize).collect(),
+        dropout: d.dropout_ratio.clone(),
+        activation,
+        use_bn: d.use_bn(),
+    })
+}
+
+fn need_dnn(d: &Option<proto::Dnn>, path: &str) -> Result<DnnSpec, ConfigError> {
+    match d {
+        Some(d) => dnn(d, path),
+        None => Err(ConfigError::invalid(path, "required")),
+    }
+}
+
+/// The architecture block and its l2_regularization.
+pub fn arch(model: &proto::EasyRecModel) -> Result<(Arch, f32), ConfigError> {
+    use proto::easy_rec_model::Model as M;
+    let m = "model_config";
+    Ok(match &model.model {
+        Some(M::WideAndDeep(w)) => (
+            Arch::WideAndDeep {
+                wide_output_dim: w.wide_output_dim as usize,
+                dnn: dnn(&w.dnn, &format!("{m}.wide_and_deep.dnn"))?,
+                final_dnn: w
+                    .final_dnn
+                    .as_ref()
+                    .map(|d| dnn(d, &format!("{m}.wide_and_deep.final_dnn")))
+                    .transpose()?,
+            },
+            w.l2_regularization(),
+        ),
+        Some(M::Dlrm(d)) => {
+            let interaction = match d.arch_interaction_op() {
+                "dot" => Interaction::Dot,
+                "cat" => Interaction::Cat,
+                other => {
+                    return Err(ConfigError::invalid(
+                        format!("{m}.dlrm.arch_interaction_op"),
+                        format!("`{other}` is neither \"dot\" nor \"cat\""),
+                    ))
+                }
+            };
+            (
+                Arch::Dlrm {
+                    bot: dnn(&d.bot_dnn, &format!("{m}.dlrm.bot_dnn"))?,
+                    top: dnn(&d.top_dnn, &format!("{m}.dlrm.top_dnn"))?,
+                    interaction,
+                    itself: d.arch_interaction_itself(),
+                    with_dense: d.arch_with_dense_feature(),
+                },
+                d.l2_regularization(),
+            )
+        }
+        Some(M::Deepfm(d)) => (
+            Arch::DeepFm {
+                wide_output_dim: d.wide_output_dim() as usize,
+                dnn: dnn(&d.dnn, &format!("{m}.deepfm.dnn"))?,
+                final_dnn: d
+                    .final_dnn
+                    .as_ref()
+                    .map(|x| dnn(x, &format!("{m}.deepfm.final_dnn")))
+                    .transpose()?,
+            },
+            d.l2_regularization(),
+        ),
+        Some(M::Dcn(d)) => (
+            Arch::Dcn {
+                deep_input: d.deep_tower.input.clone(),
+                deep: dnn(&d.deep_tower.dnn, &format!("{m}.dcn.deep_tower.dnn"))?,
+                cross_input: d.cross_tower.input.clone(),
+                cross_num: d.cross_tower.cross_num as usize,
+                final_dnn: dnn(&d.final_dnn, &format!("{m}.dcn.final_dnn"))?,
+            },
+            d.l2_regularization,
+        ),
+        Some(M::MultiTower(t)) => {
+            if !t.din_towers.is_empty() || !t.bst_towers.is_empty() {
+                return Err(ConfigError::unsupported(
+                    format!("{m}.multi_tower"),
+                    "DIN and BST sequence towers",
+                ));
+            }
+            let towers = t
+                .towers
+                .iter()
+                .enumerate()
+                .map(|(i, tw)| {
+                    Ok((
+                        tw.input.clone(),
+                        dnn(&tw.dnn, &format!("{m}.multi_tower.towers[{i}].dnn"))?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, ConfigError>>()?;
+            (
+                Arch::MultiTower {
+                    towers,
+                    final_dnn: need_dnn(&Some(t.final_dnn.clone()), &format!("{m}.multi_tower.final_dnn"))?,
+                },
+                t.l2_regularization,
+            )
+        }
+        _ => {
+            return Err(ConfigError::invalid(
+                m,
+                format!("model_class {} needs its parameter block", model.model_class),
+            ))
+        }
+    })
+}
+
+/// Feature groups with names resolved to feature indices. A WIDE_AND_DEEP
+/// group feeds both the named deep group and the wide side.
+pub fn groups(model: &proto::EasyRecModel, feature_names: &[String]) -> Result<Vec<FeatureGroup>, ConfigError> {
+    use proto::WideOrDeep;
+    let mut out: Vec<FeatureGroup> = Vec::new();
+    for (i, g) in model.feature_groups.iter().enumerate() {
+        let path = format!("model_config.feature_groups[{i}]");
+        if !g.sequence_features.is_empty() {
+            return Err(ConfigError::unsupported(
+                format!("{path}.sequence_features"),
+                "sequence feature groups",
+            ));
+        }
+        let features = g
+            .feature_names
+            .iter()
+            .map(|n| {
+                feature_names.iter().position(|f| f == n).ok_or_else(|| {
+                    ConfigError::invalid(format!("{path}.feature_names"), format!("no feature named `{n}`"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let name = g.group_name.clone().unwrap_or_else(|| "all".into());
+        match g.wide_deep() {
+            WideOrDeep::Deep => out.push(FeatureGroup {
+                name,
+                features,
+                wide: false,
+            }),
+            WideOrDeep::Wide => out.push(FeatureGroup {
+                name,
+                features,
+                wide: true,
+            }),
+            WideOrDeep::WideAndDeep => {
+                out.push(FeatureGroup {
+                    name: "wide".into(),
+                    features: features.clone(),
+                    wide: true,
+                });
+                out.push(FeatureGroup {
+                    name,
+                    features,
+                    wide: false,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub fn metrics(eval: Option<&proto::EvalConfig>) -> Result<Vec<Metric>, ConfigError> {
+    use proto::eval_metrics::Metric as M;
+    let mut out = Vec::new();
+    for (i, m) in eval.map_or(&[][..], |e| &e.metrics_set[..]).iter().enumerate() {
+        let path = format!("eval_config.metrics_set[{i}]");
+        out.push(match &m.metric {
+            Some(M::Auc(_)) => Metric::Auc,
+            Some(M::Gauc(g)) => {
+                if g.reduction() != "mean" {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.gauc.reduction"),
+                        format!("reduction `{}` (supported: mean)", g.reduction()),
+                    ));
+                }
+                Metric::Gauc {
+                    uid_field: g.uid_field.clone(),
+                }
+            }
+            Some(M::Accuracy(_)) => Metric::Accuracy,
+            Some(M::MeanSquaredError(_)) => Metric::Mse,
+            Some(M::RootMeanSquaredError(_)) => Metric::Rmse,
+            Some(M::MeanAbsoluteError(_)) => Metric::Mae,
+            Some(other) => {
+                let name = format!("{other:?}");
+                let name = name.split('(').next().unwrap_or("").to_string();
+                return Err(ConfigError::unsupported(path, format!("metric {name}")));
+            }
+            None => continue,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,142 @@
+//! Column-major raw input: what a reader hands to feature encoding.
+
+/// Strings stored back to back with offsets, like Arrow's Utf8 array.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StrColumn {
+    pub offsets: Vec<usize>,
+    pub bytes: String,
+}
+
+impl StrColumn {
+    pub fn new() -> Self {
+        StrColumn {
+            offsets: vec![0],
+            bytes: String::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, i: usize) -> &str {
+        &self.bytes[self.offsets[i]..self.offsets[i + 1]]
+    }
+
+    pub fn push(&mut self, s: &str) {
+        self.bytes.push_str(s);
+        self.offsets.push(self.bytes.len());
+    }
+}
+
+/// One input column of a chunk of rows. Nulls are already replaced by the
+/// field's default value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Column {
+    Float(Vec<f64>),
+    Int(Vec<i64>),
+    Str(StrColumn),
+    /// A list per row (Parquet list columns); `offsets` has rows + 1 entries.
+    List {
+        offsets: Vec<usize>,
+        values: Box<Column>,
+    },
+}
+
+impl Column {
+    pub fn len(&self) -> usize {
+        match self {
+            Column::Float(v) => v.len(),
+            Column::Int(v) => v.len(),
+            Column::Str(s) => s.len(),
+            Column::List { offsets, .. } => offsets.len() - 1,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Column::Float(_) => "float",
+            Column::Int(_) => "int",
+            Column::Str(_) => "string",
+            Column::List { .. } => "list",
+        }
+    }
+
+    /// An empty column of the same type.
+    pub fn empty_like(&self) -> Column {
+        match self {
+            Column::Float(_) => Column::Float(Vec::new()),
+            Column::Int(_) => Column::Int(Vec::new()),
+            Column::Str(_) => Column::Str(StrColumn::new()),
+            Column::List { values, .. } => Column::List {
+                offsets: vec![0],
+                values: Box::new(values.empty_like()),
+            },
+        }
+    }
+
+    /// Appends rows `rows` of `src` (same type) to `self`.
+    pub fn extend_from(&mut self, src: &Column, rows: &[usize]) {
+        match (self, src) {
+            (Column::Float(d), Column::Float(s)) => d.extend(rows.iter().map(|&r| s[r])),
+            (Column::Int(d), Column::Int(s)) => d.extend(rows.iter().map(|&r| s[r])),
+            (Column::Str(d), Column::Str(s)) => {
+                for &r in rows {
+                    d.push(s.get(r));
+                }
+            }
+            (
+                Column::List {
+                    offsets: od,
+                    values: vd,
+                },
+                Column::List {
+                    offsets: os,
+                    values: vs,
+                },
+            ) => {
+                for &r in rows {
+                    let idx: Vec<usize> = (os[r]..os[r + 1]).collect();
+                    vd.extend_from(vs, &idx);
+                    od.push(vd.len());
+                }
+            }
+            (d, s) => panic!(
+                "column type changed between chunks: {} vs {}",
+                d.type_name(),
+                s.type_name()
+            ),
+        }
+    }
+}
+
+/// Rows of the projected columns, in projection order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawBatch {
+    pub num_rows: usize,
+    pub columns: Vec<Column>,
+}
+
+impl RawBatch {
+    pub fn empty_like(&self) -> RawBatch {
+        RawBatch {
+            num_rows: 0,
+            columns: self.columns.iter().map(Column::empty_like).collect(),
+        }
+    }
+
+    pub fn extend_from(&mut self, src: &RawBatch, rows: &[usize]) {
+        for (d, s) in self.columns.iter_mut().zip(&src.columns) {
+            d.extend_from(s, rows);
+        }
+        self.num_rows += rows.len();
+    }
+}

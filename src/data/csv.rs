@@ -1,0 +1,184 @@
+//! CSVInput: one record per line, columns in `input_fields` order, split on
+//! `data_config.separator`; empty values take the field's default.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use super::column::{Column, RawBatch, StrColumn};
+use super::{DataError, Projection};
+use crate::config::model_plan::ColumnType;
+
+/// Reads a CSV file in chunks of `chunk_rows` rows.
+pub struct CsvChunks {
+    path: PathBuf,
+    lines: std::io::Lines<BufReader<File>>,
+    line_no: usize,
+    separator: String,
+    num_fields: usize,
+    projection: Projection,
+    /// Position of each projected column among the file's fields.
+    positions: Vec<usize>,
+    chunk_rows: usize,
+}
+
+impl CsvChunks {
+    pub fn open(
+        path: &Path,
+        separator: &str,
+        with_header: bool,
+        field_names: &[String],
+        projection: &Projection,
+        chunk_rows: usize,
+    ) -> Result<Self, DataError> {
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let mut lines = BufReader::with_capacity(1 << 20, file).lines();
+        let mut line_no = 0;
+        if with_header {
+            line_no += 1;
+            if let Some(h) = lines.next() {
+                h.map_err(|e| DataError::io(path, e))?;
+            }
+        }
+        let positions = projection
+            .columns
+            .iter()
+            .map(|c| {
+                field_names
+                    .iter()
+                    .position(|f| *f == c.name)
+                    .ok_or_else(|| DataError::MissingColumn {
+                        file: path.to_path_buf(),
+                        column: c.name.clone(),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(CsvChunks {
+            path: path.to_path_buf(),
+            lines,
+            line_no,
+            separator: if separator.is_empty() {
+                ",".into()
+            } else {
+                separator.into()
+            },
+            num_fields: field_names.len(),
+            projection: projection.clone(),
+            positions,
+            chunk_rows,
+        })
+    }
+
+    fn parse_error(&self, column: &str, message: String) -> DataError {
+        DataError::Value {
+            file: self.path.clone(),
+            location: format!("line {}", self.line_no),
+            column: column.to_string(),
+            message,
+        }
+    }
+}
+
+impl Iterator for CsvChunks {
+    type Item = Result<RawBatch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut columns: Vec<Column> = self
+            .projection
+            .columns
+            .iter()
+            .map(|c| match c.ty {
+                ColumnType::Float => Column::Float(Vec::with_capacity(self.chunk_rows)),
+                ColumnType::Int | ColumnType::Bool => Column::Int(Vec::with_capacity(self.chunk_rows)),
+                ColumnType::Str => Column::Str(StrColumn::new()),
+            })
+            .collect();
+        let mut rows = 0;
+        while rows < self.chunk_rows {
+            let line = match self.lines.next() {
+                None => break,
+                Some(Err(e)) => return Some(Err(DataError::io(&self.path, e))),
+                Some(Ok(l)) => l,
+            };
+            self.line_no += 1;
+            let line = line.strip_suffix('\r').unwrap_or(&line);
+            if line.is_empty() {
+                continue;
+            }
+            let fields: Vec<&str> = line.split(self.separator.as_str()).collect();
+            if fields.len() != self.num_fields {
+                return Some(Err(self.parse_error(
+                    "",
+                    format!(
+                        "{} fields, but data_config.input_fields declares {}",
+                        fields.len(),
+                        self.num_fields
+                    ),
+                )));
+            }
+            for ((col, spec), &pos) in columns.iter_mut().zip(&self.projection.columns).zip(&self.positions) {
+                let raw = fields[pos];
+                if raw.is_empty() && spec.required && spec.default_val.is_empty() {
+                    return Some(Err(
+                        self.parse_error(&spec.name, "is empty and has no default_val".into())
+                    ));
+                }
+                let v = if raw.is_empty() { spec.default_val.as_str() } else { raw };
+                let ok = match col {
+                    Column::Float(d) => match parse_f64(v) {
+                        Some(x) => {
+                            d.push(x);
+                            true
+                        }
+                        None => false,
+                    },
+                    Column::Int(d) => match parse_i64(v, spec.ty) {
+                        Some(x) => {
+                            d.push(x);
+                            true
+                        }
+                        None => false,
+                    },
+                    Column::Str(d) => {
+                        d.push(v);
+                        true
+                    }
+                    Column::List { .. } => unreachable!("CSV columns are scalar"),
+                };
+                if !ok {
+                    let what = format!("`{v}` is not a valid {:?} value", spec.ty);
+                    return Some(Err(self.parse_error(&spec.name, what)));
+                }
+            }
+            rows += 1;
+        }
+        (rows > 0).then_some(Ok(RawBatch {
+            num_rows: rows,
+            columns,
+        }))
+    }
+}
+
+fn parse_f64(v: &str) -> Option<f64> {
+    if v.is_empty() {
+        return Some(0.0);
+    }
+    v.trim().parse().ok()
+}
+
+fn parse_i64(v: &str, ty: ColumnType) -> Option<i64> {
+    if v.is_empty() {
+        return Some(0);
+    }
+    let v = v.trim();
+    if ty == ColumnType::Bool {
+        return match v {
+            "true" | "True" | "1" => Some(1),
+            "false" | "False" | "0" => Some(0),
+            _ => None,
+        };
+    }
+    v.parse()
+        .ok()
+        .or_else(|| v.parse::<f64>().ok().filter(|f| f.fract() == 0.0).map(|f| f as i64))
+}

@@ -1,0 +1,371 @@
+//! Input: files -> chunks of raw columns (CSV or Parquet) -> shuffled,
+//! fixed-size batches of raw rows, read on a background thread.
+
+pub mod column;
+pub mod csv;
+pub mod parquet;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::thread::JoinHandle;
+
+pub use column::{Column, RawBatch, StrColumn};
+
+use crate::config::model_plan::{ColumnType, InputField};
+use crate::config::typed::InputFormat;
+use crate::util::Rng;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot read {}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: column `{column}` is missing", file.display())]
+    MissingColumn { file: PathBuf, column: String },
+    #[error("{}: {location}: column `{column}` {message}", file.display())]
+    Value {
+        file: PathBuf,
+        location: String,
+        column: String,
+        message: String,
+    },
+    #[error("{}{}: not a readable Parquet file", path.display(), row_group.map(|r| format!(": row group {r}")).unwrap_or_default())]
+    Parquet {
+        path: PathBuf,
+        row_group: Option<usize>,
+        #[source]
+        source: ::parquet::errors::ParquetError,
+    },
+    #[error("{}: row group {row_group}: cannot decode", path.display())]
+    Arrow {
+        path: PathBuf,
+        row_group: usize,
+        #[source]
+        source: arrow_schema::ArrowError,
+    },
+    #[error("no input files match `{0}`")]
+    NoFiles(String),
+}
+
+impl DataError {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+    fn parquet(path: &Path, row_group: Option<usize>, source: ::parquet::errors::ParquetError) -> Self {
+        DataError::Parquet {
+            path: path.to_path_buf(),
+            row_group,
+            source,
+        }
+    }
+    fn arrow(path: &Path, row_group: usize, source: arrow_schema::ArrowError) -> Self {
+        DataError::Arrow {
+            path: path.to_path_buf(),
+            row_group,
+            source,
+        }
+    }
+}
+
+/// A column the model reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjColumn {
+    pub name: String,
+    pub ty: ColumnType,
+    pub default_val: String,
+    /// Nulls are an error (labels).
+    pub required: bool,
+}
+
+/// The columns to read, in the order batches carry them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Projection {
+    pub columns: Vec<ProjColumn>,
+}
+
+impl Projection {
+    /// Adds `name` (declared in `fields`) unless present; returns its index.
+    pub fn add(&mut self, name: &str, fields: &[InputField], required: bool) -> Option<usize> {
+        if let Some(i) = self.columns.iter().position(|c| c.name == name) {
+            self.columns[i].required |= required;
+            return Some(i);
+        }
+        let f = fields.iter().find(|f| f.name == name)?;
+        self.columns.push(ProjColumn {
+            name: name.to_string(),
+            ty: f.ty,
+            default_val: f.default_val.clone(),
+            required,
+        });
+        Some(self.columns.len() - 1)
+    }
+}
+
+/// Expands comma-separated paths with `*` / `?` in the file name into sorted files.
+pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
+    let mut out = Vec::new();
+    for p in paths {
+        let path = Path::new(p);
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !name.contains(['*', '?']) {
+            if path.is_dir() {
+                let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                    .map_err(|e| DataError::io(path, e))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+                    .collect();
+                files.sort();
+                out.extend(files);
+            } else {
+                out.push(path.to_path_buf());
+            }
+            continue;
+        }
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| DataError::io(dir, e))?
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| glob_match(name.as_bytes(), n.as_bytes()))
+            })
+            .map(|e| e.path())
+            .collect();
+        if files.is_empty() {
+            return Err(DataError::NoFiles(p.clone()));
+        }
+        files.sort();
+        out.extend(files);
+    }
+    Ok(out)
+}
+
+fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    match (pat.first(), s.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => glob_match(&pat[1..], s) || (!s.is_empty() && glob_match(pat, &s[1..])),
+        (Some(b'?'), Some(_)) => glob_match(&pat[1..], &s[1..]),
+        (Some(a), Some(b)) if a == b => glob_match(&pat[1..], &s[1..]),
+        _ => false,
+    }
+}
+
+/// One unit of reading: a CSV file or one Parquet row group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    pub path: PathBuf,
+    pub row_group: Option<usize>,
+}
+
+/// What to read and how.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    pub files: Vec<PathBuf>,
+    pub format: InputFormat,
+    /// All declared input fields (CSV column order).
+    pub fields: Vec<InputField>,
+    pub projection: Projection,
+    pub batch_size: usize,
+    /// `None` = repeat forever.
+    pub epochs: Option<u32>,
+    pub shuffle: bool,
+    pub shuffle_buffer: usize,
+    pub seed: u64,
+    /// This reader's share: (rank, world size). Splits are dealt round-robin.
+    pub shard: (usize, usize),
+    /// Batches to skip at the start (resuming at a global step).
+    pub skip_batches: u64,
+    /// Stop after this many rows (0 = no limit).
+    pub max_rows: u64,
+}
+
+impl StreamSpec {
+    /// The splits this reader owns, in file order.
+    pub fn splits(&self) -> Result<Vec<Split>, DataError> {
+        let mut all = Vec::new();
+        for f in &self.files {
+            match self.format {
+                InputFormat::Csv { .. } => all.push(Split {
+                    path: f.clone(),
+                    row_group: None,
+                }),
+                InputFormat::Parquet { .. } => {
+                    for rg in 0..parquet::row_groups(f)? {
+                        all.push(Split {
+                            path: f.clone(),
+                            row_group: Some(rg),
+                        })
+                    }
+                }
+            }
+        }
+        let (rank, size) = self.shard;
+        Ok(all
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % size == rank)
+            .map(|(_, s)| s)
+            .collect())
+    }
+
+    fn open(
+        &self,
+        split: &Split,
+        chunk_rows: usize,
+    ) -> Result<Box<dyn Iterator<Item = Result<RawBatch, DataError>>>, DataError> {
+        Ok(match (&self.format, split.row_group) {
+            (InputFormat::Csv { separator, with_header }, _) => {
+                let names: Vec<String> = self.fields.iter().map(|f| f.name.clone()).collect();
+                Box::new(csv::CsvChunks::open(
+                    &split.path,
+                    separator,
+                    *with_header,
+                    &names,
+                    &self.projection,
+                    chunk_rows,
+                )?)
+            }
+            (InputFormat::Parquet { .. }, Some(rg)) => Box::new(parquet::ParquetChunks::open(
+                &split.path,
+                rg,
+                &self.projection,
+                chunk_rows,
+            )?),
+            (InputFormat::Parquet { .. }, None) => unreachable!("parquet splits carry a row group"),
+        })
+    }
+
+    /// Runs the whole stream on the calling thread, calling `emit` per batch
+    /// until it returns false.
+    pub fn run(&self, mut emit: impl FnMut(RawBatch) -> bool) -> Result<(), DataError> {
+        let splits = self.splits()?;
+        let chunk_rows = self.shuffle_buffer.max(self.batch_size).max(4096);
+        let mut pending: Option<RawBatch> = None;
+        let mut skip = self.skip_batches;
+        let mut rows_out: u64 = 0;
+        let mut epoch: u32 = 0;
+        let mut emit_full = |b: RawBatch, skip: &mut u64, rows_out: &mut u64| -> bool {
+            *rows_out += b.num_rows as u64;
+            if *skip > 0 {
+                *skip -= 1;
+                return true;
+            }
+            emit(b)
+        };
+        while self.epochs.is_none_or(|e| epoch < e) {
+            let mut order: Vec<usize> = (0..splits.len()).collect();
+            let mut rng = Rng::new(self.seed ^ (0x5eed_0000 + epoch as u64));
+            if self.shuffle {
+                rng.shuffle(&mut order);
+            }
+            let mut any = false;
+            for &si in &order {
+                for chunk in self.open(&splits[si], chunk_rows)? {
+                    let chunk = chunk?;
+                    any |= chunk.num_rows > 0;
+                    let mut rows: Vec<usize> = (0..chunk.num_rows).collect();
+                    if self.shuffle {
+                        rng.shuffle(&mut rows);
+                    }
+                    let mut at = 0;
+                    while at < rows.len() {
+                        let p = pending.get_or_insert_with(|| chunk.empty_like());
+                        let mut take = (self.batch_size - p.num_rows).min(rows.len() - at);
+                        if self.max_rows > 0 {
+                            take = take.min((self.max_rows - rows_out - p.num_rows as u64) as usize);
+                        }
+                        p.extend_from(&chunk, &rows[at..at + take]);
+                        at += take;
+                        let limit_hit = self.max_rows > 0 && rows_out + p.num_rows as u64 >= self.max_rows;
+                        if p.num_rows == self.batch_size || limit_hit {
+                            let b = pending.take().expect("pending batch");
+                            if !emit_full(b, &mut skip, &mut rows_out) || limit_hit {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+            if !any {
+                break;
+            }
+            epoch += 1;
+        }
+        if let Some(b) = pending.take().filter(|b| b.num_rows > 0) {
+            emit_full(b, &mut skip, &mut rows_out);
+        }
+        Ok(())
+    }
+}
+
+/// Batches produced on a background thread, `depth` ahead of the consumer.
+pub struct Prefetch<T> {
+    rx: Receiver<Result<T, anyhow::Error>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl<T: Send + 'static> Prefetch<T> {
+    /// Streams `spec`, mapping each raw batch through `map` on the reader thread.
+    pub fn start(spec: StreamSpec, depth: usize, map: impl Fn(RawBatch) -> anyhow::Result<T> + Send + 'static) -> Self {
+        let (tx, rx) = sync_channel(depth.max(1));
+        let handle = std::thread::Builder::new()
+            .name("reader".into())
+            .spawn(move || {
+                let res = spec.run(|raw| {
+                    let item = map(raw);
+                    let failed = item.is_err();
+                    tx.send(item).is_ok() && !failed
+                });
+                if let Err(e) = res {
+                    let _ = tx.send(Err(e.into()));
+                }
+            })
+            .expect("spawn reader thread");
+        Prefetch {
+            rx,
+            handle: Some(handle),
+        }
+    }
+}
+
+impl<T> Iterator for Prefetch<T> {
+    type Item = Result<T, anyhow::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rx.recv().ok()
+    }
+}
+
+impl<T> Drop for Prefetch<T> {
+    fn drop(&mut self) {
+        // Unblock the reader by dropping the receiver side first.
+        let (_, dead) = sync_channel(1);
+        let rx = std::mem::replace(&mut self.rx, dead);
+        drop(rx);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(b"part-*.parquet", b"part-0001.parquet"));
+        assert!(!glob_match(b"part-*.parquet", b"part-0001.csv"));
+        assert!(glob_match(b"a?c", b"abc"));
+    }
+}

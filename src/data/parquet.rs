@@ -1,0 +1,261 @@
+//! Parquet input through arrow-rs: one reader per row group, so errors name
+//! the row group and ranks can split files by row group.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type, UInt64Type};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::ProjectionMask;
+
+use super::column::{Column, RawBatch, StrColumn};
+use super::{DataError, ProjColumn, Projection};
+use crate::config::model_plan::ColumnType;
+
+/// Number of row groups of a Parquet file.
+pub fn row_groups(path: &Path) -> Result<usize, DataError> {
+    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let b = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, None, e))?;
+    Ok(b.metadata().num_row_groups())
+}
+
+/// Reads the projected columns of one row group in chunks.
+pub struct ParquetChunks {
+    path: PathBuf,
+    row_group: usize,
+    reader: ParquetRecordBatchReader,
+    projection: Projection,
+    rows_read: usize,
+}
+
+impl ParquetChunks {
+    pub fn open(path: &Path, row_group: usize, projection: &Projection, chunk_rows: usize) -> Result<Self, DataError> {
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, None, e))?;
+        let schema = builder.schema().clone();
+        let mut roots = Vec::with_capacity(projection.columns.len());
+        for c in &projection.columns {
+            let idx = schema.index_of(&c.name).map_err(|_| DataError::MissingColumn {
+                file: path.to_path_buf(),
+                column: c.name.clone(),
+            })?;
+            check_type(path, c, schema.field(idx).data_type())?;
+            roots.push(idx);
+        }
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let reader = builder
+            .with_projection(mask)
+            .with_row_groups(vec![row_group])
+            .with_batch_size(chunk_rows)
+            .build()
+            .map_err(|e| DataError::parquet(path, Some(row_group), e))?;
+        Ok(ParquetChunks {
+            path: path.to_path_buf(),
+            row_group,
+            reader,
+            projection: projection.clone(),
+            rows_read: 0,
+        })
+    }
+
+    fn convert(&self, batch: &RecordBatch) -> Result<RawBatch, DataError> {
+        let mut columns = Vec::with_capacity(self.projection.columns.len());
+        for spec in &self.projection.columns {
+            let arr = batch
+                .column_by_name(&spec.name)
+                .expect("projected column present in its batch");
+            columns.push(self.column(spec, arr)?);
+        }
+        Ok(RawBatch {
+            num_rows: batch.num_rows(),
+            columns,
+        })
+    }
+
+    fn column(&self, spec: &ProjColumn, arr: &ArrayRef) -> Result<Column, DataError> {
+        if let Some(i) = (0..arr.len()).find(|&i| arr.is_null(i)).filter(|_| spec.required) {
+            return Err(DataError::Value {
+                file: self.path.clone(),
+                location: format!("row group {}, row {}", self.row_group, self.rows_read + i),
+                column: spec.name.clone(),
+                message: "is null, and a label may not be".into(),
+            });
+        }
+        Ok(match arr.data_type() {
+            DataType::List(_) | DataType::LargeList(_) => {
+                let (offsets, values): (Vec<usize>, ArrayRef) = match arr.data_type() {
+                    DataType::List(_) => {
+                        let l = arr.as_list::<i32>();
+                        (
+                            l.value_offsets().iter().map(|o| *o as usize).collect(),
+                            l.values().clone(),
+                        )
+                    }
+                    _ => {
+                        let l = arr.as_list::<i64>();
+                        (
+                            l.value_offsets().iter().map(|o| *o as usize).collect(),
+                            l.values().clone(),
+                        )
+                    }
+                };
+                let inner = ProjColumn {
+                    required: false,
+                    default_val: String::new(),
+                    ..spec.clone()
+                };
+                let values = self.column(&inner, &values)?;
+                let base = offsets[0];
+                Column::List {
+                    offsets: offsets.iter().map(|o| o - base).collect(),
+                    values: Box::new(if base == 0 {
+                        values
+                    } else {
+                        let mut v = values.empty_like();
+                        let idx: Vec<usize> = (base..*offsets.last().unwrap()).collect();
+                        v.extend_from(&values, &idx);
+                        v
+                    }),
+                }
+            }
+            _ => scalar(arr, spec).ok_or_else(|| DataError::Value {
+                file: self.path.clone(),
+                location: format!("row group {}", self.row_group),
+                column: spec.name.clone(),
+                message: format!("has type {}, which cannot be read as {:?}", arr.data_type(), spec.ty),
+            })?,
+        })
+    }
+}
+
+fn check_type(path: &Path, c: &ProjColumn, dt: &DataType) -> Result<(), DataError> {
+    let inner = match dt {
+        DataType::List(f) | DataType::LargeList(f) => f.data_type(),
+        d => d,
+    };
+    let numeric = inner.is_numeric() || matches!(inner, DataType::Boolean);
+    let stringy = matches!(inner, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    let ok = match c.ty {
+        ColumnType::Float | ColumnType::Int | ColumnType::Bool => numeric,
+        ColumnType::Str => numeric || stringy,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(DataError::Value {
+            file: path.to_path_buf(),
+            location: "schema".into(),
+            column: c.name.clone(),
+            message: format!("has type {dt}, but data_config.input_fields declares {:?}", c.ty),
+        })
+    }
+}
+
+fn default_f64(spec: &ProjColumn) -> f64 {
+    spec.default_val.trim().parse().unwrap_or(0.0)
+}
+
+fn scalar(arr: &ArrayRef, spec: &ProjColumn) -> Option<Column> {
+    macro_rules! prim {
+        ($t:ty, $variant:ident, $conv:expr, $def:expr) => {{
+            let a = arr.as_primitive::<$t>();
+            let def = $def;
+            Column::$variant(
+                (0..a.len())
+                    .map(|i| if a.is_null(i) { def } else { $conv(a.value(i)) })
+                    .collect(),
+            )
+        }};
+    }
+    let want_float = spec.ty == ColumnType::Float;
+    let col = match arr.data_type() {
+        DataType::Float64 => prim!(Float64Type, Float, |v: f64| v, default_f64(spec)),
+        DataType::Float32 => prim!(Float32Type, Float, |v: f32| v as f64, default_f64(spec)),
+        DataType::Int64 | DataType::Int32 | DataType::Int16 | DataType::Int8 | DataType::UInt32 | DataType::UInt64
+            if want_float =>
+        {
+            let def = default_f64(spec);
+            let vals: Vec<f64> = match arr.data_type() {
+                DataType::Int64 => prim_vals::<Int64Type>(arr, def, |v| v as f64),
+                DataType::Int32 => prim_vals::<Int32Type>(arr, def, |v| v as f64),
+                DataType::Int16 => prim_vals::<Int16Type>(arr, def, |v| v as f64),
+                DataType::Int8 => prim_vals::<Int8Type>(arr, def, |v| v as f64),
+                DataType::UInt32 => prim_vals::<UInt32Type>(arr, def, |v| v as f64),
+                _ => prim_vals::<UInt64Type>(arr, def, |v| v as f64),
+            };
+            Column::Float(vals)
+        }
+        DataType::Int64 => prim!(Int64Type, Int, |v: i64| v, default_f64(spec) as i64),
+        DataType::Int32 => prim!(Int32Type, Int, |v: i32| v as i64, default_f64(spec) as i64),
+        DataType::Int16 => prim!(Int16Type, Int, |v: i16| v as i64, default_f64(spec) as i64),
+        DataType::Int8 => prim!(Int8Type, Int, |v: i8| v as i64, default_f64(spec) as i64),
+        DataType::UInt32 => prim!(UInt32Type, Int, |v: u32| v as i64, default_f64(spec) as i64),
+        DataType::UInt64 => prim!(UInt64Type, Int, |v: u64| v as i64, default_f64(spec) as i64),
+        DataType::Boolean => {
+            let a = arr.as_boolean();
+            Column::Int((0..a.len()).map(|i| (!a.is_null(i) && a.value(i)) as i64).collect())
+        }
+        DataType::Utf8 => strings(
+            arr.len(),
+            |i| (!arr.is_null(i)).then(|| arr.as_string::<i32>().value(i)),
+            spec,
+        ),
+        DataType::LargeUtf8 => strings(
+            arr.len(),
+            |i| (!arr.is_null(i)).then(|| arr.as_string::<i64>().value(i)),
+            spec,
+        ),
+        DataType::Utf8View => strings(
+            arr.len(),
+            |i| (!arr.is_null(i)).then(|| arr.as_string_view().value(i)),
+            spec,
+        ),
+        _ => return None,
+    };
+    Some(match (col, want_float) {
+        (Column::Str(s), true) => {
+            let mut v = Vec::with_capacity(s.len());
+            for i in 0..s.len() {
+                v.push(s.get(i).trim().parse().ok()?);
+            }
+            Column::Float(v)
+        }
+        (c, _) => c,
+    })
+}
+
+fn prim_vals<T: arrow_array::types::ArrowPrimitiveType>(
+    arr: &ArrayRef,
+    def: f64,
+    f: impl Fn(T::Native) -> f64,
+) -> Vec<f64> {
+    let a = arr.as_primitive::<T>();
+    (0..a.len())
+        .map(|i| if a.is_null(i) { def } else { f(a.value(i)) })
+        .collect()
+}
+
+fn strings<'a>(n: usize, get: impl Fn(usize) -> Option<&'a str>, spec: &ProjColumn) -> Column {
+    let mut s = StrColumn::new();
+    for i in 0..n {
+        s.push(get(i).unwrap_or(&spec.default_val));
+    }
+    Column::Str(s)
+}
+
+impl Iterator for ParquetChunks {
+    type Item = Result<RawBatch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let batch = match self.reader.next()? {
+            Ok(b) => b,
+            Err(e) => return Some(Err(DataError::arrow(&self.path, self.row_group, e))),
+        };
+        let out = self.convert(&batch);
+        self.rows_read += batch.num_rows();
+        Some(out)
+    }
+}

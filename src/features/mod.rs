@@ -1,0 +1,451 @@
+//! Feature encoding: raw columns -> dense values and jagged row ids, one
+//! entry per configured feature, plus labels (and the GAUC group key).
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context};
+
+use crate::config::typed::{Bucketing, FeatureKind, FeatureSpec, TrainingPlan};
+use crate::data::{Column, Projection, RawBatch};
+use crate::util::{hash_i64, hash_str};
+
+/// Ids of one feature for a batch: row `b` owns `ids[offsets[b]..offsets[b+1]]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Jagged {
+    pub ids: Vec<u64>,
+    pub offsets: Vec<u32>,
+    pub weights: Option<Vec<f32>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Encoded {
+    /// Row-major `[batch, dim]`.
+    Dense {
+        dim: usize,
+        values: Vec<f32>,
+    },
+    Sparse(Jagged),
+}
+
+/// A batch ready for the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub size: usize,
+    pub labels: Vec<f32>,
+    pub features: Vec<Encoded>,
+    /// Hashed `uid_field` per row, when a GAUC metric needs it.
+    pub uids: Option<Vec<u64>>,
+}
+
+#[derive(Debug, Clone)]
+enum Buckets {
+    Hash(u64),
+    Identity(u64),
+    /// Known values -> index; anything else -> the out-of-vocabulary row `len`.
+    Vocab(HashMap<String, u64>),
+}
+
+impl Buckets {
+    fn new(b: &Bucketing, feature: &str) -> anyhow::Result<Self> {
+        Ok(match b {
+            Bucketing::Hash(n) => Buckets::Hash(*n),
+            Bucketing::Identity(n) => Buckets::Identity(*n),
+            Bucketing::Vocab(v) => Buckets::Vocab(v.iter().enumerate().map(|(i, s)| (s.clone(), i as u64)).collect()),
+            Bucketing::VocabFile(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("feature `{feature}`: cannot read vocab_file {}", p.display()))?;
+                Buckets::Vocab(
+                    text.lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty())
+                        .enumerate()
+                        .map(|(i, s)| (s.to_string(), i as u64))
+                        .collect(),
+                )
+            }
+        })
+    }
+
+    fn rows(&self) -> u64 {
+        match self {
+            Buckets::Hash(n) | Buckets::Identity(n) => *n,
+            Buckets::Vocab(m) => m.len() as u64 + 1,
+        }
+    }
+
+    fn of_str(&self, s: &str, feature: &str) -> anyhow::Result<u64> {
+        Ok(match self {
+            Buckets::Hash(n) => hash_str(s) % n,
+            Buckets::Identity(n) => {
+                let v: i64 = s
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("feature `{feature}`: `{s}` is not an integer id (num_buckets is set)"))?;
+                self.identity(v, *n, feature)?
+            }
+            Buckets::Vocab(m) => m.get(s).copied().unwrap_or(m.len() as u64),
+        })
+    }
+
+    fn of_int(&self, v: i64, feature: &str) -> anyhow::Result<u64> {
+        Ok(match self {
+            Buckets::Hash(n) => hash_i64(v) % n,
+            Buckets::Identity(n) => self.identity(v, *n, feature)?,
+            Buckets::Vocab(m) => m.get(&v.to_string()).copied().unwrap_or(m.len() as u64),
+        })
+    }
+
+    fn identity(&self, v: i64, n: u64, feature: &str) -> anyhow::Result<u64> {
+        if v < 0 || v as u64 >= n {
+            bail!("feature `{feature}`: id {v} is outside [0, num_buckets = {n})");
+        }
+        Ok(v as u64)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Enc {
+    Dense {
+        col: usize,
+        dim: usize,
+        min_max: Option<(f64, f64)>,
+        separator: String,
+    },
+    Bucketized {
+        col: usize,
+        boundaries: Vec<f64>,
+    },
+    Id {
+        col: usize,
+        buckets: Buckets,
+    },
+    Tag {
+        col: usize,
+        buckets: Buckets,
+        separator: String,
+        kv_separator: Option<String>,
+    },
+    Combo {
+        cols: Vec<usize>,
+        buckets: Buckets,
+    },
+}
+
+/// Turns raw batches into model batches. Cheap to clone into reader threads.
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    pub projection: Projection,
+    names: Vec<String>,
+    encs: Vec<Enc>,
+    label_col: usize,
+    uid_col: Option<usize>,
+}
+
+impl Encoder {
+    pub fn new(plan: &TrainingPlan, uid_field: Option<&str>) -> anyhow::Result<Self> {
+        let mut projection = Projection::default();
+        let col = |p: &mut Projection, name: &str, required: bool| {
+            p.add(name, &plan.fields, required)
+                .with_context(|| format!("`{name}` is not among data_config.input_fields"))
+        };
+        let label_col = col(&mut projection, &plan.label_fields[0], true)?;
+        let mut encs = Vec::new();
+        for f in &plan.features {
+            let first = f
+                .inputs
+                .first()
+                .with_context(|| format!("feature `{}` has no input_names", f.name))?;
+            let enc = match &f.kind {
+                FeatureKind::Raw {
+                    dim,
+                    min_max,
+                    boundaries,
+                } => {
+                    let c = col(&mut projection, first, false)?;
+                    if !boundaries.is_empty() {
+                        if boundaries.windows(2).any(|w| w[1] <= w[0]) {
+                            bail!("feature `{}`: boundaries must be strictly increasing", f.name);
+                        }
+                        Enc::Bucketized {
+                            col: c,
+                            boundaries: boundaries.clone(),
+                        }
+                    } else {
+                        Enc::Dense {
+                            col: c,
+                            dim: *dim as usize,
+                            min_max: *min_max,
+                            separator: ",".into(),
+                        }
+                    }
+                }
+                FeatureKind::Id { buckets } => Enc::Id {
+                    col: col(&mut projection, first, false)?,
+                    buckets: Buckets::new(buckets, &f.name)?,
+                },
+                FeatureKind::Tag {
+                    buckets,
+                    separator,
+                    kv_separator,
+                } => Enc::Tag {
+                    col: col(&mut projection, first, false)?,
+                    buckets: Buckets::new(buckets, &f.name)?,
+                    separator: separator.clone(),
+                    kv_separator: kv_separator.clone(),
+                },
+                FeatureKind::Combo { buckets } => Enc::Combo {
+                    cols: f
+                        .inputs
+                        .iter()
+                        .map(|i| col(&mut projection, i, false))
+                        .collect::<anyhow::Result<_>>()?,
+                    buckets: Buckets::new(buckets, &f.name)?,
+                },
+            };
+            encs.push(enc);
+        }
+        let uid_col = uid_field.map(|u| col(&mut projection, u, false)).transpose()?;
+        Ok(Encoder {
+            projection,
+            names: plan.features.iter().map(|f| f.name.clone()).collect(),
+            encs,
+            label_col,
+            uid_col,
+        })
+    }
+
+    /// Embedding rows a sparse feature addresses; `None` for dense features.
+    pub fn table_rows(&self, feature: usize) -> Option<u64> {
+        match &self.encs[feature] {
+            Enc::Dense { .. } => None,
+            Enc::Bucketized { boundaries, .. } => Some(boundaries.len() as u64 + 1),
+            Enc::Id { buckets, .. } | Enc::Tag { buckets, .. } | Enc::Combo { buckets, .. } => Some(buckets.rows()),
+        }
+    }
+
+    /// Width of a dense feature.
+    pub fn dense_dim(&self, feature: usize) -> Option<usize> {
+        match &self.encs[feature] {
+            Enc::Dense { dim, .. } => Some(*dim),
+            _ => None,
+        }
+    }
+
+    pub fn encode(&self, raw: &RawBatch) -> anyhow::Result<Batch> {
+        let n = raw.num_rows;
+        let labels = match &raw.columns[self.label_col] {
+            Column::Float(v) => v.iter().map(|x| *x as f32).collect(),
+            Column::Int(v) => v.iter().map(|x| *x as f32).collect(),
+            other => bail!(
+                "label column `{}` holds {} values; it must be numeric",
+                self.projection.columns[self.label_col].name,
+                other.type_name()
+            ),
+        };
+        let features = self
+            .encs
+            .iter()
+            .zip(&self.names)
+            .map(|(e, name)| encode_one(e, raw, n).with_context(|| format!("encoding feature `{name}`")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let uids = self.uid_col.map(|c| match &raw.columns[c] {
+            Column::Int(v) => v.iter().map(|x| hash_i64(*x)).collect(),
+            Column::Str(s) => (0..n).map(|i| hash_str(s.get(i))).collect(),
+            Column::Float(v) => v.iter().map(|x| x.to_bits()).collect(),
+            Column::List { .. } => vec![0; n],
+        });
+        Ok(Batch {
+            size: n,
+            labels,
+            features,
+            uids,
+        })
+    }
+}
+
+/// Calls `f` with each value of row `r` as text or integer.
+fn for_each_value(
+    col: &Column,
+    r: usize,
+    separator: Option<&str>,
+    f: &mut dyn FnMut(Value<'_>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    match col {
+        Column::Int(v) => f(Value::Int(v[r])),
+        Column::Float(v) => f(Value::Float(v[r])),
+        Column::Str(s) => {
+            let text = s.get(r);
+            match separator {
+                Some(sep) if !sep.is_empty() => {
+                    for part in text.split(sep).filter(|p| !p.is_empty()) {
+                        f(Value::Str(part))?;
+                    }
+                    Ok(())
+                }
+                _ if text.is_empty() => Ok(()),
+                _ => f(Value::Str(text)),
+            }
+        }
+        Column::List { offsets, values } => {
+            for i in offsets[r]..offsets[r + 1] {
+                for_each_value(values, i, None, f)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Value<'a> {
+    Int(i64),
+    Float(f64),
+    Str(&'a str),
+}
+
+impl Value<'_> {
+    fn bucket(&self, b: &Buckets, feature: &str) -> anyhow::Result<u64> {
+        match *self {
+            Value::Int(v) => b.of_int(v, feature),
+            Value::Float(v) if v.fract() == 0.0 => b.of_int(v as i64, feature),
+            Value::Float(v) => b.of_str(&v.to_string(), feature),
+            Value::Str(s) => b.of_str(s, feature),
+        }
+    }
+
+    fn number(&self) -> anyhow::Result<f64> {
+        Ok(match *self {
+            Value::Int(v) => v as f64,
+            Value::Float(v) => v,
+            Value::Str(s) => s.trim().parse().with_context(|| format!("`{s}` is not a number"))?,
+        })
+    }
+
+    fn text(&self) -> String {
+        match *self {
+            Value::Int(v) => v.to_string(),
+            Value::Float(v) => v.to_string(),
+            Value::Str(s) => s.to_string(),
+        }
+    }
+}
+
+fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
+    let mut j = Jagged {
+        ids: Vec::with_capacity(n),
+        offsets: Vec::with_capacity(n + 1),
+        weights: None,
+    };
+    j.offsets.push(0);
+    match e {
+        Enc::Dense {
+            col,
+            dim,
+            min_max,
+            separator,
+        } => {
+            let mut values = Vec::with_capacity(n * dim);
+            for r in 0..n {
+                let start = values.len();
+                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+                    let mut x = v.number()?;
+                    if let Some((lo, hi)) = min_max {
+                        x = if hi > lo { (x - lo) / (hi - lo) } else { 0.0 };
+                    }
+                    values.push(x as f32);
+                    Ok(())
+                })?;
+                let got = values.len() - start;
+                if got == 0 && *dim == 1 {
+                    values.push(0.0);
+                } else if got != *dim {
+                    bail!("row {r} has {got} values, raw_input_dim is {dim}");
+                }
+            }
+            return Ok(Encoded::Dense { dim: *dim, values });
+        }
+        Enc::Bucketized { col, boundaries } => {
+            for r in 0..n {
+                for_each_value(&raw.columns[*col], r, None, &mut |v| {
+                    let x = v.number()?;
+                    j.ids.push(boundaries.partition_point(|b| *b <= x) as u64);
+                    Ok(())
+                })?;
+                j.offsets.push(j.ids.len() as u32);
+            }
+        }
+        Enc::Id { col, buckets } => {
+            for r in 0..n {
+                for_each_value(&raw.columns[*col], r, None, &mut |v| {
+                    j.ids.push(v.bucket(buckets, "")?);
+                    Ok(())
+                })?;
+                j.offsets.push(j.ids.len() as u32);
+            }
+        }
+        Enc::Tag {
+            col,
+            buckets,
+            separator,
+            kv_separator,
+        } => {
+            let mut weights = kv_separator.as_ref().map(|_| Vec::with_capacity(n));
+            for r in 0..n {
+                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+                    match (kv_separator, &mut weights, v) {
+                        (Some(kv), Some(w), Value::Str(s)) => {
+                            let (k, wt) = s.split_once(kv.as_str()).unwrap_or((s, "1"));
+                            let wt: f32 = wt
+                                .trim()
+                                .parse()
+                                .with_context(|| format!("weight `{wt}` of tag `{k}` is not a number"))?;
+                            j.ids.push(buckets.of_str(k, "")?);
+                            w.push(wt);
+                        }
+                        (_, w, v) => {
+                            j.ids.push(v.bucket(buckets, "")?);
+                            if let Some(w) = w {
+                                w.push(1.0);
+                            }
+                        }
+                    }
+                    Ok(())
+                })?;
+                j.offsets.push(j.ids.len() as u32);
+            }
+            j.weights = weights;
+        }
+        Enc::Combo { cols, buckets } => {
+            let mut parts: Vec<Vec<String>> = vec![Vec::new(); cols.len()];
+            for r in 0..n {
+                for (p, c) in parts.iter_mut().zip(cols) {
+                    p.clear();
+                    for_each_value(&raw.columns[*c], r, Some("|"), &mut |v| {
+                        p.push(v.text());
+                        Ok(())
+                    })?;
+                }
+                // Cartesian product of the inputs' values, joined with "_".
+                let mut acc: Vec<String> = vec![String::new()];
+                for (i, p) in parts.iter().enumerate() {
+                    let mut next = Vec::with_capacity(acc.len() * p.len());
+                    for a in &acc {
+                        for v in p {
+                            next.push(if i == 0 { v.clone() } else { format!("{a}_{v}") });
+                        }
+                    }
+                    acc = next;
+                }
+                for s in &acc {
+                    j.ids.push(buckets.of_str(s, "")?);
+                }
+                j.offsets.push(j.ids.len() as u32);
+            }
+        }
+    }
+    Ok(Encoded::Sparse(j))
+}
+
+/// Table layout shared by features: which features read which table.
+pub fn feature_tables(features: &[FeatureSpec]) -> Vec<String> {
+    features.iter().map(|f| f.table.clone()).collect()
+}
