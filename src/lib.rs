@@ -1,7 +1,18 @@
 //! rustrec: a recommender-model trainer that reads EasyRec pipeline configs.
 //!
 //! Data flow (see DESIGN.md): `cli` -> `config` (parse, override, validate,
-//! type) -> training, evaluation and export.
+//! type) -> `data` (files to raw column batches) -> `features` (ids and dense
+//! values) -> `embedding` (tables, pooling, sparse updates) + `model` (dense
+//! network on burn) -> `optim` -> `train` (loop, `checkpoint`, `metrics`).
 
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod data;
+pub mod embedding;
+pub mod features;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod train;
+pub mod util;

@@ -52,8 +52,11 @@ fn train_eval_writes_effective_config_and_refuses_existing_checkpoints() {
             .unwrap()
     };
     let out = run(&[]);
-    // no training loop yet: the config is checked and written, then a clear internal error
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    // The config is checked and written before training starts; its input
+    // files do not exist here, which is the user's error, named.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("data/test/criteo_parquet"), "{stderr}");
     let written = dir.path().join("pipeline.config");
     let reloaded = rustrec::config::load_pipeline(&written, &Default::default()).unwrap();
     assert_eq!(reloaded.config.train_config.unwrap().num_steps(), 7);
@@ -66,7 +69,7 @@ fn train_eval_writes_effective_config_and_refuses_existing_checkpoints() {
     let out = run(&[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--continue_train"));
-    assert_eq!(run(&["--continue_train"]).status.code(), Some(2));
+    assert_eq!(run(&["--continue_train"]).status.code(), Some(1));
 }
 
 #[test]

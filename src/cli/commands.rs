@@ -6,7 +6,9 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::{parse_with_extend_args, EvalArgs, ExportArgs, TrainEvalArgs, UserError};
+use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
+use crate::train::Trainer;
 
 pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let (args, extend) = parse_with_extend_args::<TrainEvalArgs>(args)?;
@@ -22,7 +24,7 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
         return Ok(());
     }
     let plan = TrainingPlan::from_config(&loaded.config)?;
-    let model_dir = &plan.model_dir;
+    let model_dir = &plan.model_dir.clone();
     if model_dir.join("checkpoint").exists() && !args.continue_train {
         return Err(UserError(format!(
             "{} already holds checkpoints; pass --continue_train to resume or choose another --model_dir",
@@ -31,10 +33,25 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
         .into());
     }
     write_effective_config(&loaded, model_dir)?;
-    Err(anyhow::anyhow!(
-        "config is valid and {} was written, but this build has no training loop yet",
-        model_dir.join("pipeline.config").display()
-    ))
+    let mut trainer = Trainer::new(plan).map_err(|e| UserError(format!("{e:#}")))?;
+    if args.continue_train {
+        if let Some(ckpt) = checkpoint::latest(model_dir)? {
+            trainer.restore(&ckpt)?;
+            eprintln!("resumed from {} at global step {}", ckpt.display(), trainer.step);
+        }
+    }
+    if trainer.step == 0 {
+        if let Some(ft) = trainer.plan.fine_tune.clone() {
+            let n = trainer.fine_tune(&ft.checkpoint, ft.var_map.as_deref())?;
+            eprintln!("fine-tuning: {n} variables restored from {}", ft.checkpoint.display());
+        }
+    }
+    let summary = trainer.run()?;
+    eprintln!(
+        "trained {} steps to global step {}, {:.0} samples/s",
+        summary.steps, trainer.step, summary.samples_per_sec
+    );
+    Ok(())
 }
 
 pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
@@ -43,10 +60,22 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
         eval_input_path: args.eval_input_path.clone(),
         ..args.config.overrides(extend)
     };
-    let _loaded = load_pipeline(&args.config.pipeline_config_path, &overrides)?;
-    Err(anyhow::anyhow!(
-        "config is valid, but this build cannot evaluate models yet"
-    ))
+    let loaded = load_pipeline(&args.config.pipeline_config_path, &overrides)?;
+    let plan = TrainingPlan::from_config(&loaded.config)?;
+    if plan.eval_paths.is_empty() {
+        return Err(UserError("no evaluation data: set eval_input_path or pass --eval_input_path".into()).into());
+    }
+    let ckpt = match &args.checkpoint_path {
+        Some(p) => checkpoint::resolve(Path::new(p))?,
+        None => checkpoint::latest(&plan.model_dir)?
+            .ok_or_else(|| UserError(format!("{} holds no checkpoint to evaluate", plan.model_dir.display())))?,
+    };
+    let model_dir = plan.model_dir.clone();
+    let eval_paths = plan.eval_paths.clone();
+    let mut trainer = Trainer::new(plan).map_err(|e| UserError(format!("{e:#}")))?;
+    trainer.restore(&ckpt)?;
+    trainer.eval_and_report(&eval_paths, &model_dir.join(&args.eval_result_path))?;
+    Ok(())
 }
 
 pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {

@@ -140,7 +140,10 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
                 };
             }
             eprintln!("error: {err:#}");
-            if err.downcast_ref::<ConfigError>().is_some() || err.downcast_ref::<UserError>().is_some() {
+            if err.downcast_ref::<ConfigError>().is_some()
+                || err.downcast_ref::<UserError>().is_some()
+                || err.chain().any(|e| e.is::<crate::data::DataError>())
+            {
                 ExitCode::from(1)
             } else {
                 ExitCode::from(2)

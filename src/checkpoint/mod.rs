@@ -1,0 +1,231 @@
+//! Checkpoints: `model_dir/model.ckpt-N/` holds safetensors files and a
+//! manifest with each file's size and checksum; `model_dir/checkpoint` names
+//! the latest, as TensorFlow's does. Everything is written under a temporary
+//! name and renamed into place, so a crash never leaves a half checkpoint.
+
+pub mod safetensors;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+pub use safetensors::{read_file, write_file, TensorRef};
+
+pub const FORMAT: &str = "rustrec-checkpoint-1";
+const STATE_FILE: &str = "checkpoint";
+
+/// One named tensor loaded from a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+pub fn ckpt_name(step: u64) -> String {
+    format!("model.ckpt-{step}")
+}
+
+/// Global step encoded in a checkpoint directory name.
+pub fn step_of(path: &Path) -> Option<u64> {
+    path.file_name()?.to_str()?.strip_prefix("model.ckpt-")?.parse().ok()
+}
+
+/// Writes `files` (file name -> tensors) as checkpoint `step`, updates the
+/// `checkpoint` state file and prunes to `keep_max` checkpoints (0 = keep all).
+pub fn save(
+    model_dir: &Path,
+    step: u64,
+    files: &[(&str, Vec<TensorRef<'_>>)],
+    keep_max: usize,
+) -> anyhow::Result<PathBuf> {
+    fs::create_dir_all(model_dir).with_context(|| format!("cannot create {}", model_dir.display()))?;
+    let final_dir = model_dir.join(ckpt_name(step));
+    let tmp = model_dir.join(format!(".{}.tmp-{}", ckpt_name(step), std::process::id()));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).ok();
+    }
+    fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut manifest_files = serde_json::Map::new();
+    let mut tensors = serde_json::Map::new();
+    for (name, ts) in files {
+        let path = tmp.join(name);
+        let (bytes, checksum) = write_file(&path, ts).with_context(|| format!("cannot write {}", path.display()))?;
+        manifest_files.insert(
+            name.to_string(),
+            json!({"bytes": bytes, "checksum": format!("{checksum:016x}")}),
+        );
+        for t in ts {
+            tensors.insert(t.name.clone(), json!({"file": name, "shape": t.shape}));
+        }
+    }
+    let manifest = json!({
+        "format": FORMAT,
+        "global_step": step,
+        "world_size": 1,
+        "files": manifest_files,
+        "tensors": tensors,
+    });
+    write_synced(
+        &tmp.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)?.as_bytes(),
+    )?;
+    if final_dir.exists() {
+        fs::remove_dir_all(&final_dir).with_context(|| format!("cannot replace {}", final_dir.display()))?;
+    }
+    fs::rename(&tmp, &final_dir).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
+    let mut all = list(model_dir)?;
+    if keep_max > 0 && all.len() > keep_max {
+        for old in all.drain(..all.len() - keep_max) {
+            fs::remove_dir_all(model_dir.join(ckpt_name(old))).ok();
+        }
+    }
+    let mut state = format!("model_checkpoint_path: \"{}\"\n", ckpt_name(step));
+    for s in &all {
+        state.push_str(&format!("all_model_checkpoint_paths: \"{}\"\n", ckpt_name(*s)));
+    }
+    write_atomic(&model_dir.join(STATE_FILE), state.as_bytes())?;
+    Ok(final_dir)
+}
+
+/// Steps of the complete checkpoints in `model_dir`, ascending.
+pub fn list(model_dir: &Path) -> anyhow::Result<Vec<u64>> {
+    let mut steps = Vec::new();
+    let Ok(rd) = fs::read_dir(model_dir) else {
+        return Ok(steps);
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() && p.join("manifest.json").is_file() {
+            if let Some(s) = step_of(&p) {
+                steps.push(s);
+            }
+        }
+    }
+    steps.sort_unstable();
+    Ok(steps)
+}
+
+/// The latest checkpoint of `model_dir`: the one the state file names, else
+/// the newest complete directory.
+pub fn latest(model_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    if let Ok(text) = fs::read_to_string(model_dir.join(STATE_FILE)) {
+        for line in text.lines() {
+            if let Some(rest) = line.trim().strip_prefix("model_checkpoint_path:") {
+                let name = rest.trim().trim_matches('"');
+                let p = model_dir.join(name);
+                if p.join("manifest.json").is_file() {
+                    return Ok(Some(p));
+                }
+            }
+        }
+    }
+    Ok(list(model_dir)?.last().map(|s| model_dir.join(ckpt_name(*s))))
+}
+
+/// A checkpoint path as a user gives it: a checkpoint dir, or a model_dir
+/// (meaning its latest checkpoint).
+pub fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.join("manifest.json").is_file() {
+        return Ok(path.to_path_buf());
+    }
+    if path.is_dir() {
+        if let Some(p) = latest(path)? {
+            return Ok(p);
+        }
+        bail!("{} holds no checkpoint", path.display());
+    }
+    bail!("checkpoint {} does not exist", path.display())
+}
+
+/// Reads and verifies a checkpoint: every file the manifest lists must have
+/// its recorded size and checksum.
+pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
+    let mpath = dir.join("manifest.json");
+    let text = fs::read_to_string(&mpath).with_context(|| format!("cannot read {}", mpath.display()))?;
+    let m: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", mpath.display()))?;
+    if m["format"] != FORMAT {
+        bail!("{}: unknown checkpoint format {}", mpath.display(), m["format"]);
+    }
+    let step = m["global_step"]
+        .as_u64()
+        .with_context(|| format!("{}: no global_step", mpath.display()))?;
+    let mut out = BTreeMap::new();
+    let files = m["files"]
+        .as_object()
+        .with_context(|| format!("{}: no file list", mpath.display()))?;
+    for (name, info) in files {
+        let path = dir.join(name);
+        let bytes = fs::read(&path).with_context(|| format!("checkpoint file {} is missing", path.display()))?;
+        let want = info["bytes"].as_u64().unwrap_or(u64::MAX);
+        if bytes.len() as u64 != want {
+            bail!(
+                "checkpoint file {} is truncated or damaged: {} bytes, the manifest says {want}",
+                path.display(),
+                bytes.len()
+            );
+        }
+        let sum = format!("{:016x}", safetensors::checksum(&bytes));
+        if info["checksum"].as_str() != Some(sum.as_str()) {
+            bail!(
+                "checkpoint file {} is damaged: its checksum does not match the manifest",
+                path.display()
+            );
+        }
+        for (tname, shape, data) in read_file(&bytes).with_context(|| format!("cannot parse {}", path.display()))? {
+            out.insert(tname, Loaded { shape, data });
+        }
+    }
+    Ok((step, out))
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut f = fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.sync_all().ok();
+    Ok(())
+}
+
+/// Writes `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    write_synced(&tmp, bytes)?;
+    fs::rename(&tmp, path).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_load_prune_and_detect_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = vec![1.0f32, 2.0, 3.0, 4.0];
+        for step in [10, 20, 30] {
+            let ts = vec![TensorRef::new("w", vec![2, 2], &a)];
+            save(dir.path(), step, &[("dense.safetensors", ts)], 2).unwrap();
+        }
+        assert_eq!(list(dir.path()).unwrap(), vec![20, 30]);
+        let latest = latest(dir.path()).unwrap().unwrap();
+        assert_eq!(step_of(&latest), Some(30));
+        let (step, t) = load(&latest).unwrap();
+        assert_eq!(step, 30);
+        assert_eq!(t["w"].data, a);
+        assert_eq!(t["w"].shape, vec![2, 2]);
+        let f = latest.join("dense.safetensors");
+        let len = fs::metadata(&f).unwrap().len();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_len(len - 3)
+            .unwrap();
+        let err = format!("{:#}", load(&latest).unwrap_err());
+        assert!(err.contains("truncated"), "{err}");
+    }
+}

@@ -1,0 +1,118 @@
+//! The safetensors file format (little-endian u64 header size, JSON header,
+//! raw data), for f32 tensors. Small enough to write here; any safetensors
+//! reader (Python's included) opens these files.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+/// A tensor to write, borrowed from where it lives.
+#[derive(Debug, Clone)]
+pub struct TensorRef<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: &'a [f32],
+}
+
+impl<'a> TensorRef<'a> {
+    pub fn new(name: impl Into<String>, shape: Vec<usize>, data: &'a [f32]) -> Self {
+        TensorRef {
+            name: name.into(),
+            shape,
+            data,
+        }
+    }
+}
+
+/// 64-bit checksum of a byte string (FNV-style over 8-byte words, finalised).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        h = (h ^ u64::from_le_bytes(c.try_into().expect("8 bytes"))).wrapping_mul(0x0000_0100_0000_01b3);
+        h = h.rotate_left(23);
+    }
+    for b in chunks.remainder() {
+        h = (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    crate::util::mix64(h)
+}
+
+/// Writes the tensors; returns (bytes written, checksum of the file).
+pub fn write_file(path: &Path, tensors: &[TensorRef<'_>]) -> anyhow::Result<(u64, u64)> {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for t in tensors {
+        let n: usize = t.shape.iter().product();
+        if n != t.data.len() {
+            bail!(
+                "tensor {}: shape {:?} does not hold {} values",
+                t.name,
+                t.shape,
+                t.data.len()
+            );
+        }
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": "F32", "shape": t.shape, "data_offsets": [offset, offset + 4 * n]}),
+        );
+        offset += 4 * n;
+    }
+    let mut h = serde_json::to_vec(&Value::Object(header))?;
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut bytes = Vec::with_capacity(8 + h.len() + offset);
+    bytes.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&h);
+    for t in tensors {
+        for x in t.data {
+            bytes.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    let file = File::create(path)?;
+    let mut w = BufWriter::with_capacity(1 << 22, file);
+    w.write_all(&bytes)?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all().ok();
+    Ok((bytes.len() as u64, checksum(&bytes)))
+}
+
+/// Parses a safetensors file's bytes into (name, shape, values).
+/// A tensor read back: (name, shape, values).
+pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
+pub fn read_file(bytes: &[u8]) -> anyhow::Result<Vec<NamedTensor>> {
+    if bytes.len() < 8 {
+        bail!("file too short for a safetensors header");
+    }
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let data = bytes.get(8 + n..).context("header runs past the end of the file")?;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).context("header is not JSON")?;
+    let mut out = Vec::new();
+    for (name, info) in header.as_object().context("header is not an object")? {
+        if name == "__metadata__" {
+            continue;
+        }
+        if info["dtype"] != "F32" {
+            bail!("tensor {name}: dtype {} (only F32 is written here)", info["dtype"]);
+        }
+        let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).context("bad shape")?;
+        let off: [usize; 2] = serde_json::from_value(info["data_offsets"].clone()).context("bad data_offsets")?;
+        let raw = data
+            .get(off[0]..off[1])
+            .with_context(|| format!("tensor {name}: data past the end of the file"))?;
+        let values: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        if values.len() != shape.iter().product::<usize>() {
+            bail!("tensor {name}: {} values for shape {shape:?}", values.len());
+        }
+        out.push((name.clone(), shape, values));
+    }
+    Ok(out)
+}

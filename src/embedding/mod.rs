@@ -1,0 +1,191 @@
+//! Embedding tables outside autodiff: lookup + pooling into the model's
+//! input buffer, and the reverse scatter of gradients into a sparse,
+//! row-wise optimizer update of only the touched rows.
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use crate::features::Jagged;
+use crate::optim::{Rule, SlotState};
+use crate::util::{mix64, Rng};
+
+/// One table: `rows x dim` f32 weights with the optimizer slots of each row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    pub name: String,
+    pub rows: usize,
+    pub dim: usize,
+    pub weights: Vec<f32>,
+    pub state: SlotState,
+    /// Index into `train_config.optimizer_config`.
+    pub optimizer: usize,
+}
+
+/// Deterministic initial value of a row: truncated normal with stddev
+/// 1/sqrt(dim) (TensorFlow's embedding_column default), seeded per row so any
+/// sharding of the table initialises identical rows.
+pub fn init_row(seed: u64, table: &str, row: u64, out: &mut [f32]) {
+    let mut rng = Rng::new(seed ^ mix64(crate::util::hash_str(table) ^ mix64(row)));
+    let std = 1.0 / (out.len() as f64).sqrt();
+    for x in out.iter_mut() {
+        *x = (rng.truncated_normal() * std) as f32;
+    }
+}
+
+impl Table {
+    pub fn new(name: &str, rows: usize, dim: usize, seed: u64, state: SlotState, optimizer: usize) -> Self {
+        let mut weights = vec![0.0f32; rows * dim];
+        weights
+            .par_chunks_mut(dim)
+            .enumerate()
+            .for_each(|(r, out)| init_row(seed, name, r as u64, out));
+        Table {
+            name: name.to_string(),
+            rows,
+            dim,
+            weights,
+            state,
+            optimizer,
+        }
+    }
+
+    pub fn row(&self, r: u64) -> &[f32] {
+        let r = r as usize;
+        &self.weights[r * self.dim..(r + 1) * self.dim]
+    }
+}
+
+/// Pools `ids` of every row of a batch (sum, or weighted mean) into
+/// `out[b * stride + col .. + dim]`.
+pub fn pool_into(table: &Table, j: &Jagged, mean: bool, out: &mut [f32], stride: usize, col: usize) {
+    let dim = table.dim;
+    out.par_chunks_mut(stride).enumerate().for_each(|(b, row_out)| {
+        let dst = &mut row_out[col..col + dim];
+        dst.fill(0.0);
+        let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
+        let mut wsum = 0.0f32;
+        for i in s..e {
+            let w = j.weights.as_ref().map_or(1.0, |w| w[i]);
+            wsum += w;
+            for (d, x) in dst.iter_mut().zip(table.row(j.ids[i])) {
+                *d += w * x;
+            }
+        }
+        if mean && wsum > 0.0 {
+            for d in dst.iter_mut() {
+                *d /= wsum;
+            }
+        }
+    });
+}
+
+/// Summed gradients of the rows one table received in a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowGrads {
+    pub rows: Vec<u64>,
+    /// `rows.len() * dim`, aligned with `rows`.
+    pub grads: Vec<f32>,
+    index: HashMap<u64, usize>,
+}
+
+impl RowGrads {
+    pub fn slot(&mut self, row: u64, dim: usize) -> &mut [f32] {
+        let i = *self.index.entry(row).or_insert_with(|| {
+            self.rows.push(row);
+            self.grads.extend(std::iter::repeat_n(0.0, dim));
+            self.rows.len() - 1
+        });
+        &mut self.grads[i * dim..(i + 1) * dim]
+    }
+
+    pub fn squared_norm(&self) -> f64 {
+        self.grads.iter().map(|g| (*g as f64) * (*g as f64)).sum()
+    }
+}
+
+/// Scatters the gradient of the pooled output (`grad[b * stride + col..]`)
+/// back onto the ids it was pooled from, summing duplicates.
+pub fn scatter_grad(j: &Jagged, mean: bool, grad: &[f32], stride: usize, col: usize, dim: usize, acc: &mut RowGrads) {
+    for b in 0..j.offsets.len() - 1 {
+        let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
+        if s == e {
+            continue;
+        }
+        let g = &grad[b * stride + col..b * stride + col + dim];
+        let wsum: f32 = if mean {
+            (s..e).map(|i| j.weights.as_ref().map_or(1.0, |w| w[i])).sum()
+        } else {
+            1.0
+        };
+        for i in s..e {
+            let w = j.weights.as_ref().map_or(1.0, |w| w[i]) / if wsum > 0.0 { wsum } else { 1.0 };
+            for (a, x) in acc.slot(j.ids[i], dim).iter_mut().zip(g) {
+                *a += w * x;
+            }
+        }
+    }
+}
+
+/// Applies `rule` to the touched rows of `table` (rows scaled by `scale`
+/// first, for gradient clipping).
+pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) {
+    let dim = table.dim;
+    let mut g = vec![0.0f32; dim];
+    for (k, &r) in grads.rows.iter().enumerate() {
+        let range = r as usize * dim..(r as usize + 1) * dim;
+        for (d, s) in g.iter_mut().zip(&grads.grads[k * dim..(k + 1) * dim]) {
+            *d = s * scale;
+        }
+        let mut slots = table.state.view(range.clone());
+        rule.apply(&mut table.weights[range], &g, &mut slots);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::typed::OptimizerKind;
+
+    fn jagged(ids: &[u64], offsets: &[u32]) -> Jagged {
+        Jagged {
+            ids: ids.to_vec(),
+            offsets: offsets.to_vec(),
+            weights: None,
+        }
+    }
+
+    #[test]
+    fn pooling_and_hand_computed_sparse_sgd_step() {
+        let kind = OptimizerKind::Momentum { momentum: 0.0 };
+        let mut t = Table::new("t", 4, 2, 1, SlotState::new(&kind, 8), 0);
+        t.weights = vec![1., 2., 3., 4., 5., 6., 7., 8.];
+        // row 0 pools ids {0, 2}, row 1 pools {2}, row 2 none.
+        let j = jagged(&[0, 2, 2], &[0, 2, 3, 3]);
+        let mut out = vec![9.0f32; 3 * 3];
+        pool_into(&t, &j, false, &mut out, 3, 1);
+        assert_eq!(out, vec![9., 6., 8., 9., 5., 6., 9., 0., 0.]);
+        let mut mean = vec![0.0f32; 3 * 2];
+        pool_into(&t, &j, true, &mut mean, 2, 0);
+        assert_eq!(&mean[..2], &[3., 4.]);
+
+        // d loss / d pooled: row 0 -> (1, 0), row 1 -> (0, 2); id 2 appears twice.
+        let grad = vec![0., 1., 0., 0., 0., 2., 0., 0., 0.];
+        let mut acc = RowGrads::default();
+        scatter_grad(&j, false, &grad, 3, 1, 2, &mut acc);
+        let rule = Rule { kind, lr: 0.5, t: 1 };
+        apply_rows(&mut t, &acc, &rule, 1.0);
+        // id 0: (1,2) - 0.5*(1,0); id 2: (5,6) - 0.5*((1,0)+(0,2)); others untouched.
+        assert_eq!(t.weights, vec![0.5, 2., 3., 4., 4.5, 5., 7., 8.]);
+    }
+
+    #[test]
+    fn init_is_per_row_deterministic() {
+        let kind = OptimizerKind::Momentum { momentum: 0.0 };
+        let a = Table::new("x", 10, 4, 3, SlotState::new(&kind, 40), 0);
+        let mut r7 = [0.0f32; 4];
+        init_row(3, "x", 7, &mut r7);
+        assert_eq!(a.row(7), &r7);
+        assert!(a.weights.iter().all(|w| w.abs() <= 1.0));
+    }
+}

@@ -1,0 +1,163 @@
+//! Evaluation metrics as pure functions over (prediction, label) pairs, and
+//! an accumulator that can be merged across batches (and ranks).
+
+use std::collections::HashMap;
+
+use crate::config::model_plan::Metric;
+
+/// Exact ROC AUC; tied scores count one half. `None` without both classes.
+pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_unstable_by(|&a, &b| scores[a].total_cmp(&scores[b]));
+    let (mut pos, mut neg) = (0f64, 0f64);
+    let mut rank_sum = 0f64; // sum of (1-based, tie-averaged) ranks of positives
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && scores[idx[j + 1]] == scores[idx[i]] {
+            j += 1;
+        }
+        let avg_rank = (i + j) as f64 / 2.0 + 1.0;
+        for &k in &idx[i..=j] {
+            if labels[k] > 0.5 {
+                pos += 1.0;
+                rank_sum += avg_rank;
+            } else {
+                neg += 1.0;
+            }
+        }
+        i = j + 1;
+    }
+    (pos > 0.0 && neg > 0.0).then(|| (rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg))
+}
+
+/// Mean of per-user AUCs over users that have both classes.
+pub fn gauc(scores: &[f32], labels: &[f32], uids: &[u64]) -> Option<f64> {
+    let mut by_user: HashMap<u64, (Vec<f32>, Vec<f32>)> = HashMap::new();
+    for ((s, l), u) in scores.iter().zip(labels).zip(uids) {
+        let e = by_user.entry(*u).or_default();
+        e.0.push(*s);
+        e.1.push(*l);
+    }
+    let aucs: Vec<f64> = by_user.values().filter_map(|(s, l)| auc(s, l)).collect();
+    (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64)
+}
+
+/// Mean binary cross-entropy of probabilities (clipped like TensorFlow's log_loss).
+pub fn logloss(probs: &[f32], labels: &[f32]) -> f64 {
+    let eps = 1e-7f64;
+    let s: f64 = probs
+        .iter()
+        .zip(labels)
+        .map(|(p, y)| {
+            let p = (*p as f64).clamp(eps, 1.0 - eps);
+            let y = *y as f64;
+            -(y * p.ln() + (1.0 - y) * (1.0 - p).ln())
+        })
+        .sum();
+    s / probs.len().max(1) as f64
+}
+
+/// Predictions and labels of an evaluation, kept whole for exact AUC.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EvalState {
+    /// Probabilities (classification) or predicted values (regression).
+    pub preds: Vec<f32>,
+    pub labels: Vec<f32>,
+    pub uids: Vec<u64>,
+    pub loss_sum: f64,
+}
+
+impl EvalState {
+    pub fn merge(&mut self, other: EvalState) {
+        self.preds.extend(other.preds);
+        self.labels.extend(other.labels);
+        self.uids.extend(other.uids);
+        self.loss_sum += other.loss_sum;
+    }
+
+    /// `loss` plus each configured metric, in order; classification adds logloss.
+    pub fn report(&self, metrics: &[Metric], classification: bool) -> Vec<(String, f64)> {
+        let n = self.preds.len().max(1) as f64;
+        let mut out = vec![("loss".to_string(), self.loss_sum / n)];
+        if classification {
+            out.push(("logloss".into(), logloss(&self.preds, &self.labels)));
+        }
+        for m in metrics {
+            let v = match m {
+                Metric::Auc => auc(&self.preds, &self.labels),
+                Metric::Gauc { .. } => gauc(&self.preds, &self.labels, &self.uids),
+                Metric::Accuracy => Some(
+                    self.preds
+                        .iter()
+                        .zip(&self.labels)
+                        .filter(|(p, y)| (**p > 0.5) == (**y > 0.5))
+                        .count() as f64
+                        / n,
+                ),
+                Metric::Mse | Metric::Rmse => {
+                    let mse = self
+                        .preds
+                        .iter()
+                        .zip(&self.labels)
+                        .map(|(p, y)| ((p - y) as f64).powi(2))
+                        .sum::<f64>()
+                        / n;
+                    Some(if *m == Metric::Rmse { mse.sqrt() } else { mse })
+                }
+                Metric::Mae => Some(
+                    self.preds
+                        .iter()
+                        .zip(&self.labels)
+                        .map(|(p, y)| ((p - y) as f64).abs())
+                        .sum::<f64>()
+                        / n,
+                ),
+            };
+            out.push((m.name().to_string(), v.unwrap_or(f64::NAN)));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brute_auc(s: &[f32], l: &[f32]) -> f64 {
+        let (mut num, mut den) = (0.0, 0.0);
+        for i in 0..s.len() {
+            for j in 0..s.len() {
+                if l[i] > 0.5 && l[j] < 0.5 {
+                    den += 1.0;
+                    num += if s[i] > s[j] {
+                        1.0
+                    } else if s[i] == s[j] {
+                        0.5
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+        num / den
+    }
+
+    #[test]
+    fn auc_matches_pair_counting_with_ties() {
+        let mut rng = crate::util::Rng::new(3);
+        let s: Vec<f32> = (0..300).map(|_| (rng.below(20) as f32) / 20.0).collect();
+        let l: Vec<f32> = s.iter().map(|x| (rng.uniform() < *x as f64) as u8 as f32).collect();
+        assert!((auc(&s, &l).unwrap() - brute_auc(&s, &l)).abs() < 1e-12);
+        assert_eq!(auc(&[0.1, 0.2], &[1.0, 1.0]), None);
+    }
+
+    #[test]
+    fn gauc_averages_users_with_both_classes() {
+        let s = [0.9, 0.1, 0.2, 0.8, 0.5];
+        let l = [1.0, 0.0, 1.0, 0.0, 1.0];
+        let u = [1, 1, 2, 2, 3];
+        // user 1: AUC 1, user 2: AUC 0, user 3 skipped.
+        assert_eq!(gauc(&s, &l, &u), Some(0.5));
+    }
+}

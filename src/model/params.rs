@@ -1,0 +1,109 @@
+//! Dense parameters as one named, flat f32 buffer. burn sees them as leaf
+//! tensors built fresh each step; their gradients come back into a buffer of
+//! the same layout, so optimizers, clipping, all-reduce and checkpoints all
+//! work on plain slices.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::util::Rng;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub offset: usize,
+    /// Takes part in l2_regularization (dense kernels).
+    pub l2: bool,
+}
+
+impl ParamSpec {
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// Glorot (Xavier) uniform, TensorFlow's default kernel initializer.
+    GlorotUniform,
+}
+
+/// Named 2-D parameters in one buffer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParamStore {
+    pub specs: Vec<ParamSpec>,
+    pub values: Vec<f32>,
+}
+
+impl ParamStore {
+    /// Adds a `[rows, cols]` parameter; returns its index.
+    pub fn add(&mut self, name: &str, rows: usize, cols: usize, init: Init, l2: bool, rng: &mut Rng) -> usize {
+        let offset = self.values.len();
+        match init {
+            Init::Zeros => self.values.resize(offset + rows * cols, 0.0),
+            Init::Ones => self.values.resize(offset + rows * cols, 1.0),
+            Init::GlorotUniform => {
+                let limit = (6.0 / (rows + cols) as f64).sqrt();
+                self.values
+                    .extend((0..rows * cols).map(|_| ((rng.uniform() * 2.0 - 1.0) * limit) as f32));
+            }
+        }
+        self.specs.push(ParamSpec {
+            name: name.to_string(),
+            rows,
+            cols,
+            offset,
+            l2,
+        });
+        self.specs.len() - 1
+    }
+
+    pub fn slice(&self, i: usize) -> &[f32] {
+        &self.values[self.specs[i].range()]
+    }
+
+    pub fn slice_mut(&mut self, i: usize) -> &mut [f32] {
+        let r = self.specs[i].range();
+        &mut self.values[r]
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<usize> {
+        self.specs.iter().position(|s| s.name == name)
+    }
+
+    /// Every parameter as a tensor on `device`; with `track`, as autodiff leaves.
+    pub fn tensors(&self, device: &Device, track: bool) -> Vec<Tensor<2>> {
+        self.specs
+            .iter()
+            .map(|s| {
+                let t = Tensor::<2>::from_data(
+                    TensorData::new(self.values[s.range()].to_vec(), [s.rows, s.cols]),
+                    device,
+                );
+                if track {
+                    t.require_grad()
+                } else {
+                    t
+                }
+            })
+            .collect()
+    }
+}
+
+/// Reads a tensor back into a Vec.
+pub fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .try_into_vec::<f32>()
+        .expect("float tensors hold f32 on the CPU backend")
+}

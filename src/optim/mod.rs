@@ -1,0 +1,262 @@
+//! Update rules shared by dense parameters and embedding rows, with
+//! TensorFlow's formulas, and EasyRec's multi-optimizer assignment.
+
+use crate::config::typed::{ModelKind, OptimizerKind, OptimizerSpec};
+
+/// Which optimizer (index into `train_config.optimizer_config`) updates what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assignment {
+    pub wide_tables: usize,
+    pub deep_tables: usize,
+    pub dense: usize,
+}
+
+impl Assignment {
+    /// EasyRec's rules: one optimizer updates everything; two split embeddings
+    /// from dense (WideAndDeep: wide side vs the rest); three (WideAndDeep only)
+    /// are wide / deep embeddings / dense.
+    pub fn new(model: ModelKind, n: usize) -> Self {
+        match (model, n) {
+            (_, 1) => Assignment {
+                wide_tables: 0,
+                deep_tables: 0,
+                dense: 0,
+            },
+            (ModelKind::WideAndDeep, 2) => Assignment {
+                wide_tables: 0,
+                deep_tables: 1,
+                dense: 1,
+            },
+            (ModelKind::WideAndDeep, _) => Assignment {
+                wide_tables: 0,
+                deep_tables: 1,
+                dense: 2,
+            },
+            _ => Assignment {
+                wide_tables: 0,
+                deep_tables: 0,
+                dense: 1,
+            },
+        }
+    }
+}
+
+/// Number of slot vectors a rule keeps per parameter, and their initial values.
+pub fn slot_inits(kind: &OptimizerKind) -> Vec<f32> {
+    match kind {
+        OptimizerKind::Momentum { momentum } if *momentum == 0.0 => vec![],
+        OptimizerKind::Momentum { .. } => vec![0.0],
+        OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } | OptimizerKind::AdamW { .. } => {
+            vec![0.0, 0.0]
+        }
+        OptimizerKind::Adagrad { initial_accumulator } => vec![*initial_accumulator],
+        OptimizerKind::Ftrl {
+            initial_accumulator, ..
+        } => vec![*initial_accumulator, 0.0],
+        OptimizerKind::RmsProp { momentum, .. } if *momentum == 0.0 => vec![1.0],
+        OptimizerKind::RmsProp { .. } => vec![1.0, 0.0],
+    }
+}
+
+pub fn slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
+    match kind {
+        OptimizerKind::Momentum { momentum } if *momentum == 0.0 => &[],
+        OptimizerKind::Momentum { .. } => &["momentum"],
+        OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } | OptimizerKind::AdamW { .. } => &["m", "v"],
+        OptimizerKind::Adagrad { .. } => &["accumulator"],
+        OptimizerKind::Ftrl { .. } => &["accumulator", "linear"],
+        OptimizerKind::RmsProp { momentum, .. } if *momentum == 0.0 => &["ms"],
+        OptimizerKind::RmsProp { .. } => &["ms", "momentum"],
+    }
+}
+
+/// A configured optimizer at one step: the rule and its learning rate.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub kind: OptimizerKind,
+    pub lr: f32,
+    /// 1-based count of updates, for Adam's bias correction.
+    pub t: u64,
+}
+
+impl Rule {
+    pub fn at(spec: &OptimizerSpec, global_step: u64) -> Self {
+        Rule {
+            kind: spec.kind.clone(),
+            lr: spec.lr.at(global_step),
+            t: global_step + 1,
+        }
+    }
+
+    /// Applies one update to `w` with gradient `g`; `slots[k]` are aligned with `w`.
+    pub fn apply(&self, w: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
+        let lr = self.lr;
+        match &self.kind {
+            OptimizerKind::Momentum { momentum } => {
+                if *momentum == 0.0 {
+                    for (w, g) in w.iter_mut().zip(g) {
+                        *w -= lr * g;
+                    }
+                } else {
+                    let a = &mut *slots[0];
+                    for i in 0..w.len() {
+                        a[i] = a[i] * momentum + g[i];
+                        w[i] -= lr * a[i];
+                    }
+                }
+            }
+            OptimizerKind::Adam { beta1, beta2 }
+            | OptimizerKind::LazyAdam { beta1, beta2 }
+            | OptimizerKind::AdamW { beta1, beta2, .. } => {
+                if let OptimizerKind::AdamW { weight_decay, .. } = &self.kind {
+                    for x in w.iter_mut() {
+                        *x -= weight_decay * *x;
+                    }
+                }
+                let t = self.t as i32;
+                let lr_t = lr * (1.0 - beta2.powi(t)).sqrt() / (1.0 - beta1.powi(t));
+                let [m, v] = slots else {
+                    unreachable!("adam keeps two slots")
+                };
+                for i in 0..w.len() {
+                    m[i] = beta1 * m[i] + (1.0 - beta1) * g[i];
+                    v[i] = beta2 * v[i] + (1.0 - beta2) * g[i] * g[i];
+                    w[i] -= lr_t * m[i] / (v[i].sqrt() + 1e-8);
+                }
+            }
+            OptimizerKind::Adagrad { .. } => {
+                let a = &mut *slots[0];
+                for i in 0..w.len() {
+                    a[i] += g[i] * g[i];
+                    w[i] -= lr * g[i] / a[i].sqrt();
+                }
+            }
+            OptimizerKind::Ftrl {
+                lr_power,
+                l1,
+                l2,
+                l2_shrinkage,
+                ..
+            } => {
+                let [acc, lin] = slots else {
+                    unreachable!("ftrl keeps two slots")
+                };
+                for i in 0..w.len() {
+                    let gs = g[i] + 2.0 * l2_shrinkage * w[i];
+                    let new_acc = acc[i] + g[i] * g[i];
+                    let sigma = (new_acc.powf(-lr_power) - acc[i].powf(-lr_power)) / lr;
+                    lin[i] += gs - sigma * w[i];
+                    let quad = new_acc.powf(-lr_power) / lr + 2.0 * l2;
+                    w[i] = if lin[i].abs() > *l1 {
+                        (l1 * lin[i].signum() - lin[i]) / quad
+                    } else {
+                        0.0
+                    };
+                    acc[i] = new_acc;
+                }
+            }
+            OptimizerKind::RmsProp {
+                momentum,
+                decay,
+                epsilon,
+            } => {
+                if *momentum == 0.0 {
+                    let ms = &mut *slots[0];
+                    for i in 0..w.len() {
+                        ms[i] = decay * ms[i] + (1.0 - decay) * g[i] * g[i];
+                        w[i] -= lr * g[i] / (ms[i] + epsilon).sqrt();
+                    }
+                } else {
+                    let [ms, mom] = slots else {
+                        unreachable!("rmsprop with momentum keeps two slots")
+                    };
+                    for i in 0..w.len() {
+                        ms[i] = decay * ms[i] + (1.0 - decay) * g[i] * g[i];
+                        mom[i] = momentum * mom[i] + lr * g[i] / (ms[i] + epsilon).sqrt();
+                        w[i] -= mom[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Parameters of one flat buffer with their optimizer slots.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotState {
+    pub slots: Vec<Vec<f32>>,
+}
+
+impl SlotState {
+    pub fn new(kind: &OptimizerKind, len: usize) -> Self {
+        SlotState {
+            slots: slot_inits(kind).into_iter().map(|v| vec![v; len]).collect(),
+        }
+    }
+
+    /// Mutable views of every slot over `range`.
+    pub fn view(&mut self, range: std::ops::Range<usize>) -> Vec<&mut [f32]> {
+        self.slots.iter_mut().map(|s| &mut s[range.clone()]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(kind: OptimizerKind, lr: f32, t: u64) -> Rule {
+        Rule { kind, lr, t }
+    }
+
+    #[test]
+    fn adagrad_step_by_hand() {
+        let r = rule(
+            OptimizerKind::Adagrad {
+                initial_accumulator: 0.1,
+            },
+            0.5,
+            1,
+        );
+        let mut w = [1.0f32];
+        let mut a = [0.1f32];
+        r.apply(&mut w, &[2.0], &mut [&mut a]);
+        assert!((a[0] - 4.1).abs() < 1e-6);
+        assert!((w[0] - (1.0 - 0.5 * 2.0 / 4.1f32.sqrt())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn adam_first_step_moves_by_lr() {
+        let r = rule(
+            OptimizerKind::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+            },
+            0.01,
+            1,
+        );
+        let mut w = [0.0f32, 0.0];
+        let (mut m, mut v) = ([0.0f32; 2], [0.0f32; 2]);
+        r.apply(&mut w, &[3.0, -0.5], &mut [&mut m, &mut v]);
+        assert!((w[0] + 0.01).abs() < 1e-5 && (w[1] - 0.01).abs() < 1e-5, "{w:?}");
+    }
+
+    #[test]
+    fn ftrl_matches_closed_form() {
+        let r = rule(
+            OptimizerKind::Ftrl {
+                lr_power: -0.5,
+                initial_accumulator: 0.1,
+                l1: 0.0,
+                l2: 0.0,
+                l2_shrinkage: 0.0,
+            },
+            1.0,
+            1,
+        );
+        let mut w = [0.0f32];
+        let (mut acc, mut lin) = ([0.1f32], [0.0f32]);
+        r.apply(&mut w, &[1.0], &mut [&mut acc, &mut lin]);
+        // linear = 1, quadratic = sqrt(1.1) -> w = -1 / sqrt(1.1)
+        assert!((w[0] + 1.0 / 1.1f32.sqrt()).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,133 @@
+//! The step loop: stop conditions, logging, progress bar, checkpoints and
+//! the evaluation after training.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde_json::json;
+
+use super::Trainer;
+use crate::checkpoint;
+use crate::config::typed::{CheckpointCadence, LossKind};
+
+/// How a training run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    pub steps: u64,
+    pub last_loss: f32,
+    pub samples_per_sec: f64,
+    pub metrics: Vec<(String, f64)>,
+}
+
+impl Trainer {
+    /// Trains until num_steps (the global step to stop at) or the end of the
+    /// data, saving checkpoints on the configured cadence and at the end.
+    pub fn run(&mut self) -> anyhow::Result<RunSummary> {
+        let start_step = self.step;
+        let p = self.plan.clone();
+        let target = p.num_steps.map(u64::from);
+        if target.is_some_and(|t| self.step >= t) {
+            eprintln!("global step {} already reached num_steps; nothing to train", self.step);
+        }
+        let bar = (std::io::stderr().is_terminal() && target.is_some()).then(|| {
+            let b = indicatif::ProgressBar::new(target.unwrap_or(0));
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}").expect("static template"),
+            );
+            b.set_position(self.step);
+            b
+        });
+        let stream = self.stream(&p.train_paths, true, self.step)?;
+        let t0 = Instant::now();
+        let mut window = (Instant::now(), 0u64);
+        let mut samples = 0u64;
+        let mut last_loss = f32::NAN;
+        let mut last_save = (Instant::now(), self.step);
+        for batch in stream {
+            if target.is_some_and(|t| self.step >= t) {
+                break;
+            }
+            let batch = batch.context("reading training data")?;
+            let lr = p.optimizers[self.assign.dense].lr.at(self.step);
+            let st = self.train_step(&batch)?;
+            samples += batch.size as u64;
+            window.1 += batch.size as u64;
+            last_loss = st.loss;
+            if let Some(b) = &bar {
+                b.set_position(self.step);
+                b.set_message(format!("loss {:.4}", st.loss));
+            }
+            if self.step % p.log_step_count_steps as u64 == 0 {
+                let secs = window.0.elapsed().as_secs_f64().max(1e-9);
+                let line = format!(
+                    "step {} lr {:.6} loss {:.5} samples/s {:.0}",
+                    self.step,
+                    lr,
+                    st.loss,
+                    window.1 as f64 / secs
+                );
+                match &bar {
+                    Some(b) => b.println(line),
+                    None => eprintln!("{line}"),
+                }
+                window = (Instant::now(), 0);
+            }
+            let due = match p.checkpoints {
+                CheckpointCadence::Steps(n) => n > 0 && self.step % n as u64 == 0,
+                CheckpointCadence::Secs(s) => last_save.0.elapsed().as_secs() >= s as u64,
+            };
+            if due {
+                let path = self.save()?;
+                last_save = (Instant::now(), self.step);
+                eprintln!("saved {}", path.display());
+            }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if last_save.1 != self.step || checkpoint::latest(&p.model_dir)?.is_none() {
+            let path = self.save()?;
+            eprintln!("saved {}", path.display());
+        }
+        let secs = t0.elapsed().as_secs_f64().max(1e-9);
+        let metrics = if p.eval_paths.is_empty() {
+            Vec::new()
+        } else {
+            self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?
+        };
+        Ok(RunSummary {
+            steps: self.step - start_step,
+            last_loss,
+            samples_per_sec: samples as f64 / secs,
+            metrics,
+        })
+    }
+
+    /// Evaluates, prints the metrics and writes them as JSON to `out`.
+    pub fn eval_and_report(&self, paths: &[String], out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
+        let st = self.evaluate(paths)?;
+        let metrics = st.report(&self.plan.metrics, self.plan.loss == LossKind::BinaryClassification);
+        let mut obj = serde_json::Map::new();
+        for (k, v) in &metrics {
+            obj.insert(k.clone(), json!(v));
+        }
+        obj.insert("global_step".into(), json!(self.step));
+        obj.insert("num_examples".into(), json!(st.preds.len()));
+        let line = metrics
+            .iter()
+            .map(|(k, v)| format!("{k} = {v:.6}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        eprintln!("eval at step {} on {} examples: {line}", self.step, st.preds.len());
+        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        checkpoint::write_atomic(
+            out,
+            serde_json::to_string_pretty(&serde_json::Value::Object(obj))?.as_bytes(),
+        )?;
+        Ok(metrics)
+    }
+}

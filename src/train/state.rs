@@ -1,0 +1,221 @@
+//! Saving and restoring a trainer: weights and optimizer slots of the dense
+//! model and of every table, under stable names.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+use super::Trainer;
+use crate::checkpoint::{self, Loaded, TensorRef};
+use crate::optim::slot_names;
+
+impl Trainer {
+    fn dense_tensors(&self) -> Vec<TensorRef<'_>> {
+        let names = slot_names(&self.plan.optimizers[self.assign.dense].kind);
+        let mut out = Vec::new();
+        for s in &self.model.params.specs {
+            out.push(TensorRef::new(
+                format!("dense/{}", s.name),
+                vec![s.rows, s.cols],
+                &self.model.params.values[s.range()],
+            ));
+            for (slot, sname) in self.dense_state.slots.iter().zip(names) {
+                out.push(TensorRef::new(
+                    format!("dense/{}/{sname}", s.name),
+                    vec![s.rows, s.cols],
+                    &slot[s.range()],
+                ));
+            }
+        }
+        for s in &self.model.buffers.specs {
+            out.push(TensorRef::new(
+                format!("dense/{}", s.name),
+                vec![s.rows, s.cols],
+                &self.model.buffers.values[s.range()],
+            ));
+        }
+        out
+    }
+
+    fn table_tensors(&self) -> Vec<TensorRef<'_>> {
+        let mut out = Vec::new();
+        for t in &self.tables {
+            out.push(TensorRef::new(
+                format!("embedding/{}", t.name),
+                vec![t.rows, t.dim],
+                &t.weights,
+            ));
+            let names = slot_names(&self.plan.optimizers[t.optimizer].kind);
+            for (slot, sname) in t.state.slots.iter().zip(names) {
+                out.push(TensorRef::new(
+                    format!("embedding/{}/{sname}", t.name),
+                    vec![t.rows, t.dim],
+                    slot,
+                ));
+            }
+        }
+        out
+    }
+
+    /// Writes checkpoint `model.ckpt-<step>` into model_dir.
+    pub fn save(&self) -> anyhow::Result<PathBuf> {
+        checkpoint::save(
+            &self.plan.model_dir,
+            self.step,
+            &[
+                ("dense.safetensors", self.dense_tensors()),
+                ("embedding.safetensors", self.table_tensors()),
+            ],
+            self.plan.keep_checkpoint_max as usize,
+        )
+        .with_context(|| format!("saving checkpoint {} in {}", self.step, self.plan.model_dir.display()))
+    }
+
+    /// Restores weights, slots and the global step (resuming training).
+    pub fn restore(&mut self, dir: &Path) -> anyhow::Result<()> {
+        let (step, mut tensors) = checkpoint::load(dir)?;
+        let names: Vec<(String, Vec<usize>)> = self
+            .dense_tensors()
+            .into_iter()
+            .chain(self.table_tensors())
+            .map(|t| (t.name, t.shape))
+            .collect();
+        let mut values: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+        for (name, shape) in names {
+            let t = tensors
+                .remove(&name)
+                .with_context(|| format!("checkpoint {} has no tensor `{name}`", dir.display()))?;
+            if t.shape != shape {
+                bail!(
+                    "checkpoint {}: tensor `{name}` has shape {:?}, the model needs {shape:?}",
+                    dir.display(),
+                    t.shape
+                );
+            }
+            values.insert(name, t.data);
+        }
+        self.assign_values(values, true);
+        self.step = step;
+        Ok(())
+    }
+
+    /// Copies tensors into place by name; with `slots`, optimizer state too.
+    fn assign_values(&mut self, mut values: BTreeMap<String, Vec<f32>>, slots: bool) {
+        let dense_slots = slot_names(&self.plan.optimizers[self.assign.dense].kind);
+        for s in self.model.params.specs.clone() {
+            if let Some(v) = values.remove(&format!("dense/{}", s.name)) {
+                self.model.params.values[s.range()].copy_from_slice(&v);
+            }
+            if slots {
+                for (k, sname) in dense_slots.iter().enumerate() {
+                    if let Some(v) = values.remove(&format!("dense/{}/{sname}", s.name)) {
+                        self.dense_state.slots[k][s.range()].copy_from_slice(&v);
+                    }
+                }
+            }
+        }
+        for s in self.model.buffers.specs.clone() {
+            if let Some(v) = values.remove(&format!("dense/{}", s.name)) {
+                self.model.buffers.values[s.range()].copy_from_slice(&v);
+            }
+        }
+        for t in &mut self.tables {
+            if let Some(v) = values.remove(&format!("embedding/{}", t.name)) {
+                t.weights = v;
+            }
+            if slots {
+                let names = slot_names(&self.plan.optimizers[t.optimizer].kind);
+                for (k, sname) in names.iter().enumerate() {
+                    if let Some(v) = values.remove(&format!("embedding/{}/{sname}", t.name)) {
+                        t.state.slots[k] = v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Initialises weights from another checkpoint (fine_tune_checkpoint):
+    /// variables present under the same name (or as `var_map` renames them)
+    /// are copied after a shape check; optimizer slots and the global step
+    /// are not. Returns how many tensors were restored.
+    pub fn fine_tune(&mut self, path: &Path, var_map: Option<&Path>) -> anyhow::Result<usize> {
+        let dir = checkpoint::resolve(path)?;
+        let (_, mut tensors) = checkpoint::load(&dir)?;
+        let renames = match var_map {
+            Some(p) => parse_var_map(p)?,
+            None => Vec::new(),
+        };
+        let wanted: Vec<(String, Vec<usize>)> = self
+            .dense_tensors()
+            .into_iter()
+            .chain(self.table_tensors())
+            .map(|t| (t.name, t.shape))
+            .filter(|(n, _)| !is_slot(n, self))
+            .collect();
+        let mut values = BTreeMap::new();
+        for (name, shape) in wanted {
+            let src = renames
+                .iter()
+                .find(|(model, _)| *model == name)
+                .map_or(name.clone(), |(_, ckpt)| ckpt.clone());
+            let Some(Loaded { shape: s, data }) = tensors.remove(&src) else {
+                continue;
+            };
+            if s != shape {
+                bail!(
+                    "fine_tune_checkpoint {}: `{src}` has shape {s:?}, but model variable `{name}` needs {shape:?}",
+                    dir.display()
+                );
+            }
+            values.insert(name, data);
+        }
+        let n = values.len();
+        self.assign_values(values, false);
+        Ok(n)
+    }
+
+    /// Names and shapes of every tensor a checkpoint of this model holds.
+    pub fn variables(&self) -> Vec<(String, Vec<usize>)> {
+        self.dense_tensors()
+            .into_iter()
+            .chain(self.table_tensors())
+            .map(|t| (t.name, t.shape))
+            .collect()
+    }
+}
+
+fn is_slot(name: &str, t: &Trainer) -> bool {
+    let dense = slot_names(&t.plan.optimizers[t.assign.dense].kind);
+    let emb: Vec<&str> = t
+        .tables
+        .iter()
+        .flat_map(|tb| slot_names(&t.plan.optimizers[tb.optimizer].kind).iter().copied())
+        .collect();
+    let last = name.rsplit('/').next().unwrap_or("");
+    (name.starts_with("dense/") && dense.contains(&last) && t.model.params.by_name(&name[6..]).is_none())
+        || (name.starts_with("embedding/") && name.matches('/').count() >= 2 && emb.contains(&last))
+}
+
+/// `fine_tune_ckpt_var_map`: one `model_name checkpoint_name` pair per line.
+fn parse_var_map(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read fine_tune_ckpt_var_map {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut it = line.split_whitespace();
+        match (it.next(), it.next(), it.next()) {
+            (Some(a), Some(b), None) => out.push((a.to_string(), b.to_string())),
+            _ => bail!(
+                "{}:{}: expected `model_variable checkpoint_variable`",
+                path.display(),
+                i + 1
+            ),
+        }
+    }
+    Ok(out)
+}

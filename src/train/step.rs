@@ -1,0 +1,219 @@
+//! One training step and one inference pass: pool embeddings into group
+//! inputs, run the dense network on burn, scatter input gradients back to
+//! embedding rows, and apply every optimizer.
+
+use anyhow::bail;
+use burn::tensor::activation::sigmoid;
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::Trainer;
+use crate::config::typed::LossKind;
+use crate::embedding::{apply_rows, pool_into, scatter_grad, RowGrads};
+use crate::features::{Batch, Encoded};
+use crate::model::layers::update_bn_buffers;
+use crate::model::params::to_vec;
+use crate::model::Ctx;
+use crate::optim::Rule;
+use crate::util::Rng;
+
+/// What a training step reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    pub loss: f32,
+    pub reg_loss: f32,
+    pub grad_norm: f32,
+}
+
+/// Group input matrices (row-major `[batch, width]`) for a batch.
+pub fn group_inputs(t: &Trainer, batch: &Batch) -> Vec<Vec<f32>> {
+    let b = batch.size;
+    t.model
+        .groups
+        .iter()
+        .map(|g| {
+            let mut buf = vec![0.0f32; b * g.width];
+            for p in &g.parts {
+                match (&batch.features[p.feature], p.table) {
+                    (Encoded::Sparse(j), Some(ti)) => {
+                        let mean = t.plan.features[p.feature].mean_combiner;
+                        pool_into(&t.tables[ti], j, mean, &mut buf, g.width, p.col);
+                    }
+                    (Encoded::Dense { dim, values }, None) => {
+                        for r in 0..b {
+                            buf[r * g.width + p.col..r * g.width + p.col + dim]
+                                .copy_from_slice(&values[r * dim..(r + 1) * dim]);
+                        }
+                    }
+                    _ => unreachable!("feature encoding matches the group layout"),
+                }
+            }
+            buf
+        })
+        .collect()
+}
+
+fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, track: bool) -> Vec<Tensor<2>> {
+    t.model
+        .groups
+        .iter()
+        .zip(inputs)
+        .map(|(g, buf)| {
+            let x = Tensor::<2>::from_data(TensorData::new(buf.clone(), [b, g.width]), device);
+            if track && g.parts.iter().any(|p| p.table.is_some()) {
+                x.require_grad()
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+/// Mean loss of logits `[b, 1]` against labels.
+fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1> {
+    match kind {
+        LossKind::BinaryClassification => {
+            // max(x, 0) - x*y + log(1 + exp(-|x|)), the stable sigmoid cross entropy.
+            let pos = logits.clone().clamp_min(0.0);
+            let l = pos - logits.clone() * labels + logits.abs().neg().exp().log1p();
+            l.mean()
+        }
+        LossKind::Regression => {
+            let d = logits - labels;
+            (d.clone() * d).mean()
+        }
+    }
+}
+
+impl Trainer {
+    /// Trains on one batch at the current global step, then advances it.
+    pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        let b = batch.size;
+        let inputs = group_inputs(self, batch);
+        let device = self.train_device.clone();
+        let params = self.model.params.tensors(&device, true);
+        let xs = input_tensors(self, &inputs, b, &device, true);
+        let labels = Tensor::<2>::from_data(TensorData::new(batch.labels.clone(), [b, 1]), &device);
+        let mut ctx = Ctx {
+            p: &params,
+            buffers: &self.model.buffers,
+            training: true,
+            device: &device,
+            rng: Rng::new(self.seed ^ crate::util::mix64(self.step + 1)),
+            bn_stats: Vec::new(),
+        };
+        let logits = self.model.forward(&mut ctx, &xs);
+        let bn_stats = std::mem::take(&mut ctx.bn_stats);
+        let loss = loss_of(self.plan.loss, logits, labels);
+        let grads = loss.backward();
+        let loss_value = to_vec(loss)[0];
+        if !loss_value.is_finite() {
+            bail!(
+                "loss is {loss_value} at step {}; stopping (lower the learning rate or check the input data)",
+                self.step
+            );
+        }
+
+        // Dense gradients in the parameter buffer's layout, plus l2 terms.
+        let mut dense_grad = vec![0.0f32; self.model.params.values.len()];
+        let mut reg = 0.0f64;
+        let l2 = self.plan.l2_regularization;
+        for (spec, p) in self.model.params.specs.iter().zip(&params) {
+            let g = &mut dense_grad[spec.range()];
+            if let Some(pg) = p.grad(&grads) {
+                g.copy_from_slice(&to_vec(pg));
+            }
+            if spec.l2 && l2 > 0.0 {
+                for (gi, w) in g.iter_mut().zip(&self.model.params.values[spec.range()]) {
+                    *gi += l2 * w;
+                    reg += 0.5 * (l2 * w * w) as f64;
+                }
+            }
+        }
+
+        // Embedding gradients: d loss / d group input, scattered to rows.
+        let emb_reg = self.plan.embedding_regularization;
+        let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
+        for ((g, x), buf) in self.model.groups.iter().zip(&xs).zip(&inputs) {
+            if !g.parts.iter().any(|p| p.table.is_some()) {
+                continue;
+            }
+            let mut gin = match x.grad(&grads) {
+                Some(t) => to_vec(t),
+                None => vec![0.0; b * g.width],
+            };
+            for p in g.parts.iter().filter(|p| p.table.is_some()) {
+                if emb_reg > 0.0 {
+                    for r in 0..b {
+                        for c in p.col..p.col + p.dim {
+                            let v = buf[r * g.width + c];
+                            gin[r * g.width + c] += emb_reg * v;
+                            reg += 0.5 * (emb_reg * v * v) as f64;
+                        }
+                    }
+                }
+                let ti = p.table.expect("filtered to sparse parts");
+                let Encoded::Sparse(j) = &batch.features[p.feature] else {
+                    unreachable!("sparse part has jagged ids")
+                };
+                let mean = self.plan.features[p.feature].mean_combiner;
+                scatter_grad(j, mean, &gin, g.width, p.col, p.dim, &mut row_grads[ti]);
+            }
+        }
+
+        // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
+        let sq: f64 = dense_grad.iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>()
+            + row_grads.iter().map(RowGrads::squared_norm).sum::<f64>();
+        let norm = sq.sqrt() as f32;
+        let scale = match self.plan.gradient_clip_norm {
+            Some(c) if norm > c => c / norm,
+            _ => 1.0,
+        };
+
+        let dense_rule = Rule::at(&self.plan.optimizers[self.assign.dense], self.step);
+        if scale != 1.0 {
+            dense_grad.iter_mut().for_each(|g| *g *= scale);
+        }
+        let n = self.model.params.values.len();
+        let mut slots = self.dense_state.view(0..n);
+        dense_rule.apply(&mut self.model.params.values, &dense_grad, &mut slots);
+        for (table, rg) in self.tables.iter_mut().zip(&row_grads) {
+            let spec = &self.plan.optimizers[table.optimizer];
+            let mut rule = Rule::at(spec, self.step);
+            rule.lr *= spec.embedding_lr_multiplier.unwrap_or(1.0);
+            apply_rows(table, rg, &rule, scale);
+        }
+        update_bn_buffers(&mut self.model.buffers, bn_stats);
+        self.step += 1;
+        Ok(StepStats {
+            loss: loss_value + reg as f32,
+            reg_loss: reg as f32,
+            grad_norm: norm,
+        })
+    }
+
+    /// Predictions for a batch: probabilities (classification) or values
+    /// (regression), with the mean loss over the batch.
+    pub fn predict(&self, batch: &Batch) -> (Vec<f32>, f64) {
+        let b = batch.size;
+        let inputs = group_inputs(self, batch);
+        let device = &self.eval_device;
+        let params = self.model.params.tensors(device, false);
+        let xs = input_tensors(self, &inputs, b, device, false);
+        let mut ctx = Ctx {
+            p: &params,
+            buffers: &self.model.buffers,
+            training: false,
+            device,
+            rng: Rng::new(0),
+            bn_stats: Vec::new(),
+        };
+        let logits = self.model.forward(&mut ctx, &xs);
+        let labels = Tensor::<2>::from_data(TensorData::new(batch.labels.clone(), [b, 1]), device);
+        let loss = to_vec(loss_of(self.plan.loss, logits.clone(), labels))[0] as f64 * b as f64;
+        let preds = match self.plan.loss {
+            LossKind::BinaryClassification => to_vec(sigmoid(logits)),
+            LossKind::Regression => to_vec(logits),
+        };
+        (preds, loss)
+    }
+}
