@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod datagen;
 pub mod embedding;
 pub mod features;
 pub mod metrics;

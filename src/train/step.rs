@@ -16,6 +16,14 @@ use crate::model::Ctx;
 use crate::optim::Rule;
 use crate::util::Rng;
 
+/// Loss and gradients of one batch (see `Trainer::loss_and_grads`).
+pub struct Grads {
+    pub loss: f32,
+    pub dense: Vec<f32>,
+    pub inputs: Vec<Vec<f32>>,
+    pub bn_stats: Vec<(usize, usize, Tensor<2>, Tensor<2>)>,
+}
+
 /// What a training step reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepStats {
@@ -85,13 +93,15 @@ fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1> {
 }
 
 impl Trainer {
-    /// Trains on one batch at the current global step, then advances it.
-    pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+    /// Loss of a batch and its gradients with respect to every dense
+    /// parameter (flat, in `ParamStore` layout) and every group input matrix,
+    /// without regularisation and without changing any state. Training-mode
+    /// forward (batch statistics, dropout seeded by the global step).
+    pub fn loss_and_grads(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
         let b = batch.size;
-        let inputs = group_inputs(self, batch);
         let device = self.train_device.clone();
         let params = self.model.params.tensors(&device, true);
-        let xs = input_tensors(self, &inputs, b, &device, true);
+        let xs = input_tensors(self, inputs, b, &device, true);
         let labels = Tensor::<2>::from_data(TensorData::new(batch.labels.clone(), [b, 1]), &device);
         let mut ctx = Ctx {
             p: &params,
@@ -105,25 +115,51 @@ impl Trainer {
         let bn_stats = std::mem::take(&mut ctx.bn_stats);
         let loss = loss_of(self.plan.loss, logits, labels);
         let grads = loss.backward();
-        let loss_value = to_vec(loss)[0];
+        let mut dense = vec![0.0f32; self.model.params.values.len()];
+        for (spec, p) in self.model.params.specs.iter().zip(&params) {
+            if let Some(pg) = p.grad(&grads) {
+                dense[spec.range()].copy_from_slice(&to_vec(pg));
+            }
+        }
+        let inputs = self
+            .model
+            .groups
+            .iter()
+            .zip(&xs)
+            .map(|(g, x)| x.grad(&grads).map_or_else(|| vec![0.0; b * g.width], to_vec))
+            .collect();
+        Grads {
+            loss: to_vec(loss)[0],
+            dense,
+            inputs,
+            bn_stats,
+        }
+    }
+
+    /// Trains on one batch at the current global step, then advances it.
+    pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        let b = batch.size;
+        let inputs = group_inputs(self, batch);
+        let Grads {
+            loss: loss_value,
+            dense: mut dense_grad,
+            inputs: input_grads,
+            bn_stats,
+        } = self.loss_and_grads(batch, &inputs);
         if !loss_value.is_finite() {
             bail!(
                 "loss is {loss_value} at step {}; stopping (lower the learning rate or check the input data)",
                 self.step
             );
         }
-
-        // Dense gradients in the parameter buffer's layout, plus l2 terms.
-        let mut dense_grad = vec![0.0f32; self.model.params.values.len()];
         let mut reg = 0.0f64;
         let l2 = self.plan.l2_regularization;
-        for (spec, p) in self.model.params.specs.iter().zip(&params) {
-            let g = &mut dense_grad[spec.range()];
-            if let Some(pg) = p.grad(&grads) {
-                g.copy_from_slice(&to_vec(pg));
-            }
+        for spec in &self.model.params.specs {
             if spec.l2 && l2 > 0.0 {
-                for (gi, w) in g.iter_mut().zip(&self.model.params.values[spec.range()]) {
+                for (gi, w) in dense_grad[spec.range()]
+                    .iter_mut()
+                    .zip(&self.model.params.values[spec.range()])
+                {
                     *gi += l2 * w;
                     reg += 0.5 * (l2 * w * w) as f64;
                 }
@@ -133,14 +169,10 @@ impl Trainer {
         // Embedding gradients: d loss / d group input, scattered to rows.
         let emb_reg = self.plan.embedding_regularization;
         let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
-        for ((g, x), buf) in self.model.groups.iter().zip(&xs).zip(&inputs) {
+        for ((g, mut gin), buf) in self.model.groups.iter().zip(input_grads).zip(&inputs) {
             if !g.parts.iter().any(|p| p.table.is_some()) {
                 continue;
             }
-            let mut gin = match x.grad(&grads) {
-                Some(t) => to_vec(t),
-                None => vec![0.0; b * g.width],
-            };
             for p in g.parts.iter().filter(|p| p.table.is_some()) {
                 if emb_reg > 0.0 {
                     for r in 0..b {

@@ -1,0 +1,210 @@
+//! Training internals checked numerically: every model's dense path against
+//! finite differences, and deterministic resumption.
+
+use std::path::Path;
+
+use rustrec::config::{load_pipeline, typed::TrainingPlan};
+use rustrec::train::step::group_inputs;
+use rustrec::train::Trainer;
+use rustrec::util::Rng;
+
+const COMMON: &str = r#"
+train_input_path: "DATA"
+eval_input_path: "DATA"
+model_dir: "MODEL_DIR"
+train_config {
+  optimizer_config { adagrad_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.1 } } } }
+  optimizer_config { adam_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.01 } } } }
+  num_steps: 10
+}
+eval_config { metrics_set { auc {} } }
+data_config {
+  input_type: CSVInput
+  batch_size: 16
+  shuffle: false
+  input_fields { input_name: "label" input_type: INT32 }
+  input_fields { input_name: "d1" input_type: DOUBLE }
+  input_fields { input_name: "d2" input_type: DOUBLE }
+  input_fields { input_name: "c1" input_type: STRING }
+  input_fields { input_name: "c2" input_type: STRING }
+  input_fields { input_name: "c3" input_type: STRING }
+  label_fields: "label"
+}
+feature_configs { input_names: "d1" feature_type: RawFeature }
+feature_configs { input_names: "d2" feature_type: RawFeature }
+feature_configs { input_names: "c1" feature_type: IdFeature hash_bucket_size: 50 embedding_dim: 4 }
+feature_configs { input_names: "c2" feature_type: IdFeature num_buckets: 10 embedding_dim: 4 }
+feature_configs { input_names: "c3" feature_type: TagFeature separator: "|" hash_bucket_size: 30 embedding_dim: 4 combiner: "mean" }
+"#;
+
+fn model_block(name: &str) -> &'static str {
+    match name {
+        "WideAndDeep" => {
+            r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c2", "c3"] wide_deep: DEEP }
+  wide_and_deep { dnn { hidden_units: [8, 4] } } }"#
+        }
+        "DLRM" => {
+            r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [8, 4] } top_dnn { hidden_units: [8] } arch_with_dense_feature: true } }"#
+        }
+        "DeepFM" => {
+            r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } } }"#
+        }
+        "DCN" => {
+            r#"model_config { model_class: "DCN"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  dcn { deep_tower { input: "all" dnn { hidden_units: [8] } }
+        cross_tower { input: "all" cross_num: 2 }
+        final_dnn { hidden_units: [4] } } }"#
+        }
+        "MultiTower" => {
+            r#"model_config { model_class: "MultiTower"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "c3", "d2"] }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
+                towers { input: "item" dnn { hidden_units: [4] use_bn: false activation: "tanh" } }
+                final_dnn { hidden_units: [4] } } }"#
+        }
+        other => panic!("no block for {other}"),
+    }
+}
+
+fn write_data(path: &Path, rows: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut s = String::new();
+    for _ in 0..rows {
+        let c1 = rng.below(20);
+        let c2 = rng.below(10);
+        let d1 = rng.normal();
+        let label = ((c1 % 3 == 0) as u8 as f64 * 0.6 + 0.2 + 0.1 * d1 > rng.uniform()) as u8;
+        let tags = (0..=rng.below(3))
+            .map(|_| format!("t{}", rng.below(8)))
+            .collect::<Vec<_>>()
+            .join("|");
+        s.push_str(&format!("{label},{d1:.4},{:.4},u{c1},{c2},{tags}\n", rng.uniform()));
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+fn trainer(dir: &Path, model: &str) -> Trainer {
+    let data = dir.join("data.csv");
+    write_data(&data, 64, 5);
+    let text = COMMON
+        .replace("DATA", data.to_str().unwrap())
+        .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
+        + model_block(model);
+    let cfg = dir.join(format!("{model}.config"));
+    std::fs::write(&cfg, text).unwrap();
+    let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+    Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap()
+}
+
+/// Central differences in f64 of an f32 loss; loose enough for f32 noise,
+/// tight enough to catch a wrong or missing gradient term.
+fn close(numeric: f64, analytic: f64) -> bool {
+    (numeric - analytic).abs() <= 2e-3 + 3e-2 * analytic.abs()
+}
+
+#[test]
+fn dense_gradients_of_every_model_match_finite_differences() {
+    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = trainer(dir.path(), model);
+        let batch = t
+            .stream(&t.plan.train_paths.clone(), true, 0)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let inputs = group_inputs(&t, &batch);
+        let g = t.loss_and_grads(&batch, &inputs);
+        let eps = 2e-3f32;
+        let mut rng = Rng::new(11);
+        let n = t.model.params.values.len();
+        let mut checked = 0;
+        let mut kinks = 0;
+        for _ in 0..40 {
+            let i = rng.below(n as u64) as usize;
+            let w = t.model.params.values[i];
+            t.model.params.values[i] = w + eps;
+            let up = t.loss_and_grads(&batch, &inputs).loss as f64;
+            t.model.params.values[i] = w - eps;
+            let down = t.loss_and_grads(&batch, &inputs).loss as f64;
+            t.model.params.values[i] = w;
+            let numeric = (up - down) / (2.0 * eps as f64);
+            // A ReLU switching inside [w - eps, w + eps] makes the one-sided
+            // slopes disagree; such coordinates say nothing about the gradient.
+            let (fwd, bwd) = ((up - g.loss as f64) / eps as f64, (g.loss as f64 - down) / eps as f64);
+            if (fwd - bwd).abs() > 2e-3 + 0.05 * numeric.abs() {
+                kinks += 1;
+                continue;
+            }
+            let name = &t
+                .model
+                .params
+                .specs
+                .iter()
+                .find(|s| s.range().contains(&i))
+                .unwrap()
+                .name;
+            assert!(
+                close(numeric, g.dense[i] as f64),
+                "{model}: d loss / d {name}[{i}]: numeric {numeric}, analytic {}",
+                g.dense[i]
+            );
+            checked += 1;
+        }
+        // Gradients w.r.t. the pooled embeddings (what the sparse update consumes).
+        for (gi, grp) in t.model.groups.clone().iter().enumerate() {
+            if grp.parts.iter().all(|p| p.table.is_none()) {
+                continue; // raw-only groups are constants, not trained
+            }
+            for k in 0..6 {
+                let j = (k * 7 + 3) % inputs[gi].len();
+                let mut x = inputs.clone();
+                x[gi][j] += eps;
+                let up = t.loss_and_grads(&batch, &x).loss as f64;
+                x[gi][j] -= 2.0 * eps;
+                let down = t.loss_and_grads(&batch, &x).loss as f64;
+                let numeric = (up - down) / (2.0 * eps as f64);
+                assert!(
+                    close(numeric, g.inputs[gi][j] as f64),
+                    "{model}: d loss / d input {}[{j}]: numeric {numeric}, analytic {}",
+                    grp.name,
+                    g.inputs[gi][j]
+                );
+            }
+        }
+        assert!(
+            checked >= 30 && g.loss.is_finite(),
+            "{model}: only {checked} smooth coordinates ({kinks} kinks)"
+        );
+    }
+}
+
+#[test]
+fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
+    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = trainer(dir.path(), model);
+        let paths = t.plan.train_paths.clone();
+        let before = t.evaluate(&paths).unwrap().loss_sum;
+        t.run().unwrap();
+        assert_eq!(t.step, 10);
+        let after = t.evaluate(&paths).unwrap();
+        assert!(after.loss_sum < before, "{model}: loss {before} -> {}", after.loss_sum);
+        let mut fresh = trainer(dir.path(), model);
+        fresh
+            .restore(&rustrec::checkpoint::latest(&t.plan.model_dir).unwrap().unwrap())
+            .unwrap();
+        assert_eq!(fresh.step, 10);
+        assert_eq!(fresh.evaluate(&paths).unwrap().preds, after.preds, "{model}");
+    }
+}
