@@ -30,10 +30,18 @@ build: deps
 test: deps
 	$(CARGO) test --locked
 
-demo: build
-	@echo "== effective config of samples/dlrm_criteo_sample.config with overrides (training arrives in a later version)"
-	$(BIN)/train_eval --pipeline_config_path samples/dlrm_criteo_sample.config --print_config \
-	  --train_config.num_steps=100 --edit_config_json '{"model_config.dlrm.bot_dnn.hidden_units": [128, 16]}'
+# Criteo-shaped synthetic data with a planted model (gen_data prints its AUC).
+data/synthetic/train.parquet: | build
+	$(BIN)/gen_data --output data/synthetic/train.parquet --rows 256000 --cap 100000 --seed 1
+	$(BIN)/gen_data --output data/synthetic/eval.parquet --rows 50000 --cap 100000 --seed 2
+
+demo: build data/synthetic/train.parquet
+	@echo "== DLRM on the bundled 200-row Criteo sample (CSV)"
+	rm -rf experiments/dlrm_criteo_sample
+	$(BIN)/train_eval --pipeline_config_path samples/dlrm_criteo_sample.config
+	@echo "== DLRM on generated Criteo-shaped Parquet, one epoch"
+	rm -rf experiments/dlrm_synthetic
+	$(BIN)/train_eval --pipeline_config_path samples/dlrm_synthetic.config --train_config.num_steps=1000
 
 lint:
 	$(CARGO) fmt --check
@@ -43,4 +51,4 @@ fmt:
 	$(CARGO) fmt
 
 clean:
-	rm -rf experiments
+	rm -rf experiments data/synthetic

@@ -29,7 +29,10 @@ const SIGNAL_RANKS: u64 = 200;
 pub struct GenSpec {
     pub rows: usize,
     pub cap: u64,
+    /// Seed of the rows drawn; train and eval files differ here.
     pub seed: u64,
+    /// Seed of the planted model; train and eval files must share it.
+    pub model_seed: u64,
     pub row_group_rows: usize,
 }
 
@@ -80,8 +83,8 @@ pub fn generate(path: &Path, spec: &GenSpec) -> anyhow::Result<GenReport> {
     while done < spec.rows {
         let n = chunk.min(spec.rows - done);
         let mut label = Vec::with_capacity(n);
-        let mut dense: Vec<Vec<i64>> = vec![Vec::with_capacity(n); 13];
-        let mut cats: Vec<Vec<String>> = vec![Vec::with_capacity(n); 26];
+        let mut dense: Vec<Vec<i64>> = (0..13).map(|_| Vec::with_capacity(n)).collect();
+        let mut cats: Vec<Vec<String>> = (0..26).map(|_| Vec::with_capacity(n)).collect();
         for _ in 0..n {
             let mut logit = -1.3f64;
             for (i, col) in dense.iter_mut().enumerate() {
@@ -91,7 +94,7 @@ pub fn generate(path: &Path, spec: &GenSpec) -> anyhow::Result<GenReport> {
             }
             for (f, col) in cats.iter_mut().enumerate() {
                 let r = zipf_rank(&mut rng, cards[f]);
-                logit += weight(spec.seed, f, r);
+                logit += weight(spec.model_seed, f, r);
                 col.push(format!("{:08x}", hash_str(&format!("{f}:{r}")) as u32));
             }
             let p = 1.0 / (1.0 + (-logit).exp());

@@ -102,3 +102,62 @@ fn flags_use_easyrec_spelling_and_bad_flags_are_user_errors() {
         assert!(String::from_utf8_lossy(&h.stdout).contains("--pipeline_config_path"));
     }
 }
+
+fn bundled_run(model_dir: &std::path::Path, steps: u32, extra: &[&str]) -> std::process::Output {
+    let root = env!("CARGO_MANIFEST_DIR");
+    train_eval()
+        .current_dir(root)
+        .args(["--pipeline_config_path", "samples/dlrm_criteo_sample.config"])
+        .args(["--model_dir", model_dir.to_str().unwrap()])
+        .arg(format!("--train_config.num_steps={steps}"))
+        .arg("--train_config.save_checkpoints_steps=20")
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn continue_train_resumes_exactly_and_a_truncated_checkpoint_is_reported() {
+    let whole = tempfile::tempdir().unwrap();
+    let split = tempfile::tempdir().unwrap();
+    let out = bundled_run(whole.path(), 40, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(bundled_run(split.path(), 20, &[]).status.success());
+    let out = bundled_run(split.path(), 40, &["--continue_train"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("resumed from"), "{stderr}");
+    for f in ["dense.safetensors", "embedding.safetensors"] {
+        let a = std::fs::read(whole.path().join("model.ckpt-40").join(f)).unwrap();
+        let b = std::fs::read(split.path().join("model.ckpt-40").join(f)).unwrap();
+        assert!(a == b, "{f} differs between an uninterrupted and a resumed run");
+    }
+    let eval = |dir: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_eval"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["--pipeline_config_path", "samples/dlrm_criteo_sample.config"])
+            .args(["--model_dir", dir.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let ok = eval(split.path());
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(std::fs::read_to_string(split.path().join("eval_result.txt"))
+        .unwrap()
+        .contains("\"auc\""));
+    let f = split.path().join("model.ckpt-40").join("embedding.safetensors");
+    let len = std::fs::metadata(&f).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let bad = eval(split.path());
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("truncated"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

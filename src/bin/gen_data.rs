@@ -23,8 +23,12 @@ struct Args {
     /// Cap on every categorical cardinality (the Kaggle ones reach 10M).
     #[arg(long, default_value_t = 1_000_000)]
     cap: u64,
+    /// Seed of the rows drawn (use different ones for train and eval files).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Seed of the planted model (keep it equal for train and eval files).
+    #[arg(long, default_value_t = 7)]
+    model_seed: u64,
     #[arg(long, default_value_t = 65_536)]
     row_group_rows: usize,
 }
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
         rows: args.rows,
         cap: args.cap,
         seed: args.seed,
+        model_seed: args.model_seed,
         row_group_rows: args.row_group_rows,
     };
     match generate(&args.output, &spec) {
