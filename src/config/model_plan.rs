@@ -182,13 +182,6 @@ pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
     })
 }
 
-fn need_dnn(d: &Option<proto::Dnn>, path: &str) -> Result<DnnSpec, ConfigError> {
-    match d {
-        Some(d) => dnn(d, path),
-        None => Err(ConfigError::invalid(path, "required")),
-    }
-}
-
 /// The architecture block and its l2_regularization.
 pub fn arch(model: &proto::EasyRecModel) -> Result<(Arch, f32), ConfigError> {
     use proto::easy_rec_model::Model as M;
@@ -271,7 +264,7 @@ pub fn arch(model: &proto::EasyRecModel) -> Result<(Arch, f32), ConfigError> {
             (
                 Arch::MultiTower {
                     towers,
-                    final_dnn: need_dnn(&Some(t.final_dnn.clone()), &format!("{m}.multi_tower.final_dnn"))?,
+                    final_dnn: dnn(&t.final_dnn, &format!("{m}.multi_tower.final_dnn"))?,
                 },
                 t.l2_regularization,
             )

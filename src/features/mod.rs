@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
-use crate::config::typed::{Bucketing, FeatureKind, FeatureSpec, TrainingPlan};
+use crate::config::typed::{Bucketing, FeatureKind, TrainingPlan};
 use crate::data::{Column, Projection, RawBatch};
 use crate::util::{hash_i64, hash_str};
 
@@ -443,9 +443,4 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
         }
     }
     Ok(Encoded::Sparse(j))
-}
-
-/// Table layout shared by features: which features read which table.
-pub fn feature_tables(features: &[FeatureSpec]) -> Vec<String> {
-    features.iter().map(|f| f.table.clone()).collect()
 }

@@ -6,7 +6,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::layers::{Ctx, Dnn, Linear};
 use super::params::{Init, ParamStore};
 use super::GroupLayout;
-use crate::config::model_plan::{Arch, Interaction};
+use crate::config::model_plan::{Arch, DnnSpec, Interaction};
 use crate::util::Rng;
 
 /// Sum of the wide side: per-feature wide embeddings summed, plus a linear
@@ -52,17 +52,10 @@ impl Wide {
                     .reshape([b, *n, self.dim])
                     .sum_dim(1)
                     .reshape([b, self.dim]);
-                acc = Some(match acc {
-                    Some(a) => a + s,
-                    None => s,
-                });
+                acc = Some(add(acc, s));
             }
             if let Some(k) = raw {
-                let s = x.narrow(1, n * self.dim, *dw).matmul(ctx.p[*k].clone());
-                acc = Some(match acc {
-                    Some(a) => a + s,
-                    None => s,
-                });
+                acc = Some(add(acc, x.narrow(1, n * self.dim, *dw).matmul(ctx.p[*k].clone())));
             }
         }
         acc
@@ -116,6 +109,41 @@ pub enum Net {
     },
 }
 
+/// The logit head of WideAndDeep and DeepFM: with final_dnn, it runs over
+/// the concatenated sides (`concat_width`) and ends in one output unit;
+/// without it, the deep side gets its own output unit and the wide side is
+/// added, which needs a wide side of width 1.
+fn logit_head(
+    model: &str,
+    final_dnn: &Option<DnnSpec>,
+    concat_width: usize,
+    deep_width: usize,
+    wide_dim: usize,
+    (p, buffers, rng): (&mut ParamStore, &mut ParamStore, &mut Rng),
+) -> anyhow::Result<(Option<Dnn>, Linear)> {
+    Ok(match final_dnn {
+        Some(f) => {
+            let fd = Dnn::new(p, buffers, "final_dnn", f, concat_width, rng);
+            let out = Linear::new(p, "output", fd.d_out, 1, true, rng);
+            (Some(fd), out)
+        }
+        None => {
+            if wide_dim != 1 {
+                bail!("{model} without final_dnn needs wide_output_dim: 1 for one logit");
+            }
+            (None, Linear::new(p, "deep_output", deep_width, 1, true, rng))
+        }
+    })
+}
+
+/// `a + b`, where a missing `a` is zero.
+fn add(a: Option<Tensor<2>>, b: Tensor<2>) -> Tensor<2> {
+    match a {
+        Some(a) => a + b,
+        None => b,
+    }
+}
+
 fn group(groups: &[GroupLayout], name: &str, model: &str) -> anyhow::Result<usize> {
     groups
         .iter()
@@ -163,19 +191,14 @@ impl Net {
                 let wide = Wide::new(groups, *wide_output_dim, p, rng);
                 let deep = deep_group(groups, "WideAndDeep")?;
                 let d = Dnn::new(p, buffers, "dnn", dnn, groups[deep].width, rng);
-                let (final_dnn, out) = match final_dnn {
-                    Some(f) => {
-                        let fd = Dnn::new(p, buffers, "final_dnn", f, wide.dim + d.d_out, rng);
-                        let out = Linear::new(p, "output", fd.d_out, 1, true, rng);
-                        (Some(fd), out)
-                    }
-                    None => {
-                        if *wide_output_dim != 1 {
-                            bail!("WideAndDeep without final_dnn needs wide_output_dim: 1 for one logit");
-                        }
-                        (None, Linear::new(p, "deep_output", d.d_out, 1, true, rng))
-                    }
-                };
+                let (final_dnn, out) = logit_head(
+                    "WideAndDeep",
+                    final_dnn,
+                    wide.dim + d.d_out,
+                    d.d_out,
+                    *wide_output_dim,
+                    (p, buffers, rng),
+                )?;
                 Net::WideAndDeep {
                     wide,
                     deep,
@@ -251,19 +274,14 @@ impl Net {
                     );
                 }
                 let d = Dnn::new(p, buffers, "dnn", dnn, groups[deep].width, rng);
-                let (final_dnn, out) = match final_dnn {
-                    Some(f) => {
-                        let fd = Dnn::new(p, buffers, "final_dnn", f, wide.dim + fm.1 + d.d_out, rng);
-                        let out = Linear::new(p, "output", fd.d_out, 1, true, rng);
-                        (Some(fd), out)
-                    }
-                    None => {
-                        if *wide_output_dim != 1 {
-                            bail!("DeepFM without final_dnn needs wide_output_dim: 1 for one logit");
-                        }
-                        (None, Linear::new(p, "deep_output", d.d_out, 1, true, rng))
-                    }
-                };
+                let (final_dnn, out) = logit_head(
+                    "DeepFM",
+                    final_dnn,
+                    wide.dim + fm.1 + d.d_out,
+                    d.d_out,
+                    *wide_output_dim,
+                    (p, buffers, rng),
+                )?;
                 Net::DeepFm {
                     wide,
                     deep,
@@ -344,13 +362,7 @@ impl Net {
                         let h = f.forward(ctx, Tensor::cat(vec![w, h], 1));
                         out.forward(ctx, h)
                     }
-                    None => {
-                        let y = out.forward(ctx, h);
-                        match w {
-                            Some(w) => y + w,
-                            None => y,
-                        }
-                    }
+                    None => add(w, out.forward(ctx, h)),
                 }
             }
             Net::Dlrm {
@@ -409,13 +421,7 @@ impl Net {
                         let h = f.forward(ctx, Tensor::cat(vec![w, fm_out, h], 1));
                         out.forward(ctx, h)
                     }
-                    None => {
-                        let y = out.forward(ctx, h) + fm_out.sum_dim(1);
-                        match w {
-                            Some(w) => y + w,
-                            None => y,
-                        }
-                    }
+                    None => add(w, out.forward(ctx, h) + fm_out.sum_dim(1)),
                 }
             }
             Net::Dcn {

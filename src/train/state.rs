@@ -11,8 +11,13 @@ use crate::checkpoint::{self, Loaded, TensorRef};
 use crate::optim::slot_names;
 
 impl Trainer {
-    fn dense_tensors(&self) -> Vec<TensorRef<'_>> {
-        let names = slot_names(&self.plan.optimizers[self.assign.dense].kind);
+    /// Dense parameters (with their optimizer slots when `slots`) and buffers.
+    fn dense_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
+        let names = if slots {
+            slot_names(&self.plan.optimizers[self.assign.dense].kind)
+        } else {
+            &[]
+        };
         let mut out = Vec::new();
         for s in &self.model.params.specs {
             out.push(TensorRef::new(
@@ -38,7 +43,8 @@ impl Trainer {
         out
     }
 
-    fn table_tensors(&self) -> Vec<TensorRef<'_>> {
+    /// Every table (with its optimizer slots when `slots`).
+    fn table_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
         let mut out = Vec::new();
         for t in &self.tables {
             out.push(TensorRef::new(
@@ -46,7 +52,11 @@ impl Trainer {
                 vec![t.rows, t.dim],
                 &t.weights,
             ));
-            let names = slot_names(&self.plan.optimizers[t.optimizer].kind);
+            let names = if slots {
+                slot_names(&self.plan.optimizers[t.optimizer].kind)
+            } else {
+                &[]
+            };
             for (slot, sname) in t.state.slots.iter().zip(names) {
                 out.push(TensorRef::new(
                     format!("embedding/{}/{sname}", t.name),
@@ -64,8 +74,8 @@ impl Trainer {
             &self.plan.model_dir,
             self.step,
             &[
-                ("dense.safetensors", self.dense_tensors()),
-                ("embedding.safetensors", self.table_tensors()),
+                ("dense.safetensors", self.dense_tensors(true)),
+                ("embedding.safetensors", self.table_tensors(true)),
             ],
             self.plan.keep_checkpoint_max as usize,
         )
@@ -75,14 +85,8 @@ impl Trainer {
     /// Restores weights, slots and the global step (resuming training).
     pub fn restore(&mut self, dir: &Path) -> anyhow::Result<()> {
         let (step, mut tensors) = checkpoint::load(dir)?;
-        let names: Vec<(String, Vec<usize>)> = self
-            .dense_tensors()
-            .into_iter()
-            .chain(self.table_tensors())
-            .map(|t| (t.name, t.shape))
-            .collect();
         let mut values: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-        for (name, shape) in names {
+        for (name, shape) in self.variables(true) {
             let t = tensors
                 .remove(&name)
                 .with_context(|| format!("checkpoint {} has no tensor `{name}`", dir.display()))?;
@@ -146,15 +150,8 @@ impl Trainer {
             Some(p) => parse_var_map(p)?,
             None => Vec::new(),
         };
-        let wanted: Vec<(String, Vec<usize>)> = self
-            .dense_tensors()
-            .into_iter()
-            .chain(self.table_tensors())
-            .map(|t| (t.name, t.shape))
-            .filter(|(n, _)| !is_slot(n, self))
-            .collect();
         let mut values = BTreeMap::new();
-        for (name, shape) in wanted {
+        for (name, shape) in self.variables(false) {
             let src = renames
                 .iter()
                 .find(|(model, _)| *model == name)
@@ -175,26 +172,15 @@ impl Trainer {
         Ok(n)
     }
 
-    /// Names and shapes of every tensor a checkpoint of this model holds.
-    pub fn variables(&self) -> Vec<(String, Vec<usize>)> {
-        self.dense_tensors()
+    /// Names and shapes of the tensors a checkpoint of this model holds;
+    /// without `slots`, only weights and buffers (what fine-tuning copies).
+    pub fn variables(&self, slots: bool) -> Vec<(String, Vec<usize>)> {
+        self.dense_tensors(slots)
             .into_iter()
-            .chain(self.table_tensors())
+            .chain(self.table_tensors(slots))
             .map(|t| (t.name, t.shape))
             .collect()
     }
-}
-
-fn is_slot(name: &str, t: &Trainer) -> bool {
-    let dense = slot_names(&t.plan.optimizers[t.assign.dense].kind);
-    let emb: Vec<&str> = t
-        .tables
-        .iter()
-        .flat_map(|tb| slot_names(&t.plan.optimizers[tb.optimizer].kind).iter().copied())
-        .collect();
-    let last = name.rsplit('/').next().unwrap_or("");
-    (name.starts_with("dense/") && dense.contains(&last) && t.model.params.by_name(&name[6..]).is_none())
-        || (name.starts_with("embedding/") && name.matches('/').count() >= 2 && emb.contains(&last))
 }
 
 /// `fine_tune_ckpt_var_map`: one `model_name checkpoint_name` pair per line.
