@@ -252,6 +252,25 @@ pub enum FeatureKind {
     },
 }
 
+/// How an embedding table's rows start (FeatureConfig.initializer).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbeddingInit {
+    /// TensorFlow's embedding_column default: truncated normal, stddev 1/sqrt(dim).
+    Default,
+    TruncatedNormal {
+        mean: f32,
+        stddev: f32,
+    },
+    RandomNormal {
+        mean: f32,
+        stddev: f32,
+    },
+    /// Glorot (Xavier) normal over the table's `[rows, dim]` shape.
+    GlorotNormal,
+    /// One value for every element, or `dim` values for every row.
+    Constant(Vec<f32>),
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeatureSpec {
     pub name: String,
@@ -261,6 +280,7 @@ pub struct FeatureSpec {
     pub table: String,
     pub embedding_dim: u32,
     pub mean_combiner: bool,
+    pub init: EmbeddingInit,
 }
 
 /// Everything training needs, checked for support.
@@ -296,6 +316,9 @@ pub struct TrainingPlan {
     pub prefetch_size: usize,
     /// Evaluate on this many examples (0 = all).
     pub eval_num_examples: u64,
+    /// Evaluate at a checkpoint save once this many seconds passed since the
+    /// last evaluation (EasyRec's eval_interval_secs, the EvalSpec throttle).
+    pub eval_interval_secs: u32,
     pub fine_tune: Option<FineTune>,
 }
 
@@ -473,6 +496,7 @@ impl TrainingPlan {
             shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
             prefetch_size: data.prefetch_size().max(1) as usize,
             eval_num_examples: cfg.eval_config.as_ref().map_or(0, |e| e.num_examples()) as u64,
+            eval_interval_secs: cfg.eval_config.as_ref().map_or(300, |e| e.eval_interval_secs()),
             fine_tune,
             model_dir: PathBuf::from(&cfg.model_dir),
             train_paths,
@@ -630,6 +654,34 @@ fn schedule(lr: &proto::learning_rate::LearningRate, path: &str) -> Result<LrSch
     })
 }
 
+fn embedding_init(f: &proto::FeatureConfig, path: &str) -> Result<EmbeddingInit, ConfigError> {
+    use proto::initializer::InitializerOneof as I;
+    Ok(
+        match f.initializer.as_ref().and_then(|i| i.initializer_oneof.as_ref()) {
+            None => EmbeddingInit::Default,
+            Some(I::TruncatedNormalInitializer(t)) => EmbeddingInit::TruncatedNormal {
+                mean: t.mean(),
+                stddev: t.stddev(),
+            },
+            Some(I::RandomNormalInitializer(r)) => EmbeddingInit::RandomNormal {
+                mean: r.mean(),
+                stddev: r.stddev(),
+            },
+            Some(I::GlorotNormalInitializer(_)) => EmbeddingInit::GlorotNormal,
+            Some(I::ConstantInitializer(c)) => {
+                let n = c.consts.len();
+                if n != 1 && n != f.embedding_dim() as usize {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.initializer.constant_initializer.consts"),
+                        format!("needs 1 value or embedding_dim ({}) values, got {n}", f.embedding_dim()),
+                    ));
+                }
+                EmbeddingInit::Constant(c.consts.clone())
+            }
+        },
+    )
+}
+
 fn buckets(f: &proto::FeatureConfig) -> Option<Bucketing> {
     if f.hash_bucket_size() > 0 {
         Some(Bucketing::Hash(f.hash_bucket_size()))
@@ -711,6 +763,7 @@ fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigEr
         table,
         embedding_dim: f.embedding_dim(),
         mean_combiner: f.combiner() == "mean",
+        init: embedding_init(f, path)?,
     })
 }
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
+use crate::config::typed::EmbeddingInit;
 use crate::features::Jagged;
 use crate::optim::{Rule, SlotState};
 use crate::util::{mix64, Rng};
@@ -22,24 +23,48 @@ pub struct Table {
     pub optimizer: usize,
 }
 
-/// Deterministic initial value of a row: truncated normal with stddev
-/// 1/sqrt(dim) (TensorFlow's embedding_column default), seeded per row so any
-/// sharding of the table initialises identical rows.
-pub fn init_row(seed: u64, table: &str, row: u64, out: &mut [f32]) {
+/// Deterministic initial value of row `row` of a `[rows, out.len()]` table,
+/// seeded per row so any sharding of the table initialises identical rows.
+/// The default is TensorFlow's embedding_column one: truncated normal with
+/// stddev 1/sqrt(dim).
+pub fn init_row(seed: u64, table: &str, rows: usize, row: u64, init: &EmbeddingInit, out: &mut [f32]) {
     let mut rng = Rng::new(seed ^ mix64(crate::util::hash_str(table) ^ mix64(row)));
-    let std = 1.0 / (out.len() as f64).sqrt();
-    for x in out.iter_mut() {
-        *x = (rng.truncated_normal() * std) as f32;
+    let dim = out.len() as f64;
+    match init {
+        EmbeddingInit::Default => out
+            .iter_mut()
+            .for_each(|x| *x = (rng.truncated_normal() / dim.sqrt()) as f32),
+        EmbeddingInit::TruncatedNormal { mean, stddev } => out
+            .iter_mut()
+            .for_each(|x| *x = mean + (rng.truncated_normal() * *stddev as f64) as f32),
+        EmbeddingInit::RandomNormal { mean, stddev } => out
+            .iter_mut()
+            .for_each(|x| *x = mean + (rng.normal() * *stddev as f64) as f32),
+        EmbeddingInit::GlorotNormal => {
+            // TF: truncated normal, stddev sqrt(2 / (fan_in + fan_out)) / .87962566
+            let std = (2.0 / (rows as f64 + dim)).sqrt() / 0.879_625_661_034_239_8;
+            out.iter_mut().for_each(|x| *x = (rng.truncated_normal() * std) as f32)
+        }
+        EmbeddingInit::Constant(c) if c.len() == 1 => out.fill(c[0]),
+        EmbeddingInit::Constant(c) => out.copy_from_slice(c),
     }
 }
 
 impl Table {
-    pub fn new(name: &str, rows: usize, dim: usize, seed: u64, state: SlotState, optimizer: usize) -> Self {
+    pub fn new(
+        name: &str,
+        rows: usize,
+        dim: usize,
+        init: &EmbeddingInit,
+        seed: u64,
+        state: SlotState,
+        optimizer: usize,
+    ) -> Self {
         let mut weights = vec![0.0f32; rows * dim];
         weights
             .par_chunks_mut(dim)
             .enumerate()
-            .for_each(|(r, out)| init_row(seed, name, r as u64, out));
+            .for_each(|(r, out)| init_row(seed, name, rows, r as u64, init, out));
         Table {
             name: name.to_string(),
             rows,
@@ -158,7 +183,7 @@ mod tests {
     #[test]
     fn pooling_and_hand_computed_sparse_sgd_step() {
         let kind = OptimizerKind::Momentum { momentum: 0.0 };
-        let mut t = Table::new("t", 4, 2, 1, SlotState::new(&kind, 8), 0);
+        let mut t = Table::new("t", 4, 2, &EmbeddingInit::Default, 1, SlotState::new(&kind, 8), 0);
         t.weights = vec![1., 2., 3., 4., 5., 6., 7., 8.];
         // row 0 pools ids {0, 2}, row 1 pools {2}, row 2 none.
         let j = jagged(&[0, 2, 2], &[0, 2, 3, 3]);
@@ -182,9 +207,9 @@ mod tests {
     #[test]
     fn init_is_per_row_deterministic() {
         let kind = OptimizerKind::Momentum { momentum: 0.0 };
-        let a = Table::new("x", 10, 4, 3, SlotState::new(&kind, 40), 0);
+        let a = Table::new("x", 10, 4, &EmbeddingInit::Default, 3, SlotState::new(&kind, 40), 0);
         let mut r7 = [0.0f32; 4];
-        init_row(3, "x", 7, &mut r7);
+        init_row(3, "x", 10, 7, &EmbeddingInit::Default, &mut r7);
         assert_eq!(a.row(7), &r7);
         assert!(a.weights.iter().all(|w| w.abs() <= 1.0));
     }

@@ -267,12 +267,6 @@ impl Net {
                 let wide = Wide::new(groups, *wide_output_dim, p, rng);
                 let deep = deep_group(groups, "DeepFM")?;
                 let fm = fm_parts(&groups[deep])?;
-                if groups[deep].parts.iter().take(fm.0).any(|p| p.table.is_none()) {
-                    bail!(
-                        "DeepFM: put the raw features of group `{}` after its embedded features",
-                        groups[deep].name
-                    );
-                }
                 let d = Dnn::new(p, buffers, "dnn", dnn, groups[deep].width, rng);
                 let (final_dnn, out) = logit_head(
                     "DeepFM",

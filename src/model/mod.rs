@@ -13,7 +13,7 @@ pub use layers::Ctx;
 pub use params::{ParamSpec, ParamStore};
 
 use crate::config::model_plan::Arch;
-use crate::config::typed::{FeatureKind, TrainingPlan};
+use crate::config::typed::{EmbeddingInit, FeatureKind, TrainingPlan};
 use crate::features::Encoder;
 use crate::util::Rng;
 
@@ -28,7 +28,7 @@ pub struct Part {
 }
 
 /// A feature group as the model sees it: `[batch, width]`, sparse parts first
-/// in wide groups, config order otherwise.
+/// in wide groups and in DeepFM, config order otherwise.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupLayout {
     pub name: String,
@@ -52,6 +52,7 @@ pub struct TableSpec {
     pub rows: usize,
     pub dim: usize,
     pub wide: bool,
+    pub init: EmbeddingInit,
 }
 
 /// Everything dense about a model: layout, parameters and the network.
@@ -119,6 +120,9 @@ impl Model {
                                         tables[t].dim
                                     );
                                 }
+                                if tables[t].init != f.init {
+                                    bail!("features sharing embedding `{name}` disagree on their initializer");
+                                }
                                 tables[t].rows = tables[t].rows.max(rows as usize);
                                 t
                             }
@@ -128,6 +132,7 @@ impl Model {
                                     rows: rows as usize,
                                     dim,
                                     wide: g.wide,
+                                    init: f.init.clone(),
                                 });
                                 tables.len() - 1
                             }
@@ -142,7 +147,9 @@ impl Model {
                 };
                 parts.push(part);
             }
-            if g.wide {
+            // Wide groups and DeepFM's groups put embedded features first: the
+            // FM part reads them as one `[batch, n, dim]` block.
+            if g.wide || matches!(plan.arch, Arch::DeepFm { .. }) {
                 parts.sort_by_key(|p| p.table.is_none());
             }
             let mut col = 0;

@@ -54,7 +54,7 @@ impl Trainer {
             .map(|t| {
                 let opt = if t.wide { assign.wide_tables } else { assign.deep_tables };
                 let state = SlotState::new(&plan.optimizers[opt].kind, t.rows * t.dim);
-                Table::new(&t.name, t.rows, t.dim, seed, state, opt)
+                Table::new(&t.name, t.rows, t.dim, &t.init, seed, state, opt)
             })
             .collect();
         let dense_state = SlotState::new(&plan.optimizers[assign.dense].kind, model.params.values.len());
