@@ -12,7 +12,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build test demo lint fmt clean
+.PHONY: deps build test demo ml100k bench lint fmt clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -32,16 +32,32 @@ test: deps
 
 # Criteo-shaped synthetic data with a planted model (gen_data prints its AUC).
 data/synthetic/train.parquet: | build
-	$(BIN)/gen_data --output data/synthetic/train.parquet --rows 256000 --cap 100000 --seed 1
+	$(BIN)/gen_data --output data/synthetic/train.parquet --rows 512000 --cap 100000 --seed 1
 	$(BIN)/gen_data --output data/synthetic/eval.parquet --rows 50000 --cap 100000 --seed 2
+
+# MovieLens-100k as a CTR task (rating >= 4 is a click), from the shared data.
+ML100K_SRC ?= ../shared/data/real/ml-100k
+data/ml100k/train.csv: | build
+	$(BIN)/prep_movielens --input $(ML100K_SRC) --output data/ml100k
+
+ml100k: build data/ml100k/train.csv
+	rm -rf experiments/wide_and_deep_ml100k experiments/dlrm_ml100k
+	$(BIN)/train_eval --pipeline_config_path samples/wide_and_deep_ml100k.config
+	$(BIN)/train_eval --pipeline_config_path samples/dlrm_ml100k.config
 
 demo: build data/synthetic/train.parquet
 	@echo "== DLRM on the bundled 200-row Criteo sample (CSV)"
 	rm -rf experiments/dlrm_criteo_sample
 	$(BIN)/train_eval --pipeline_config_path samples/dlrm_criteo_sample.config
-	@echo "== DLRM on generated Criteo-shaped Parquet, one epoch"
+	@echo "== DLRM on generated Criteo-shaped Parquet, one epoch (compare with the planted AUC above)"
 	rm -rf experiments/dlrm_synthetic
-	$(BIN)/train_eval --pipeline_config_path samples/dlrm_synthetic.config --train_config.num_steps=1000
+	$(BIN)/train_eval --pipeline_config_path samples/dlrm_synthetic.config
+
+# Training throughput (optimised build, 2 threads): DLRM and WideAndDeep on
+# the Criteo Kaggle shape with tables capped at 1M rows.
+bench: deps
+	$(CARGO) build --locked --release --bin bench
+	$(CARGO_TARGET_DIR)/release/bench --threads 2
 
 lint:
 	$(CARGO) fmt --check
@@ -51,4 +67,4 @@ fmt:
 	$(CARGO) fmt
 
 clean:
-	rm -rf experiments data/synthetic
+	rm -rf experiments data/synthetic data/ml100k

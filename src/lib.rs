@@ -15,5 +15,6 @@ pub mod features;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod summary;
 pub mod train;
 pub mod util;

@@ -154,10 +154,135 @@ fn continue_train_resumes_exactly_and_a_truncated_checkpoint_is_reported() {
         .set_len(len / 2)
         .unwrap();
     let bad = eval(split.path());
-    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(bad.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("truncated"),
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
+}
+
+/// Global step of the newest checkpoint the `checkpoint` state file names.
+fn latest_step(model_dir: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(model_dir.join("checkpoint")).ok()?;
+    let line = text.lines().next()?;
+    line.rsplit("model.ckpt-").next()?.trim_end_matches('"').parse().ok()
+}
+
+#[test]
+fn a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_and_finishes_identically() {
+    const STEPS: u32 = 400;
+    let killed = tempfile::tempdir().unwrap();
+    let mut kills = 0;
+    let mut seen = 0;
+    // Kill three times, each time soon after a new checkpoint lands, so some
+    // kills fall between and some during checkpoint writes.
+    for round in 0..3u64 {
+        let mut cmd = train_eval();
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["--pipeline_config_path", "samples/dlrm_criteo_sample.config"])
+            .args(["--model_dir", killed.path().to_str().unwrap()])
+            .arg(format!("--train_config.num_steps={STEPS}"))
+            .arg("--train_config.save_checkpoints_steps=5")
+            .arg("--train_config.keep_checkpoint_max=2")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        if round > 0 {
+            cmd.arg("--continue_train");
+        }
+        let mut child = cmd.spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while latest_step(killed.path()).unwrap_or(0) <= seen && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(7 * round));
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap(); // SIGKILL
+            kills += 1;
+        }
+        child.wait().unwrap();
+        seen = latest_step(killed.path()).unwrap_or(0);
+        assert!(seen < STEPS as u64, "the run finished before it could be killed");
+        // What the state file names must be complete and verifiable.
+        let inspect = Command::new(env!("CARGO_BIN_EXE_inspect_checkpoint"))
+            .args(["--checkpoint_path", killed.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
+    }
+    assert_eq!(kills, 3);
+    let out = bundled_run(killed.path(), STEPS, &["--continue_train"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(latest_step(killed.path()), Some(STEPS as u64));
+    let whole = tempfile::tempdir().unwrap();
+    assert!(bundled_run(whole.path(), STEPS, &[]).status.success());
+    for f in ["dense.safetensors", "embedding.safetensors"] {
+        let a = std::fs::read(whole.path().join(format!("model.ckpt-{STEPS}")).join(f)).unwrap();
+        let b = std::fs::read(killed.path().join(format!("model.ckpt-{STEPS}")).join(f)).unwrap();
+        assert!(
+            a == b,
+            "{f} differs between an uninterrupted and a killed-and-resumed run"
+        );
+    }
+}
+
+#[test]
+fn inspect_checkpoint_lists_variables_and_summaries_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bundled_run(dir.path(), 20, &["--train_config.save_summary_steps=5"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let inspect = |extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_inspect_checkpoint"))
+            .args(["--checkpoint_path", dir.path().to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let text = inspect(&[]);
+    assert!(text.contains("(global step 20)"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("embedding/") && l.ends_with(", 16]")),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("dense/")), "{text}");
+    assert!(!text.contains("/accumulator"), "{text}");
+    assert!(inspect(&["--all_tensors"]).contains("/accumulator"));
+
+    let events = |sub: &std::path::Path| -> Vec<rustrec::summary::Event> {
+        let file = std::fs::read_dir(sub)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with("events.out.tfevents.")
+            })
+            .expect("an events file");
+        rustrec::summary::read_events(&file).unwrap()
+    };
+    let train = events(dir.path());
+    let loss_steps: Vec<i64> = train
+        .iter()
+        .filter(|e| {
+            e.summary.as_ref().is_some_and(|s| {
+                s.value
+                    .iter()
+                    .any(|v| v.tag == "loss" && v.simple_value.is_some_and(f32::is_finite))
+            })
+        })
+        .map(|e| e.step)
+        .collect();
+    assert_eq!(loss_steps, vec![5, 10, 15, 20]);
+    let eval = events(&dir.path().join("eval_val"));
+    let auc = eval
+        .iter()
+        .flat_map(|e| e.summary.iter().flat_map(|s| s.value.iter()))
+        .find(|v| v.tag == "auc")
+        .and_then(|v| v.simple_value);
+    assert!(auc.is_some_and(|a| a > 0.0 && a <= 1.0), "{auc:?}");
 }

@@ -18,6 +18,19 @@ pub use safetensors::{read_file, write_file, TensorRef};
 pub const FORMAT: &str = "rustrec-checkpoint-1";
 const STATE_FILE: &str = "checkpoint";
 
+/// A checkpoint that is missing a file, truncated or otherwise damaged: the
+/// user's data is at fault, not the program.
+#[derive(Debug)]
+pub struct Damaged(pub String);
+
+impl std::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Damaged {}
+
 /// One named tensor loaded from a checkpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Loaded {
@@ -145,8 +158,9 @@ pub fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
 /// its recorded size and checksum.
 pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
     let mpath = dir.join("manifest.json");
-    let text = fs::read_to_string(&mpath).with_context(|| format!("cannot read {}", mpath.display()))?;
-    let m: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", mpath.display()))?;
+    let text = fs::read_to_string(&mpath).map_err(|e| Damaged(format!("cannot read {}: {e}", mpath.display())))?;
+    let m: Value =
+        serde_json::from_str(&text).map_err(|e| Damaged(format!("{} is not valid JSON: {e}", mpath.display())))?;
     if m["format"] != FORMAT {
         bail!("{}: unknown checkpoint format {}", mpath.display(), m["format"]);
     }
@@ -159,21 +173,24 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
         .with_context(|| format!("{}: no file list", mpath.display()))?;
     for (name, info) in files {
         let path = dir.join(name);
-        let bytes = fs::read(&path).with_context(|| format!("checkpoint file {} is missing", path.display()))?;
+        let bytes =
+            fs::read(&path).map_err(|e| Damaged(format!("checkpoint file {} is missing: {e}", path.display())))?;
         let want = info["bytes"].as_u64().unwrap_or(u64::MAX);
         if bytes.len() as u64 != want {
-            bail!(
+            return Err(Damaged(format!(
                 "checkpoint file {} is truncated or damaged: {} bytes, the manifest says {want}",
                 path.display(),
                 bytes.len()
-            );
+            ))
+            .into());
         }
         let sum = format!("{:016x}", safetensors::checksum(&bytes));
         if info["checksum"].as_str() != Some(sum.as_str()) {
-            bail!(
+            return Err(Damaged(format!(
                 "checkpoint file {} is damaged: its checksum does not match the manifest",
                 path.display()
-            );
+            ))
+            .into());
         }
         for (tname, shape, data) in read_file(&bytes).with_context(|| format!("cannot parse {}", path.display()))? {
             out.insert(tname, Loaded { shape, data });

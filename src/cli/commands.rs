@@ -5,7 +5,9 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use super::{parse_with_extend_args, EvalArgs, ExportArgs, TrainEvalArgs, UserError};
+use clap::Parser;
+
+use super::{parse_with_extend_args, EvalArgs, ExportArgs, InspectArgs, TrainEvalArgs, UserError};
 use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
 use crate::train::Trainer;
@@ -84,6 +86,25 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     Err(anyhow::anyhow!(
         "config is valid, but this build cannot export models yet"
     ))
+}
+
+pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {
+    let args = InspectArgs::try_parse_from(args)?;
+    let dir = checkpoint::resolve(Path::new(&args.checkpoint_path))?;
+    let (step, tensors) = checkpoint::load(&dir)?;
+    println!("checkpoint {} (global step {step})", dir.display());
+    let mut values = 0usize;
+    let mut shown = 0usize;
+    for (name, t) in &tensors {
+        if !args.all_tensors && crate::optim::is_slot_name(name) {
+            continue;
+        }
+        println!("{name} {:?}", t.shape);
+        values += t.data.len();
+        shown += 1;
+    }
+    println!("{shown} variables, {values} values");
+    Ok(())
 }
 
 /// Writes model_dir/pipeline.config atomically (temp file, then rename).

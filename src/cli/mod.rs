@@ -99,6 +99,21 @@ pub struct ExportArgs {
     pub asset_files: Vec<String>,
 }
 
+#[derive(Debug, Parser)]
+#[command(
+    name = "inspect_checkpoint",
+    rename_all = "snake_case",
+    about = "List a checkpoint's variables and shapes"
+)]
+pub struct InspectArgs {
+    /// A model.ckpt-N directory, or a model_dir (its latest checkpoint).
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint_path: String,
+    /// Also list optimizer slots (accumulators, moments).
+    #[arg(long)]
+    pub all_tensors: bool,
+}
+
 /// Parses a command line whose extend args (`--train_config.x=1`) are split
 /// out first, as EasyRec does with argparse's `parse_known_args`.
 pub fn parse_with_extend_args<T: Parser>(args: Vec<OsString>) -> Result<(T, overrides::EditPairs), anyhow::Error> {
@@ -143,6 +158,7 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
             if err.downcast_ref::<ConfigError>().is_some()
                 || err.downcast_ref::<UserError>().is_some()
                 || err.chain().any(|e| e.is::<crate::data::DataError>())
+                || err.chain().any(|e| e.is::<crate::checkpoint::Damaged>())
             {
                 ExitCode::from(1)
             } else {

@@ -70,6 +70,12 @@ pub fn slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
     }
 }
 
+/// Whether a checkpoint variable name (`.../<slot>`) names an optimizer slot.
+pub fn is_slot_name(name: &str) -> bool {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    ["momentum", "m", "v", "accumulator", "linear", "ms"].contains(&last)
+}
+
 /// A configured optimizer at one step: the rule and its learning rate.
 #[derive(Debug, Clone)]
 pub struct Rule {

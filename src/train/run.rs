@@ -11,6 +11,7 @@ use serde_json::json;
 use super::Trainer;
 use crate::checkpoint;
 use crate::config::typed::{CheckpointCadence, LossKind};
+use crate::summary::SummaryWriter;
 
 /// How a training run ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +46,13 @@ impl Trainer {
         let mut samples = 0u64;
         let mut last_loss = f32::NAN;
         let mut last_save = (Instant::now(), self.step);
+        let mut last_eval = Instant::now();
+        let mut summaries = if p.save_summary_steps > 0 {
+            Some(SummaryWriter::create(&p.model_dir)?)
+        } else {
+            None
+        };
+        let mut summary_window = (Instant::now(), self.step);
         for batch in stream {
             if target.is_some_and(|t| self.step >= t) {
                 break;
@@ -74,6 +82,24 @@ impl Trainer {
                 }
                 window = (Instant::now(), 0);
             }
+            if let Some(w) = summaries
+                .as_mut()
+                .filter(|_| self.step % p.save_summary_steps as u64 == 0)
+            {
+                let secs = summary_window.0.elapsed().as_secs_f64().max(1e-9);
+                let steps_per_sec = (self.step - summary_window.1) as f64 / secs;
+                w.scalars(
+                    self.step,
+                    &[
+                        ("loss", st.loss as f64),
+                        ("regularization_loss", st.reg_loss as f64),
+                        ("learning_rate", lr as f64),
+                        ("global_norm", st.grad_norm as f64),
+                        ("global_step/sec", steps_per_sec),
+                    ],
+                )?;
+                summary_window = (Instant::now(), self.step);
+            }
             let due = match p.checkpoints {
                 CheckpointCadence::Steps(n) => n > 0 && self.step % n as u64 == 0,
                 CheckpointCadence::Secs(s) => last_save.0.elapsed().as_secs() >= s as u64,
@@ -82,8 +108,14 @@ impl Trainer {
                 let path = self.save()?;
                 last_save = (Instant::now(), self.step);
                 eprintln!("saved {}", path.display());
+                let throttled = last_eval.elapsed().as_secs() < p.eval_interval_secs as u64;
+                if !p.eval_paths.is_empty() && !throttled && target.is_none_or(|t| self.step < t) {
+                    self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
+                    last_eval = Instant::now();
+                }
             }
         }
+        drop(summaries);
         if let Some(b) = bar {
             b.finish_and_clear();
         }
@@ -105,7 +137,8 @@ impl Trainer {
         })
     }
 
-    /// Evaluates, prints the metrics and writes them as JSON to `out`.
+    /// Evaluates, prints the metrics, writes them as JSON to `out` and as
+    /// summaries to `eval_val/` beside it (where TensorBoard expects them).
     pub fn eval_and_report(&self, paths: &[String], out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
         let st = self.evaluate(paths)?;
         let metrics = st.report(&self.plan.metrics, self.plan.loss == LossKind::BinaryClassification);
@@ -128,6 +161,9 @@ impl Trainer {
             out,
             serde_json::to_string_pretty(&serde_json::Value::Object(obj))?.as_bytes(),
         )?;
+        let dir = out.parent().unwrap_or(Path::new(".")).join("eval_val");
+        let scalars: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        SummaryWriter::create(&dir)?.scalars(self.step, &scalars)?;
         Ok(metrics)
     }
 }

@@ -23,7 +23,7 @@ pub const KAGGLE_CARDINALITIES: [u64; 26] = [
 ];
 
 /// Ids at or past this frequency rank carry no signal (they are too rare to learn).
-const SIGNAL_RANKS: u64 = 200;
+const SIGNAL_RANKS: u64 = 40;
 
 #[derive(Debug, Clone)]
 pub struct GenSpec {
@@ -48,7 +48,7 @@ fn weight(seed: u64, feature: usize, rank: u64) -> f64 {
     if rank >= SIGNAL_RANKS || feature % 2 == 1 {
         return 0.0; // half the features are pure noise
     }
-    Rng::new(seed ^ mix64((feature as u64) << 40 ^ rank)).normal() * 0.6
+    Rng::new(seed ^ mix64((feature as u64) << 40 ^ rank)).normal() * 0.8
 }
 
 fn zipf_rank(rng: &mut Rng, k: u64) -> u64 {
@@ -74,7 +74,7 @@ pub fn generate(path: &Path, spec: &GenSpec) -> anyhow::Result<GenReport> {
     let schema = schema();
     let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
     let cards: Vec<u64> = KAGGLE_CARDINALITIES.iter().map(|c| (*c).min(spec.cap.max(1))).collect();
-    let dense_w: Vec<f64> = (0..13).map(|i| if i % 3 == 0 { 0.15 } else { 0.0 }).collect();
+    let dense_w: Vec<f64> = (0..13).map(|i| if i % 3 == 0 { 0.5 } else { 0.0 }).collect();
     let mut rng = Rng::new(spec.seed);
     let mut probs = Vec::with_capacity(spec.rows);
     let mut labels = Vec::with_capacity(spec.rows);
@@ -88,9 +88,11 @@ pub fn generate(path: &Path, spec: &GenSpec) -> anyhow::Result<GenReport> {
         for _ in 0..n {
             let mut logit = -1.3f64;
             for (i, col) in dense.iter_mut().enumerate() {
-                let z = rng.normal();
-                col.push((z * 1.2 + 1.5).exp().floor() as i64);
-                logit += dense_w[i] * z;
+                // Uniform counts in [0, 1000): the planted effect is linear in
+                // the min/max-normalised value the configs feed the model.
+                let u = rng.uniform();
+                col.push((u * 1000.0).floor() as i64);
+                logit += dense_w[i] * (2.0 * u - 1.0);
             }
             for (f, col) in cats.iter_mut().enumerate() {
                 let r = zipf_rank(&mut rng, cards[f]);

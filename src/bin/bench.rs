@@ -1,0 +1,198 @@
+//! Training throughput on the Criteo Kaggle shape: DLRM (emb 16, bottom
+//! 13-512-256-64-16, dot interaction, top 512-256-1) and WideAndDeep (dnn
+//! 1024-512-256) over 26 tables capped at 1M rows, batch 2048, Adagrad for
+//! tables and Adam for dense layers, on a fixed number of threads.
+//!
+//! Next to each model it times the input pipeline alone (Parquet reading and
+//! feature encoding, already overlapped with training by a background thread)
+//! so the ratio shows how much of a step the model itself costs.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use rustrec::config::{load_pipeline, typed::TrainingPlan, Overrides};
+use rustrec::datagen::{generate, GenSpec};
+use rustrec::train::Trainer;
+
+#[derive(Debug, Parser)]
+#[command(name = "bench", rename_all = "snake_case", about = "Training throughput benchmark")]
+struct Args {
+    /// Rows of generated Criteo-shaped data (written once, then reused).
+    #[arg(long, default_value_t = 262_144)]
+    rows: usize,
+    /// Timed steps per model (after 3 warm-up steps).
+    #[arg(long, default_value_t = 40)]
+    steps: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value_t = 2048)]
+    batch_size: usize,
+    /// Cap on every table's rows.
+    #[arg(long, default_value_t = 1_000_000)]
+    cap: u64,
+    #[arg(long, default_value = "data/bench")]
+    data_dir: PathBuf,
+}
+
+fn features(cap: u64) -> String {
+    let mut s = String::new();
+    for i in 1..=13 {
+        s +=
+            &format!("feature_configs {{ input_names: \"I{i}\" feature_type: RawFeature min_val: 0 max_val: 1000 }}\n");
+    }
+    for (i, card) in rustrec::datagen::KAGGLE_CARDINALITIES.iter().enumerate() {
+        s += &format!(
+            "feature_configs {{ input_names: \"C{}\" feature_type: IdFeature hash_bucket_size: {} embedding_dim: 16 }}\n",
+            i + 1,
+            (*card).min(cap)
+        );
+    }
+    s
+}
+
+fn names(prefix: &str, n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("\"{prefix}{i}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
+    let model_block = match model {
+        "DLRM" => format!(
+            "model_config {{ model_class: \"DLRM\"
+  feature_groups {{ group_name: \"dense\" feature_names: [{}] }}
+  feature_groups {{ group_name: \"sparse\" feature_names: [{}] }}
+  dlrm {{ bot_dnn {{ hidden_units: [512, 256, 64, 16] }} top_dnn {{ hidden_units: [512, 256] }} arch_with_dense_feature: true }} }}",
+            names("I", 13),
+            names("C", 26)
+        ),
+        _ => format!(
+            "model_config {{ model_class: \"WideAndDeep\"
+  feature_groups {{ group_name: \"wide\" feature_names: [{c}] wide_deep: WIDE }}
+  feature_groups {{ group_name: \"deep\" feature_names: [{}, {c}] wide_deep: DEEP }}
+  wide_and_deep {{ dnn {{ hidden_units: [1024, 512, 256] }} }} }}",
+            names("I", 13),
+            c = names("C", 26)
+        ),
+    };
+    // WideAndDeep's three-optimizer rule: wide tables, deep tables, dense.
+    let table_opts = if model == "DLRM" { 1 } else { 2 };
+    let adagrad =
+        "optimizer_config { adagrad_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.05 } } } }\n";
+    format!(
+        "parquet_train_input: \"{data}\"\nmodel_dir: \"unused\"\ntrain_config {{\n{tables}  optimizer_config {{ adam_optimizer {{ learning_rate {{ constant_learning_rate {{ learning_rate: 0.001 }} }} }} }}\n}}
+data_config {{ input_type: ParquetInputV2 batch_size: {batch} num_epochs: 100 auto_expand_input_fields: true
+  input_fields {{ input_name: \"label\" input_type: INT32 }}
+  input_fields {{ input_name: \"I[1-13]\" input_type: INT64 }}
+  input_fields {{ input_name: \"C[1-26]\" input_type: STRING }}
+  label_fields: \"label\" }}
+{features}{model_block}\n",
+        data = data.display(),
+        tables = adagrad.repeat(table_opts),
+        features = features(cap)
+    )
+}
+
+struct Measured {
+    train: f64,
+    input: f64,
+    table_rows: usize,
+}
+
+fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
+    let path = args.data_dir.join(format!("{model}.config"));
+    std::fs::write(&path, config(model, data, args.batch_size, args.cap))?;
+    let loaded = load_pipeline(&path, &Overrides::default())?;
+    let plan = TrainingPlan::from_config(&loaded.config)?;
+    let mut trainer = Trainer::new(plan)?;
+    let table_rows = trainer.tables.iter().map(|t| t.rows).sum();
+    let paths = trainer.plan.train_paths.clone();
+
+    // The input pipeline alone.
+    let mut stream = trainer.stream(&paths, true, 0)?;
+    for _ in 0..3 {
+        stream.next().context("data ran out")??;
+    }
+    let t = Instant::now();
+    let mut n = 0usize;
+    for _ in 0..args.steps {
+        n += stream.next().context("data ran out")??.size;
+    }
+    let input = n as f64 / t.elapsed().as_secs_f64();
+    drop(stream);
+
+    // Whole training steps, reading overlapped by the prefetch thread.
+    let mut stream = trainer.stream(&paths, true, 0)?;
+    for _ in 0..3 {
+        let b = stream.next().context("data ran out")??;
+        trainer.train_step(&b)?;
+    }
+    let t = Instant::now();
+    let mut n = 0usize;
+    for _ in 0..args.steps {
+        let b = stream.next().context("data ran out")??;
+        trainer.train_step(&b)?;
+        n += b.size;
+    }
+    let train = n as f64 / t.elapsed().as_secs_f64();
+    Ok(Measured {
+        train,
+        input,
+        table_rows,
+    })
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build_global()
+        .context("cannot size the thread pool")?;
+    std::fs::create_dir_all(&args.data_dir)?;
+    let data = args.data_dir.join(format!("criteo_{}_{}.parquet", args.rows, args.cap));
+    if !data.exists() {
+        let tmp = data.with_extension("tmp");
+        let spec = GenSpec {
+            rows: args.rows,
+            cap: args.cap,
+            seed: 1,
+            model_seed: 7,
+            row_group_rows: 65_536,
+        };
+        generate(&tmp, &spec)?;
+        std::fs::rename(&tmp, &data)?;
+    }
+    println!(
+        "threads {}, batch {}, {} timed steps, tables capped at {} rows",
+        args.threads, args.batch_size, args.steps, args.cap
+    );
+    println!(
+        "{:<12} {:>12} {:>14} {:>16} {:>12}",
+        "model", "table rows", "train samp/s", "input samp/s", "train/input"
+    );
+    for model in ["DLRM", "WideAndDeep"] {
+        let m = measure(model, &data, args)?;
+        println!(
+            "{model:<12} {:>12} {:>14.0} {:>16.0} {:>12.3}",
+            m.table_rows,
+            m.train,
+            m.input,
+            m.train / m.input
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! MovieLens-100k (RecBole's `.inter`, `.user`, `.item` files) as a CTR task:
+//! a rating of 4 or more is a click. Ratings are joined with user and item
+//! attributes and split at random, with a seed, into train and eval CSVs.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{bail, Context};
+
+use crate::util::Rng;
+
+/// Header of the written CSVs; `genres` is `|`-separated.
+pub const COLUMNS: &str = "label,user_id,item_id,age,gender,occupation,zip,year,genres";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MovieLensReport {
+    pub train_rows: usize,
+    pub eval_rows: usize,
+    pub positive_rate: f64,
+}
+
+/// Reads a tab-separated RecBole file: typed header (`name:type`), then rows
+/// keyed by their first column.
+fn read_table(path: &Path, want: &[&str]) -> anyhow::Result<Vec<Vec<String>>> {
+    let text = fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .with_context(|| format!("{}: empty file", path.display()))?
+        .split('\t')
+        .map(|h| h.split(':').next().unwrap_or(h))
+        .collect();
+    let idx: Vec<usize> = want
+        .iter()
+        .map(|w| {
+            header
+                .iter()
+                .position(|h| h == w)
+                .with_context(|| format!("{}: no column {w:?} in header {header:?}", path.display()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut rows = Vec::new();
+    for (n, line) in lines.enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split('\t').collect();
+        if cells.len() != header.len() {
+            bail!(
+                "{}:{}: {} cells, header has {}",
+                path.display(),
+                n + 2,
+                cells.len(),
+                header.len()
+            );
+        }
+        rows.push(idx.iter().map(|i| cells[*i].trim().to_string()).collect());
+    }
+    Ok(rows)
+}
+
+fn csv_cell(s: &str) -> String {
+    s.chars()
+        .map(|c| if c == ',' || c == '"' || c == '\n' { ' ' } else { c })
+        .collect()
+}
+
+/// Joins `dir`/ml-100k.{inter,user,item} and writes `out`/train.csv and
+/// `out`/eval.csv, with `eval_fraction` of the ratings in eval.
+pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) -> anyhow::Result<MovieLensReport> {
+    let users: HashMap<String, Vec<String>> = read_table(
+        &dir.join("ml-100k.user"),
+        &["user_id", "age", "gender", "occupation", "zip_code"],
+    )?
+    .into_iter()
+    .map(|mut r| (r.remove(0), r))
+    .collect();
+    let items: HashMap<String, Vec<String>> =
+        read_table(&dir.join("ml-100k.item"), &["item_id", "release_year", "class"])?
+            .into_iter()
+            .map(|mut r| (r.remove(0), r))
+            .collect();
+    let inter = read_table(&dir.join("ml-100k.inter"), &["user_id", "item_id", "rating"])?;
+    let mut rows = Vec::with_capacity(inter.len());
+    let mut positives = 0usize;
+    for r in &inter {
+        let user = users
+            .get(&r[0])
+            .with_context(|| format!("rating names unknown user {}", r[0]))?;
+        let item = items
+            .get(&r[1])
+            .with_context(|| format!("rating names unknown item {}", r[1]))?;
+        let rating: f64 = r[2].parse().with_context(|| format!("bad rating {:?}", r[2]))?;
+        let label = (rating >= 4.0) as u8;
+        positives += label as usize;
+        // A few items have no year (spelled "unkonwn"): leave the cell empty
+        // so the config's default_val applies.
+        let year = if item[0].parse::<u32>().is_ok() {
+            item[0].as_str()
+        } else {
+            ""
+        };
+        let genres = item[1].split_whitespace().collect::<Vec<_>>().join("|");
+        rows.push(format!(
+            "{label},{},{},{},{},{},{},{},{}",
+            r[0],
+            r[1],
+            csv_cell(&user[0]),
+            csv_cell(&user[1]),
+            csv_cell(&user[2]),
+            csv_cell(&user[3]),
+            year,
+            csv_cell(&genres)
+        ));
+    }
+    Rng::new(seed).shuffle(&mut rows);
+    let n_eval = ((rows.len() as f64) * eval_fraction).round() as usize;
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let (eval, train) = rows.split_at(n_eval);
+    for (name, part) in [("train.csv", train), ("eval.csv", eval)] {
+        let path = out.join(name);
+        let mut w =
+            BufWriter::new(fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?);
+        writeln!(w, "{COLUMNS}")?;
+        for line in part {
+            writeln!(w, "{line}")?;
+        }
+        w.flush().with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(MovieLensReport {
+        train_rows: train.len(),
+        eval_rows: eval.len(),
+        positive_rate: positives as f64 / rows.len().max(1) as f64,
+    })
+}

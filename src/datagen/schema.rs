@@ -1,0 +1,172 @@
+//! Random rows for any supported config: every input field gets values its
+//! features can read (vocabulary words, in-range bucket ids, separated tags,
+//! numbers for raw features), so a config can be trained without its data.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+
+use crate::config::model_plan::ColumnType;
+use crate::config::typed::{Bucketing, FeatureKind, InputFormat, TrainingPlan};
+use crate::util::Rng;
+
+/// A cell value before it is written as text or typed Parquet.
+enum Cell {
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bool(bool),
+}
+
+impl Cell {
+    fn text(&self) -> String {
+        match self {
+            Cell::Int(v) => v.to_string(),
+            Cell::Float(v) => format!("{v:.4}"),
+            Cell::Str(s) => s.clone(),
+            Cell::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+fn token(rng: &mut Rng, buckets: &Bucketing) -> String {
+    match buckets {
+        Bucketing::Vocab(words) if !words.is_empty() => words[rng.below(words.len() as u64) as usize].clone(),
+        Bucketing::Identity(n) => rng.below((*n).max(1)).to_string(),
+        _ => format!("t{}", rng.below(50)),
+    }
+}
+
+/// A value for `field` that every feature reading it accepts.
+fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell {
+    if plan.label_fields.iter().any(|l| l == field) {
+        return match ty {
+            ColumnType::Float => Cell::Float(rng.below(2) as f64),
+            ColumnType::Str => Cell::Str(rng.below(2).to_string()),
+            _ => Cell::Int(rng.below(2) as i64),
+        };
+    }
+    let feature = plan.features.iter().find(|f| f.inputs.iter().any(|i| i == field));
+    let text = match feature.map(|f| &f.kind) {
+        Some(FeatureKind::Tag {
+            buckets,
+            separator,
+            kv_separator,
+        }) if ty == ColumnType::Str => {
+            let n = 1 + rng.below(3);
+            let mut s = String::new();
+            for i in 0..n {
+                if i > 0 {
+                    s.push_str(separator);
+                }
+                s.push_str(&token(rng, buckets));
+                if let Some(kv) = kv_separator {
+                    let _ = write!(s, "{kv}{:.2}", rng.uniform());
+                }
+            }
+            Some(s)
+        }
+        Some(FeatureKind::Raw { dim, min_max, .. }) => {
+            let (lo, hi) = min_max.unwrap_or((0.0, 10.0));
+            let mut v: Vec<f64> = (0..*dim).map(|_| lo + (hi - lo) * rng.uniform()).collect();
+            if ty == ColumnType::Int {
+                v.iter_mut().for_each(|x| *x = x.floor());
+            }
+            if *dim > 1 || ty == ColumnType::Str {
+                Some(v.iter().map(|x| format!("{x:.4}")).collect::<Vec<_>>().join(","))
+            } else if ty == ColumnType::Int {
+                return Cell::Int(v[0] as i64);
+            } else {
+                return Cell::Float(v[0]);
+            }
+        }
+        Some(FeatureKind::Id { buckets } | FeatureKind::Combo { buckets }) => match (ty, buckets) {
+            (ColumnType::Int, Bucketing::Identity(n)) => return Cell::Int(rng.below((*n).max(1)) as i64),
+            (ColumnType::Str, b) => Some(token(rng, b)),
+            _ => None,
+        },
+        _ => None,
+    };
+    match (text, ty) {
+        (Some(s), _) => Cell::Str(s),
+        (None, ColumnType::Int) => Cell::Int(rng.below(50) as i64),
+        (None, ColumnType::Float) => Cell::Float(rng.uniform() * 10.0),
+        (None, ColumnType::Bool) => Cell::Bool(rng.below(2) == 1),
+        (None, ColumnType::Str) => Cell::Str(format!("s{}", rng.below(50))),
+    }
+}
+
+/// Writes `rows` random rows with the plan's input fields to `path`, as CSV
+/// or Parquet according to the plan's input type.
+pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Path) -> anyhow::Result<()> {
+    let mut rng = Rng::new(seed);
+    let table: Vec<Vec<Cell>> = (0..rows)
+        .map(|_| {
+            plan.fields
+                .iter()
+                .map(|f| cell(plan, &f.name, f.ty, &mut rng))
+                .collect()
+        })
+        .collect();
+    match &plan.format {
+        InputFormat::Csv { separator, with_header } => {
+            let mut text = String::new();
+            if *with_header {
+                let names: Vec<&str> = plan.fields.iter().map(|f| f.name.as_str()).collect();
+                text.push_str(&names.join(separator));
+                text.push('\n');
+            }
+            for row in &table {
+                let cells: Vec<String> = row.iter().map(Cell::text).collect();
+                text.push_str(&cells.join(separator));
+                text.push('\n');
+            }
+            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+        }
+        InputFormat::Parquet { .. } => {
+            let mut fields = Vec::new();
+            let mut columns: Vec<ArrayRef> = Vec::new();
+            for (c, f) in plan.fields.iter().enumerate() {
+                let col = table.iter().map(|r| &r[c]);
+                let (dt, array): (DataType, ArrayRef) = match &table.first().map(|r| &r[c]) {
+                    Some(Cell::Int(_)) => (
+                        DataType::Int64,
+                        Arc::new(Int64Array::from_iter_values(col.map(|v| match v {
+                            Cell::Int(i) => *i,
+                            _ => 0,
+                        }))),
+                    ),
+                    Some(Cell::Float(_)) => (
+                        DataType::Float64,
+                        Arc::new(Float64Array::from_iter_values(col.map(|v| match v {
+                            Cell::Float(x) => *x,
+                            _ => 0.0,
+                        }))),
+                    ),
+                    Some(Cell::Bool(_)) => (
+                        DataType::Boolean,
+                        Arc::new(BooleanArray::from(
+                            col.map(|v| matches!(v, Cell::Bool(true))).collect::<Vec<_>>(),
+                        )),
+                    ),
+                    _ => (
+                        DataType::Utf8,
+                        Arc::new(StringArray::from_iter_values(col.map(Cell::text))),
+                    ),
+                };
+                fields.push(Field::new(&f.name, dt, false));
+                columns.push(array);
+            }
+            let schema = Arc::new(Schema::new(fields));
+            let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            let mut w = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None)?;
+            w.write(&RecordBatch::try_new(schema, columns)?)?;
+            w.close()?;
+            Ok(())
+        }
+    }
+}
