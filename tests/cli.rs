@@ -286,3 +286,72 @@ fn inspect_checkpoint_lists_variables_and_summaries_are_written() {
         .and_then(|v| v.simple_value);
     assert!(auc.is_some_and(|a| a > 0.0 && a <= 1.0), "{auc:?}");
 }
+
+#[test]
+fn fine_tune_checkpoint_copies_weights_renames_by_var_map_and_checks_shapes() {
+    let base = tempfile::tempdir().unwrap();
+    assert!(bundled_run(base.path(), 20, &[]).status.success());
+    let (_, src) = rustrec::checkpoint::load(&base.path().join("model.ckpt-20")).unwrap();
+
+    let tuned = tempfile::tempdir().unwrap();
+    let map = tuned.path().join("var_map.txt");
+    std::fs::write(
+        &map,
+        "# model variable, checkpoint variable\nembedding/C1 embedding/C2\n",
+    )
+    .unwrap();
+    let model_dir = tuned.path().join("model");
+    let overrides = rustrec::config::Overrides {
+        model_dir: Some(model_dir.to_str().unwrap().to_string()),
+        ..Default::default()
+    };
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/dlrm_criteo_sample.config");
+    let loaded = rustrec::config::load_pipeline(&config, &overrides).unwrap();
+    let plan = rustrec::config::typed::TrainingPlan::from_config(&loaded.config).unwrap();
+    let mut trainer = rustrec::train::Trainer::new(plan).unwrap();
+    let copied = trainer.fine_tune(base.path(), Some(&map)).unwrap();
+    assert!(copied > 26, "{copied}");
+    trainer.save().unwrap();
+    // The global step is not restored: training starts over at 0.
+    let (step, got) = rustrec::checkpoint::load(&model_dir.join("model.ckpt-0")).unwrap();
+    assert_eq!(step, 0);
+    for (name, t) in &got {
+        if rustrec::optim::is_slot_name(name) {
+            continue;
+        }
+        let want = if name == "embedding/C1" {
+            &src["embedding/C2"]
+        } else {
+            &src[name]
+        };
+        assert!(t.data == want.data, "{name} was not copied from the checkpoint");
+    }
+    assert!(got["embedding/C1"].data != src["embedding/C1"].data);
+    // Optimizer slots start fresh (Adagrad accumulators at their initial value).
+    let acc = got.iter().find(|(n, _)| n.ends_with("/accumulator")).unwrap().1;
+    assert!(acc.data.iter().all(|v| (*v - 0.1).abs() < 1e-7));
+
+    // A mapping onto a tensor of another shape is refused with both names.
+    let other = src
+        .iter()
+        .find(|(n, t)| n.starts_with("dense/") && t.shape != src["embedding/C1"].shape)
+        .unwrap()
+        .0;
+    std::fs::write(&map, format!("embedding/C1 {other}\n")).unwrap();
+    let bad_dir = tuned.path().join("bad");
+    let out = bundled_run(
+        &bad_dir,
+        0,
+        &[
+            "--fine_tune_checkpoint",
+            base.path().to_str().unwrap(),
+            &format!("--train_config.fine_tune_ckpt_var_map={}", map.display()),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("`{other}` has shape")) && stderr.contains("`embedding/C1` needs"),
+        "{stderr}"
+    );
+}

@@ -213,4 +213,41 @@ mod tests {
         assert_eq!(a.row(7), &r7);
         assert!(a.weights.iter().all(|w| w.abs() <= 1.0));
     }
+
+    #[test]
+    fn configured_initializers_shape_the_rows() {
+        let mut row = vec![0.0f32; 4];
+        init_row(1, "t", 100, 3, &EmbeddingInit::Constant(vec![0.5]), &mut row);
+        assert_eq!(row, vec![0.5; 4]);
+        init_row(
+            1,
+            "t",
+            100,
+            3,
+            &EmbeddingInit::Constant(vec![1.0, 2.0, 3.0, 4.0]),
+            &mut row,
+        );
+        assert_eq!(row, vec![1.0, 2.0, 3.0, 4.0]);
+        let mut big = vec![0.0f32; 20_000];
+        let init = EmbeddingInit::TruncatedNormal {
+            mean: 1.0,
+            stddev: 0.05,
+        };
+        init_row(1, "t", 1, 0, &init, &mut big);
+        let mean = big.iter().map(|v| *v as f64).sum::<f64>() / big.len() as f64;
+        assert!((mean - 1.0).abs() < 0.002, "{mean}");
+        // truncated at two standard deviations
+        assert!(big.iter().all(|v| (v - 1.0).abs() <= 0.1 + 1e-6));
+        let std = |init: &EmbeddingInit, rows| {
+            let mut v = vec![0.0f32; 20_000];
+            init_row(2, "u", rows, 0, init, &mut v);
+            (v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+        };
+        // default: stddev 1/sqrt(dim) before truncation (0.88 of it after)
+        let d = std(&EmbeddingInit::Default, 1);
+        assert!((d / (1.0 / (20_000f64).sqrt()) - 0.88).abs() < 0.03, "{d}");
+        // Glorot normal over [rows, dim]: sqrt(2 / (rows + dim)) after truncation
+        let g = std(&EmbeddingInit::GlorotNormal, 30_000);
+        assert!((g / (2.0 / 50_000f64).sqrt() - 1.0).abs() < 0.03, "{g}");
+    }
 }

@@ -145,7 +145,7 @@ impl Trainer {
     /// are not. Returns how many tensors were restored.
     pub fn fine_tune(&mut self, path: &Path, var_map: Option<&Path>) -> anyhow::Result<usize> {
         let dir = checkpoint::resolve(path)?;
-        let (_, mut tensors) = checkpoint::load(&dir)?;
+        let (_, tensors) = checkpoint::load(&dir)?;
         let renames = match var_map {
             Some(p) => parse_var_map(p)?,
             None => Vec::new(),
@@ -156,16 +156,17 @@ impl Trainer {
                 .iter()
                 .find(|(model, _)| *model == name)
                 .map_or(name.clone(), |(_, ckpt)| ckpt.clone());
-            let Some(Loaded { shape: s, data }) = tensors.remove(&src) else {
+            // One checkpoint tensor may feed several model variables.
+            let Some(Loaded { shape: s, data }) = tensors.get(&src) else {
                 continue;
             };
-            if s != shape {
+            if *s != shape {
                 bail!(
                     "fine_tune_checkpoint {}: `{src}` has shape {s:?}, but model variable `{name}` needs {shape:?}",
                     dir.display()
                 );
             }
-            values.insert(name, data);
+            values.insert(name, data.clone());
         }
         let n = values.len();
         self.assign_values(values, false);
