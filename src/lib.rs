@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod datagen;
+pub mod dist;
 pub mod embedding;
 pub mod features;
 pub mod metrics;

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 pub struct TensorRef<'a> {
     pub name: String,
     pub shape: Vec<usize>,
-    pub data: &'a [f32],
+    pub data: std::borrow::Cow<'a, [f32]>,
 }
 
 impl<'a> TensorRef<'a> {
@@ -22,7 +22,16 @@ impl<'a> TensorRef<'a> {
         TensorRef {
             name: name.into(),
             shape,
-            data,
+            data: std::borrow::Cow::Borrowed(data),
+        }
+    }
+
+    /// A tensor assembled for writing (e.g. a table gathered from its shards).
+    pub fn owned(name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Self {
+        TensorRef {
+            name: name.into(),
+            shape,
+            data: std::borrow::Cow::Owned(data),
         }
     }
 }
@@ -69,7 +78,7 @@ pub fn write_file(path: &Path, tensors: &[TensorRef<'_>]) -> anyhow::Result<(u64
     bytes.extend_from_slice(&(h.len() as u64).to_le_bytes());
     bytes.extend_from_slice(&h);
     for t in tensors {
-        for x in t.data {
+        for x in t.data.iter() {
             bytes.extend_from_slice(&x.to_le_bytes());
         }
     }

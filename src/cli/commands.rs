@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::path::Path;
+use std::rc::Rc;
 
 use anyhow::Context;
 
@@ -10,6 +11,7 @@ use clap::Parser;
 use super::{parse_with_extend_args, EvalArgs, ExportArgs, InspectArgs, TrainEvalArgs, UserError};
 use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
+use crate::dist::{self, Communicator};
 use crate::train::Trainer;
 
 pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
@@ -26,31 +28,57 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
         return Ok(());
     }
     let plan = TrainingPlan::from_config(&loaded.config)?;
+    let comm = dist::init()?;
+    abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, args.continue_train))
+}
+
+/// Under mpirun a failing rank ends the whole job at once, naming itself;
+/// otherwise the error goes back to `main_with` unchanged.
+fn abort_on_error(comm: &dyn Communicator, result: anyhow::Result<()>) -> anyhow::Result<()> {
+    if let Err(e) = &result {
+        if comm.size() > 1 {
+            eprintln!("{}error: {e:#}", dist::log_prefix(comm));
+            comm.abort(1);
+        }
+    }
+    result
+}
+
+fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfig, resume: bool) -> anyhow::Result<()> {
     let model_dir = &plan.model_dir.clone();
-    if model_dir.join("checkpoint").exists() && !args.continue_train {
+    // Rank 0 may be writing the first checkpoint already when a slow rank
+    // gets here, so only a fresh start looks, before anyone trains.
+    if model_dir.join("checkpoint").exists() && !resume {
         return Err(UserError(format!(
             "{} already holds checkpoints; pass --continue_train to resume or choose another --model_dir",
             model_dir.display()
         ))
         .into());
     }
-    write_effective_config(&loaded, model_dir)?;
-    let mut trainer = Trainer::new(plan).map_err(|e| UserError(format!("{e:#}")))?;
-    if args.continue_train {
+    comm.barrier();
+    if comm.rank() == 0 {
+        write_effective_config(loaded, model_dir)?;
+    }
+    let pre = dist::log_prefix(&*comm);
+    let mut trainer = Trainer::with_comm(plan, comm).map_err(|e| UserError(format!("{e:#}")))?;
+    if resume {
         if let Some(ckpt) = checkpoint::latest(model_dir)? {
             trainer.restore(&ckpt)?;
-            eprintln!("resumed from {} at global step {}", ckpt.display(), trainer.step);
+            eprintln!("{pre}resumed from {} at global step {}", ckpt.display(), trainer.step);
         }
     }
     if trainer.step == 0 {
         if let Some(ft) = trainer.plan.fine_tune.clone() {
             let n = trainer.fine_tune(&ft.checkpoint, ft.var_map.as_deref())?;
-            eprintln!("fine-tuning: {n} variables restored from {}", ft.checkpoint.display());
+            eprintln!(
+                "{pre}fine-tuning: {n} variables restored from {}",
+                ft.checkpoint.display()
+            );
         }
     }
     let summary = trainer.run()?;
     eprintln!(
-        "trained {} steps to global step {}, {:.0} samples/s",
+        "{pre}trained {} steps to global step {}, {:.0} samples/s",
         summary.steps, trainer.step, summary.samples_per_sec
     );
     Ok(())
@@ -74,10 +102,14 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     };
     let model_dir = plan.model_dir.clone();
     let eval_paths = plan.eval_paths.clone();
-    let mut trainer = Trainer::new(plan).map_err(|e| UserError(format!("{e:#}")))?;
-    trainer.restore(&ckpt)?;
-    trainer.eval_and_report(&eval_paths, &model_dir.join(&args.eval_result_path))?;
-    Ok(())
+    let comm = dist::init()?;
+    let run = || -> anyhow::Result<()> {
+        let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(|e| UserError(format!("{e:#}")))?;
+        trainer.restore(&ckpt)?;
+        trainer.eval_and_report(&eval_paths, &model_dir.join(&args.eval_result_path))?;
+        Ok(())
+    };
+    abort_on_error(&*comm, run())
 }
 
 pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {

@@ -139,4 +139,19 @@ impl RawBatch {
         }
         self.num_rows += rows.len();
     }
+
+    /// Part `rank` of `size` contiguous, near-equal parts (a rank's slice
+    /// of a global batch; the first `num_rows % size` parts get one more row).
+    pub fn part(&self, rank: usize, size: usize) -> RawBatch {
+        if size == 1 {
+            return self.clone();
+        }
+        let (n, base, extra) = (self.num_rows, self.num_rows / size, self.num_rows % size);
+        let start = rank * base + rank.min(extra);
+        let len = base + usize::from(rank < extra);
+        let rows: Vec<usize> = (start..(start + len).min(n)).collect();
+        let mut out = self.empty_like();
+        out.extend_from(self, &rows);
+        out
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use crate::config::typed::EmbeddingInit;
+use crate::config::typed::{EmbeddingInit, OptimizerKind};
 use crate::features::Jagged;
 use crate::optim::{Rule, SlotState};
 use crate::util::{mix64, Rng};
@@ -15,12 +15,16 @@ use crate::util::{mix64, Rng};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
     pub name: String,
+    /// Rows of the whole table; this rank holds `local_rows(rows, shard)`.
     pub rows: usize,
     pub dim: usize,
+    /// This rank's rows, `[local rows, dim]`.
     pub weights: Vec<f32>,
     pub state: SlotState,
     /// Index into `train_config.optimizer_config`.
     pub optimizer: usize,
+    /// (rank, world size) of a row-wise sharded table; (0, 1) when whole.
+    pub shard: (usize, usize),
 }
 
 /// Deterministic initial value of row `row` of a `[rows, out.len()]` table,
@@ -51,20 +55,23 @@ pub fn init_row(seed: u64, table: &str, rows: usize, row: u64, init: &EmbeddingI
 }
 
 impl Table {
+    /// This rank's rows of a `[rows, dim]` table, initialised, trained by
+    /// optimizer `optimizer` whose slots are created from `kind`.
     pub fn new(
-        name: &str,
-        rows: usize,
-        dim: usize,
+        (name, rows, dim): (&str, usize, usize),
         init: &EmbeddingInit,
         seed: u64,
-        state: SlotState,
-        optimizer: usize,
+        (optimizer, kind): (usize, &OptimizerKind),
+        shard: (usize, usize),
     ) -> Self {
-        let mut weights = vec![0.0f32; rows * dim];
+        let (rank, size) = shard;
+        let local_rows = local_rows(rows, shard);
+        let state = SlotState::new(kind, local_rows * dim);
+        let mut weights = vec![0.0f32; local_rows * dim];
         weights
             .par_chunks_mut(dim)
             .enumerate()
-            .for_each(|(r, out)| init_row(seed, name, rows, r as u64, init, out));
+            .for_each(|(l, out)| init_row(seed, name, rows, (l * size + rank) as u64, init, out));
         Table {
             name: name.to_string(),
             rows,
@@ -72,19 +79,73 @@ impl Table {
             weights,
             state,
             optimizer,
+            shard,
         }
     }
 
-    pub fn row(&self, r: u64) -> &[f32] {
-        let r = r as usize;
-        &self.weights[r * self.dim..(r + 1) * self.dim]
+    /// Index into this rank's rows of global row `g` (which it must own).
+    pub fn local(&self, g: u64) -> usize {
+        debug_assert_eq!(
+            g as usize % self.shard.1,
+            self.shard.0,
+            "row {g} of {} is not local",
+            self.name
+        );
+        g as usize / self.shard.1
+    }
+
+    /// Rank that owns global row `g`.
+    pub fn owner(&self, g: u64) -> usize {
+        g as usize % self.shard.1
+    }
+}
+
+/// Rows of a `rows`-row table that rank `shard.0` of `shard.1` holds (row g
+/// lives on rank g % size, at local index g / size).
+pub fn local_rows(rows: usize, shard: (usize, usize)) -> usize {
+    let (rank, size) = shard;
+    (rows + size - 1 - rank) / size
+}
+
+/// Where pooling reads embedding rows from: a local table, or rows fetched
+/// from their owners for one step.
+pub trait RowSource: Sync {
+    fn dim(&self) -> usize;
+    fn row(&self, g: u64) -> &[f32];
+}
+
+impl RowSource for Table {
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn row(&self, g: u64) -> &[f32] {
+        let l = self.local(g);
+        &self.weights[l * self.dim..(l + 1) * self.dim]
+    }
+}
+
+/// Rows fetched from other ranks, by global id.
+#[derive(Debug, Clone, Default)]
+pub struct FetchedRows {
+    pub dim: usize,
+    pub index: HashMap<u64, usize>,
+    pub data: Vec<f32>,
+}
+
+impl RowSource for FetchedRows {
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn row(&self, g: u64) -> &[f32] {
+        let i = self.index[&g];
+        &self.data[i * self.dim..(i + 1) * self.dim]
     }
 }
 
 /// Pools `ids` of every row of a batch (sum, or weighted mean) into
 /// `out[b * stride + col .. + dim]`.
-pub fn pool_into(table: &Table, j: &Jagged, mean: bool, out: &mut [f32], stride: usize, col: usize) {
-    let dim = table.dim;
+pub fn pool_into(table: &dyn RowSource, j: &Jagged, mean: bool, out: &mut [f32], stride: usize, col: usize) {
+    let dim = table.dim();
     out.par_chunks_mut(stride).enumerate().for_each(|(b, row_out)| {
         let dst = &mut row_out[col..col + dim];
         dst.fill(0.0);
@@ -124,6 +185,13 @@ impl RowGrads {
         &mut self.grads[i * dim..(i + 1) * dim]
     }
 
+    /// Adds `grad` to row `row`'s gradient.
+    pub fn add(&mut self, row: u64, grad: &[f32]) {
+        for (a, g) in self.slot(row, grad.len()).iter_mut().zip(grad) {
+            *a += g;
+        }
+    }
+
     pub fn squared_norm(&self) -> f64 {
         self.grads.iter().map(|g| (*g as f64) * (*g as f64)).sum()
     }
@@ -158,7 +226,8 @@ pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) 
     let dim = table.dim;
     let mut g = vec![0.0f32; dim];
     for (k, &r) in grads.rows.iter().enumerate() {
-        let range = r as usize * dim..(r as usize + 1) * dim;
+        let l = table.local(r);
+        let range = l * dim..(l + 1) * dim;
         for (d, s) in g.iter_mut().zip(&grads.grads[k * dim..(k + 1) * dim]) {
             *d = s * scale;
         }
@@ -170,7 +239,6 @@ pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::typed::OptimizerKind;
 
     fn jagged(ids: &[u64], offsets: &[u32]) -> Jagged {
         Jagged {
@@ -183,7 +251,7 @@ mod tests {
     #[test]
     fn pooling_and_hand_computed_sparse_sgd_step() {
         let kind = OptimizerKind::Momentum { momentum: 0.0 };
-        let mut t = Table::new("t", 4, 2, &EmbeddingInit::Default, 1, SlotState::new(&kind, 8), 0);
+        let mut t = Table::new(("t", 4, 2), &EmbeddingInit::Default, 1, (0, &kind), (0, 1));
         t.weights = vec![1., 2., 3., 4., 5., 6., 7., 8.];
         // row 0 pools ids {0, 2}, row 1 pools {2}, row 2 none.
         let j = jagged(&[0, 2, 2], &[0, 2, 3, 3]);
@@ -207,7 +275,7 @@ mod tests {
     #[test]
     fn init_is_per_row_deterministic() {
         let kind = OptimizerKind::Momentum { momentum: 0.0 };
-        let a = Table::new("x", 10, 4, &EmbeddingInit::Default, 3, SlotState::new(&kind, 40), 0);
+        let a = Table::new(("x", 10, 4), &EmbeddingInit::Default, 3, (0, &kind), (0, 1));
         let mut r7 = [0.0f32; 4];
         init_row(3, "x", 10, 7, &EmbeddingInit::Default, &mut r7);
         assert_eq!(a.row(7), &r7);

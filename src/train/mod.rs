@@ -1,16 +1,21 @@
 //! Training: the trainer state (tables, dense model, optimizer slots, global
 //! step), its checkpoints, evaluation, and the step loop.
 
+mod exchange;
 pub mod run;
 pub mod state;
 pub mod step;
+
+use std::rc::Rc;
 
 use anyhow::Context;
 use burn::tensor::Device;
 
 use crate::config::model_plan::Metric;
-use crate::config::typed::{InputFormat, TrainingPlan};
+use crate::config::typed::{InputFormat, Strategy, TrainingPlan};
+use crate::config::ConfigError;
 use crate::data::{expand_paths, Prefetch, StreamSpec};
+use crate::dist::{Communicator, Single};
 use crate::embedding::Table;
 use crate::features::{Batch, Encoder};
 use crate::metrics::EvalState;
@@ -35,10 +40,38 @@ pub struct Trainer {
     pub seed: u64,
     pub train_device: Device,
     pub eval_device: Device,
+    /// The other ranks of a distributed job (a single process alone).
+    pub comm: Rc<dyn Communicator>,
+    /// Tables are row-wise sharded across ranks (EmbeddingParallelStrategy);
+    /// otherwise every rank holds them whole.
+    pub sharded: bool,
 }
 
 impl Trainer {
+    /// A trainer in a single process.
     pub fn new(plan: TrainingPlan) -> anyhow::Result<Self> {
+        Self::with_comm(plan, Rc::new(Single))
+    }
+
+    /// A trainer that is one rank of `comm`; train_distribute decides how
+    /// the ranks split the work.
+    pub fn with_comm(plan: TrainingPlan, comm: Rc<dyn Communicator>) -> anyhow::Result<Self> {
+        let sharded = match (plan.strategy, comm.size()) {
+            (_, 1) => false,
+            (Strategy::EmbeddingParallel, _) => true,
+            (Strategy::DataParallel, _) => false,
+            (Strategy::Single, n) => {
+                return Err(ConfigError::invalid(
+                    "train_config.train_distribute",
+                    format!(
+                        "{n} processes were started, but train_distribute is NoStrategy; \
+                         use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy"
+                    ),
+                )
+                .into())
+            }
+        };
+        let shard = if sharded { (comm.rank(), comm.size()) } else { (0, 1) };
         let uid = plan.metrics.iter().find_map(|m| match m {
             Metric::Gauc { uid_field } => Some(uid_field.as_str()),
             _ => None,
@@ -53,8 +86,13 @@ impl Trainer {
             .iter()
             .map(|t| {
                 let opt = if t.wide { assign.wide_tables } else { assign.deep_tables };
-                let state = SlotState::new(&plan.optimizers[opt].kind, t.rows * t.dim);
-                Table::new(&t.name, t.rows, t.dim, &t.init, seed, state, opt)
+                Table::new(
+                    (&t.name, t.rows, t.dim),
+                    &t.init,
+                    seed,
+                    (opt, &plan.optimizers[opt].kind),
+                    shard,
+                )
             })
             .collect();
         let dense_state = SlotState::new(&plan.optimizers[assign.dense].kind, model.params.values.len());
@@ -69,10 +107,15 @@ impl Trainer {
             seed,
             train_device: Device::flex().autodiff(),
             eval_device: Device::flex(),
+            comm,
+            sharded,
         })
     }
 
-    /// A stream of encoded batches over `paths`.
+    /// A stream of this rank's encoded batches over `paths`. Every rank reads
+    /// the same global batches of `batch_size * world size` rows (batch_size
+    /// is per worker, as in EasyRec) and keeps its own contiguous slice, so
+    /// ranks see exactly the batches one process would and end together.
     pub fn stream(&self, paths: &[String], train: bool, skip_batches: u64) -> anyhow::Result<Prefetch<Batch>> {
         let files = expand_paths(paths)?;
         if files.is_empty() {
@@ -93,7 +136,7 @@ impl Trainer {
             format: p.format.clone(),
             fields: p.fields.clone(),
             projection: self.enc.projection.clone(),
-            batch_size: p.batch_size.max(1) as usize,
+            batch_size: p.batch_size.max(1) as usize * self.comm.size(),
             epochs,
             shuffle: train && p.shuffle,
             shuffle_buffer: p.shuffle_buffer_size,
@@ -103,8 +146,9 @@ impl Trainer {
             max_rows: if train { 0 } else { p.eval_num_examples },
         };
         let enc = self.enc.clone();
+        let (rank, size) = (self.comm.rank(), self.comm.size());
         Ok(Prefetch::start(spec, p.prefetch_size.min(8), move |raw| {
-            enc.encode(&raw)
+            enc.encode(&raw.part(rank, size))
         }))
     }
 
@@ -120,6 +164,17 @@ impl Trainer {
                 uids: batch.uids.unwrap_or_default(),
                 loss_sum: loss,
             });
+        }
+        if self.comm.size() > 1 {
+            // Every rank ends with all ranks' predictions, for exact metrics.
+            let mut loss = [st.loss_sum];
+            self.comm.all_reduce_sum(&mut loss);
+            st = EvalState {
+                preds: self.comm.all_gather_f32(&st.preds).concat(),
+                labels: self.comm.all_gather_f32(&st.labels).concat(),
+                uids: self.comm.all_gather_u64(&st.uids).concat(),
+                loss_sum: loss[0],
+            };
         }
         Ok(st)
     }

@@ -27,12 +27,17 @@ impl Trainer {
     /// data, saving checkpoints on the configured cadence and at the end.
     pub fn run(&mut self) -> anyhow::Result<RunSummary> {
         let start_step = self.step;
+        let pre = crate::dist::log_prefix(&*self.comm);
         let p = self.plan.clone();
         let target = p.num_steps.map(u64::from);
         if target.is_some_and(|t| self.step >= t) {
-            eprintln!("global step {} already reached num_steps; nothing to train", self.step);
+            eprintln!(
+                "{pre}global step {} already reached num_steps; nothing to train",
+                self.step
+            );
         }
-        let bar = (std::io::stderr().is_terminal() && target.is_some()).then(|| {
+        let lead = self.comm.rank() == 0;
+        let bar = (lead && std::io::stderr().is_terminal() && target.is_some()).then(|| {
             let b = indicatif::ProgressBar::new(target.unwrap_or(0));
             b.set_style(
                 indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}").expect("static template"),
@@ -47,7 +52,7 @@ impl Trainer {
         let mut last_loss = f32::NAN;
         let mut last_save = (Instant::now(), self.step);
         let mut last_eval = Instant::now();
-        let mut summaries = if p.save_summary_steps > 0 {
+        let mut summaries = if p.save_summary_steps > 0 && lead {
             Some(SummaryWriter::create(&p.model_dir)?)
         } else {
             None
@@ -70,7 +75,7 @@ impl Trainer {
             if self.step % p.log_step_count_steps as u64 == 0 {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let line = format!(
-                    "step {} lr {:.6} loss {:.5} samples/s {:.0}",
+                    "{pre}step {} lr {:.6} loss {:.5} samples/s {:.0}",
                     self.step,
                     lr,
                     st.loss,
@@ -107,7 +112,7 @@ impl Trainer {
             if due {
                 let path = self.save()?;
                 last_save = (Instant::now(), self.step);
-                eprintln!("saved {}", path.display());
+                eprintln!("{pre}saved {}", path.display());
                 let throttled = last_eval.elapsed().as_secs() < p.eval_interval_secs as u64;
                 if !p.eval_paths.is_empty() && !throttled && target.is_none_or(|t| self.step < t) {
                     self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
@@ -121,7 +126,7 @@ impl Trainer {
         }
         if last_save.1 != self.step || checkpoint::latest(&p.model_dir)?.is_none() {
             let path = self.save()?;
-            eprintln!("saved {}", path.display());
+            eprintln!("{pre}saved {}", path.display());
         }
         let secs = t0.elapsed().as_secs_f64().max(1e-9);
         let metrics = if p.eval_paths.is_empty() {
@@ -153,7 +158,15 @@ impl Trainer {
             .map(|(k, v)| format!("{k} = {v:.6}"))
             .collect::<Vec<_>>()
             .join(", ");
-        eprintln!("eval at step {} on {} examples: {line}", self.step, st.preds.len());
+        eprintln!(
+            "{}eval at step {} on {} examples: {line}",
+            crate::dist::log_prefix(&*self.comm),
+            self.step,
+            st.preds.len()
+        );
+        if self.comm.rank() != 0 {
+            return Ok(metrics); // every rank has the metrics; rank 0 writes them
+        }
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }

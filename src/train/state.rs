@@ -1,6 +1,7 @@
 //! Saving and restoring a trainer: weights and optimizer slots of the dense
 //! model and of every table, under stable names.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,7 @@ use anyhow::{bail, Context};
 
 use super::Trainer;
 use crate::checkpoint::{self, Loaded, TensorRef};
+use crate::embedding::Table;
 use crate::optim::slot_names;
 
 impl Trainer {
@@ -43,43 +45,74 @@ impl Trainer {
         out
     }
 
-    /// Every table (with its optimizer slots when `slots`).
+    /// The whole of a table-shaped buffer (weights or a slot) of `t`: this
+    /// rank's rows as they are, or, for a sharded table, every rank's rows
+    /// gathered and put back in global order (a collective).
+    fn whole<'a>(&self, t: &Table, local: &'a [f32]) -> Cow<'a, [f32]> {
+        if t.shard.1 == 1 {
+            return Cow::Borrowed(local);
+        }
+        let parts = self.comm.all_gather_f32(local);
+        let (size, dim) = (t.shard.1, t.dim);
+        let mut out = vec![0.0f32; t.rows * dim];
+        for (rank, part) in parts.iter().enumerate() {
+            for (l, row) in part.chunks(dim).enumerate() {
+                let g = l * size + rank;
+                out[g * dim..(g + 1) * dim].copy_from_slice(row);
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    /// Every table (with its optimizer slots when `slots`), whole.
     fn table_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
         let mut out = Vec::new();
         for t in &self.tables {
-            out.push(TensorRef::new(
-                format!("embedding/{}", t.name),
-                vec![t.rows, t.dim],
-                &t.weights,
-            ));
+            let shape = vec![t.rows, t.dim];
+            let tensor = |name: String, data| TensorRef {
+                name,
+                shape: shape.clone(),
+                data,
+            };
+            out.push(tensor(format!("embedding/{}", t.name), self.whole(t, &t.weights)));
             let names = if slots {
                 slot_names(&self.plan.optimizers[t.optimizer].kind)
             } else {
                 &[]
             };
             for (slot, sname) in t.state.slots.iter().zip(names) {
-                out.push(TensorRef::new(
-                    format!("embedding/{}/{sname}", t.name),
-                    vec![t.rows, t.dim],
-                    slot,
-                ));
+                out.push(tensor(format!("embedding/{}/{sname}", t.name), self.whole(t, slot)));
             }
         }
         out
     }
 
     /// Writes checkpoint `model.ckpt-<step>` into model_dir.
+    /// On several ranks, sharded tables are gathered and rank 0 writes one
+    /// checkpoint that any world size can restore; the others wait for it.
     pub fn save(&self) -> anyhow::Result<PathBuf> {
-        checkpoint::save(
-            &self.plan.model_dir,
-            self.step,
-            &[
-                ("dense.safetensors", self.dense_tensors(true)),
-                ("embedding.safetensors", self.table_tensors(true)),
-            ],
-            self.plan.keep_checkpoint_max as usize,
-        )
-        .with_context(|| format!("saving checkpoint {} in {}", self.step, self.plan.model_dir.display()))
+        let tables = self.table_tensors(true);
+        let path = self.plan.model_dir.join(checkpoint::ckpt_name(self.step));
+        let written = if self.comm.rank() == 0 {
+            checkpoint::save(
+                &self.plan.model_dir,
+                self.step,
+                &[
+                    ("dense.safetensors", self.dense_tensors(true)),
+                    ("embedding.safetensors", tables),
+                ],
+                self.plan.keep_checkpoint_max as usize,
+            )
+            .with_context(|| format!("saving checkpoint {} in {}", self.step, self.plan.model_dir.display()))
+            .map(|_| ())
+        } else {
+            Ok(())
+        };
+        // Rank 0's failure aborts the job (the caller's error path); the
+        // others only pass the barrier once the checkpoint is complete.
+        written?;
+        self.comm.barrier();
+        Ok(path)
     }
 
     /// Restores weights, slots and the global step (resuming training).
@@ -125,14 +158,22 @@ impl Trainer {
             }
         }
         for t in &mut self.tables {
+            // A whole table, of which a sharded one keeps its own rows.
+            let (rank, size) = t.shard;
+            let mine = |v: Vec<f32>| -> Vec<f32> {
+                if size == 1 {
+                    return v;
+                }
+                v.chunks(t.dim).skip(rank).step_by(size).flatten().copied().collect()
+            };
             if let Some(v) = values.remove(&format!("embedding/{}", t.name)) {
-                t.weights = v;
+                t.weights = mine(v);
             }
             if slots {
                 let names = slot_names(&self.plan.optimizers[t.optimizer].kind);
                 for (k, sname) in names.iter().enumerate() {
                     if let Some(v) = values.remove(&format!("embedding/{}/{sname}", t.name)) {
-                        t.state.slots[k] = v;
+                        t.state.slots[k] = mine(v);
                     }
                 }
             }
@@ -176,11 +217,20 @@ impl Trainer {
     /// Names and shapes of the tensors a checkpoint of this model holds;
     /// without `slots`, only weights and buffers (what fine-tuning copies).
     pub fn variables(&self, slots: bool) -> Vec<(String, Vec<usize>)> {
-        self.dense_tensors(slots)
+        let mut out: Vec<(String, Vec<usize>)> = self
+            .dense_tensors(slots)
             .into_iter()
-            .chain(self.table_tensors(slots))
             .map(|t| (t.name, t.shape))
-            .collect()
+            .collect();
+        for t in &self.tables {
+            out.push((format!("embedding/{}", t.name), vec![t.rows, t.dim]));
+            if slots {
+                for sname in slot_names(&self.plan.optimizers[t.optimizer].kind) {
+                    out.push((format!("embedding/{}/{sname}", t.name), vec![t.rows, t.dim]));
+                }
+            }
+        }
+        out
     }
 }
 

@@ -8,7 +8,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::Trainer;
 use crate::config::typed::LossKind;
-use crate::embedding::{apply_rows, pool_into, scatter_grad, RowGrads};
+use crate::embedding::{apply_rows, pool_into, scatter_grad, RowGrads, RowSource};
 use crate::features::{Batch, Encoded};
 use crate::model::layers::update_bn_buffers;
 use crate::model::params::to_vec;
@@ -33,8 +33,11 @@ pub struct StepStats {
 }
 
 /// Group input matrices (row-major `[batch, width]`) for a batch.
+/// Group input matrices (row-major `[batch, width]`) for a batch. With
+/// sharded tables this is a collective: every rank must call it.
 pub fn group_inputs(t: &Trainer, batch: &Batch) -> Vec<Vec<f32>> {
     let b = batch.size;
+    let fetched = t.sharded.then(|| t.fetch_rows(batch));
     t.model
         .groups
         .iter()
@@ -44,7 +47,11 @@ pub fn group_inputs(t: &Trainer, batch: &Batch) -> Vec<Vec<f32>> {
                 match (&batch.features[p.feature], p.table) {
                     (Encoded::Sparse(j), Some(ti)) => {
                         let mean = t.plan.features[p.feature].mean_combiner;
-                        pool_into(&t.tables[ti], j, mean, &mut buf, g.width, p.col);
+                        let src: &dyn RowSource = match &fetched {
+                            Some(f) => &f[ti],
+                            None => &t.tables[ti],
+                        };
+                        pool_into(src, j, mean, &mut buf, g.width, p.col);
                     }
                     (Encoded::Dense { dim, values }, None) => {
                         for r in 0..b {
@@ -137,22 +144,50 @@ impl Trainer {
     }
 
     /// Trains on one batch at the current global step, then advances it.
+    ///
+    /// On several ranks each one holds a slice of the global batch. Its mean
+    /// loss is weighted by its share of the rows, so the summed gradients
+    /// are those of the mean loss over the whole global batch, as one
+    /// process computes them.
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let b = batch.size;
+        let ranks = self.comm.size();
         let inputs = group_inputs(self, batch);
         let Grads {
-            loss: loss_value,
+            loss: local_loss,
             dense: mut dense_grad,
-            inputs: input_grads,
+            inputs: mut input_grads,
             bn_stats,
-        } = self.loss_and_grads(batch, &inputs);
+        } = if b > 0 {
+            self.loss_and_grads(batch, &inputs)
+        } else {
+            Grads {
+                loss: 0.0,
+                dense: vec![0.0; self.model.params.values.len()],
+                inputs: inputs.iter().map(|_| Vec::new()).collect(),
+                bn_stats: Vec::new(),
+            }
+        };
+        let mut totals = [b as f64, local_loss as f64 * b as f64];
+        self.comm.all_reduce_sum(&mut totals);
+        let global_rows = totals[0].max(1.0);
+        let loss_value = (totals[1] / global_rows) as f32;
+        if ranks > 1 {
+            let share = (b as f64 / global_rows) as f32;
+            dense_grad.iter_mut().for_each(|g| *g *= share);
+            self.comm.all_reduce_sum_f32(&mut dense_grad);
+            for gin in &mut input_grads {
+                gin.iter_mut().for_each(|g| *g *= share);
+            }
+        }
         if !loss_value.is_finite() {
             bail!(
                 "loss is {loss_value} at step {}; stopping (lower the learning rate or check the input data)",
                 self.step
             );
         }
-        let mut reg = 0.0f64;
+        let mut reg = 0.0f64; // identical on every rank
+        let mut emb_reg_loss = 0.0f64; // this rank's lookups only
         let l2 = self.plan.l2_regularization;
         for spec in &self.model.params.specs {
             if spec.l2 && l2 > 0.0 {
@@ -179,7 +214,7 @@ impl Trainer {
                         for c in p.col..p.col + p.dim {
                             let v = buf[r * g.width + c];
                             gin[r * g.width + c] += emb_reg * v;
-                            reg += 0.5 * (emb_reg * v * v) as f64;
+                            emb_reg_loss += 0.5 * (emb_reg * v * v) as f64;
                         }
                     }
                 }
@@ -192,9 +227,18 @@ impl Trainer {
             }
         }
 
+        let row_grads = self.exchange_row_grads(row_grads);
+
         // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
-        let sq: f64 = dense_grad.iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>()
-            + row_grads.iter().map(RowGrads::squared_norm).sum::<f64>();
+        // Sharded row gradients are spread over their owners: sum their norms.
+        let mut sums = [row_grads.iter().map(RowGrads::squared_norm).sum::<f64>(), emb_reg_loss];
+        if self.sharded {
+            self.comm.all_reduce_sum(&mut sums);
+        } else {
+            self.comm.all_reduce_sum(&mut sums[1..]);
+        }
+        reg += sums[1];
+        let sq: f64 = dense_grad.iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>() + sums[0];
         let norm = sq.sqrt() as f32;
         let scale = match self.plan.gradient_clip_norm {
             Some(c) if norm > c => c / norm,
@@ -215,6 +259,12 @@ impl Trainer {
             apply_rows(table, rg, &rule, scale);
         }
         update_bn_buffers(&mut self.model.buffers, bn_stats);
+        if ranks > 1 && !self.model.buffers.values.is_empty() {
+            // Moving averages saw each rank's own rows: keep replicas equal.
+            self.comm.all_reduce_sum_f32(&mut self.model.buffers.values);
+            let n = ranks as f32;
+            self.model.buffers.values.iter_mut().for_each(|v| *v /= n);
+        }
         self.step += 1;
         Ok(StepStats {
             loss: loss_value + reg as f32,
@@ -228,6 +278,9 @@ impl Trainer {
     pub fn predict(&self, batch: &Batch) -> (Vec<f32>, f64) {
         let b = batch.size;
         let inputs = group_inputs(self, batch);
+        if b == 0 {
+            return (Vec::new(), 0.0);
+        }
         let device = &self.eval_device;
         let params = self.model.params.tensors(device, false);
         let xs = input_tensors(self, &inputs, b, device, false);

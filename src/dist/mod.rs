@@ -1,0 +1,83 @@
+//! Collective communication between training processes. The same binary
+//! runs alone (world size 1) or under `mpirun`, where every rank holds an
+//! MPI communicator; nothing else in the trainer knows which.
+
+mod mpi_comm;
+
+pub use mpi_comm::MpiComm;
+
+/// The collectives training needs. Every rank must call each collective in
+/// the same order; buffers are laid out the same on every rank.
+pub trait Communicator {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Element-wise sum across ranks, in place.
+    fn all_reduce_sum(&self, buf: &mut [f64]);
+    /// Element-wise sum across ranks, in place.
+    fn all_reduce_sum_f32(&self, buf: &mut [f32]);
+    /// Every rank's `send`, indexed by rank.
+    fn all_gather_u64(&self, send: &[u64]) -> Vec<Vec<u64>>;
+    fn all_gather_f32(&self, send: &[f32]) -> Vec<Vec<f32>>;
+    /// `send[r]` goes to rank r; returns what each rank sent here.
+    fn all_to_all_u64(&self, send: &[Vec<u64>]) -> Vec<Vec<u64>>;
+    fn all_to_all_f32(&self, send: &[Vec<f32>]) -> Vec<Vec<f32>>;
+    fn barrier(&self);
+    /// Ends every rank of the job with `code`.
+    fn abort(&self, code: i32) -> !;
+}
+
+/// One process: every collective is the identity.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Single;
+
+impl Communicator for Single {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, _: &mut [f64]) {}
+    fn all_reduce_sum_f32(&self, _: &mut [f32]) {}
+    fn all_gather_u64(&self, send: &[u64]) -> Vec<Vec<u64>> {
+        vec![send.to_vec()]
+    }
+    fn all_gather_f32(&self, send: &[f32]) -> Vec<Vec<f32>> {
+        vec![send.to_vec()]
+    }
+    fn all_to_all_u64(&self, send: &[Vec<u64>]) -> Vec<Vec<u64>> {
+        send.to_vec()
+    }
+    fn all_to_all_f32(&self, send: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        send.to_vec()
+    }
+    fn barrier(&self) {}
+    fn abort(&self, code: i32) -> ! {
+        std::process::exit(code)
+    }
+}
+
+/// Whether this process was started by an MPI launcher.
+pub fn launched_by_mpi() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// The communicator for this process: MPI under `mpirun`, else `Single`.
+pub fn init() -> anyhow::Result<std::rc::Rc<dyn Communicator>> {
+    if launched_by_mpi() {
+        Ok(std::rc::Rc::new(MpiComm::init()?))
+    } else {
+        Ok(std::rc::Rc::new(Single))
+    }
+}
+
+/// A (rank, size) pair prefix for log lines: empty in a single process.
+pub fn log_prefix(comm: &dyn Communicator) -> String {
+    if comm.size() > 1 {
+        format!("[rank {}/{}] ", comm.rank(), comm.size())
+    } else {
+        String::new()
+    }
+}

@@ -1,0 +1,272 @@
+//! Distributed training under a real `mpirun` (2 and 4 ranks, oversubscribed
+//! on small machines): each rank trains on its slice of the global batch,
+//! and the result must match one process training on the whole batches.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use rustrec::checkpoint::{load, Loaded};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// Global batch; each of n ranks reads GLOBAL_BATCH / n rows of it.
+const GLOBAL_BATCH: usize = 32;
+
+fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--bind-to", "none"]);
+    // Containers often run tests as root, which OpenMPI refuses by default.
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.current_dir(ROOT);
+    c
+}
+
+/// The sample config for `model`, with the table optimizer as asked and
+/// batch norm off (its statistics are per rank, as in TensorFlow).
+fn config(dir: &Path, model: &str, table_opt: &str) -> PathBuf {
+    let sample = match model {
+        "DLRM" => "samples/dlrm_criteo_sample.config",
+        _ => "samples/wide_and_deep_criteo_sample.config",
+    };
+    let mut text = std::fs::read_to_string(Path::new(ROOT).join(sample)).unwrap();
+    if table_opt == "sgd" {
+        text = text.replace(
+            "adagrad_optimizer {",
+            "momentum_optimizer { momentum_optimizer_value: 0",
+        );
+    }
+    text = text.replace("data/criteo_sample.csv", &format!("{ROOT}/data/criteo_sample.csv"));
+    let path = dir.join(format!("{model}_{table_opt}.config"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn no_bn(model: &str) -> Vec<String> {
+    match model {
+        "DLRM" => vec![
+            "--model_config.dlrm.bot_dnn.use_bn=false".into(),
+            "--model_config.dlrm.top_dnn.use_bn=false".into(),
+        ],
+        _ => vec!["--model_config.wide_and_deep.dnn.use_bn=false".into()],
+    }
+}
+
+/// Arguments of one training run to `steps` on `ranks` ranks.
+fn train_args(config: &Path, model: &str, model_dir: &Path, steps: u32, ranks: usize, strategy: &str) -> Vec<String> {
+    let mut a = vec![
+        "--pipeline_config_path".to_string(),
+        config.to_str().unwrap().to_string(),
+        "--model_dir".into(),
+        model_dir.to_str().unwrap().to_string(),
+        format!("--train_config.num_steps={steps}"),
+        format!("--data_config.batch_size={}", GLOBAL_BATCH / ranks),
+        format!("--train_config.train_distribute={strategy}"),
+        "--train_config.save_checkpoints_steps=10".into(),
+    ];
+    a.extend(no_bn(model));
+    a
+}
+
+fn check(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn single(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_train_eval"))
+        .current_dir(ROOT)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn parallel(ranks: usize, bin: &str, args: &[String]) -> Output {
+    mpirun()
+        .arg("-np")
+        .arg(ranks.to_string())
+        .arg(bin)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn tensors(model_dir: &Path, step: u32) -> BTreeMap<String, Loaded> {
+    load(&model_dir.join(format!("model.ckpt-{step}"))).unwrap().1
+}
+
+/// Every tensor (weights, embedding rows, optimizer slots) within fp32
+/// tolerance of the reference.
+fn assert_close(reference: &BTreeMap<String, Loaded>, got: &BTreeMap<String, Loaded>, what: &str) {
+    assert_eq!(
+        reference.keys().collect::<Vec<_>>(),
+        got.keys().collect::<Vec<_>>(),
+        "{what}"
+    );
+    for (name, r) in reference {
+        let g = &got[name];
+        assert_eq!(r.shape, g.shape, "{what}: {name}");
+        for (i, (a, b)) in r.data.iter().zip(&g.data).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 + 1e-4 * a.abs(),
+                "{what}: {name}[{i}] is {b}, one process gives {a}"
+            );
+        }
+    }
+}
+
+fn eval_result(model_dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(model_dir.join("eval_result.txt")).unwrap()).unwrap()
+}
+
+fn assert_same_metrics(a: &serde_json::Value, b: &serde_json::Value, what: &str) {
+    for k in ["auc", "logloss"] {
+        let (x, y) = (a[k].as_f64().unwrap(), b[k].as_f64().unwrap());
+        assert!((x - y).abs() < 1e-5, "{what}: {k} {y} vs one process {x}");
+    }
+}
+
+#[test]
+fn sharded_and_data_parallel_steps_match_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    for model in ["DLRM", "WideAndDeep"] {
+        for table_opt in ["adagrad", "sgd"] {
+            let cfg = config(tmp.path(), model, table_opt);
+            let reference = tmp.path().join(format!("{model}_{table_opt}_ref"));
+            check(
+                &single(&train_args(&cfg, model, &reference, 20, 1, "NoStrategy")),
+                "reference",
+            );
+            let (ref1, ref20) = {
+                let one = tmp.path().join(format!("{model}_{table_opt}_ref1"));
+                check(&single(&train_args(&cfg, model, &one, 1, 1, "NoStrategy")), "reference");
+                (tensors(&one, 1), tensors(&reference, 20))
+            };
+            for strategy in ["EmbeddingParallelStrategy", "MultiWorkerMirroredStrategy"] {
+                for ranks in [2, 4] {
+                    let what = format!("{model}/{table_opt}/{strategy}/np={ranks}");
+                    for (steps, want) in [(1, &ref1), (20, &ref20)] {
+                        let dir = tmp
+                            .path()
+                            .join(format!("{model}_{table_opt}_{strategy}_{ranks}_{steps}"));
+                        let args = train_args(&cfg, model, &dir, steps, ranks, strategy);
+                        check(&parallel(ranks, env!("CARGO_BIN_EXE_train_eval"), &args), &what);
+                        assert_close(want, &tensors(&dir, steps), &format!("{what} after {steps} steps"));
+                        if steps == 20 {
+                            assert_same_metrics(&eval_result(&reference), &eval_result(&dir), &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn train_on_four_ranks_continue_on_two_evaluate_on_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let reference = tmp.path().join("ref");
+    check(
+        &single(&train_args(&cfg, "DLRM", &reference, 20, 1, "NoStrategy")),
+        "reference",
+    );
+
+    let dir = tmp.path().join("resharded");
+    let ep = "EmbeddingParallelStrategy";
+    check(
+        &parallel(
+            4,
+            env!("CARGO_BIN_EXE_train_eval"),
+            &train_args(&cfg, "DLRM", &dir, 10, 4, ep),
+        ),
+        "np=4 to step 10",
+    );
+    let mut args = train_args(&cfg, "DLRM", &dir, 20, 2, ep);
+    args.push("--continue_train".into());
+    let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args);
+    check(&out, "np=2 from step 10 to 20");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[rank 1/2] resumed from"));
+    assert_close(&tensors(&reference, 20), &tensors(&dir, 20), "4 then 2 ranks");
+
+    std::fs::remove_file(dir.join("eval_result.txt")).unwrap();
+    let mut eval = Command::new(env!("CARGO_BIN_EXE_eval"));
+    eval.current_dir(ROOT)
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", dir.to_str().unwrap()])
+        .args(no_bn("DLRM"));
+    check(&eval.output().unwrap(), "eval on one process");
+    assert_same_metrics(&eval_result(&reference), &eval_result(&dir), "eval at np=1");
+}
+
+/// Finds the pid of rank `rank` of the job training into `model_dir`.
+fn rank_pid(model_dir: &Path, rank: usize) -> Option<u32> {
+    let want_dir = model_dir.to_str().unwrap();
+    let want_rank = format!("OMPI_COMM_WORLD_RANK={rank}");
+    for entry in std::fs::read_dir("/proc").ok()? {
+        let path = entry.ok()?.path();
+        let Some(pid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(path.join("environ")).unwrap_or_default();
+        let has = |hay: &[u8], needle: &str| hay.split(|b| *b == 0).any(|s| s == needle.as_bytes());
+        if has(&cmdline, want_dir) && has(&environ, &want_rank) && !has(&cmdline, "mpirun") {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_quickly_and_the_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let dir = tmp.path().join("killed");
+    let mut args = train_args(&cfg, "DLRM", &dir, 100_000, 2, "EmbeddingParallelStrategy");
+    let child = mpirun()
+        .arg("-np")
+        .arg("2")
+        .arg(env!("CARGO_BIN_EXE_train_eval"))
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !dir.join("checkpoint").exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = rank_pid(&dir, 1).expect("rank 1 is running");
+    let killed_at = std::time::Instant::now();
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let took = killed_at.elapsed();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(took.as_secs() < 20, "the job took {took:?} to end after a rank died");
+    assert!(text.contains("rank 1"), "the message does not name the rank:\n{text}");
+
+    // The last complete checkpoint resumes and the run finishes.
+    let step = load(&rustrec::checkpoint::latest(&dir).unwrap().unwrap()).unwrap().0;
+    let target = (step + 20) as u32;
+    args = train_args(&cfg, "DLRM", &dir, target, 2, "EmbeddingParallelStrategy");
+    args.push("--continue_train".into());
+    check(
+        &parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args),
+        "resume after the kill",
+    );
+    assert!(dir.join(format!("model.ckpt-{target}")).exists());
+}
