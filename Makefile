@@ -54,10 +54,13 @@ demo: build data/synthetic/train.parquet
 	$(BIN)/train_eval --pipeline_config_path samples/dlrm_synthetic.config
 
 # Training throughput (optimised build, 2 threads): DLRM and WideAndDeep on
-# the Criteo Kaggle shape with tables capped at 1M rows.
+# the Criteo Kaggle shape with tables capped at 1M rows, then sharded on 2 ranks.
 bench: deps
 	$(CARGO) build --locked --release --bin bench
 	$(CARGO_TARGET_DIR)/release/bench --threads 2
+	@echo "== the same global batch on 2 MPI ranks with 1 thread each (tables sharded)"
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	  mpirun --oversubscribe --bind-to none -np 2 $(CARGO_TARGET_DIR)/release/bench --threads 1 --distributed
 
 lint:
 	$(CARGO) fmt --check

@@ -13,8 +13,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use rustrec::config::{load_pipeline, typed::TrainingPlan, Overrides};
+use std::rc::Rc;
+
+use rustrec::config::typed::{Strategy, TrainingPlan};
+use rustrec::config::{load_pipeline, Overrides};
 use rustrec::datagen::{generate, GenSpec};
+use rustrec::dist::Communicator;
 use rustrec::train::Trainer;
 
 #[derive(Debug, Parser)]
@@ -35,6 +39,12 @@ struct Args {
     cap: u64,
     #[arg(long, default_value = "data/bench")]
     data_dir: PathBuf,
+    /// Run as one rank of `mpirun -np N bench --distributed`: the global
+    /// batch is split across ranks and tables are sharded
+    /// (EmbeddingParallelStrategy). Rank 0 prints the global throughput and
+    /// the bytes each sample costs in collectives.
+    #[arg(long)]
+    distributed: bool,
 }
 
 fn features(cap: u64) -> String {
@@ -146,6 +156,43 @@ fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
     })
 }
 
+/// Global samples/s and bytes sent per sample (summed over ranks) of
+/// sharded training on every rank of `comm`.
+fn measure_distributed(
+    model: &str,
+    data: &Path,
+    args: &Args,
+    comm: Rc<dyn Communicator>,
+) -> anyhow::Result<(f64, f64)> {
+    let path = args.data_dir.join(format!("{model}.dist.config"));
+    if comm.rank() == 0 {
+        std::fs::write(&path, config(model, data, args.batch_size / comm.size(), args.cap))?;
+    }
+    comm.barrier();
+    let loaded = load_pipeline(&path, &Overrides::default())?;
+    let mut plan = TrainingPlan::from_config(&loaded.config)?;
+    plan.strategy = Strategy::EmbeddingParallel;
+    let mut trainer = Trainer::with_comm(plan, comm.clone())?;
+    let paths = trainer.plan.train_paths.clone();
+    let mut stream = trainer.stream(&paths, true, 0)?;
+    for _ in 0..3 {
+        let b = stream.next().context("data ran out")??;
+        trainer.train_step(&b)?;
+    }
+    comm.barrier();
+    let (t, sent0) = (Instant::now(), comm.bytes_sent());
+    for _ in 0..args.steps {
+        let b = stream.next().context("data ran out")??;
+        trainer.train_step(&b)?;
+    }
+    comm.barrier();
+    let secs = t.elapsed().as_secs_f64();
+    let mut bytes = [(comm.bytes_sent() - sent0) as f64];
+    comm.all_reduce_sum(&mut bytes);
+    let samples = (args.steps * (args.batch_size / comm.size()) * comm.size()) as f64;
+    Ok((samples / secs, bytes[0] / samples))
+}
+
 fn run(args: &Args) -> anyhow::Result<()> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
@@ -153,6 +200,25 @@ fn run(args: &Args) -> anyhow::Result<()> {
         .context("cannot size the thread pool")?;
     std::fs::create_dir_all(&args.data_dir)?;
     let data = args.data_dir.join(format!("criteo_{}_{}.parquet", args.rows, args.cap));
+    if args.distributed {
+        let comm = rustrec::dist::init()?;
+        anyhow::ensure!(
+            data.exists(),
+            "{} is missing: run bench without --distributed first",
+            data.display()
+        );
+        for model in ["DLRM", "WideAndDeep"] {
+            let (rate, bytes) = measure_distributed(model, &data, args, comm.clone())?;
+            if comm.rank() == 0 {
+                println!(
+                    "{model:<12} np={} sharded, {} thread(s) each: {rate:.0} samples/s, {bytes:.0} bytes exchanged per sample",
+                    comm.size(),
+                    args.threads
+                );
+            }
+        }
+        return Ok(());
+    }
     if !data.exists() {
         let tmp = data.with_extension("tmp");
         let spec = GenSpec {

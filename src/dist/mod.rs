@@ -24,6 +24,10 @@ pub trait Communicator {
     fn barrier(&self);
     /// Ends every rank of the job with `code`.
     fn abort(&self, code: i32) -> !;
+    /// Bytes this rank has handed to collectives so far (0 alone).
+    fn bytes_sent(&self) -> u64 {
+        0
+    }
 }
 
 /// One process: every collective is the identity.

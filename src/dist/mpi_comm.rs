@@ -1,5 +1,7 @@
 //! The MPI communicator (OpenMPI through the `mpi` crate).
 
+use std::cell::Cell;
+
 use anyhow::Context;
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
@@ -14,6 +16,7 @@ pub struct MpiComm {
     // Finalizes MPI when dropped; `world` must not outlive it.
     _universe: Universe,
     world: SimpleCommunicator,
+    sent: Cell<u64>,
 }
 
 impl MpiComm {
@@ -23,11 +26,19 @@ impl MpiComm {
         Ok(MpiComm {
             _universe: universe,
             world,
+            sent: Cell::new(0),
         })
+    }
+
+    fn count<T>(&self, items: usize) {
+        self.sent
+            .set(self.sent.get() + (items * std::mem::size_of::<T>()) as u64);
     }
 
     fn gather_v<T: Equivalence + Default + Clone>(&self, send: &[T]) -> Vec<Vec<T>> {
         let n = self.size();
+        // What a ring all-gather sends: this rank's part to every other rank.
+        self.count::<T>(send.len() * (n - 1));
         let mut counts = vec![0 as Count; n];
         self.world.all_gather_into(&(send.len() as Count), &mut counts[..]);
         let displs = displacements(&counts);
@@ -47,6 +58,7 @@ impl MpiComm {
         let mut rcounts = vec![0 as Count; n];
         self.world.all_to_all_into(&scounts[..], &mut rcounts[..]);
         let flat: Vec<T> = send.iter().flat_map(|v| v.iter().cloned()).collect();
+        self.count::<T>(flat.len() - send[self.rank()].len());
         let sdispls = displacements(&scounts);
         let rdispls = displacements(&rcounts);
         let total: usize = rcounts.iter().map(|c| *c as usize).sum();
@@ -84,10 +96,13 @@ impl Communicator for MpiComm {
         self.world.size() as usize
     }
     fn all_reduce_sum(&self, buf: &mut [f64]) {
+        // A ring all-reduce sends about twice the buffer.
+        self.count::<f64>(2 * buf.len());
         let send = buf.to_vec();
         self.world.all_reduce_into(&send[..], buf, SystemOperation::sum());
     }
     fn all_reduce_sum_f32(&self, buf: &mut [f32]) {
+        self.count::<f32>(2 * buf.len());
         let send = buf.to_vec();
         self.world.all_reduce_into(&send[..], buf, SystemOperation::sum());
     }
@@ -108,5 +123,8 @@ impl Communicator for MpiComm {
     }
     fn abort(&self, code: i32) -> ! {
         self.world.abort(code)
+    }
+    fn bytes_sent(&self) -> u64 {
+        self.sent.get()
     }
 }
