@@ -186,11 +186,19 @@ fn train_on_four_ranks_continue_on_two_evaluate_on_one() {
         ),
         "np=4 to step 10",
     );
+    // Each rank wrote its own rows of the tables; rank 0 the dense part.
+    for r in 0..4 {
+        assert!(dir
+            .join(format!("model.ckpt-10/embedding-{r:05}-of-00004.safetensors"))
+            .is_file());
+    }
+    assert!(!dir.join("model.ckpt-10/embedding.safetensors").exists());
     let mut args = train_args(&cfg, "DLRM", &dir, 20, 2, ep);
     args.push("--continue_train".into());
     let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args);
     check(&out, "np=2 from step 10 to 20");
     assert!(String::from_utf8_lossy(&out.stderr).contains("[rank 1/2] resumed from"));
+    assert!(dir.join("model.ckpt-20/embedding-00001-of-00002.safetensors").is_file());
     assert_close(&tensors(&reference, 20), &tensors(&dir, 20), "4 then 2 ranks");
 
     std::fs::remove_file(dir.join("eval_result.txt")).unwrap();

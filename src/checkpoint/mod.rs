@@ -47,40 +47,83 @@ pub fn step_of(path: &Path) -> Option<u64> {
     path.file_name()?.to_str()?.strip_prefix("model.ckpt-")?.parse().ok()
 }
 
-/// Writes `files` (file name -> tensors) as checkpoint `step`, updates the
-/// `checkpoint` state file and prunes to `keep_max` checkpoints (0 = keep all).
-pub fn save(
-    model_dir: &Path,
-    step: u64,
-    files: &[(&str, Vec<TensorRef<'_>>)],
-    keep_max: usize,
-) -> anyhow::Result<PathBuf> {
+/// A file written into a staged checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    pub name: String,
+    pub bytes: u64,
+    pub checksum: u64,
+    /// (rank, world size) when the file holds one rank's rows of every
+    /// table (row g of a table is row g / size of rank g % size's part).
+    pub shard: Option<(usize, usize)>,
+}
+
+/// Name of rank `rank`'s part of the tables in a checkpoint of `size` ranks.
+pub fn shard_file(rank: usize, size: usize) -> String {
+    format!("embedding-{rank:05}-of-{size:05}.safetensors")
+}
+
+/// Creates the directory a checkpoint is written into before it is renamed
+/// into place (removing one a killed run left behind).
+pub fn stage(model_dir: &Path, step: u64) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(model_dir).with_context(|| format!("cannot create {}", model_dir.display()))?;
-    let final_dir = model_dir.join(ckpt_name(step));
-    let tmp = model_dir.join(format!(".{}.tmp-{}", ckpt_name(step), std::process::id()));
+    let tmp = model_dir.join(format!(".{}.tmp", ckpt_name(step)));
     if tmp.exists() {
         fs::remove_dir_all(&tmp).ok();
     }
     fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    Ok(tmp)
+}
+
+/// Writes one file of a staged checkpoint (any rank may write its own).
+pub fn write_part(
+    tmp: &Path,
+    name: &str,
+    tensors: &[TensorRef<'_>],
+    shard: Option<(usize, usize)>,
+) -> anyhow::Result<Written> {
+    let path = tmp.join(name);
+    let (bytes, checksum) = write_file(&path, tensors).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(Written {
+        name: name.to_string(),
+        bytes,
+        checksum,
+        shard,
+    })
+}
+
+/// Completes a staged checkpoint: writes the manifest (every file with its
+/// size and checksum; `tensors` maps each variable to its file and whole
+/// shape), renames it into place, updates the `checkpoint` state file and
+/// prunes to `keep_max` checkpoints (0 = keep all).
+pub fn commit(
+    model_dir: &Path,
+    step: u64,
+    tmp: &Path,
+    parts: &[Written],
+    tensors: &[(String, String, Vec<usize>)],
+    keep_max: usize,
+) -> anyhow::Result<PathBuf> {
+    let final_dir = model_dir.join(ckpt_name(step));
     let mut manifest_files = serde_json::Map::new();
-    let mut tensors = serde_json::Map::new();
-    for (name, ts) in files {
-        let path = tmp.join(name);
-        let (bytes, checksum) = write_file(&path, ts).with_context(|| format!("cannot write {}", path.display()))?;
-        manifest_files.insert(
-            name.to_string(),
-            json!({"bytes": bytes, "checksum": format!("{checksum:016x}")}),
-        );
-        for t in ts {
-            tensors.insert(t.name.clone(), json!({"file": name, "shape": t.shape}));
+    for w in parts {
+        let mut entry = json!({"bytes": w.bytes, "checksum": format!("{:016x}", w.checksum)});
+        if let Some((rank, size)) = w.shard {
+            entry["shard"] = json!([rank, size]);
         }
+        manifest_files.insert(w.name.clone(), entry);
     }
+    let mut tensor_map = serde_json::Map::new();
+    for (name, file, shape) in tensors {
+        tensor_map.insert(name.clone(), json!({"file": file, "shape": shape}));
+    }
+    let world = parts.iter().find_map(|w| w.shard).map_or(1, |s| s.1);
     let manifest = json!({
         "format": FORMAT,
         "global_step": step,
-        "world_size": 1,
+        "world_size": world,
         "files": manifest_files,
-        "tensors": tensors,
+        "tensors": tensor_map,
     });
     write_synced(
         &tmp.join("manifest.json"),
@@ -89,7 +132,7 @@ pub fn save(
     if final_dir.exists() {
         fs::remove_dir_all(&final_dir).with_context(|| format!("cannot replace {}", final_dir.display()))?;
     }
-    fs::rename(&tmp, &final_dir).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
+    fs::rename(tmp, &final_dir).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
     let mut all = list(model_dir)?;
     if keep_max > 0 && all.len() > keep_max {
         for old in all.drain(..all.len() - keep_max) {
@@ -102,6 +145,24 @@ pub fn save(
     }
     write_atomic(&model_dir.join(STATE_FILE), state.as_bytes())?;
     Ok(final_dir)
+}
+
+/// Writes `files` (file name -> tensors) as checkpoint `step` from one
+/// process: stage, write every file, commit.
+pub fn save(
+    model_dir: &Path,
+    step: u64,
+    files: &[(&str, Vec<TensorRef<'_>>)],
+    keep_max: usize,
+) -> anyhow::Result<PathBuf> {
+    let tmp = stage(model_dir, step)?;
+    let mut parts = Vec::new();
+    let mut tensors = Vec::new();
+    for (name, ts) in files {
+        parts.push(write_part(&tmp, name, ts, None)?);
+        tensors.extend(ts.iter().map(|t| (t.name.clone(), name.to_string(), t.shape.clone())));
+    }
+    commit(model_dir, step, &tmp, &parts, &tensors, keep_max)
 }
 
 /// Steps of the complete checkpoints in `model_dir`, ascending.
@@ -168,6 +229,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
         .as_u64()
         .with_context(|| format!("{}: no global_step", mpath.display()))?;
     let mut out = BTreeMap::new();
+    let mut shards: BTreeMap<String, Vec<(usize, usize, Loaded)>> = BTreeMap::new();
     let files = m["files"]
         .as_object()
         .with_context(|| format!("{}: no file list", mpath.display()))?;
@@ -192,9 +254,42 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
             ))
             .into());
         }
+        let shard = info["shard"]
+            .as_array()
+            .and_then(|a| Some((a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize)));
         for (tname, shape, data) in read_file(&bytes).with_context(|| format!("cannot parse {}", path.display()))? {
-            out.insert(tname, Loaded { shape, data });
+            match shard {
+                None => {
+                    out.insert(tname, Loaded { shape, data });
+                }
+                Some((rank, size)) => shards
+                    .entry(tname)
+                    .or_default()
+                    .push((rank, size, Loaded { shape, data })),
+            }
         }
+    }
+    // Tables written as one part per rank: put the rows back in global order.
+    for (name, parts) in shards {
+        let dim = parts[0].2.shape.get(1).copied().unwrap_or(1);
+        let rows: usize = parts.iter().map(|p| p.2.shape[0]).sum();
+        let mut data = vec![0.0f32; rows * dim];
+        for (rank, size, part) in &parts {
+            if parts.len() != *size || part.shape.get(1).copied().unwrap_or(1) != dim {
+                return Err(Damaged(format!("{}: the parts of `{name}` do not fit together", dir.display())).into());
+            }
+            for (l, row) in part.data.chunks(dim).enumerate() {
+                let g = l * size + rank;
+                data[g * dim..(g + 1) * dim].copy_from_slice(row);
+            }
+        }
+        out.insert(
+            name,
+            Loaded {
+                shape: vec![rows, dim],
+                data,
+            },
+        );
     }
     Ok((step, out))
 }

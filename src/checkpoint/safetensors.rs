@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 pub struct TensorRef<'a> {
     pub name: String,
     pub shape: Vec<usize>,
-    pub data: std::borrow::Cow<'a, [f32]>,
+    pub data: &'a [f32],
 }
 
 impl<'a> TensorRef<'a> {
@@ -22,16 +22,7 @@ impl<'a> TensorRef<'a> {
         TensorRef {
             name: name.into(),
             shape,
-            data: std::borrow::Cow::Borrowed(data),
-        }
-    }
-
-    /// A tensor assembled for writing (e.g. a table gathered from its shards).
-    pub fn owned(name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Self {
-        TensorRef {
-            name: name.into(),
-            shape,
-            data: std::borrow::Cow::Owned(data),
+            data,
         }
     }
 }

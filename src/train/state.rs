@@ -1,7 +1,6 @@
 //! Saving and restoring a trainer: weights and optimizer slots of the dense
 //! model and of every table, under stable names.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -9,7 +8,6 @@ use anyhow::{bail, Context};
 
 use super::Trainer;
 use crate::checkpoint::{self, Loaded, TensorRef};
-use crate::embedding::Table;
 use crate::optim::slot_names;
 
 impl Trainer {
@@ -45,43 +43,28 @@ impl Trainer {
         out
     }
 
-    /// The whole of a table-shaped buffer (weights or a slot) of `t`: this
-    /// rank's rows as they are, or, for a sharded table, every rank's rows
-    /// gathered and put back in global order (a collective).
-    fn whole<'a>(&self, t: &Table, local: &'a [f32]) -> Cow<'a, [f32]> {
-        if t.shard.1 == 1 {
-            return Cow::Borrowed(local);
-        }
-        let parts = self.comm.all_gather_f32(local);
-        let (size, dim) = (t.shard.1, t.dim);
-        let mut out = vec![0.0f32; t.rows * dim];
-        for (rank, part) in parts.iter().enumerate() {
-            for (l, row) in part.chunks(dim).enumerate() {
-                let g = l * size + rank;
-                out[g * dim..(g + 1) * dim].copy_from_slice(row);
-            }
-        }
-        Cow::Owned(out)
-    }
-
-    /// Every table (with its optimizer slots when `slots`), whole.
+    /// This rank's rows of every table (with their optimizer slots when
+    /// `slots`): the whole tables unless they are sharded.
     fn table_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
         let mut out = Vec::new();
         for t in &self.tables {
-            let shape = vec![t.rows, t.dim];
-            let tensor = |name: String, data| TensorRef {
-                name,
-                shape: shape.clone(),
-                data,
-            };
-            out.push(tensor(format!("embedding/{}", t.name), self.whole(t, &t.weights)));
+            let shape = vec![t.weights.len() / t.dim.max(1), t.dim];
+            out.push(TensorRef::new(
+                format!("embedding/{}", t.name),
+                shape.clone(),
+                &t.weights,
+            ));
             let names = if slots {
                 slot_names(&self.plan.optimizers[t.optimizer].kind)
             } else {
                 &[]
             };
             for (slot, sname) in t.state.slots.iter().zip(names) {
-                out.push(tensor(format!("embedding/{}/{sname}", t.name), self.whole(t, slot)));
+                out.push(TensorRef::new(
+                    format!("embedding/{}/{sname}", t.name),
+                    shape.clone(),
+                    slot,
+                ));
             }
         }
         out
@@ -91,28 +74,58 @@ impl Trainer {
     /// On several ranks, sharded tables are gathered and rank 0 writes one
     /// checkpoint that any world size can restore; the others wait for it.
     pub fn save(&self) -> anyhow::Result<PathBuf> {
-        let tables = self.table_tensors(true);
-        let path = self.plan.model_dir.join(checkpoint::ckpt_name(self.step));
-        let written = if self.comm.rank() == 0 {
-            checkpoint::save(
-                &self.plan.model_dir,
-                self.step,
-                &[
-                    ("dense.safetensors", self.dense_tensors(true)),
-                    ("embedding.safetensors", tables),
-                ],
-                self.plan.keep_checkpoint_max as usize,
-            )
-            .with_context(|| format!("saving checkpoint {} in {}", self.step, self.plan.model_dir.display()))
-            .map(|_| ())
+        let dir = &self.plan.model_dir;
+        let (rank, size) = (self.comm.rank(), self.comm.size());
+        let context = || format!("saving checkpoint {} in {}", self.step, dir.display());
+        // Rank 0 stages the directory; any error aborts the job (the caller's
+        // error path), so the others never wait on a barrier alone.
+        let tmp = if rank == 0 {
+            checkpoint::stage(dir, self.step).with_context(context)?
         } else {
-            Ok(())
+            dir.join(format!(".{}.tmp", checkpoint::ckpt_name(self.step)))
         };
-        // Rank 0's failure aborts the job (the caller's error path); the
-        // others only pass the barrier once the checkpoint is complete.
-        written?;
         self.comm.barrier();
-        Ok(path)
+        let tables = self.table_tensors(true);
+        let mut parts = Vec::new();
+        let table_file = if self.sharded {
+            // Every rank writes its own rows; rank 0 learns their checksums.
+            let name = checkpoint::shard_file(rank, size);
+            let w = checkpoint::write_part(&tmp, &name, &tables, Some((rank, size))).with_context(context)?;
+            let sums = self.comm.all_gather_u64(&[w.bytes, w.checksum]);
+            for (r, s) in sums.iter().enumerate() {
+                parts.push(checkpoint::Written {
+                    name: checkpoint::shard_file(r, size),
+                    bytes: s[0],
+                    checksum: s[1],
+                    shard: Some((r, size)),
+                });
+            }
+            "embedding-*.safetensors".to_string()
+        } else {
+            "embedding.safetensors".to_string()
+        };
+        if rank == 0 {
+            let dense = self.dense_tensors(true);
+            parts.push(checkpoint::write_part(&tmp, "dense.safetensors", &dense, None).with_context(context)?);
+            if !self.sharded {
+                parts.push(checkpoint::write_part(&tmp, &table_file, &tables, None).with_context(context)?);
+            }
+            let mut names: Vec<(String, String, Vec<usize>)> = dense
+                .iter()
+                .map(|t| (t.name.clone(), "dense.safetensors".to_string(), t.shape.clone()))
+                .collect();
+            names.extend(
+                self.variables(true)
+                    .into_iter()
+                    .filter(|(n, _)| n.starts_with("embedding/"))
+                    .map(|(n, shape)| (n, table_file.clone(), shape)),
+            );
+            let keep = self.plan.keep_checkpoint_max as usize;
+            checkpoint::commit(dir, self.step, &tmp, &parts, &names, keep).with_context(context)?;
+        }
+        // The others only go on once the checkpoint is complete.
+        self.comm.barrier();
+        Ok(dir.join(checkpoint::ckpt_name(self.step)))
     }
 
     /// Restores weights, slots and the global step (resuming training).
