@@ -2,12 +2,29 @@
 //! each rank asks the owners for the rows its batch uses, and sends the
 //! gradients of those rows back to them. With whole tables on every rank
 //! (data parallel): every rank gathers every rank's row gradients.
+//!
+//! All tables travel together: an id message is, per table in order, a
+//! count followed by that many ids, and the matching float message holds
+//! `dim` values per id in the same order. So a step costs four collectives
+//! however many tables there are.
 
 use std::collections::BTreeSet;
 
 use super::Trainer;
 use crate::embedding::{FetchedRows, RowGrads};
 use crate::features::{Batch, Encoded};
+
+/// Splits a message of `[count, ids...]` per table into per-table id lists.
+fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
+    let mut out = Vec::with_capacity(tables);
+    let mut at = 0;
+    for _ in 0..tables {
+        let n = msg[at] as usize;
+        out.push(&msg[at + 1..at + 1 + n]);
+        at += 1 + n;
+    }
+    out
+}
 
 impl Trainer {
     /// Distinct ids of table `ti` in `batch`, ascending.
@@ -23,78 +40,110 @@ impl Trainer {
         ids
     }
 
-    /// The rows of every table that `batch` uses, fetched from their owners
-    /// with two all-to-alls per table (ids out, rows back).
+    /// The rows of every table that `batch` uses, fetched from their owners:
+    /// one all-to-all of ids out, one of rows back.
     pub fn fetch_rows(&self, batch: &Batch) -> Vec<FetchedRows> {
-        let n = self.comm.size();
-        self.tables
+        let (n, nt) = (self.comm.size(), self.tables.len());
+        // want[owner][table]: the ids to ask that owner for.
+        let mut want: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); nt]; n];
+        for (ti, t) in self.tables.iter().enumerate() {
+            for id in self.ids_of_table(batch, ti) {
+                want[t.owner(id)][ti].push(id);
+            }
+        }
+        let requests: Vec<Vec<u64>> = want
             .iter()
-            .enumerate()
-            .map(|(ti, t)| {
-                let mut want: Vec<Vec<u64>> = vec![Vec::new(); n];
-                for id in self.ids_of_table(batch, ti) {
-                    want[t.owner(id)].push(id);
-                }
-                let asked = self.comm.all_to_all_u64(&want);
-                let answers: Vec<Vec<f32>> = asked
+            .map(|per_table| {
+                per_table
                     .iter()
-                    .map(|ids| {
-                        let mut rows = Vec::with_capacity(ids.len() * t.dim);
-                        for id in ids {
-                            let l = t.local(*id);
-                            rows.extend_from_slice(&t.weights[l * t.dim..(l + 1) * t.dim]);
-                        }
-                        rows
-                    })
-                    .collect();
-                let got = self.comm.all_to_all_f32(&answers);
-                let mut fetched = FetchedRows {
-                    dim: t.dim,
-                    ..FetchedRows::default()
-                };
-                for (ids, rows) in want.iter().zip(got) {
-                    for id in ids {
-                        fetched.index.insert(*id, fetched.index.len());
-                    }
-                    fetched.data.extend(rows);
-                }
-                fetched
+                    .flat_map(|ids| std::iter::once(ids.len() as u64).chain(ids.iter().copied()))
+                    .collect()
             })
-            .collect()
+            .collect();
+        let asked = self.comm.all_to_all_u64(&requests);
+        let answers: Vec<Vec<f32>> = asked
+            .iter()
+            .map(|msg| {
+                let mut rows = Vec::new();
+                for (t, ids) in self.tables.iter().zip(unpack(msg, nt)) {
+                    for id in ids {
+                        let l = t.local(*id);
+                        rows.extend_from_slice(&t.weights[l * t.dim..(l + 1) * t.dim]);
+                    }
+                }
+                rows
+            })
+            .collect();
+        let got = self.comm.all_to_all_f32(&answers);
+        let mut fetched: Vec<FetchedRows> = self
+            .tables
+            .iter()
+            .map(|t| FetchedRows {
+                dim: t.dim,
+                ..FetchedRows::default()
+            })
+            .collect();
+        for (per_table, rows) in want.iter().zip(got) {
+            let mut at = 0;
+            for ((ids, f), t) in per_table.iter().zip(&mut fetched).zip(&self.tables) {
+                for id in ids {
+                    f.index.insert(*id, f.index.len());
+                }
+                let len = ids.len() * t.dim;
+                f.data.extend_from_slice(&rows[at..at + len]);
+                at += len;
+            }
+        }
+        fetched
     }
 
     /// Row gradients as the optimizer step needs them: with sharded tables,
     /// each owner's rows summed over all ranks; with whole tables, every
     /// rank's rows summed on every rank. A single process keeps its own.
     pub fn exchange_row_grads(&self, local: Vec<RowGrads>) -> Vec<RowGrads> {
-        let n = self.comm.size();
+        let (n, nt) = (self.comm.size(), self.tables.len());
         if n == 1 {
             return local;
         }
-        self.tables
+        // Per destination: [count, ids...] per table, and their gradients.
+        let dests = if self.sharded { n } else { 1 };
+        let mut ids: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); nt]; dests];
+        let mut table_grads: Vec<Vec<Vec<f32>>> = vec![vec![Vec::new(); nt]; dests];
+        for (ti, (t, rg)) in self.tables.iter().zip(&local).enumerate() {
+            for (k, &id) in rg.rows.iter().enumerate() {
+                let d = if self.sharded { t.owner(id) } else { 0 };
+                ids[d][ti].push(id);
+                table_grads[d][ti].extend_from_slice(&rg.grads[k * t.dim..(k + 1) * t.dim]);
+            }
+        }
+        let grads: Vec<Vec<f32>> = table_grads.into_iter().map(|per_table| per_table.concat()).collect();
+        let messages: Vec<Vec<u64>> = ids
             .iter()
-            .zip(local)
-            .map(|(t, rg)| {
-                let (from_ids, from_grads) = if self.sharded {
-                    let mut ids: Vec<Vec<u64>> = vec![Vec::new(); n];
-                    let mut grads: Vec<Vec<f32>> = vec![Vec::new(); n];
-                    for (k, &id) in rg.rows.iter().enumerate() {
-                        let o = t.owner(id);
-                        ids[o].push(id);
-                        grads[o].extend_from_slice(&rg.grads[k * t.dim..(k + 1) * t.dim]);
-                    }
-                    (self.comm.all_to_all_u64(&ids), self.comm.all_to_all_f32(&grads))
-                } else {
-                    (self.comm.all_gather_u64(&rg.rows), self.comm.all_gather_f32(&rg.grads))
-                };
-                let mut merged = RowGrads::default();
-                for (ids, grads) in from_ids.iter().zip(&from_grads) {
-                    for (k, &id) in ids.iter().enumerate() {
-                        merged.add(id, &grads[k * t.dim..(k + 1) * t.dim]);
-                    }
-                }
-                merged
+            .map(|per_table| {
+                per_table
+                    .iter()
+                    .flat_map(|v| std::iter::once(v.len() as u64).chain(v.iter().copied()))
+                    .collect()
             })
-            .collect()
+            .collect();
+        let (from_ids, from_grads) = if self.sharded {
+            (self.comm.all_to_all_u64(&messages), self.comm.all_to_all_f32(&grads))
+        } else {
+            (
+                self.comm.all_gather_u64(&messages[0]),
+                self.comm.all_gather_f32(&grads[0]),
+            )
+        };
+        let mut merged = vec![RowGrads::default(); nt];
+        for (msg, g) in from_ids.iter().zip(&from_grads) {
+            let mut at = 0;
+            for ((ids, m), t) in unpack(msg, nt).into_iter().zip(&mut merged).zip(&self.tables) {
+                for id in ids {
+                    m.add(*id, &g[at..at + t.dim]);
+                    at += t.dim;
+                }
+            }
+        }
+        merged
     }
 }
