@@ -278,3 +278,42 @@ fn a_killed_rank_ends_the_job_quickly_and_the_run_resumes() {
     );
     assert!(dir.join(format!("model.ckpt-{target}")).exists());
 }
+
+#[test]
+fn ranks_read_their_own_files_and_stop_together_on_an_uneven_split() {
+    // Three files of 64 rows for two ranks: rank 0 reads files 0 and 2
+    // (8 batches of 16), rank 1 reads file 1 (4 batches). Both stop after 4.
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(Path::new(ROOT).join("data/criteo_sample.csv")).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let rows: Vec<&str> = lines.collect();
+    let mut files = Vec::new();
+    for (i, chunk) in rows.chunks(64).take(3).enumerate() {
+        let path = tmp.path().join(format!("part-{i}.csv"));
+        std::fs::write(&path, format!("{header}\n{}\n", chunk.join("\n"))).unwrap();
+        files.push(path);
+    }
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let dir = tmp.path().join("own_share");
+    let mut args = train_args(&cfg, "DLRM", &dir, 1000, 2, "EmbeddingParallelStrategy");
+    args.push("--data_config.num_epochs=1".into());
+    args.push("--train_input_path".into());
+    args.push(tmp.path().join("part-*.csv").to_str().unwrap().to_string());
+    let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args);
+    check(&out, "np=2 on three files");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("3 input splits over 2 ranks: each rank reads its own share"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("[rank 1/2] trained 4 steps to global step 4"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("[rank 0/2] trained 4 steps to global step 4"),
+        "{stderr}"
+    );
+    assert!(dir.join("model.ckpt-4").is_dir());
+}

@@ -112,10 +112,13 @@ impl Trainer {
         })
     }
 
-    /// A stream of this rank's encoded batches over `paths`. Every rank reads
-    /// the same global batches of `batch_size * world size` rows (batch_size
-    /// is per worker, as in EasyRec) and keeps its own contiguous slice, so
-    /// ranks see exactly the batches one process would and end together.
+    /// A stream of this rank's encoded batches over `paths`; batch_size is
+    /// per rank, as in EasyRec. For training, when there are at least as many
+    /// splits (CSV files, Parquet row groups) as ranks, each rank reads its
+    /// own share of them, dealt round-robin, and the ranks stop together when
+    /// the first runs out (see `run`). Otherwise, and for evaluation, every
+    /// rank reads the same global batches of `batch_size * ranks` rows and
+    /// keeps its contiguous slice: the batches one process would see.
     pub fn stream(&self, paths: &[String], train: bool, skip_batches: u64) -> anyhow::Result<Prefetch<Batch>> {
         let files = expand_paths(paths)?;
         if files.is_empty() {
@@ -131,7 +134,7 @@ impl Trainer {
         } else {
             Some(1)
         };
-        let spec = StreamSpec {
+        let mut spec = StreamSpec {
             files,
             format: p.format.clone(),
             fields: p.fields.clone(),
@@ -145,10 +148,30 @@ impl Trainer {
             skip_batches,
             max_rows: if train { 0 } else { p.eval_num_examples },
         };
-        let enc = self.enc.clone();
         let (rank, size) = (self.comm.rank(), self.comm.size());
+        let mut slice = (rank, size);
+        if train && size > 1 {
+            let splits = spec.splits()?.len();
+            if splits >= size {
+                spec.batch_size = p.batch_size.max(1) as usize;
+                spec.shard = (rank, size);
+                slice = (0, 1);
+            }
+            if rank == 0 {
+                eprintln!(
+                    "{}{splits} input splits over {size} ranks: {}",
+                    crate::dist::log_prefix(&*self.comm),
+                    if slice == (0, 1) {
+                        "each rank reads its own share"
+                    } else {
+                        "each rank takes its slice of every global batch"
+                    }
+                );
+            }
+        }
+        let enc = self.enc.clone();
         Ok(Prefetch::start(spec, p.prefetch_size.min(8), move |raw| {
-            enc.encode(&raw.part(rank, size))
+            enc.encode(&raw.part(slice.0, slice.1))
         }))
     }
 

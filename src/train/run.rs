@@ -45,7 +45,7 @@ impl Trainer {
             b.set_position(self.step);
             b
         });
-        let stream = self.stream(&p.train_paths, true, self.step)?;
+        let mut stream = self.stream(&p.train_paths, true, self.step)?;
         let t0 = Instant::now();
         let mut window = (Instant::now(), 0u64);
         let mut samples = 0u64;
@@ -58,10 +58,18 @@ impl Trainer {
             None
         };
         let mut summary_window = (Instant::now(), self.step);
-        for batch in stream {
+        loop {
             if target.is_some_and(|t| self.step >= t) {
                 break;
             }
+            // Ranks reading their own shares agree to stop when the first
+            // runs out, so no rank waits in a collective for the others.
+            let next = stream.next();
+            let mut out_of_data = [f64::from(u8::from(next.is_none()))];
+            self.comm.all_reduce_sum(&mut out_of_data);
+            let Some(batch) = next.filter(|_| out_of_data[0] == 0.0) else {
+                break;
+            };
             let batch = batch.context("reading training data")?;
             let lr = p.optimizers[self.assign.dense].lr.at(self.step);
             let st = self.train_step(&batch)?;
