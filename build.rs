@@ -1,6 +1,7 @@
 //! Compiles protos/ with the pure-Rust `protox` compiler (no protoc needed),
 //! generates prost structs from the descriptors and keeps the encoded
 //! descriptor set so the config loader can reflect over the same schema.
+//! The ONNX schema is compiled the same way, for the exporter.
 
 use std::path::PathBuf;
 
@@ -20,5 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("easyrec_descriptor.bin"), bytes)?;
 
     prost_build::Config::new().out_dir(&out_dir).compile_fds(fds)?;
+
+    // The ONNX model format, for `export` (vendored from the ONNX project, MIT).
+    let onnx = protox::compile([proto_dir.join("onnx/onnx.proto")], [&proto_dir])?;
+    prost_build::Config::new().out_dir(&out_dir).compile_fds(onnx)?;
     Ok(())
 }

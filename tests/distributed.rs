@@ -201,6 +201,30 @@ fn train_on_four_ranks_continue_on_two_evaluate_on_one() {
     assert!(dir.join("model.ckpt-20/embedding-00001-of-00002.safetensors").is_file());
     assert_close(&tensors(&reference, 20), &tensors(&dir, 20), "4 then 2 ranks");
 
+    // The final export of the 2-rank run holds every rank's rows: through
+    // the ONNX runtime it scores like the one-process reference's export.
+    let scores = |model_dir: &Path| -> Vec<f32> {
+        let out = model_dir.join("scores.csv");
+        let mut predict = Command::new(env!("CARGO_BIN_EXE_predict"));
+        predict
+            .current_dir(ROOT)
+            .args(["--saved_model_dir", model_dir.join("export/final").to_str().unwrap()])
+            .args(["--input_path", &format!("{ROOT}/data/criteo_sample.csv")])
+            .args(["--output_path", out.to_str().unwrap()]);
+        check(&predict.output().unwrap(), "predict with an export");
+        let text = std::fs::read_to_string(out).unwrap();
+        text.lines()
+            .skip(1)
+            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+            .collect()
+    };
+    let (a, b) = (scores(&reference), scores(&dir));
+    assert_eq!(a.len(), b.len());
+    assert!(!a.is_empty());
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-4, "export of the resharded run: {x} vs {y}");
+    }
+
     std::fs::remove_file(dir.join("eval_result.txt")).unwrap();
     let mut eval = Command::new(env!("CARGO_BIN_EXE_eval"));
     eval.current_dir(ROOT)

@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use clap::Parser;
 
-use super::{parse_with_extend_args, EvalArgs, ExportArgs, InspectArgs, TrainEvalArgs, UserError};
+use super::{parse_with_extend_args, EvalArgs, ExportArgs, InspectArgs, PredictArgs, TrainEvalArgs, UserError};
 use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
 use crate::dist::{self, Communicator};
@@ -76,7 +76,20 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
             );
         }
     }
-    let summary = trainer.run()?;
+    let mut exporter = (trainer.comm.rank() == 0)
+        .then(|| crate::export::exporter::TrainExporter::new(&trainer.plan, loaded.to_text()))
+        .flatten();
+    let summary = trainer.run_with(&mut |_, ckpt, metrics, last| {
+        if let Some(dir) = exporter
+            .as_mut()
+            .map(|e| e.after_eval(ckpt, metrics, last))
+            .transpose()?
+            .flatten()
+        {
+            eprintln!("{pre}exported {}", dir.display());
+        }
+        Ok(())
+    })?;
     eprintln!(
         "{pre}trained {} steps to global step {}, {:.0} samples/s",
         summary.steps, trainer.step, summary.samples_per_sec
@@ -114,10 +127,77 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
 
 pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     let (args, extend) = parse_with_extend_args::<ExportArgs>(args)?;
-    let _loaded = load_pipeline(&args.config.pipeline_config_path, &args.config.overrides(extend))?;
-    Err(anyhow::anyhow!(
-        "config is valid, but this build cannot export models yet"
-    ))
+    let loaded = load_pipeline(&args.config.pipeline_config_path, &args.config.overrides(extend))?;
+    let plan = TrainingPlan::from_config(&loaded.config)?;
+    let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref())?;
+    let mut assets = plan.export.asset_files.clone();
+    assets.extend(args.asset_files.iter().cloned());
+    let dir = crate::export::export_checkpoint(
+        &plan,
+        &ckpt,
+        &args.export_dir,
+        &crate::export::ExportRequest {
+            config_text: &loaded.to_text(),
+            asset_files: &assets,
+            metrics: &[],
+            checkpoint: Some(&ckpt),
+            external_min_bytes: crate::export::EXTERNAL_MIN_BYTES,
+        },
+    )?;
+    println!("{}", dir.display());
+    eprintln!("exported {} to {}", ckpt.display(), dir.display());
+    Ok(())
+}
+
+/// `--checkpoint_path` (a checkpoint, or a directory: its latest), else the latest in model_dir.
+fn checkpoint_to_use(plan: &TrainingPlan, path: Option<&str>) -> anyhow::Result<std::path::PathBuf> {
+    match path {
+        Some(p) => checkpoint::resolve(Path::new(p)),
+        None => checkpoint::latest(&plan.model_dir)?
+            .ok_or_else(|| UserError(format!("{} holds no checkpoint", plan.model_dir.display())).into()),
+    }
+}
+
+pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
+    use crate::predict::{PredictJob, Scorer};
+    let (args, extend) = parse_with_extend_args::<PredictArgs>(args)?;
+    let scorer = match (&args.saved_model_dir, &args.pipeline_config_path) {
+        (Some(dir), None) => {
+            if !extend.is_empty() || args.edit_config_json.is_some() || args.checkpoint_path.is_some() {
+                return Err(UserError(
+                    "--saved_model_dir scores with the export's own config; config edits and --checkpoint_path need --pipeline_config_path"
+                        .into(),
+                )
+                .into());
+            }
+            let model = crate::export::runtime::ExportedModel::load(dir).map_err(|e| UserError(format!("{e:#}")))?;
+            Scorer::Export(Box::new(model))
+        }
+        (None, Some(config)) => {
+            let overrides = Overrides {
+                model_dir: args.model_dir.clone(),
+                edit_config_json: args.edit_config_json.clone(),
+                extend_args: extend,
+                ..Overrides::default()
+            };
+            let loaded = load_pipeline(config, &overrides)?;
+            let plan = TrainingPlan::from_config(&loaded.config)?;
+            let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref())?;
+            let mut t = Trainer::new(plan).map_err(|e| UserError(format!("{e:#}")))?;
+            t.restore(&ckpt)?;
+            Scorer::Checkpoint(Box::new(t))
+        }
+        _ => return Err(UserError("pass exactly one of --saved_model_dir and --pipeline_config_path".into()).into()),
+    };
+    let job = PredictJob {
+        inputs: args.input_path.clone(),
+        output: args.output_path.clone(),
+        reserved_cols: args.reserved_cols.clone(),
+        batch_size: args.batch_size,
+    };
+    let rows = crate::predict::predict(&scorer, &job)?;
+    eprintln!("wrote {rows} predictions to {}", args.output_path.display());
+    Ok(())
 }
 
 pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {

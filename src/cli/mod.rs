@@ -101,6 +101,41 @@ pub struct ExportArgs {
 
 #[derive(Debug, Parser)]
 #[command(
+    name = "predict",
+    rename_all = "snake_case",
+    about = "Score Parquet or CSV rows with a checkpoint or an export directory"
+)]
+pub struct PredictArgs {
+    /// An export directory (or a directory of <timestamp>/ exports: the newest).
+    #[arg(long, value_name = "DIR")]
+    pub saved_model_dir: Option<PathBuf>,
+    /// Score with a checkpoint of this pipeline config instead.
+    #[arg(long, value_name = "PATH")]
+    pub pipeline_config_path: Option<PathBuf>,
+    /// Overrides model_dir of the config.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: Option<String>,
+    /// JSON object of config edits.
+    #[arg(long, value_name = "JSON")]
+    pub edit_config_json: Option<String>,
+    /// Checkpoint to score with; default: the latest in model_dir.
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint_path: Option<String>,
+    /// Input files (Parquet or CSV as data_config says; globs allowed).
+    #[arg(long, num_args = 1.., required = true, value_name = "PATH")]
+    pub input_path: Vec<String>,
+    /// Output file: Parquet when it ends in .parquet, CSV otherwise.
+    #[arg(long, value_name = "PATH")]
+    pub output_path: PathBuf,
+    /// Input columns copied to the output (ALL_COLUMNS for every input field).
+    #[arg(long, value_delimiter = ',', value_name = "COLS")]
+    pub reserved_cols: Vec<String>,
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub batch_size: usize,
+}
+
+#[derive(Debug, Parser)]
+#[command(
     name = "inspect_checkpoint",
     rename_all = "snake_case",
     about = "List a checkpoint's variables and shapes"

@@ -2,6 +2,7 @@
 //! structural validation -> prost structs -> typed, trainer-ready values.
 
 pub mod edit;
+pub mod export_plan;
 pub mod loader;
 pub mod model_plan;
 pub mod overrides;

@@ -320,6 +320,7 @@ pub struct TrainingPlan {
     /// last evaluation (EasyRec's eval_interval_secs, the EvalSpec throttle).
     pub eval_interval_secs: u32,
     pub fine_tune: Option<FineTune>,
+    pub export: super::export_plan::ExportPlan,
 }
 
 /// `fine_tune_checkpoint` with its `fine_tune_ckpt_var_map` file.
@@ -498,6 +499,7 @@ impl TrainingPlan {
             eval_num_examples: cfg.eval_config.as_ref().map_or(0, |e| e.num_examples()) as u64,
             eval_interval_secs: cfg.eval_config.as_ref().map_or(300, |e| e.eval_interval_secs()),
             fine_tune,
+            export: super::export_plan::export_plan(cfg.export_config.as_ref())?,
             model_dir: PathBuf::from(&cfg.model_dir),
             train_paths,
             eval_paths,

@@ -113,15 +113,7 @@ pub fn structure(cfg: &proto::EasyRecConfig) -> Result<(), ConfigError> {
         .map(|d| d.input_fields.iter().map(|f| f.input_name.as_str()).collect());
     let feature_names = check_features(cfg, input_names.as_ref())?;
     check_model(&cfg.model_config, &feature_names)?;
-    if let Some(export) = &cfg.export_config {
-        let t = export.exporter_type();
-        if !["final", "latest", "best", "none"].contains(&t) {
-            return Err(ConfigError::invalid(
-                "export_config.exporter_type",
-                format!("`{t}` is not one of final, latest, best, none"),
-            ));
-        }
-    }
+    super::export_plan::export_plan(cfg.export_config.as_ref())?;
     Ok(())
 }
 

@@ -137,18 +137,30 @@ pub struct Encoder {
     pub projection: Projection,
     names: Vec<String>,
     encs: Vec<Enc>,
-    label_col: usize,
+    /// `None` when encoding for inference, where inputs may have no label.
+    label_col: Option<usize>,
     uid_col: Option<usize>,
 }
 
 impl Encoder {
     pub fn new(plan: &TrainingPlan, uid_field: Option<&str>) -> anyhow::Result<Self> {
+        Self::build(plan, uid_field, true)
+    }
+
+    /// An encoder that reads no label column (batches carry zero labels).
+    pub fn for_inference(plan: &TrainingPlan) -> anyhow::Result<Self> {
+        Self::build(plan, None, false)
+    }
+
+    fn build(plan: &TrainingPlan, uid_field: Option<&str>, with_label: bool) -> anyhow::Result<Self> {
         let mut projection = Projection::default();
         let col = |p: &mut Projection, name: &str, required: bool| {
             p.add(name, &plan.fields, required)
                 .with_context(|| format!("`{name}` is not among data_config.input_fields"))
         };
-        let label_col = col(&mut projection, &plan.label_fields[0], true)?;
+        let label_col = with_label
+            .then(|| col(&mut projection, &plan.label_fields[0], true))
+            .transpose()?;
         let mut encs = Vec::new();
         for f in &plan.features {
             let first = f
@@ -233,12 +245,13 @@ impl Encoder {
 
     pub fn encode(&self, raw: &RawBatch) -> anyhow::Result<Batch> {
         let n = raw.num_rows;
-        let labels = match &raw.columns[self.label_col] {
-            Column::Float(v) => v.iter().map(|x| *x as f32).collect(),
-            Column::Int(v) => v.iter().map(|x| *x as f32).collect(),
-            other => bail!(
+        let labels = match self.label_col.map(|c| (c, &raw.columns[c])) {
+            None => vec![0.0; n],
+            Some((_, Column::Float(v))) => v.iter().map(|x| *x as f32).collect(),
+            Some((_, Column::Int(v))) => v.iter().map(|x| *x as f32).collect(),
+            Some((c, other)) => bail!(
                 "label column `{}` holds {} values; it must be numeric",
-                self.projection.columns[self.label_col].name,
+                self.projection.columns[c].name,
                 other.type_name()
             ),
         };

@@ -13,9 +13,9 @@ use crate::util::Rng;
 /// map of raw values placed in a wide group.
 #[derive(Debug, Clone)]
 pub struct Wide {
-    groups: Vec<(usize, usize, usize)>, // (group, sparse features, dense width)
-    raw: Vec<Option<usize>>,            // per group: kernel for raw values
-    dim: usize,
+    pub(crate) groups: Vec<(usize, usize, usize)>, // (group, sparse features, dense width)
+    pub(crate) raw: Vec<Option<usize>>,            // per group: kernel for raw values
+    pub(crate) dim: usize,
 }
 
 impl Wide {

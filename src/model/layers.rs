@@ -55,14 +55,14 @@ impl Linear {
 /// TensorFlow's batch normalization (momentum 0.99, epsilon 1e-3).
 #[derive(Debug, Clone)]
 pub struct BatchNorm {
-    gamma: usize,
-    beta: usize,
-    mean: usize,
-    var: usize,
+    pub(crate) gamma: usize,
+    pub(crate) beta: usize,
+    pub(crate) mean: usize,
+    pub(crate) var: usize,
 }
 
 pub const BN_MOMENTUM: f32 = 0.99;
-const BN_EPS: f32 = 1e-3;
+pub const BN_EPS: f32 = 1e-3;
 
 impl BatchNorm {
     pub fn new(p: &mut ParamStore, buffers: &mut ParamStore, name: &str, d: usize, rng: &mut Rng) -> Self {
@@ -115,17 +115,17 @@ pub fn activate(a: Activation, x: Tensor<2>) -> Tensor<2> {
 }
 
 #[derive(Debug, Clone)]
-struct DnnLayer {
-    linear: Linear,
-    bn: Option<BatchNorm>,
+pub(crate) struct DnnLayer {
+    pub(crate) linear: Linear,
+    pub(crate) bn: Option<BatchNorm>,
     dropout: f32,
 }
 
 /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation -> dropout.
 #[derive(Debug, Clone)]
 pub struct Dnn {
-    layers: Vec<DnnLayer>,
-    activation: Activation,
+    pub(crate) layers: Vec<DnnLayer>,
+    pub(crate) activation: Activation,
     pub d_out: usize,
 }
 

@@ -13,6 +13,9 @@ use crate::checkpoint;
 use crate::config::typed::{CheckpointCadence, LossKind};
 use crate::summary::SummaryWriter;
 
+/// See `Trainer::run_with`.
+pub type AfterEval<'a> = dyn FnMut(&Trainer, &Path, &[(String, f64)], bool) -> anyhow::Result<()> + 'a;
+
 /// How a training run ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunSummary {
@@ -26,6 +29,13 @@ impl Trainer {
     /// Trains until num_steps (the global step to stop at) or the end of the
     /// data, saving checkpoints on the configured cadence and at the end.
     pub fn run(&mut self) -> anyhow::Result<RunSummary> {
+        self.run_with(&mut |_, _, _, _| Ok(()))
+    }
+
+    /// `run`, calling `after_eval(trainer, checkpoint, metrics, last)` after
+    /// each evaluation of a saved checkpoint and once at the end (`last`,
+    /// with empty metrics when there is no evaluation data): the exporters.
+    pub fn run_with(&mut self, after_eval: &mut AfterEval) -> anyhow::Result<RunSummary> {
         let start_step = self.step;
         let pre = crate::dist::log_prefix(&*self.comm);
         let p = self.plan.clone();
@@ -123,8 +133,9 @@ impl Trainer {
                 eprintln!("{pre}saved {}", path.display());
                 let throttled = last_eval.elapsed().as_secs() < p.eval_interval_secs as u64;
                 if !p.eval_paths.is_empty() && !throttled && target.is_none_or(|t| self.step < t) {
-                    self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
+                    let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
                     last_eval = Instant::now();
+                    after_eval(self, &path, &metrics, false)?;
                 }
             }
         }
@@ -132,16 +143,21 @@ impl Trainer {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        if last_save.1 != self.step || checkpoint::latest(&p.model_dir)?.is_none() {
-            let path = self.save()?;
-            eprintln!("{pre}saved {}", path.display());
-        }
+        let last_ckpt = match checkpoint::latest(&p.model_dir)? {
+            Some(c) if last_save.1 == self.step => c,
+            _ => {
+                let path = self.save()?;
+                eprintln!("{pre}saved {}", path.display());
+                path
+            }
+        };
         let secs = t0.elapsed().as_secs_f64().max(1e-9);
         let metrics = if p.eval_paths.is_empty() {
             Vec::new()
         } else {
             self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?
         };
+        after_eval(self, &last_ckpt, &metrics, true)?;
         Ok(RunSummary {
             steps: self.step - start_step,
             last_loss,

@@ -276,10 +276,16 @@ impl Trainer {
     /// Predictions for a batch: probabilities (classification) or values
     /// (regression), with the mean loss over the batch.
     pub fn predict(&self, batch: &Batch) -> (Vec<f32>, f64) {
+        let (preds, _, loss) = self.predict_with_logits(batch);
+        (preds, loss)
+    }
+
+    /// Predictions, logits and the summed loss of a batch.
+    pub fn predict_with_logits(&self, batch: &Batch) -> (Vec<f32>, Vec<f32>, f64) {
         let b = batch.size;
         let inputs = group_inputs(self, batch);
         if b == 0 {
-            return (Vec::new(), 0.0);
+            return (Vec::new(), Vec::new(), 0.0);
         }
         let device = &self.eval_device;
         let params = self.model.params.tensors(device, false);
@@ -296,9 +302,9 @@ impl Trainer {
         let labels = Tensor::<2>::from_data(TensorData::new(batch.labels.clone(), [b, 1]), device);
         let loss = to_vec(loss_of(self.plan.loss, logits.clone(), labels))[0] as f64 * b as f64;
         let preds = match self.plan.loss {
-            LossKind::BinaryClassification => to_vec(sigmoid(logits)),
-            LossKind::Regression => to_vec(logits),
+            LossKind::BinaryClassification => to_vec(sigmoid(logits.clone())),
+            LossKind::Regression => to_vec(logits.clone()),
         };
-        (preds, loss)
+        (preds, to_vec(logits), loss)
     }
 }

@@ -1,0 +1,147 @@
+//! Export for serving: the model as ONNX (`graph`, `onnx`) with the assets a
+//! serving system needs (`spec`), the exporters train_eval runs
+//! (`exporter`), and loading an export back to score data (`runtime`).
+//!
+//! An export is `<export_dir>/<unix seconds>/` holding `model.onnx`,
+//! `model.onnx.data` (external data of large tables) and `assets/` with
+//! `pipeline.config`, `feature_spec.json`, `export_info.json` and any
+//! asset_files. It is written under a hidden name and renamed into place.
+
+pub mod exporter;
+pub mod graph;
+pub mod onnx;
+pub mod runtime;
+pub mod spec;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+
+use crate::config::typed::TrainingPlan;
+use crate::train::Trainer;
+
+pub const MODEL_FILE: &str = "model.onnx";
+pub const DATA_FILE: &str = "model.onnx.data";
+/// Initializers of at least this many bytes go to the external data file.
+pub const EXTERNAL_MIN_BYTES: usize = 1 << 20;
+
+/// What goes into an export besides the model.
+pub struct ExportRequest<'a> {
+    /// The effective pipeline config, saved as assets/pipeline.config.
+    pub config_text: &'a str,
+    pub asset_files: &'a [String],
+    /// Evaluation metrics of the exported checkpoint, when known.
+    pub metrics: &'a [(String, f64)],
+    pub checkpoint: Option<&'a Path>,
+    pub external_min_bytes: usize,
+}
+
+/// Exports the trainer's current model (whole tables: a single-process
+/// trainer) into a new `<root>/<timestamp>/`; returns that directory.
+pub fn export_trainer(t: &Trainer, root: &Path, req: &ExportRequest) -> anyhow::Result<PathBuf> {
+    if t.tables.iter().any(|tb| tb.shard.1 != 1) {
+        bail!("export needs whole tables; restore the checkpoint in a single process");
+    }
+    let tables: Vec<&[f32]> = t.tables.iter().map(|tb| tb.weights.as_slice()).collect();
+    let batch = match t.plan.export.batch_size {
+        Some(b) => onnx::Dim::Fixed(b),
+        None => onnx::Dim::Named("batch".into()),
+    };
+    let (graph, inputs) = graph::build(&t.plan, &t.model, &tables, batch);
+    std::fs::create_dir_all(root).with_context(|| format!("cannot create export dir {}", root.display()))?;
+    let mut ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    while root.join(ts.to_string()).exists() {
+        ts += 1;
+    }
+    let tmp = root.join(format!(".tmp-{ts}-{}", std::process::id()));
+    let final_dir = root.join(ts.to_string());
+    let result = (|| -> anyhow::Result<()> {
+        let assets = tmp.join("assets");
+        std::fs::create_dir_all(&assets).with_context(|| format!("cannot create {}", assets.display()))?;
+        graph.write(&tmp, DATA_FILE, req.external_min_bytes)?;
+        let write = |name: &str, text: String| -> anyhow::Result<()> {
+            let p = assets.join(name);
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
+        };
+        write("pipeline.config", req.config_text.to_string())?;
+        write(
+            "feature_spec.json",
+            serde_json::to_string_pretty(&spec::feature_spec(&t.plan, &inputs))?,
+        )?;
+        let metrics: serde_json::Map<String, serde_json::Value> =
+            req.metrics.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        write(
+            "export_info.json",
+            serde_json::to_string_pretty(&json!({
+                "global_step": t.step,
+                "checkpoint": req.checkpoint.map(|c| c.display().to_string()),
+                "metrics": metrics,
+            }))?,
+        )?;
+        for f in req.asset_files {
+            let src = Path::new(f);
+            let name = src
+                .file_name()
+                .with_context(|| format!("asset file `{f}` has no file name"))?;
+            std::fs::copy(src, assets.join(name)).with_context(|| format!("cannot copy asset file {f}"))?;
+        }
+        std::fs::rename(&tmp, &final_dir)
+            .with_context(|| format!("cannot rename {} to {}", tmp.display(), final_dir.display()))?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    Ok(final_dir)
+}
+
+/// Restores `checkpoint` into a single-process trainer (re-sharding tables
+/// saved at any world size) and exports it.
+pub fn export_checkpoint(
+    plan: &TrainingPlan,
+    checkpoint: &Path,
+    root: &Path,
+    req: &ExportRequest,
+) -> anyhow::Result<PathBuf> {
+    let mut t = Trainer::new(plan.clone())?;
+    t.restore(checkpoint)?;
+    export_trainer(
+        &t,
+        root,
+        &ExportRequest {
+            checkpoint: Some(checkpoint),
+            ..*req
+        },
+    )
+}
+
+/// The exports under `root` (`<timestamp>/` directories), oldest first.
+pub fn list_exports(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return Ok(Vec::new());
+    };
+    let mut found: Vec<(u64, PathBuf)> = Vec::new();
+    for e in rd {
+        let e = e.with_context(|| format!("cannot list {}", root.display()))?;
+        if let Some(ts) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+            if e.path().is_dir() {
+                found.push((ts, e.path()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Removes the oldest exports under `root` beyond the newest `keep`.
+pub fn prune(root: &Path, keep: usize) -> anyhow::Result<()> {
+    let all = list_exports(root)?;
+    for old in &all[..all.len().saturating_sub(keep)] {
+        std::fs::remove_dir_all(old).with_context(|| format!("cannot remove old export {}", old.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! Scoring with an export directory: its pipeline.config turns raw columns
+//! into ids, and an independent ONNX runtime (tract) runs model.onnx.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tract_onnx::prelude::*;
+
+use super::{list_exports, MODEL_FILE};
+use crate::config::typed::TrainingPlan;
+use crate::config::{load_pipeline, Overrides};
+use crate::features::{Batch, Encoded, Encoder};
+
+/// Where a graph input's values come from.
+enum Source {
+    Ids(usize),
+    Lens(usize),
+    Weights(usize),
+    Dense(usize),
+}
+
+pub struct ExportedModel {
+    pub dir: PathBuf,
+    pub plan: TrainingPlan,
+    pub enc: Encoder,
+    sources: Vec<Source>,
+    runnable: Arc<TypedRunnableModel>,
+}
+
+/// An export directory itself, or the newest `<timestamp>/` under it.
+pub fn resolve_export_dir(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.join(MODEL_FILE).exists() {
+        return Ok(path.to_path_buf());
+    }
+    if !path.is_dir() {
+        bail!("export directory {} does not exist", path.display());
+    }
+    match list_exports(path)?.pop() {
+        Some(newest) => Ok(newest),
+        None => bail!(
+            "{} is not an export: it has no {MODEL_FILE} and no <timestamp>/ export inside",
+            path.display()
+        ),
+    }
+}
+
+impl ExportedModel {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let dir = resolve_export_dir(path)?;
+        let config = dir.join("assets/pipeline.config");
+        if !config.exists() {
+            bail!(
+                "{} is not a complete export: assets/pipeline.config is missing",
+                dir.display()
+            );
+        }
+        let loaded = load_pipeline(&config, &Overrides::default())
+            .with_context(|| format!("reading the export's config {}", config.display()))?;
+        let plan = TrainingPlan::from_config(&loaded.config)?;
+        let enc = Encoder::for_inference(&plan)?;
+        let model_path = dir.join(MODEL_FILE);
+        let model = tract_onnx::onnx()
+            .model_for_path(&model_path)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .with_context(|| format!("cannot load ONNX model {}", model_path.display()))?;
+        let by_name: HashMap<&str, usize> = plan
+            .features
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.as_str(), i))
+            .collect();
+        let mut sources = Vec::new();
+        for outlet in model.input_outlets().map_err(|e| anyhow::anyhow!("{e:?}"))? {
+            let name = model.node(outlet.node).name.as_str();
+            let feature = |base: &str| {
+                by_name.get(base).copied().with_context(|| {
+                    format!(
+                        "{}: graph input `{name}` names no feature of assets/pipeline.config",
+                        model_path.display()
+                    )
+                })
+            };
+            sources.push(match name.rsplit_once('/') {
+                Some((base, "ids")) if by_name.contains_key(base) => Source::Ids(feature(base)?),
+                Some((base, "lens")) if by_name.contains_key(base) => Source::Lens(feature(base)?),
+                Some((base, "weights")) if by_name.contains_key(base) => Source::Weights(feature(base)?),
+                _ => Source::Dense(feature(name)?),
+            });
+        }
+        let runnable = model
+            .into_optimized()
+            .and_then(|m| m.into_runnable())
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .with_context(|| format!("cannot prepare ONNX model {}", model_path.display()))?;
+        Ok(ExportedModel {
+            dir,
+            plan,
+            enc,
+            sources,
+            runnable,
+        })
+    }
+
+    /// Scores of an encoded batch: probabilities (classification) or values
+    /// (regression), and the logits.
+    pub fn score(&self, batch: &Batch) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+        let b = batch.size;
+        let mut inputs: TVec<TValue> = TVec::new();
+        for s in &self.sources {
+            let t = match (s, s.feature_of(batch)) {
+                (Source::Ids(_), Encoded::Sparse(j)) => {
+                    let ids: Vec<i64> = j.ids.iter().map(|&i| i as i64).collect();
+                    Tensor::from_shape(&[ids.len()], &ids)
+                }
+                (Source::Lens(_), Encoded::Sparse(j)) => {
+                    let lens: Vec<i64> = j.offsets.windows(2).map(|w| (w[1] - w[0]) as i64).collect();
+                    Tensor::from_shape(&[b], &lens)
+                }
+                (Source::Weights(_), Encoded::Sparse(j)) => {
+                    let ones;
+                    let w = match &j.weights {
+                        Some(w) => w,
+                        None => {
+                            ones = vec![1.0f32; j.ids.len()];
+                            &ones
+                        }
+                    };
+                    Tensor::from_shape(&[w.len()], w)
+                }
+                (Source::Dense(_), Encoded::Dense { dim, values }) => Tensor::from_shape(&[b, *dim], values),
+                _ => bail!("the export's graph inputs do not match its pipeline.config features"),
+            }
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            inputs.push(t.into_tvalue());
+        }
+        let out = self
+            .runnable
+            .run(inputs)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .with_context(|| format!("running {}", self.dir.join(MODEL_FILE).display()))?;
+        let column = |i: usize| -> anyhow::Result<Vec<f32>> {
+            Ok(out[i]
+                .to_plain_array_view::<f32>()
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?
+                .iter()
+                .copied()
+                .collect())
+        };
+        // The second output is `probs`, or `y` for regression.
+        let (logits, scores) = (column(0)?, column(1)?);
+        Ok((scores, logits))
+    }
+}
+
+impl Source {
+    fn feature_of<'a>(&self, batch: &'a Batch) -> &'a Encoded {
+        let (Source::Ids(f) | Source::Lens(f) | Source::Weights(f) | Source::Dense(f)) = self;
+        &batch.features[*f]
+    }
+}

@@ -1,0 +1,91 @@
+//! `assets/feature_spec.json`: how a serving system turns raw columns into
+//! the graph's inputs, feature by feature, without reading our code.
+
+use serde_json::{json, Value};
+
+use super::graph::{FeatureInput, InputKind};
+use crate::config::typed::{Bucketing, FeatureKind, LossKind, TrainingPlan};
+
+const HASH: &str = "64-bit FNV-1a over the UTF-8 text (integers as their decimal text), then the splitmix64 \
+                    finalizer (z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb; \
+                    z ^= z >> 31); id = hash % buckets";
+
+fn buckets(b: &Bucketing) -> Value {
+    match b {
+        Bucketing::Hash(n) => json!({ "type": "hash", "buckets": n, "hash": HASH }),
+        Bucketing::Identity(n) => json!({ "type": "identity", "num_buckets": n }),
+        Bucketing::Vocab(v) => json!({ "type": "vocab", "vocab": v, "oov_id": v.len() }),
+        Bucketing::VocabFile(p) => json!({
+            "type": "vocab_file",
+            "vocab_file": p.file_name().map(|n| n.to_string_lossy().to_string()),
+            "note": "one value per non-empty line, trimmed; id = line index, unknown values get the id after the last",
+        }),
+    }
+}
+
+pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
+    let features: Vec<Value> = inputs
+        .iter()
+        .map(|fi| {
+            let f = &plan.features[fi.feature];
+            let mut v = json!({ "name": f.name, "columns": f.inputs });
+            let (graph_inputs, transform) = match (&fi.kind, &f.kind) {
+                (InputKind::Dense { dim }, FeatureKind::Raw { min_max, .. }) => (
+                    vec![f.name.clone()],
+                    json!({
+                        "type": "raw",
+                        "dim": dim,
+                        "separator": ",",
+                        "min_max": min_max.map(|(lo, hi)| json!({ "min": lo, "max": hi, "value": "(x - min) / (max - min)" })),
+                    }),
+                ),
+                (InputKind::Ids { weighted }, kind) => {
+                    let mut names = vec![format!("{}/ids", f.name), format!("{}/lens", f.name)];
+                    if *weighted {
+                        names.push(format!("{}/weights", f.name));
+                    }
+                    let t = match kind {
+                        FeatureKind::Raw { boundaries, .. } => json!({
+                            "type": "boundaries",
+                            "boundaries": boundaries,
+                            "id": "number of boundaries <= value",
+                        }),
+                        FeatureKind::Id { buckets: b } => buckets(b),
+                        FeatureKind::Tag {
+                            buckets: b,
+                            separator,
+                            kv_separator,
+                        } => json!({
+                            "type": "tags",
+                            "separator": separator,
+                            "kv_separator": kv_separator,
+                            "each": buckets(b),
+                        }),
+                        FeatureKind::Combo { buckets: b } => json!({
+                            "type": "combo",
+                            "value_separator": "|",
+                            "join": "cartesian product of the columns' values, joined with `_`",
+                            "each": buckets(b),
+                        }),
+                    };
+                    (names, t)
+                }
+                (InputKind::Dense { .. }, _) => unreachable!("only raw features enter as dense inputs"),
+            };
+            v["graph_inputs"] = json!(graph_inputs);
+            v["transform"] = transform;
+            v["combiner"] = json!(if f.mean_combiner { "mean" } else { "sum" });
+            v
+        })
+        .collect();
+    json!({
+        "format": "rustrec-feature-spec-1",
+        "model_class": format!("{:?}", plan.model),
+        "outputs": match plan.loss {
+            LossKind::BinaryClassification => json!(["logits", "probs"]),
+            LossKind::Regression => json!(["logits", "y"]),
+        },
+        "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",
+        "features": features,
+    })
+}

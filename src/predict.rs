@@ -1,0 +1,261 @@
+//! Batch prediction: Parquet or CSV in, scores out (CSV or Parquet by the
+//! output's extension), from a checkpoint or from an export directory, with
+//! reserved input columns passed through.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use arrow_array::{ArrayRef, Float32Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+
+use crate::config::typed::{InputFormat, LossKind, TrainingPlan};
+use crate::data::{expand_paths, Column, StreamSpec};
+use crate::export::runtime::ExportedModel;
+use crate::features::{Batch, Encoder};
+use crate::train::Trainer;
+
+/// What scores the rows.
+pub enum Scorer {
+    /// Our own eval path on a restored checkpoint.
+    Checkpoint(Box<Trainer>),
+    /// The exported ONNX graph in an independent runtime.
+    Export(Box<ExportedModel>),
+}
+
+impl Scorer {
+    pub fn plan(&self) -> &TrainingPlan {
+        match self {
+            Scorer::Checkpoint(t) => &t.plan,
+            Scorer::Export(e) => &e.plan,
+        }
+    }
+
+    /// (scores, logits): probabilities, or values for regression.
+    pub fn score(&self, batch: &Batch) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+        match self {
+            Scorer::Checkpoint(t) => {
+                let (scores, logits, _) = t.predict_with_logits(batch);
+                Ok((scores, logits))
+            }
+            Scorer::Export(e) => e.score(batch),
+        }
+    }
+}
+
+pub struct PredictJob {
+    pub inputs: Vec<String>,
+    pub output: PathBuf,
+    /// Input columns copied to the output; `ALL_COLUMNS` = every declared input field.
+    pub reserved_cols: Vec<String>,
+    pub batch_size: usize,
+}
+
+/// Scores every row of the inputs; returns the number of rows written.
+pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
+    let plan = scorer.plan();
+    let enc = Encoder::for_inference(plan)?;
+    let mut projection = enc.projection.clone();
+    let reserved: Vec<String> = if job.reserved_cols.iter().any(|c| c == "ALL_COLUMNS") {
+        plan.fields.iter().map(|f| f.name.clone()).collect()
+    } else {
+        job.reserved_cols.clone()
+    };
+    let reserved_idx = reserved
+        .iter()
+        .map(|c| {
+            projection
+                .add(c, &plan.fields, false)
+                .with_context(|| format!("reserved column `{c}` is not among data_config.input_fields"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let files = expand_paths(&job.inputs)?;
+    if files.is_empty() {
+        bail!("no input files given");
+    }
+    let format = if files.iter().all(|f| f.extension().is_some_and(|e| e == "parquet")) {
+        InputFormat::Parquet { packed: false }
+    } else {
+        plan.format.clone()
+    };
+    let spec = StreamSpec {
+        files,
+        format,
+        fields: plan.fields.clone(),
+        projection,
+        batch_size: job.batch_size.max(1),
+        epochs: Some(1),
+        shuffle: false,
+        shuffle_buffer: 1,
+        seed: 0,
+        shard: (0, 1),
+        skip_batches: 0,
+        max_rows: 0,
+    };
+    let score_name = match plan.loss {
+        LossKind::BinaryClassification => "probs",
+        LossKind::Regression => "y",
+    };
+    let mut out = Output::new(&job.output, &reserved, score_name)?;
+    let mut failure: Option<anyhow::Error> = None;
+    spec.run(|raw| {
+        let mut step = || -> anyhow::Result<()> {
+            let batch = enc.encode(&raw)?;
+            let (scores, logits) = scorer.score(&batch)?;
+            let cols: Vec<&Column> = reserved_idx.iter().map(|&i| &raw.columns[i]).collect();
+            out.push(&cols, &logits, &scores)
+        };
+        match step() {
+            Ok(()) => true,
+            Err(e) => {
+                failure = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    out.finish()
+}
+
+/// The output file, written under a temporary name and renamed at the end.
+struct Output {
+    path: PathBuf,
+    tmp: PathBuf,
+    names: Vec<String>,
+    rows: usize,
+    kind: OutputKind,
+}
+
+enum OutputKind {
+    Csv(std::io::BufWriter<std::fs::File>),
+    Parquet(Option<Box<parquet::arrow::ArrowWriter<std::fs::File>>>),
+}
+
+fn text(c: &Column, r: usize) -> String {
+    match c {
+        Column::Float(v) => v[r].to_string(),
+        Column::Int(v) => v[r].to_string(),
+        Column::Str(s) => s.get(r).to_string(),
+        Column::List { offsets, values } => (offsets[r]..offsets[r + 1])
+            .map(|i| text(values, i))
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+impl Output {
+    fn new(path: &Path, reserved: &[String], score_name: &str) -> anyhow::Result<Self> {
+        let name = path
+            .file_name()
+            .with_context(|| format!("output path {} has no file name", path.display()))?;
+        let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let mut names: Vec<String> = reserved.to_vec();
+        names.push("logits".into());
+        names.push(score_name.into());
+        let kind = if path.extension().is_some_and(|e| e == "parquet") {
+            OutputKind::Parquet(None)
+        } else {
+            let f = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+            let mut w = std::io::BufWriter::new(f);
+            use std::io::Write;
+            let header: Vec<String> = names.iter().map(|n| csv_field(n)).collect();
+            writeln!(w, "{}", header.join(",")).with_context(|| format!("cannot write {}", tmp.display()))?;
+            OutputKind::Csv(w)
+        };
+        Ok(Output {
+            path: path.to_path_buf(),
+            tmp,
+            names,
+            rows: 0,
+            kind,
+        })
+    }
+
+    fn push(&mut self, reserved: &[&Column], logits: &[f32], scores: &[f32]) -> anyhow::Result<()> {
+        let n = logits.len();
+        match &mut self.kind {
+            OutputKind::Csv(w) => {
+                use std::io::Write;
+                for r in 0..n {
+                    let mut fields: Vec<String> = reserved.iter().map(|c| csv_field(&text(c, r))).collect();
+                    fields.push(logits[r].to_string());
+                    fields.push(scores[r].to_string());
+                    writeln!(w, "{}", fields.join(","))
+                        .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+                }
+            }
+            OutputKind::Parquet(writer) => {
+                let mut arrays: Vec<ArrayRef> = reserved
+                    .iter()
+                    .map(|c| -> ArrayRef {
+                        match c {
+                            Column::Float(v) => Arc::new(Float64Array::from(v.clone())),
+                            Column::Int(v) => Arc::new(Int64Array::from(v.clone())),
+                            c => Arc::new(StringArray::from((0..n).map(|r| text(c, r)).collect::<Vec<_>>())),
+                        }
+                    })
+                    .collect();
+                arrays.push(Arc::new(Float32Array::from(logits.to_vec())));
+                arrays.push(Arc::new(Float32Array::from(scores.to_vec())));
+                let fields: Vec<Field> = self
+                    .names
+                    .iter()
+                    .zip(&arrays)
+                    .map(|(name, a)| Field::new(name, a.data_type().clone(), false))
+                    .collect();
+                let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?;
+                if writer.is_none() {
+                    let f = std::fs::File::create(&self.tmp)
+                        .with_context(|| format!("cannot create {}", self.tmp.display()))?;
+                    *writer = Some(Box::new(parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None)?));
+                }
+                let w = writer.as_mut().expect("writer was just created");
+                w.write(&batch)
+                    .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+            }
+        }
+        self.rows += n;
+        Ok(())
+    }
+
+    fn finish(self) -> anyhow::Result<usize> {
+        match self.kind {
+            OutputKind::Csv(mut w) => {
+                use std::io::Write;
+                w.flush()
+                    .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+            }
+            OutputKind::Parquet(Some(w)) => {
+                w.close()
+                    .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+            }
+            OutputKind::Parquet(None) => {
+                // No rows: an empty file with the score columns.
+                let fields: Vec<Field> = self
+                    .names
+                    .iter()
+                    .map(|n| Field::new(n, DataType::Float32, false))
+                    .collect();
+                let f = std::fs::File::create(&self.tmp)
+                    .with_context(|| format!("cannot create {}", self.tmp.display()))?;
+                parquet::arrow::ArrowWriter::try_new(f, Arc::new(Schema::new(fields)), None)?.close()?;
+            }
+        }
+        std::fs::rename(&self.tmp, &self.path)
+            .with_context(|| format!("cannot rename {} to {}", self.tmp.display(), self.path.display()))?;
+        Ok(self.rows)
+    }
+}

@@ -1,0 +1,434 @@
+//! Export for serving: every model's ONNX graph, run by an independent
+//! runtime (tract), scores like our own eval; `predict` gives the same
+//! scores from an export and from the checkpoint; exporters keep what
+//! export_config says; damaged exports are reported clearly.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustrec::config::{load_pipeline, typed::TrainingPlan};
+use rustrec::export::runtime::ExportedModel;
+use rustrec::export::{export_trainer, ExportRequest, EXTERNAL_MIN_BYTES};
+use rustrec::train::Trainer;
+use rustrec::util::Rng;
+
+/// Every feature kind the graph has to reproduce: raw values, bucketized
+/// values, hashed and identity ids, mean-combined tags, weighted tags and a
+/// combo. c1's wide and deep tables (70000 x 4 floats) exceed the external
+/// data threshold.
+const COMMON: &str = r#"
+train_input_path: "DATA"
+eval_input_path: "DATA"
+model_dir: "MODEL_DIR"
+train_config {
+  optimizer_config { adagrad_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.1 } } } }
+  optimizer_config { adam_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.01 } } } }
+  num_steps: 30
+  save_checkpoints_steps: 10
+}
+eval_config { eval_interval_secs: 0 metrics_set { auc {} } }
+data_config {
+  input_type: CSVInput
+  batch_size: 32
+  input_fields { input_name: "label" input_type: INT32 }
+  input_fields { input_name: "d1" input_type: DOUBLE }
+  input_fields { input_name: "d2" input_type: DOUBLE }
+  input_fields { input_name: "c1" input_type: STRING }
+  input_fields { input_name: "c2" input_type: STRING }
+  input_fields { input_name: "c3" input_type: STRING }
+  input_fields { input_name: "c4" input_type: STRING }
+  label_fields: "label"
+}
+feature_configs { input_names: "d1" feature_type: RawFeature min_val: -3 max_val: 3 }
+feature_configs { input_names: "d2" feature_type: RawFeature boundaries: [0.25, 0.5, 0.75] embedding_dim: 4 }
+feature_configs { input_names: "c1" feature_type: IdFeature hash_bucket_size: 70000 embedding_dim: 4 }
+feature_configs { input_names: "c2" feature_type: IdFeature num_buckets: 10 embedding_dim: 4 }
+feature_configs { input_names: "c3" feature_type: TagFeature separator: "|" hash_bucket_size: 30 embedding_dim: 4 combiner: "mean" }
+feature_configs { input_names: "c4" feature_type: TagFeature separator: "|" kv_separator: ":" hash_bucket_size: 20 embedding_dim: 4 }
+feature_configs { feature_name: "c1_x_c2" input_names: ["c1", "c2"] feature_type: ComboFeature hash_bucket_size: 50 embedding_dim: 4 }
+"#;
+
+const MODELS: &[(&str, &str)] = &[
+    (
+        "WideAndDeep",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "c4", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4", "c1_x_c2"] wide_deep: DEEP }
+  wide_and_deep { dnn { hidden_units: [8, 4] use_bn: true } } }"#,
+    ),
+    (
+        "WideAndDeep+final_dnn",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "c1", "c3"] wide_deep: DEEP }
+  wide_and_deep { wide_output_dim: 4 dnn { hidden_units: [8] } final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "DLRM",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1"] }
+  feature_groups { group_name: "sparse" feature_names: ["d2", "c1", "c2", "c3", "c4", "c1_x_c2"] }
+  dlrm { bot_dnn { hidden_units: [8, 4] } top_dnn { hidden_units: [8] } arch_with_dense_feature: true } }"#,
+    ),
+    (
+        "DLRM+cat",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [4] } top_dnn { hidden_units: [8] } arch_interaction_op: "cat" } }"#,
+    ),
+    (
+        "DeepFM",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "c1", "c2", "c3", "c4", "d2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } } }"#,
+    ),
+    (
+        "DeepFM+final_dnn",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3"] wide_deep: DEEP }
+  deepfm { wide_output_dim: 2 dnn { hidden_units: [8] } final_dnn { hidden_units: [4] use_bn: true } } }"#,
+    ),
+    (
+        "DCN",
+        r#"model_config { model_class: "DCN"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
+  dcn { deep_tower { input: "all" dnn { hidden_units: [8] } }
+        cross_tower { input: "all" cross_num: 2 }
+        final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "MultiTower",
+        r#"model_config { model_class: "MultiTower"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c4"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "c3", "d2"] }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] use_bn: true } }
+                towers { input: "item" dnn { hidden_units: [4] activation: "tanh" } }
+                final_dnn { hidden_units: [4] } } }"#,
+    ),
+];
+
+fn write_data(path: &Path, rows: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut s = String::new();
+    for _ in 0..rows {
+        let c1 = rng.below(40);
+        let c2 = rng.below(10);
+        let d1 = rng.normal();
+        let label = ((c1 % 3 == 0) as u8 as f64 * 0.6 + 0.2 + 0.1 * d1 > rng.uniform()) as u8;
+        let tags = (0..rng.below(3))
+            .map(|_| format!("t{}", rng.below(8)))
+            .collect::<Vec<_>>()
+            .join("|");
+        let weighted = (0..=rng.below(3))
+            .map(|_| format!("w{}:{:.2}", rng.below(6), rng.uniform() * 2.0))
+            .collect::<Vec<_>>()
+            .join("|");
+        s.push_str(&format!(
+            "{label},{d1:.4},{:.4},u{c1},{c2},{tags},{weighted}\n",
+            rng.uniform()
+        ));
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+/// Writes data and a config for `model` under `dir`; returns the config path.
+fn setup(dir: &Path, model: &str, extra: &str) -> PathBuf {
+    let data = dir.join("data.csv");
+    write_data(&data, 300, 5);
+    let block = MODELS.iter().find(|(m, _)| *m == model).unwrap().1;
+    let text = COMMON
+        .replace("DATA", data.to_str().unwrap())
+        .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
+        + block
+        + extra;
+    let cfg = dir.join("pipeline.config");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+fn bin(name: &str) -> Command {
+    let exe = match name {
+        "train_eval" => env!("CARGO_BIN_EXE_train_eval"),
+        "export" => env!("CARGO_BIN_EXE_export"),
+        "predict" => env!("CARGO_BIN_EXE_predict"),
+        other => panic!("no binary {other}"),
+    };
+    let mut c = Command::new(exe);
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn run_ok(mut c: Command) -> String {
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{c:?}: {stderr}");
+    stderr
+}
+
+fn run_fails(mut c: Command) -> String {
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{c:?} should fail with exit 1");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
+    for (model, _) in MODELS {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = setup(dir.path(), model, "");
+        let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+        let mut t = Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap();
+        t.run().unwrap();
+        let root = dir.path().join("export");
+        let exported = export_trainer(
+            &t,
+            &root,
+            &ExportRequest {
+                config_text: &loaded.to_text(),
+                asset_files: &[],
+                metrics: &[],
+                checkpoint: None,
+                external_min_bytes: EXTERNAL_MIN_BYTES,
+            },
+        )
+        .unwrap();
+        for f in [
+            "model.onnx",
+            "assets/pipeline.config",
+            "assets/feature_spec.json",
+            "assets/export_info.json",
+        ] {
+            assert!(exported.join(f).is_file(), "{model}: {f} missing");
+        }
+        assert!(
+            exported.join("model.onnx.data").is_file(),
+            "{model}: c1's table is external data"
+        );
+        let onnx = ExportedModel::load(&root).unwrap_or_else(|e| panic!("{model}: {e:#}"));
+        let mut worst = 0.0f32;
+        let mut rows = 0;
+        for batch in t.stream(&t.plan.eval_paths.clone(), false, 0).unwrap() {
+            let batch = batch.unwrap();
+            let (ours, _) = t.predict(&batch);
+            let (theirs, logits) = onnx.score(&batch).unwrap();
+            assert_eq!((theirs.len(), logits.len()), (ours.len(), ours.len()));
+            for (a, b) in ours.iter().zip(&theirs) {
+                worst = worst.max((a - b).abs());
+            }
+            rows += ours.len();
+        }
+        assert_eq!(rows, 300);
+        assert!(worst <= 1e-5, "{model}: ONNX probs differ from eval by {worst}");
+        eprintln!("{model}: max |probs difference| {worst:e}");
+    }
+}
+
+fn read_csv_scores(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap().split(',').map(String::from).collect();
+    (
+        header,
+        lines.map(|l| l.split(',').map(String::from).collect()).collect(),
+    )
+}
+
+fn read_parquet_scores(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, Int64Type};
+    let f = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut header = Vec::new();
+    let mut rows = Vec::new();
+    for b in reader {
+        let b = b.unwrap();
+        header = b.schema().fields().iter().map(|f| f.name().clone()).collect();
+        for r in 0..b.num_rows() {
+            rows.push(
+                b.columns()
+                    .iter()
+                    .map(|c| match c.data_type() {
+                        arrow_schema::DataType::Float32 => c.as_primitive::<Float32Type>().value(r).to_string(),
+                        arrow_schema::DataType::Int64 => c.as_primitive::<Int64Type>().value(r).to_string(),
+                        _ => c.as_string::<i32>().value(r).to_string(),
+                    })
+                    .collect(),
+            );
+        }
+    }
+    (header, rows)
+}
+
+#[test]
+fn predict_from_an_export_and_from_the_checkpoint_give_the_same_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DLRM", "");
+    let model_dir = dir.path().join("model");
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()]);
+    let log = run_ok(c);
+    // exporter_type defaults to final: one export after training.
+    assert!(log.contains("exported"), "{log}");
+    assert_eq!(
+        rustrec::export::list_exports(&model_dir.join("export/final"))
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let export_dir = dir.path().join("served");
+    let mut c = bin("export");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--export_dir", export_dir.to_str().unwrap()]);
+    run_ok(c);
+    let data = dir.path().join("data.csv");
+    let (from_export, from_ckpt) = (dir.path().join("a.csv"), dir.path().join("b.parquet"));
+    let mut c = bin("predict");
+    c.args(["--saved_model_dir", export_dir.to_str().unwrap()])
+        .args(["--input_path", data.to_str().unwrap()])
+        .args(["--output_path", from_export.to_str().unwrap()])
+        .args(["--reserved_cols", "label,c1"]);
+    run_ok(c);
+    let mut c = bin("predict");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--input_path", data.to_str().unwrap()])
+        .args(["--output_path", from_ckpt.to_str().unwrap()])
+        .args(["--reserved_cols", "label,c1"])
+        .args(["--batch_size", "7"]);
+    run_ok(c);
+    let (h1, r1) = read_csv_scores(&from_export);
+    let (h2, r2) = read_parquet_scores(&from_ckpt);
+    assert_eq!(h1, ["label", "c1", "logits", "probs"]);
+    assert_eq!(h1, h2);
+    assert_eq!(r1.len(), 300);
+    assert_eq!(r1.len(), r2.len());
+    let inputs = std::fs::read_to_string(&data).unwrap();
+    for ((a, b), line) in r1.iter().zip(&r2).zip(inputs.lines()) {
+        let cols: Vec<&str> = line.split(',').collect();
+        assert_eq!(a[..2], [cols[0], cols[3]], "reserved columns pass through");
+        assert_eq!(a[..2], b[..2]);
+        for k in 2..4 {
+            let (x, y): (f32, f32) = (a[k].parse().unwrap(), b[k].parse().unwrap());
+            assert!((x - y).abs() <= 1e-5, "{} differs: {x} vs {y}", h1[k]);
+        }
+    }
+}
+
+#[test]
+fn exporters_keep_what_export_config_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(
+        dir.path(),
+        "MultiTower",
+        "\nexport_config { exporter_type: \"latest\" exports_to_keep: 2 }",
+    );
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()]);
+    run_ok(c);
+    let model_dir = dir.path().join("model");
+    // Evaluations at steps 10, 20 and the end (30): three exports, two kept.
+    let latest = rustrec::export::list_exports(&model_dir.join("export/latest")).unwrap();
+    assert_eq!(latest.len(), 2);
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(latest[1].join("assets/export_info.json")).unwrap()).unwrap();
+    assert_eq!(info["global_step"], 30);
+    assert!(info["metrics"]["auc"].as_f64().is_some(), "{info}");
+
+    let best_dir = dir.path().join("best");
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", best_dir.to_str().unwrap()])
+        .args(["--export_config.exporter_type=best", "--train_config.num_steps=60"]);
+    run_ok(c);
+    let best = rustrec::export::list_exports(&best_dir.join("export/best")).unwrap();
+    assert!(!best.is_empty() && best.len() <= 2, "{best:?}");
+    let auc_of = |p: &Path| -> f64 {
+        let info: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p.join("assets/export_info.json")).unwrap()).unwrap();
+        info["metrics"]["auc"].as_f64().unwrap()
+    };
+    let aucs: Vec<f64> = best.iter().map(|p| auc_of(p)).collect();
+    assert!(
+        aucs.windows(2).all(|w| w[1] > w[0]),
+        "each best export improves: {aucs:?}"
+    );
+    let kept: Vec<_> = std::fs::read_dir(best_dir.join("best_ckpt")).unwrap().collect();
+    assert!(!kept.is_empty() && kept.len() <= 2);
+
+    let none_dir = dir.path().join("none");
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", none_dir.to_str().unwrap()])
+        .args(["--export_config.exporter_type=none"]);
+    run_ok(c);
+    assert!(!none_dir.join("export").exists());
+}
+
+#[test]
+fn damaged_export_dirs_give_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "WideAndDeep", "");
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()]);
+    run_ok(c);
+    let good = rustrec::export::list_exports(&dir.path().join("model/export/final"))
+        .unwrap()
+        .pop()
+        .unwrap();
+    let copy = |name: &str| -> PathBuf {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(d.join("assets")).unwrap();
+        for f in [
+            "model.onnx",
+            "model.onnx.data",
+            "assets/pipeline.config",
+            "assets/feature_spec.json",
+        ] {
+            std::fs::copy(good.join(f), d.join(f)).unwrap();
+        }
+        d
+    };
+    let predict = |export: &Path| -> String {
+        let mut c = bin("predict");
+        c.args(["--saved_model_dir", export.to_str().unwrap()])
+            .args(["--input_path", dir.path().join("data.csv").to_str().unwrap()])
+            .args(["--output_path", dir.path().join("out.csv").to_str().unwrap()]);
+        run_fails(c)
+    };
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    assert!(predict(&empty).contains("is not an export"), "{}", predict(&empty));
+    assert!(predict(&dir.path().join("absent")).contains("does not exist"));
+
+    let truncated = copy("truncated");
+    let bytes = std::fs::read(truncated.join("model.onnx")).unwrap();
+    std::fs::write(truncated.join("model.onnx"), &bytes[..bytes.len() / 2]).unwrap();
+    let err = predict(&truncated);
+    assert!(
+        err.contains("cannot load ONNX model") && err.contains("model.onnx"),
+        "{err}"
+    );
+
+    let no_config = copy("no_config");
+    std::fs::remove_file(no_config.join("assets/pipeline.config")).unwrap();
+    let err = predict(&no_config);
+    assert!(err.contains("assets/pipeline.config is missing"), "{err}");
+
+    let no_data = copy("no_data");
+    std::fs::remove_file(no_data.join("model.onnx.data")).unwrap();
+    let err = predict(&no_data);
+    assert!(err.contains("cannot load ONNX model"), "{err}");
+
+    // The file is still whole after all those failures, and still scores.
+    let mut c = bin("predict");
+    c.args(["--saved_model_dir", good.to_str().unwrap()])
+        .args(["--input_path", dir.path().join("data.csv").to_str().unwrap()])
+        .args(["--output_path", dir.path().join("ok.csv").to_str().unwrap()]);
+    run_ok(c);
+}
