@@ -361,11 +361,25 @@ fn exporters_keep_what_export_config_says() {
     let kept: Vec<_> = std::fs::read_dir(best_dir.join("best_ckpt")).unwrap().collect();
     assert!(!kept.is_empty() && kept.len() <= 2);
 
+    // An export option the exporter cannot honour stops train_eval before it
+    // trains, naming the option; without an exporter the config trains.
+    let packed = dir.path().join("packed");
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", packed.to_str().unwrap()])
+        .args(["--export_config.multi_placeholder=false"]);
+    let err = run_fails(c);
+    assert!(err.contains("export_config.multi_placeholder"), "{err}");
+    assert!(!packed.join("checkpoint").exists());
+
     let none_dir = dir.path().join("none");
     let mut c = bin("train_eval");
     c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
         .args(["--model_dir", none_dir.to_str().unwrap()])
-        .args(["--export_config.exporter_type=none"]);
+        .args([
+            "--export_config.exporter_type=none",
+            "--export_config.multi_placeholder=false",
+        ]);
     run_ok(c);
     assert!(!none_dir.join("export").exists());
 }

@@ -46,6 +46,9 @@ fn abort_on_error(comm: &dyn Communicator, result: anyhow::Result<()>) -> anyhow
 
 fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfig, resume: bool) -> anyhow::Result<()> {
     let model_dir = &plan.model_dir.clone();
+    if plan.export.exporter != crate::config::export_plan::Exporter::None {
+        plan.export.check()?; // before training, not after it
+    }
     // Rank 0 may be writing the first checkpoint already when a slow rank
     // gets here, so only a fresh start looks, before anyone trains.
     if model_dir.join("checkpoint").exists() && !resume {
@@ -76,9 +79,10 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
             );
         }
     }
-    let mut exporter = (trainer.comm.rank() == 0)
-        .then(|| crate::export::exporter::TrainExporter::new(&trainer.plan, loaded.to_text()))
-        .flatten();
+    let mut exporter = match trainer.comm.rank() {
+        0 => crate::export::exporter::TrainExporter::new(&trainer.plan, loaded.to_text())?,
+        _ => None,
+    };
     let summary = trainer.run_with(&mut |_, ckpt, metrics, last| {
         if let Some(dir) = exporter
             .as_mut()
@@ -129,6 +133,7 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     let (args, extend) = parse_with_extend_args::<ExportArgs>(args)?;
     let loaded = load_pipeline(&args.config.pipeline_config_path, &args.config.overrides(extend))?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
+    plan.export.check()?;
     let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref())?;
     let mut assets = plan.export.asset_files.clone();
     assets.extend(args.asset_files.iter().cloned());

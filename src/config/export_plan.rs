@@ -23,6 +23,23 @@ pub struct ExportPlan {
     /// Fixed batch dimension of the graph inputs; `None` = any batch size.
     pub batch_size: Option<usize>,
     pub asset_files: Vec<String>,
+    /// An export option this exporter cannot honour (field, what it asks
+    /// for). Configs that set one still load and train with exporter_type
+    /// "none"; exporting reports it (see `check`).
+    pub unsupported: Option<(&'static str, &'static str)>,
+}
+
+impl ExportPlan {
+    /// Errors when the config asks for an export this trainer cannot write.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        match self.unsupported {
+            Some((field, what)) => Err(ConfigError::unsupported(
+                format!("export_config.{field}"),
+                format!("{what} (set export_config.exporter_type: \"none\" to train without exporting)"),
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Default for ExportPlan {
@@ -34,6 +51,7 @@ impl Default for ExportPlan {
             exports_to_keep: 1,
             batch_size: None,
             asset_files: Vec::new(),
+            unsupported: None,
         }
     }
 }
@@ -68,9 +86,10 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
         (e.export_features(), "export_features", "features as outputs"),
         (e.export_rtp_outputs(), "export_rtp_outputs", "RTP outputs"),
     ];
-    if let Some((_, field, what)) = unsupported.iter().find(|(set, _, _)| *set) {
-        return Err(ConfigError::unsupported(format!("export_config.{field}"), *what));
-    }
+    let unsupported = unsupported
+        .iter()
+        .find(|(set, _, _)| *set)
+        .map(|(_, field, what)| (*field, *what));
     let exporter = match e.exporter_type() {
         "final" => Exporter::Final,
         "latest" => Exporter::Latest,
@@ -96,5 +115,6 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
         exports_to_keep: e.exports_to_keep() as usize,
         batch_size: usize::try_from(e.batch_size()).ok().filter(|b| *b > 0),
         asset_files: e.asset_files.clone(),
+        unsupported,
     })
 }

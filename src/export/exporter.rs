@@ -20,13 +20,18 @@ pub struct TrainExporter {
 }
 
 impl TrainExporter {
-    /// `None` for exporter_type "none".
-    pub fn new(plan: &TrainingPlan, config_text: String) -> Option<Self> {
-        (plan.export.exporter != Exporter::None).then(|| TrainExporter {
+    /// `None` for exporter_type "none"; an error, before any training, when
+    /// export_config asks for something the exporter cannot write.
+    pub fn new(plan: &TrainingPlan, config_text: String) -> anyhow::Result<Option<Self>> {
+        if plan.export.exporter == Exporter::None {
+            return Ok(None);
+        }
+        plan.export.check()?;
+        Ok(Some(TrainExporter {
             plan: plan.clone(),
             config_text,
             best: None,
-        })
+        }))
     }
 
     fn root(&self, kind: &str) -> PathBuf {

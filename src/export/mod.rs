@@ -40,6 +40,7 @@ pub struct ExportRequest<'a> {
 /// Exports the trainer's current model (whole tables: a single-process
 /// trainer) into a new `<root>/<timestamp>/`; returns that directory.
 pub fn export_trainer(t: &Trainer, root: &Path, req: &ExportRequest) -> anyhow::Result<PathBuf> {
+    t.plan.export.check()?;
     if t.tables.iter().any(|tb| tb.shard.1 != 1) {
         bail!("export needs whole tables; restore the checkpoint in a single process");
     }
