@@ -53,11 +53,20 @@ demo: build data/synthetic/train.parquet
 	rm -rf experiments/dlrm_synthetic
 	$(BIN)/train_eval --pipeline_config_path samples/dlrm_synthetic.config
 
+# The PyTorch (CPU) baseline of `make bench`, in a local virtual environment.
+VENV := .venv
+$(VENV)/bin/python:
+	@command -v python3 >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3 python3-venv; }
+	python3 -m venv $(VENV) || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
+	$(VENV)/bin/pip install --quiet torch
+
 # Training throughput (optimised build, 2 threads): DLRM and WideAndDeep on
-# the Criteo Kaggle shape with tables capped at 1M rows, then sharded on 2 ranks.
-bench: deps
+# the Criteo Kaggle shape with tables capped at 1M rows against the PyTorch
+# baseline, a scaling table, then sharded on 2 ranks.
+bench: deps $(VENV)/bin/python
 	$(CARGO) build --locked --release --bin bench
 	$(CARGO_TARGET_DIR)/release/bench --threads 2
+	$(VENV)/bin/python bench/compare.py --bench $(CARGO_TARGET_DIR)/release/bench --python $(VENV)/bin/python
 	@echo "== the same global batch on 2 MPI ranks with 1 thread each (tables sharded)"
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  mpirun --oversubscribe --bind-to none -np 2 $(CARGO_TARGET_DIR)/release/bench --threads 1 --distributed

@@ -45,6 +45,25 @@ struct Args {
     /// the bytes each sample costs in collectives.
     #[arg(long)]
     distributed: bool,
+    /// Models to time, in order.
+    #[arg(long, value_delimiter = ',', default_value = "DLRM,WideAndDeep")]
+    models: Vec<String>,
+    /// One JSON line per model (samples/s, peak memory) instead of a table;
+    /// `bench/compare.py` runs one model per process this way.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Peak resident memory of this process in MiB (Linux), 0 when unknown.
+fn peak_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn features(cap: u64) -> String {
@@ -207,7 +226,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
             "{} is missing: run bench without --distributed first",
             data.display()
         );
-        for model in ["DLRM", "WideAndDeep"] {
+        for model in args.models.iter().map(String::as_str) {
             let (rate, bytes) = measure_distributed(model, &data, args, comm.clone())?;
             if comm.rank() == 0 {
                 println!(
@@ -231,6 +250,23 @@ fn run(args: &Args) -> anyhow::Result<()> {
         generate(&tmp, &spec)?;
         std::fs::rename(&tmp, &data)?;
     }
+    if args.json {
+        for model in &args.models {
+            let m = measure(model, &data, args)?;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "stack": "rustrec",
+                    "model": model,
+                    "samples_per_sec": m.train,
+                    "input_samples_per_sec": m.input,
+                    "table_rows": m.table_rows,
+                    "peak_mb": peak_mb(),
+                })
+            );
+        }
+        return Ok(());
+    }
     println!(
         "threads {}, batch {}, {} timed steps, tables capped at {} rows",
         args.threads, args.batch_size, args.steps, args.cap
@@ -239,7 +275,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         "{:<12} {:>12} {:>14} {:>16} {:>12}",
         "model", "table rows", "train samp/s", "input samp/s", "train/input"
     );
-    for model in ["DLRM", "WideAndDeep"] {
+    for model in &args.models {
         let m = measure(model, &data, args)?;
         println!(
             "{model:<12} {:>12} {:>14.0} {:>16.0} {:>12.3}",

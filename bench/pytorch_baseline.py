@@ -1,0 +1,126 @@
+"""PyTorch CPU baseline for `make bench`: the same DLRM and WideAndDeep shapes
+as rustrec's bench (Criteo Kaggle cardinalities capped at --cap rows, dim 16,
+Adagrad on sparse embedding gradients, Adam on dense layers, batch 2048),
+trained on synthetic batches held in memory (no input pipeline is timed,
+which favours this baseline). Prints one JSON line per run."""
+
+import argparse
+import json
+import math
+import resource
+import time
+
+import torch
+from torch import nn
+
+KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
+          5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+
+
+def mlp(sizes, last_relu=True):
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if last_relu or i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    def __init__(self, cards, dim=16):
+        super().__init__()
+        self.emb = nn.ModuleList(nn.EmbeddingBag(c, dim, mode="sum", sparse=True) for c in cards)
+        self.bot = mlp([13, 512, 256, 64, dim])
+        n = len(cards) + 1
+        self.tri = torch.triu_indices(n, n, offset=1)
+        self.top = mlp([dim + n * (n - 1) // 2, 512, 256])
+        self.out = nn.Linear(256, 1)
+
+    def forward(self, dense, ids, offsets):
+        d = self.bot(dense)
+        e = [t(ids[:, i], offsets) for i, t in enumerate(self.emb)]
+        z = torch.stack([d] + e, dim=1)
+        dots = torch.bmm(z, z.transpose(1, 2))[:, self.tri[0], self.tri[1]]
+        return self.out(self.top(torch.cat([d, dots], dim=1))).squeeze(1)
+
+
+class WideAndDeep(nn.Module):
+    def __init__(self, cards, dim=16):
+        super().__init__()
+        self.wide = nn.ModuleList(nn.EmbeddingBag(c, 1, mode="sum", sparse=True) for c in cards)
+        self.emb = nn.ModuleList(nn.EmbeddingBag(c, dim, mode="sum", sparse=True) for c in cards)
+        self.dnn = mlp([13 + len(cards) * dim, 1024, 512, 256])
+        self.out = nn.Linear(256, 1)
+
+    def forward(self, dense, ids, offsets):
+        w = sum(t(ids[:, i], offsets) for i, t in enumerate(self.wide))
+        e = [t(ids[:, i], offsets) for i, t in enumerate(self.emb)]
+        h = self.dnn(torch.cat([dense] + e, dim=1))
+        return (self.out(h) + w).squeeze(1)
+
+
+def zipf_ids(card, n, gen):
+    # Log-uniform ranks (Zipf with exponent 1), spread over the table.
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    r = torch.floor(torch.exp(u * math.log(card + 1))).long() - 1
+    return (r * 2654435761) % card
+
+
+def batches(cards, batch, count, seed):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        dense = torch.rand(batch, 13, generator=gen)
+        ids = torch.stack([zipf_ids(c, batch, gen) for c in cards], dim=1)
+        label = (torch.rand(batch, generator=gen) < 0.3).float()
+        out.append((dense, ids, label))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=["DLRM", "WideAndDeep"], required=True)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch_size", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--cap", type=int, default=1_000_000)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    cards = [min(c, a.cap) for c in KAGGLE]
+    model = DLRM(cards) if a.model == "DLRM" else WideAndDeep(cards)
+    sparse = [p for n, p in model.named_parameters() if n.startswith(("emb", "wide"))]
+    dense = [p for n, p in model.named_parameters() if not n.startswith(("emb", "wide"))]
+    opt_sparse = torch.optim.Adagrad(sparse, lr=0.05)
+    opt_dense = torch.optim.Adam(dense, lr=0.001)
+    loss_fn = nn.BCEWithLogitsLoss()
+    data = batches(cards, a.batch_size, 8, seed=1)
+    offsets = torch.arange(a.batch_size)
+
+    def step(b):
+        dense_x, ids, label = b
+        opt_sparse.zero_grad()
+        opt_dense.zero_grad()
+        loss = loss_fn(model(dense_x, ids, offsets), label)
+        loss.backward()
+        opt_sparse.step()
+        opt_dense.step()
+        return loss
+
+    for i in range(3):
+        step(data[i % len(data)])
+    t = time.perf_counter()
+    for i in range(a.steps):
+        step(data[i % len(data)])
+    secs = time.perf_counter() - t
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({
+        "stack": "pytorch " + torch.__version__.split("+")[0],
+        "model": a.model,
+        "samples_per_sec": a.steps * a.batch_size / secs,
+        "peak_mb": peak_mb,
+    }))
+
+
+if __name__ == "__main__":
+    main()
