@@ -55,15 +55,17 @@ demo: build data/synthetic/train.parquet
 
 # The PyTorch (CPU) baseline of `make bench`, in a local virtual environment.
 VENV := .venv
-$(VENV)/bin/python:
+# A stamp written only after torch installed, so a failed install is retried.
+$(VENV)/torch-installed:
 	@command -v python3 >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3 python3-venv; }
 	python3 -m venv $(VENV) || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
 	$(VENV)/bin/pip install --quiet torch
+	$(VENV)/bin/python -c "import torch" && touch $@
 
 # Training throughput (optimised build, 2 threads): DLRM and WideAndDeep on
 # the Criteo Kaggle shape with tables capped at 1M rows against the PyTorch
 # baseline, a scaling table, then sharded on 2 ranks.
-bench: deps $(VENV)/bin/python
+bench: deps $(VENV)/torch-installed
 	$(CARGO) build --locked --release --bin bench
 	$(CARGO_TARGET_DIR)/release/bench --threads 2
 	$(VENV)/bin/python bench/compare.py --bench $(CARGO_TARGET_DIR)/release/bench --python $(VENV)/bin/python

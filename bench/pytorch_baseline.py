@@ -9,8 +9,11 @@ import json
 import math
 import resource
 import time
+import warnings
 
-import torch
+warnings.filterwarnings("ignore")  # numpy-less torch and sparse-invariant notices
+
+import torch  # noqa: E402
 from torch import nn
 
 KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
