@@ -46,9 +46,9 @@ fn abort_on_error(comm: &dyn Communicator, result: anyhow::Result<()>) -> anyhow
 
 fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfig, resume: bool) -> anyhow::Result<()> {
     let model_dir = &plan.model_dir.clone();
-    if plan.export.exporter != crate::config::export_plan::Exporter::None {
-        plan.export.check()?; // before training, not after it
-    }
+    // Built (and its export options checked) before anyone trains; rank 0 exports.
+    let mut exporter =
+        crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
     // Rank 0 may be writing the first checkpoint already when a slow rank
     // gets here, so only a fresh start looks, before anyone trains.
     if model_dir.join("checkpoint").exists() && !resume {
@@ -79,11 +79,7 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
             );
         }
     }
-    let mut exporter = match trainer.comm.rank() {
-        0 => crate::export::exporter::TrainExporter::new(&trainer.plan, loaded.to_text())?,
-        _ => None,
-    };
-    let summary = trainer.run_with(&mut |_, ckpt, metrics, last| {
+    let summary = trainer.run_with(&mut |ckpt, metrics, last| {
         if let Some(dir) = exporter
             .as_mut()
             .map(|e| e.after_eval(ckpt, metrics, last))
@@ -112,11 +108,7 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     if plan.eval_paths.is_empty() {
         return Err(UserError("no evaluation data: set eval_input_path or pass --eval_input_path".into()).into());
     }
-    let ckpt = match &args.checkpoint_path {
-        Some(p) => checkpoint::resolve(Path::new(p))?,
-        None => checkpoint::latest(&plan.model_dir)?
-            .ok_or_else(|| UserError(format!("{} holds no checkpoint to evaluate", plan.model_dir.display())))?,
-    };
+    let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref(), "to evaluate")?;
     let model_dir = plan.model_dir.clone();
     let eval_paths = plan.eval_paths.clone();
     let comm = dist::init()?;
@@ -134,7 +126,7 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     let loaded = load_pipeline(&args.config.pipeline_config_path, &args.config.overrides(extend))?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
     plan.export.check()?;
-    let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref())?;
+    let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref(), "to export")?;
     let mut assets = plan.export.asset_files.clone();
     assets.extend(args.asset_files.iter().cloned());
     let dir = crate::export::export_checkpoint(
@@ -154,12 +146,13 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--checkpoint_path` (a checkpoint, or a directory: its latest), else the latest in model_dir.
-fn checkpoint_to_use(plan: &TrainingPlan, path: Option<&str>) -> anyhow::Result<std::path::PathBuf> {
+/// `--checkpoint_path` (a checkpoint, or a directory: its latest), else the
+/// latest in model_dir; `purpose` completes the error when there is none.
+fn checkpoint_to_use(plan: &TrainingPlan, path: Option<&str>, purpose: &str) -> anyhow::Result<std::path::PathBuf> {
     match path {
         Some(p) => checkpoint::resolve(Path::new(p)),
         None => checkpoint::latest(&plan.model_dir)?
-            .ok_or_else(|| UserError(format!("{} holds no checkpoint", plan.model_dir.display())).into()),
+            .ok_or_else(|| UserError(format!("{} holds no checkpoint {purpose}", plan.model_dir.display())).into()),
     }
 }
 
@@ -187,7 +180,7 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
             };
             let loaded = load_pipeline(config, &overrides)?;
             let plan = TrainingPlan::from_config(&loaded.config)?;
-            let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref())?;
+            let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref(), "to score with")?;
             let mut t = Trainer::new(plan).map_err(|e| UserError(format!("{e:#}")))?;
             t.restore(&ckpt)?;
             Scorer::Checkpoint(Box::new(t))

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 
 use super::{export_checkpoint, list_exports, prune, ExportRequest, EXTERNAL_MIN_BYTES};
+use crate::checkpoint;
 use crate::config::export_plan::Exporter;
 use crate::config::typed::TrainingPlan;
 
@@ -123,14 +124,10 @@ impl TrainExporter {
             std::fs::remove_dir_all(&dst).with_context(|| format!("cannot replace {}", dst.display()))?;
         }
         std::fs::rename(&tmp, &dst).with_context(|| format!("cannot rename {} to {}", tmp.display(), dst.display()))?;
-        let mut kept: Vec<(u64, PathBuf)> = std::fs::read_dir(&root)
-            .with_context(|| format!("cannot list {}", root.display()))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| crate::checkpoint::step_of(&e.path()).map(|s| (s, e.path())))
-            .collect();
-        kept.sort();
-        for (_, old) in &kept[..kept.len().saturating_sub(self.plan.export.exports_to_keep)] {
-            std::fs::remove_dir_all(old).with_context(|| format!("cannot remove {}", old.display()))?;
+        let kept = checkpoint::list(&root)?;
+        for step in &kept[..kept.len().saturating_sub(self.plan.export.exports_to_keep)] {
+            let old = root.join(checkpoint::ckpt_name(*step));
+            std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use tract_onnx::prelude::*;
 use super::{list_exports, MODEL_FILE};
 use crate::config::typed::TrainingPlan;
 use crate::config::{load_pipeline, Overrides};
-use crate::features::{Batch, Encoded, Encoder};
+use crate::features::{Batch, Encoded, Encoder, Jagged};
 
 /// Where a graph input's values come from.
 enum Source {
@@ -63,7 +63,6 @@ impl ExportedModel {
         let model_path = dir.join(MODEL_FILE);
         let model = tract_onnx::onnx()
             .model_for_path(&model_path)
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
             .with_context(|| format!("cannot load ONNX model {}", model_path.display()))?;
         let by_name: HashMap<&str, usize> = plan
             .features
@@ -72,7 +71,7 @@ impl ExportedModel {
             .map(|(i, f)| (f.name.as_str(), i))
             .collect();
         let mut sources = Vec::new();
-        for outlet in model.input_outlets().map_err(|e| anyhow::anyhow!("{e:?}"))? {
+        for outlet in model.input_outlets()? {
             let name = model.node(outlet.node).name.as_str();
             let feature = |base: &str| {
                 by_name.get(base).copied().with_context(|| {
@@ -92,7 +91,6 @@ impl ExportedModel {
         let runnable = model
             .into_optimized()
             .and_then(|m| m.into_runnable())
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
             .with_context(|| format!("cannot prepare ONNX model {}", model_path.display()))?;
         Ok(ExportedModel {
             dir,
@@ -118,35 +116,20 @@ impl ExportedModel {
                     let lens: Vec<i64> = j.offsets.windows(2).map(|w| (w[1] - w[0]) as i64).collect();
                     Tensor::from_shape(&[b], &lens)
                 }
-                (Source::Weights(_), Encoded::Sparse(j)) => {
-                    let ones;
-                    let w = match &j.weights {
-                        Some(w) => w,
-                        None => {
-                            ones = vec![1.0f32; j.ids.len()];
-                            &ones
-                        }
-                    };
+                (Source::Weights(_), Encoded::Sparse(Jagged { weights: Some(w), .. })) => {
                     Tensor::from_shape(&[w.len()], w)
                 }
                 (Source::Dense(_), Encoded::Dense { dim, values }) => Tensor::from_shape(&[b, *dim], values),
                 _ => bail!("the export's graph inputs do not match its pipeline.config features"),
-            }
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            }?;
             inputs.push(t.into_tvalue());
         }
         let out = self
             .runnable
             .run(inputs)
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
             .with_context(|| format!("running {}", self.dir.join(MODEL_FILE).display()))?;
         let column = |i: usize| -> anyhow::Result<Vec<f32>> {
-            Ok(out[i]
-                .to_plain_array_view::<f32>()
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?
-                .iter()
-                .copied()
-                .collect())
+            Ok(out[i].to_plain_array_view::<f32>()?.iter().copied().collect())
         };
         // The second output is `probs`, or `y` for regression.
         let (logits, scores) = (column(0)?, column(1)?);

@@ -14,7 +14,7 @@ use crate::config::typed::{CheckpointCadence, LossKind};
 use crate::summary::SummaryWriter;
 
 /// See `Trainer::run_with`.
-pub type AfterEval<'a> = dyn FnMut(&Trainer, &Path, &[(String, f64)], bool) -> anyhow::Result<()> + 'a;
+pub type AfterEval<'a> = dyn FnMut(&Path, &[(String, f64)], bool) -> anyhow::Result<()> + 'a;
 
 /// How a training run ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,10 +29,10 @@ impl Trainer {
     /// Trains until num_steps (the global step to stop at) or the end of the
     /// data, saving checkpoints on the configured cadence and at the end.
     pub fn run(&mut self) -> anyhow::Result<RunSummary> {
-        self.run_with(&mut |_, _, _, _| Ok(()))
+        self.run_with(&mut |_, _, _| Ok(()))
     }
 
-    /// `run`, calling `after_eval(trainer, checkpoint, metrics, last)` after
+    /// `run`, calling `after_eval(checkpoint, metrics, last)` after
     /// each evaluation of a saved checkpoint and once at the end (`last`,
     /// with empty metrics when there is no evaluation data): the exporters.
     pub fn run_with(&mut self, after_eval: &mut AfterEval) -> anyhow::Result<RunSummary> {
@@ -135,7 +135,7 @@ impl Trainer {
                 if !p.eval_paths.is_empty() && !throttled && target.is_none_or(|t| self.step < t) {
                     let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
                     last_eval = Instant::now();
-                    after_eval(self, &path, &metrics, false)?;
+                    after_eval(&path, &metrics, false)?;
                 }
             }
         }
@@ -157,7 +157,7 @@ impl Trainer {
         } else {
             self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?
         };
-        after_eval(self, &last_ckpt, &metrics, true)?;
+        after_eval(&last_ckpt, &metrics, true)?;
         Ok(RunSummary {
             steps: self.step - start_step,
             last_loss,
