@@ -1,7 +1,9 @@
 //! Training throughput on the Criteo Kaggle shape: DLRM (emb 16, bottom
 //! 13-512-256-64-16, dot interaction, top 512-256-1) and WideAndDeep (dnn
 //! 1024-512-256) over 26 tables capped at 1M rows, batch 2048, Adagrad for
-//! tables and Adam for dense layers, on a fixed number of threads.
+//! tables and Adam for dense layers, on a fixed number of threads. The DNNs
+//! are plain Linear+ReLU stacks (use_bn: false), as in the PyTorch baseline
+//! and the DLRM reference.
 //!
 //! Next to each model it times the input pipeline alone (Parquet reading and
 //! feature encoding, already overlapped with training by a background thread)
@@ -95,7 +97,7 @@ fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
             "model_config {{ model_class: \"DLRM\"
   feature_groups {{ group_name: \"dense\" feature_names: [{}] }}
   feature_groups {{ group_name: \"sparse\" feature_names: [{}] }}
-  dlrm {{ bot_dnn {{ hidden_units: [512, 256, 64, 16] }} top_dnn {{ hidden_units: [512, 256] }} arch_with_dense_feature: true }} }}",
+  dlrm {{ bot_dnn {{ hidden_units: [512, 256, 64, 16] use_bn: false }} top_dnn {{ hidden_units: [512, 256] use_bn: false }} arch_with_dense_feature: true }} }}",
             names("I", 13),
             names("C", 26)
         ),
@@ -103,7 +105,7 @@ fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
             "model_config {{ model_class: \"WideAndDeep\"
   feature_groups {{ group_name: \"wide\" feature_names: [{c}] wide_deep: WIDE }}
   feature_groups {{ group_name: \"deep\" feature_names: [{}, {c}] wide_deep: DEEP }}
-  wide_and_deep {{ dnn {{ hidden_units: [1024, 512, 256] }} }} }}",
+  wide_and_deep {{ dnn {{ hidden_units: [1024, 512, 256] use_bn: false }} }} }}",
             names("I", 13),
             c = names("C", 26)
         ),
