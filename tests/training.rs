@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use rustrec::config::{load_pipeline, typed::TrainingPlan};
+use rustrec::model::fused;
 use rustrec::train::step::group_inputs;
 use rustrec::train::Trainer;
 use rustrec::util::Rng;
@@ -76,6 +77,65 @@ fn model_block(name: &str) -> &'static str {
     }
 }
 
+/// Networks the fused training pass takes (no batch norm, no dropout), each
+/// with a different wiring of its head, interaction or activation.
+const FUSED_VARIANTS: [(&str, &str); 7] = [
+    (
+        "WideAndDeep, raw value in the wide group",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c2", "c3"] wide_deep: DEEP }
+  wide_and_deep { dnn { hidden_units: [8, 4] use_bn: false } } }"#,
+    ),
+    (
+        "WideAndDeep with final_dnn, tanh",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c3", "d2", "c1"] wide_deep: DEEP }
+  wide_and_deep { wide_output_dim: 3 dnn { hidden_units: [8, 4] use_bn: false activation: "tanh" }
+                  final_dnn { hidden_units: [5] use_bn: false activation: "tanh" } } }"#,
+    ),
+    (
+        "WideAndDeep, deep group without embeddings",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2"] wide_deep: DEEP }
+  wide_and_deep { dnn { hidden_units: [6] use_bn: false activation: "sigmoid" } } }"#,
+    ),
+    (
+        "DLRM dot with dense",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [8, 4] use_bn: false } top_dnn { hidden_units: [8] use_bn: false }
+         arch_with_dense_feature: true } }"#,
+    ),
+    (
+        "DLRM dot with itself, without dense",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [4] use_bn: false } top_dnn { hidden_units: [8, 3] use_bn: false }
+         arch_interaction_itself: true } }"#,
+    ),
+    (
+        "DLRM cat",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [8, 5] use_bn: false } top_dnn { hidden_units: [8] use_bn: false }
+         arch_interaction_op: "cat" } }"#,
+    ),
+    (
+        "DLRM dot, empty top",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [4] use_bn: false activation: "sigmoid" } top_dnn { use_bn: false }
+         arch_with_dense_feature: true } }"#,
+    ),
+];
+
 fn write_data(path: &Path, rows: usize, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut s = String::new();
@@ -94,13 +154,17 @@ fn write_data(path: &Path, rows: usize, seed: u64) {
 }
 
 fn trainer(dir: &Path, model: &str) -> Trainer {
+    trainer_of(dir, model, model_block(model))
+}
+
+fn trainer_of(dir: &Path, model: &str, block: &str) -> Trainer {
     let data = dir.join("data.csv");
     write_data(&data, 64, 5);
     let text = COMMON
         .replace("DATA", data.to_str().unwrap())
         .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
-        + model_block(model);
-    let cfg = dir.join(format!("{model}.config"));
+        + block;
+    let cfg = dir.join(format!("{}.config", model.replace([' ', ','], "_")));
     std::fs::write(&cfg, text).unwrap();
     let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
     Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap()
@@ -187,6 +251,57 @@ fn dense_gradients_of_every_model_match_finite_differences() {
             "{model}: only {checked} smooth coordinates ({kinks} kinks)"
         );
     }
+}
+
+#[test]
+fn fused_pass_matches_burns_graph() {
+    for (label, block) in FUSED_VARIANTS {
+        let dir = tempfile::tempdir().unwrap();
+        let t = trainer_of(dir.path(), label, block);
+        assert!(fused::supports(&t.model.net), "{label}: expected the fused pass");
+        let batch = t
+            .stream(&t.plan.train_paths.clone(), true, 0)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let inputs = group_inputs(&t, &batch);
+        let fast = t.loss_and_grads(&batch, &inputs);
+        let graph = t.loss_and_grads_graph(&batch, &inputs);
+        let near = |a: f32, b: f32| (a - b).abs() <= 1e-6 + 1e-4 * b.abs();
+        assert!(
+            near(fast.loss, graph.loss),
+            "{label}: loss {} vs {}",
+            fast.loss,
+            graph.loss
+        );
+        for s in &t.model.params.specs {
+            for i in s.range() {
+                assert!(
+                    near(fast.dense[i], graph.dense[i]),
+                    "{label}: d loss / d {}[{}]: fused {} vs graph {}",
+                    s.name,
+                    i - s.offset,
+                    fast.dense[i],
+                    graph.dense[i]
+                );
+            }
+        }
+        for (g, (a, b)) in fast.inputs.iter().zip(&graph.inputs).enumerate() {
+            assert_eq!(a.len(), b.len());
+            for (j, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    near(*x, *y),
+                    "{label}: d loss / d input {}[{j}]: fused {x} vs graph {y}",
+                    t.model.groups[g].name
+                );
+            }
+        }
+        assert!(fast.dense.iter().any(|g| *g != 0.0) && fast.inputs.iter().flatten().any(|g| *g != 0.0));
+    }
+    // Batch norm and dropout stay on burn's graph.
+    let dir = tempfile::tempdir().unwrap();
+    assert!(!fused::supports(&trainer(dir.path(), "DLRM").model.net));
 }
 
 #[test]

@@ -118,7 +118,7 @@ pub fn activate(a: Activation, x: Tensor<2>) -> Tensor<2> {
 pub(crate) struct DnnLayer {
     pub(crate) linear: Linear,
     pub(crate) bn: Option<BatchNorm>,
-    dropout: f32,
+    pub(crate) dropout: f32,
 }
 
 /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation -> dropout.

@@ -2,6 +2,7 @@
 //! architectures on burn tensors. Single-device; distribution wraps them.
 
 pub mod arch;
+pub mod fused;
 pub mod layers;
 pub mod params;
 

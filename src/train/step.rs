@@ -12,7 +12,7 @@ use crate::embedding::{apply_rows, pool_into, scatter_grad, RowGrads, RowSource}
 use crate::features::{Batch, Encoded};
 use crate::model::layers::update_bn_buffers;
 use crate::model::params::to_vec;
-use crate::model::Ctx;
+use crate::model::{fused, Ctx};
 use crate::optim::Rule;
 use crate::util::Rng;
 
@@ -103,8 +103,24 @@ impl Trainer {
     /// Loss of a batch and its gradients with respect to every dense
     /// parameter (flat, in `ParamStore` layout) and every group input matrix,
     /// without regularisation and without changing any state. Training-mode
-    /// forward (batch statistics, dropout seeded by the global step).
+    /// forward (batch statistics, dropout seeded by the global step). Runs
+    /// the fused pass where the network allows it, burn's graph otherwise.
     pub fn loss_and_grads(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
+        if !fused::supports(&self.model.net) {
+            return self.loss_and_grads_graph(batch, inputs);
+        }
+        let m = &self.model;
+        let g = fused::loss_and_grads(&m.net, &m.groups, &m.params, inputs, &batch.labels, self.plan.loss);
+        Grads {
+            loss: g.loss,
+            dense: g.dense,
+            inputs: g.inputs,
+            bn_stats: Vec::new(),
+        }
+    }
+
+    /// `loss_and_grads` through burn's autodiff graph, for every network.
+    pub fn loss_and_grads_graph(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
         let b = batch.size;
         let device = self.train_device.clone();
         let params = self.model.params.tensors(&device, true);

@@ -1,0 +1,518 @@
+//! The fused CPU training pass: forward and backward of WideAndDeep and DLRM
+//! on flat row-major buffers, with matrix products straight through `gemm`,
+//! bias and activation applied in one sweep, the DLRM dot interaction per
+//! row, and no autodiff tape or intermediate tensors.
+//!
+//! burn's graph (`Net::forward`) stays the reference: it runs the other
+//! networks, batch norm and dropout, evaluation and export, and the tests
+//! hold both passes to the same loss and gradients.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::arch::{Net, Wide};
+use super::layers::{Dnn, Linear};
+use super::{GroupLayout, ParamStore};
+use crate::config::model_plan::{Activation, Interaction};
+use crate::config::typed::LossKind;
+
+/// Loss of a batch and its gradients: every dense parameter (flat, in
+/// `ParamStore` layout) and every group input matrix.
+pub struct PassGrads {
+    pub loss: f32,
+    pub dense: Vec<f32>,
+    pub inputs: Vec<Vec<f32>>,
+}
+
+/// Rows per parallel chunk of the element-wise sweeps.
+const ROWS: usize = 64;
+
+/// Whether `net` trains on the fused pass: WideAndDeep and DLRM whose DNN
+/// layers have neither batch norm nor dropout.
+pub fn supports(net: &Net) -> bool {
+    let plain = |d: &Dnn| d.layers.iter().all(|l| l.bn.is_none() && l.dropout == 0.0);
+    match net {
+        Net::WideAndDeep { dnn, final_dnn, .. } => plain(dnn) && final_dnn.as_ref().is_none_or(plain),
+        Net::Dlrm { bot, top, .. } => plain(bot) && plain(top),
+        _ => false,
+    }
+}
+
+/// `c[m, n] (+)= op(a)[m, k] · op(b)[k, n]`, all row-major; `ta` / `tb` read
+/// `a` as `[k, m]` / `b` as `[n, k]`, transposed.
+fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n): (usize, usize, usize), acc: bool) {
+    assert!(
+        c.len() == m * n && a.len() == m * k && b.len() == k * n,
+        "matmul shapes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !acc {
+            c.fill(0.0);
+        }
+        return;
+    }
+    let (a_rs, a_cs) = if ta { (1, m as isize) } else { (k as isize, 1) };
+    let (b_rs, b_cs) = if tb { (1, k as isize) } else { (n as isize, 1) };
+    // SAFETY: the asserted lengths bound every index gemm forms from these
+    // shapes and strides, and `c` does not alias `a` or `b` (borrow rules).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            acc,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::Rayon(0),
+        );
+    }
+}
+
+/// Column sums of a row-major `[rows, n]` matrix, added into `out`.
+fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
+    let parts: Vec<Vec<f32>> = x
+        .par_chunks(n * ROWS * 4)
+        .map(|chunk| {
+            let mut s = vec![0.0f32; n];
+            for row in chunk.chunks_exact(n) {
+                s.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+            }
+            s
+        })
+        .collect();
+    for p in parts {
+        out.iter_mut().zip(p).for_each(|(a, v)| *a += v);
+    }
+}
+
+fn activate(a: Activation, v: f32) -> f32 {
+    match a {
+        Activation::Relu => v.max(0.0),
+        Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        Activation::Tanh => v.tanh(),
+        Activation::Linear => v,
+    }
+}
+
+/// Derivative of the activation, from its output `y`.
+fn slope(a: Activation, y: f32) -> f32 {
+    match a {
+        Activation::Relu => {
+            if y > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Activation::Sigmoid => y * (1.0 - y),
+        Activation::Tanh => 1.0 - y * y,
+        Activation::Linear => 1.0,
+    }
+}
+
+/// `act(x · W + bias)` for `b` rows.
+fn linear_fwd(p: &ParamStore, l: &Linear, act: Activation, x: &[f32], b: usize) -> Vec<f32> {
+    let n = l.d_out;
+    let mut y = vec![0.0f32; b * n];
+    matmul(&mut y, x, false, p.slice(l.w), false, (b, l.d_in, n), false);
+    let bias = l.b.map(|i| p.slice(i));
+    if bias.is_some() || act != Activation::Linear {
+        y.par_chunks_mut(n * ROWS).for_each(|chunk| {
+            for row in chunk.chunks_exact_mut(n) {
+                if let Some(bias) = bias {
+                    row.iter_mut().zip(bias).for_each(|(v, c)| *v += c);
+                }
+                if act != Activation::Linear {
+                    row.iter_mut().for_each(|v| *v = activate(act, *v));
+                }
+            }
+        });
+    }
+    y
+}
+
+/// Backward of `y = act(x · W + bias)` given `dy`: accumulates the kernel
+/// and bias gradients into `dense`, and returns `dx` when asked.
+fn linear_bwd(
+    p: &ParamStore,
+    l: &Linear,
+    act: Activation,
+    (x, y, mut dy): (&[f32], &[f32], Vec<f32>),
+    dense: &mut [f32],
+    need_dx: bool,
+) -> Option<Vec<f32>> {
+    let (k, n) = (l.d_in, l.d_out);
+    let b = y.len() / n;
+    if act != Activation::Linear {
+        dy.par_chunks_mut(n * ROWS)
+            .zip(y.par_chunks(n * ROWS))
+            .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= slope(act, *y)));
+    }
+    let w = &p.specs[l.w];
+    matmul(&mut dense[w.range()], x, true, &dy, false, (k, b, n), true);
+    if let Some(bi) = l.b {
+        add_col_sums(&dy, n, &mut dense[p.specs[bi].range()]);
+    }
+    need_dx.then(|| {
+        let mut dx = vec![0.0f32; b * k];
+        matmul(&mut dx, &dy, false, p.slice(l.w), true, (b, n, k), false);
+        dx
+    })
+}
+
+/// A DNN's layer outputs, kept for the backward sweep.
+struct Trace {
+    outs: Vec<Vec<f32>>,
+}
+
+impl Trace {
+    fn last(&self) -> &[f32] {
+        self.outs.last().expect("a traced stack has a layer")
+    }
+}
+
+fn dnn_fwd(p: &ParamStore, d: &Dnn, x: &[f32], b: usize) -> Trace {
+    let mut outs: Vec<Vec<f32>> = Vec::with_capacity(d.layers.len());
+    for l in &d.layers {
+        let input = outs.last().map_or(x, Vec::as_slice);
+        outs.push(linear_fwd(p, &l.linear, d.activation, input, b));
+    }
+    Trace { outs }
+}
+
+/// Backward through a DNN from the gradient of its output; returns the
+/// gradient of its input when asked.
+fn dnn_bwd(
+    p: &ParamStore,
+    d: &Dnn,
+    x: &[f32],
+    t: &Trace,
+    dy: Vec<f32>,
+    dense: &mut [f32],
+    need_dx: bool,
+) -> Option<Vec<f32>> {
+    let mut g = dy;
+    for (i, l) in d.layers.iter().enumerate().rev() {
+        let input = if i == 0 { x } else { &t.outs[i - 1] };
+        let want = i > 0 || need_dx;
+        match linear_bwd(p, &l.linear, d.activation, (input, &t.outs[i], g), dense, want) {
+            Some(dx) => g = dx,
+            None => return None,
+        }
+    }
+    Some(g)
+}
+
+/// A DNN with no layers passes its input through.
+fn dnn_out<'a>(t: &'a Trace, x: &'a [f32]) -> &'a [f32] {
+    if t.outs.is_empty() {
+        x
+    } else {
+        t.last()
+    }
+}
+
+/// Mean loss of `logits` and its gradient with respect to each logit.
+fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f32>) {
+    let b = logits.len() as f32;
+    let mut total = 0.0f64;
+    let grad = logits
+        .iter()
+        .zip(labels)
+        .map(|(&x, &y)| match kind {
+            LossKind::BinaryClassification => {
+                total += (x.max(0.0) - x * y + (-x.abs()).exp().ln_1p()) as f64;
+                (1.0 / (1.0 + (-x).exp()) - y) / b
+            }
+            LossKind::Regression => {
+                total += ((x - y) * (x - y)) as f64;
+                2.0 * (x - y) / b
+            }
+        })
+        .collect();
+    ((total / logits.len() as f64) as f32, grad)
+}
+
+/// The wide side: summed wide embeddings of every wide group plus a linear
+/// map of its raw values, `[b, dim]`.
+fn wide_fwd(w: &Wide, p: &ParamStore, groups: &[GroupLayout], x: &[Vec<f32>], b: usize) -> Option<Vec<f32>> {
+    if w.groups.is_empty() {
+        return None;
+    }
+    let dim = w.dim;
+    let mut s = vec![0.0f32; b * dim];
+    for (&(g, n, dw), raw) in w.groups.iter().zip(&w.raw) {
+        let width = groups[g].width;
+        s.par_chunks_mut(dim)
+            .zip(x[g].par_chunks(width))
+            .for_each(|(out, row)| {
+                for k in 0..n {
+                    out.iter_mut()
+                        .zip(&row[k * dim..(k + 1) * dim])
+                        .for_each(|(o, v)| *o += v);
+                }
+            });
+        if let Some(kernel) = raw {
+            let xr = raw_columns(&x[g], width, n * dim, dw);
+            matmul(&mut s, &xr, false, p.slice(*kernel), false, (b, dw, dim), true);
+        }
+    }
+    Some(s)
+}
+
+/// Columns `[from, from + w)` of a `[rows, width]` matrix, contiguous.
+fn raw_columns(x: &[f32], width: usize, from: usize, w: usize) -> Vec<f32> {
+    x.chunks_exact(width)
+        .flat_map(|row| &row[from..from + w])
+        .copied()
+        .collect()
+}
+
+fn wide_bwd(w: &Wide, groups: &[GroupLayout], x: &[Vec<f32>], ds: &[f32], grads: &mut PassGrads, p: &ParamStore) {
+    let dim = w.dim;
+    let b = ds.len() / dim;
+    for (&(g, n, dw), raw) in w.groups.iter().zip(&w.raw) {
+        let width = groups[g].width;
+        grads.inputs[g]
+            .par_chunks_mut(width)
+            .zip(ds.par_chunks(dim))
+            .for_each(|(row, d)| {
+                for k in 0..n {
+                    row[k * dim..(k + 1) * dim].iter_mut().zip(d).for_each(|(a, v)| *a += v);
+                }
+            });
+        if let Some(kernel) = raw {
+            let xr = raw_columns(&x[g], width, n * dim, dw);
+            let dk = &mut grads.dense[p.specs[*kernel].range()];
+            matmul(dk, &xr, true, ds, false, (dw, b, dim), true);
+            // The raw columns' own gradient, for a complete input gradient.
+            let mut dxr = vec![0.0f32; b * dw];
+            matmul(&mut dxr, ds, false, p.slice(*kernel), true, (b, dim, dw), false);
+            for (row, d) in grads.inputs[g].chunks_exact_mut(width).zip(dxr.chunks_exact(dw)) {
+                row[n * dim..].iter_mut().zip(d).for_each(|(a, v)| *a += v);
+            }
+        }
+    }
+}
+
+fn has_tables(g: &GroupLayout) -> bool {
+    g.parts.iter().any(|p| p.table.is_some())
+}
+
+/// Loss and gradients of one batch on the fused pass (see `supports`), from
+/// group input matrices `[b, width]` and `b` labels.
+pub fn loss_and_grads(
+    net: &Net,
+    groups: &[GroupLayout],
+    p: &ParamStore,
+    x: &[Vec<f32>],
+    labels: &[f32],
+    kind: LossKind,
+) -> PassGrads {
+    let b = labels.len();
+    let mut grads = PassGrads {
+        loss: 0.0,
+        dense: vec![0.0; p.values.len()],
+        inputs: groups.iter().map(|g| vec![0.0; b * g.width]).collect(),
+    };
+    match net {
+        Net::WideAndDeep {
+            wide,
+            deep,
+            dnn,
+            final_dnn,
+            out,
+        } => {
+            let w = wide_fwd(wide, p, groups, x, b);
+            let deep_in = &x[*deep];
+            let t = dnn_fwd(p, dnn, deep_in, b);
+            let h = dnn_out(&t, deep_in);
+            let hd = dnn.d_out;
+            let need_deep = has_tables(&groups[*deep]);
+            let (dw, dh) = match final_dnn {
+                Some(f) => {
+                    let wd = wide.dim;
+                    let mut cat = vec![0.0f32; b * (wd + hd)];
+                    cat.par_chunks_mut(wd + hd).enumerate().for_each(|(r, row)| {
+                        if let Some(w) = &w {
+                            row[..wd].copy_from_slice(&w[r * wd..(r + 1) * wd]);
+                        }
+                        row[wd..].copy_from_slice(&h[r * hd..(r + 1) * hd]);
+                    });
+                    let tf = dnn_fwd(p, f, &cat, b);
+                    let top = dnn_out(&tf, &cat);
+                    let logits = linear_fwd(p, out, Activation::Linear, top, b);
+                    let (loss, dl) = loss_grad(kind, &logits, labels);
+                    grads.loss = loss;
+                    let dtop = linear_bwd(p, out, Activation::Linear, (top, &logits, dl), &mut grads.dense, true)
+                        .expect("asked for dx");
+                    let dcat = if f.layers.is_empty() {
+                        dtop
+                    } else {
+                        dnn_bwd(p, f, &cat, &tf, dtop, &mut grads.dense, true).expect("asked for dx")
+                    };
+                    let mut dw = vec![0.0f32; b * wd];
+                    let mut dh = vec![0.0f32; b * hd];
+                    for r in 0..b {
+                        let row = &dcat[r * (wd + hd)..(r + 1) * (wd + hd)];
+                        dw[r * wd..(r + 1) * wd].copy_from_slice(&row[..wd]);
+                        dh[r * hd..(r + 1) * hd].copy_from_slice(&row[wd..]);
+                    }
+                    (dw, dh)
+                }
+                None => {
+                    let mut logits = linear_fwd(p, out, Activation::Linear, h, b);
+                    if let Some(w) = &w {
+                        logits.iter_mut().zip(w).for_each(|(l, v)| *l += v);
+                    }
+                    let (loss, dl) = loss_grad(kind, &logits, labels);
+                    grads.loss = loss;
+                    let dh = linear_bwd(
+                        p,
+                        out,
+                        Activation::Linear,
+                        (h, &logits, dl.clone()),
+                        &mut grads.dense,
+                        true,
+                    )
+                    .expect("asked for dx");
+                    (dl, dh)
+                }
+            };
+            if w.is_some() {
+                wide_bwd(wide, groups, x, &dw, &mut grads, p);
+            }
+            let dx = if dnn.layers.is_empty() {
+                Some(dh)
+            } else {
+                dnn_bwd(p, dnn, deep_in, &t, dh, &mut grads.dense, need_deep)
+            };
+            if let Some(dx) = dx.filter(|_| need_deep) {
+                grads.inputs[*deep].iter_mut().zip(dx).for_each(|(a, v)| *a += v);
+            }
+        }
+        Net::Dlrm {
+            dense,
+            sparse,
+            n_sparse,
+            dim,
+            bot,
+            top,
+            out,
+            interaction,
+            tri,
+            with_dense,
+        } => {
+            let (n_sparse, dim) = (*n_sparse, *dim);
+            let dense_in = &x[*dense];
+            let tb = dnn_fwd(p, bot, dense_in, b);
+            let d = dnn_out(&tb, dense_in);
+            let dd_w = bot.d_out;
+            let s = &x[*sparse];
+            let sw = n_sparse * dim;
+            let dense_cols = match interaction {
+                Interaction::Dot if !*with_dense => 0,
+                _ => dd_w,
+            };
+            let zw = match interaction {
+                Interaction::Dot => dense_cols + tri.len(),
+                Interaction::Cat => dd_w + sw,
+            };
+            let n = n_sparse + 1;
+            // Pairs (i, j) of the kept dot-matrix entries, rows of `all`:
+            // row 0 is the bottom output, rows 1.. the sparse embeddings.
+            let pairs: Vec<(usize, usize)> = tri.iter().map(|&f| (f as usize / n, f as usize % n)).collect();
+            let row_of = |r: usize, i: usize| -> &[f32] {
+                if i == 0 {
+                    &d[r * dd_w..(r + 1) * dd_w]
+                } else {
+                    &s[r * sw + (i - 1) * dim..r * sw + i * dim]
+                }
+            };
+            let mut z = vec![0.0f32; b * zw];
+            z.par_chunks_mut(zw).enumerate().for_each(|(r, zr)| {
+                zr[..dense_cols].copy_from_slice(&d[r * dd_w..r * dd_w + dense_cols]);
+                match interaction {
+                    Interaction::Cat => zr[dd_w..].copy_from_slice(&s[r * sw..(r + 1) * sw]),
+                    Interaction::Dot => {
+                        for (o, &(i, j)) in zr[dense_cols..].iter_mut().zip(&pairs) {
+                            *o = row_of(r, i).iter().zip(row_of(r, j)).map(|(a, c)| a * c).sum();
+                        }
+                    }
+                }
+            });
+            let tt = dnn_fwd(p, top, &z, b);
+            let h = dnn_out(&tt, &z);
+            let logits = linear_fwd(p, out, Activation::Linear, h, b);
+            let (loss, dl) = loss_grad(kind, &logits, labels);
+            grads.loss = loss;
+            let dh =
+                linear_bwd(p, out, Activation::Linear, (h, &logits, dl), &mut grads.dense, true).expect("asked for dx");
+            let dz = if top.layers.is_empty() {
+                dh
+            } else {
+                dnn_bwd(p, top, &z, &tt, dh, &mut grads.dense, true).expect("asked for dx")
+            };
+            let mut dd = vec![0.0f32; b * dd_w];
+            let need_sparse = has_tables(&groups[*sparse]);
+            let ds = &mut grads.inputs[*sparse];
+            dd.par_chunks_mut(dd_w)
+                .zip(ds.par_chunks_mut(sw))
+                .enumerate()
+                .for_each(|(r, (ddr, dsr))| {
+                    let dzr = &dz[r * zw..(r + 1) * zw];
+                    ddr[..dense_cols].copy_from_slice(&dzr[..dense_cols]);
+                    match interaction {
+                        Interaction::Cat => {
+                            if need_sparse {
+                                dsr.copy_from_slice(&dzr[dd_w..]);
+                            }
+                        }
+                        Interaction::Dot => {
+                            for (&g, &(i, j)) in dzr[dense_cols..].iter().zip(&pairs) {
+                                // d(a_i · a_j): a_j into a_i's gradient and a_i into a_j's.
+                                for (u, v) in [(i, j), (j, i)] {
+                                    let src = row_of(r, v);
+                                    let dst = if u == 0 {
+                                        &mut ddr[..]
+                                    } else {
+                                        &mut dsr[(u - 1) * dim..u * dim]
+                                    };
+                                    dst.iter_mut().zip(src).for_each(|(a, x)| *a += g * x);
+                                }
+                            }
+                        }
+                    }
+                });
+            if !need_sparse {
+                ds.fill(0.0);
+            }
+            let need_dense = has_tables(&groups[*dense]);
+            let dx = if bot.layers.is_empty() {
+                Some(dd)
+            } else {
+                dnn_bwd(p, bot, dense_in, &tb, dd, &mut grads.dense, need_dense)
+            };
+            if let Some(dx) = dx.filter(|_| need_dense) {
+                grads.inputs[*dense].iter_mut().zip(dx).for_each(|(a, v)| *a += v);
+            }
+        }
+        _ => unreachable!("callers check `supports` first"),
+    }
+    grads
+}
