@@ -291,6 +291,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    rustrec::util::keep_freed_memory();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -178,6 +178,7 @@ impl ConfigArgs {
 /// Runs a binary: prints the whole error chain and maps errors to exit codes
 /// (0 ok, 1 user error, 2 internal error). Help and version go to stdout.
 pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitCode {
+    crate::util::keep_freed_memory();
     match run(std::env::args_os().collect()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
