@@ -2,14 +2,12 @@
 //! input buffer, and the reverse scatter of gradients into a sparse,
 //! row-wise optimizer update of only the touched rows.
 
-use std::collections::HashMap;
-
 use rayon::prelude::*;
 
 use crate::config::typed::{EmbeddingInit, OptimizerKind};
 use crate::features::Jagged;
 use crate::optim::{Rule, SlotState};
-use crate::util::{mix64, Rng};
+use crate::util::{mix64, IdMap, Rng};
 
 /// One table: `rows x dim` f32 weights with the optimizer slots of each row.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,7 +126,7 @@ impl RowSource for Table {
 #[derive(Debug, Clone, Default)]
 pub struct FetchedRows {
     pub dim: usize,
-    pub index: HashMap<u64, usize>,
+    pub index: IdMap<usize>,
     pub data: Vec<f32>,
 }
 
@@ -145,8 +143,24 @@ impl RowSource for FetchedRows {
 /// Pools `ids` of every row of a batch (sum, or weighted mean) into
 /// `out[b * stride + col .. + dim]`.
 pub fn pool_into(table: &dyn RowSource, j: &Jagged, mean: bool, out: &mut [f32], stride: usize, col: usize) {
+    out.par_chunks_mut(stride)
+        .enumerate()
+        .for_each(|(b, row_out)| pool_rows(table, j, mean, row_out, stride, col, b));
+}
+
+/// `pool_into` for the batch rows `first..` that `out` holds.
+pub fn pool_rows(
+    table: &dyn RowSource,
+    j: &Jagged,
+    mean: bool,
+    out: &mut [f32],
+    stride: usize,
+    col: usize,
+    first: usize,
+) {
     let dim = table.dim();
-    out.par_chunks_mut(stride).enumerate().for_each(|(b, row_out)| {
+    for (k, row_out) in out.chunks_exact_mut(stride).enumerate() {
+        let b = first + k;
         let dst = &mut row_out[col..col + dim];
         dst.fill(0.0);
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
@@ -163,7 +177,7 @@ pub fn pool_into(table: &dyn RowSource, j: &Jagged, mean: bool, out: &mut [f32],
                 *d /= wsum;
             }
         }
-    });
+    }
 }
 
 /// Summed gradients of the rows one table received in a step.
@@ -172,7 +186,7 @@ pub struct RowGrads {
     pub rows: Vec<u64>,
     /// `rows.len() * dim`, aligned with `rows`.
     pub grads: Vec<f32>,
-    index: HashMap<u64, usize>,
+    index: IdMap<usize>,
 }
 
 impl RowGrads {
@@ -231,8 +245,7 @@ pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) 
         for (d, s) in g.iter_mut().zip(&grads.grads[k * dim..(k + 1) * dim]) {
             *d = s * scale;
         }
-        let mut slots = table.state.view(range.clone());
-        rule.apply(&mut table.weights[range], &g, &mut slots);
+        rule.apply_at(&mut table.weights[range.clone()], &g, &mut table.state, range);
     }
 }
 

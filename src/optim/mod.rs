@@ -1,6 +1,8 @@
 //! Update rules shared by dense parameters and embedding rows, with
 //! TensorFlow's formulas, and EasyRec's multi-optimizer assignment.
 
+use rayon::prelude::*;
+
 use crate::config::typed::{ModelKind, OptimizerKind, OptimizerSpec};
 
 /// Which optimizer (index into `train_config.optimizer_config`) updates what.
@@ -184,6 +186,38 @@ impl Rule {
                 }
             }
         }
+    }
+}
+
+impl Rule {
+    /// `apply` to `w` whose slots are `state`'s over `range`, without
+    /// allocating (the per-row update of embedding tables).
+    pub fn apply_at(&self, w: &mut [f32], g: &[f32], state: &mut SlotState, range: std::ops::Range<usize>) {
+        match state.slots.as_mut_slice() {
+            [] => self.apply(w, g, &mut []),
+            [a] => self.apply(w, g, &mut [&mut a[range]]),
+            [a, b] => self.apply(w, g, &mut [&mut a[range.clone()], &mut b[range]]),
+            _ => unreachable!("rules keep at most two slots"),
+        }
+    }
+
+    /// `apply` over a long buffer, in chunks spread over the thread pool;
+    /// every rule is element-wise, so the result is the same.
+    pub fn apply_parallel(&self, w: &mut [f32], g: &[f32], slots: Vec<&mut [f32]>) {
+        const CHUNK: usize = 1 << 14;
+        let mut slot_chunks: Vec<_> = slots.into_iter().map(|s| s.chunks_mut(CHUNK)).collect();
+        let jobs: Vec<_> = w
+            .chunks_mut(CHUNK)
+            .zip(g.chunks(CHUNK))
+            .map(|(w, g)| {
+                let s = slot_chunks
+                    .iter_mut()
+                    .map(|c| c.next().expect("slots are as long as the weights"))
+                    .collect::<Vec<&mut [f32]>>();
+                (w, g, s)
+            })
+            .collect();
+        jobs.into_par_iter().for_each(|(w, g, mut s)| self.apply(w, g, &mut s));
     }
 }
 

@@ -5,10 +5,11 @@
 use anyhow::bail;
 use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor, TensorData};
+use rayon::prelude::*;
 
 use super::Trainer;
 use crate::config::typed::LossKind;
-use crate::embedding::{apply_rows, pool_into, scatter_grad, RowGrads, RowSource};
+use crate::embedding::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource};
 use crate::features::{Batch, Encoded};
 use crate::model::layers::update_bn_buffers;
 use crate::model::params::to_vec;
@@ -32,36 +33,44 @@ pub struct StepStats {
     pub grad_norm: f32,
 }
 
-/// Group input matrices (row-major `[batch, width]`) for a batch.
 /// Group input matrices (row-major `[batch, width]`) for a batch. With
 /// sharded tables this is a collective: every rank must call it.
 pub fn group_inputs(t: &Trainer, batch: &Batch) -> Vec<Vec<f32>> {
+    /// Batch rows per parallel task: every part of a row block in one go.
+    const ROWS: usize = 32;
     let b = batch.size;
     let fetched = t.sharded.then(|| t.fetch_rows(batch));
+    let (tables, features) = (&t.tables, &t.plan.features);
     t.model
         .groups
         .iter()
         .map(|g| {
             let mut buf = vec![0.0f32; b * g.width];
-            for p in &g.parts {
-                match (&batch.features[p.feature], p.table) {
-                    (Encoded::Sparse(j), Some(ti)) => {
-                        let mean = t.plan.features[p.feature].mean_combiner;
-                        let src: &dyn RowSource = match &fetched {
-                            Some(f) => &f[ti],
-                            None => &t.tables[ti],
-                        };
-                        pool_into(src, j, mean, &mut buf, g.width, p.col);
-                    }
-                    (Encoded::Dense { dim, values }, None) => {
-                        for r in 0..b {
-                            buf[r * g.width + p.col..r * g.width + p.col + dim]
-                                .copy_from_slice(&values[r * dim..(r + 1) * dim]);
-                        }
-                    }
-                    _ => unreachable!("feature encoding matches the group layout"),
-                }
+            if g.width == 0 {
+                return buf;
             }
+            buf.par_chunks_mut(ROWS * g.width).enumerate().for_each(|(blk, out)| {
+                let first = blk * ROWS;
+                for p in &g.parts {
+                    match (&batch.features[p.feature], p.table) {
+                        (Encoded::Sparse(j), Some(ti)) => {
+                            let mean = features[p.feature].mean_combiner;
+                            let src: &dyn RowSource = match &fetched {
+                                Some(f) => &f[ti],
+                                None => &tables[ti],
+                            };
+                            pool_rows(src, j, mean, out, g.width, p.col, first);
+                        }
+                        (Encoded::Dense { dim, values }, None) => {
+                            for (k, row) in out.chunks_exact_mut(g.width).enumerate() {
+                                let r = first + k;
+                                row[p.col..p.col + dim].copy_from_slice(&values[r * dim..(r + 1) * dim]);
+                            }
+                        }
+                        _ => unreachable!("feature encoding matches the group layout"),
+                    }
+                }
+            });
             buf
         })
         .collect()
@@ -81,6 +90,16 @@ fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, tr
             }
         })
         .collect()
+}
+
+/// Sum of squares in f64, over fixed chunks in parallel (so the result
+/// does not depend on the thread count).
+fn squared_norm(x: &[f32]) -> f64 {
+    let parts: Vec<f64> = x
+        .par_chunks(1 << 15)
+        .map(|c| c.iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>())
+        .collect();
+    parts.iter().sum()
 }
 
 /// Mean loss of logits `[b, 1]` against labels.
@@ -219,13 +238,9 @@ impl Trainer {
 
         // Embedding gradients: d loss / d group input, scattered to rows.
         let emb_reg = self.plan.embedding_regularization;
-        let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
-        for ((g, mut gin), buf) in self.model.groups.iter().zip(input_grads).zip(&inputs) {
-            if !g.parts.iter().any(|p| p.table.is_some()) {
-                continue;
-            }
-            for p in g.parts.iter().filter(|p| p.table.is_some()) {
-                if emb_reg > 0.0 {
+        if emb_reg > 0.0 {
+            for ((g, gin), buf) in self.model.groups.iter().zip(&mut input_grads).zip(&inputs) {
+                for p in g.sparse_parts() {
                     for r in 0..b {
                         for c in p.col..p.col + p.dim {
                             let v = buf[r * g.width + c];
@@ -234,27 +249,36 @@ impl Trainer {
                         }
                     }
                 }
-                let ti = p.table.expect("filtered to sparse parts");
-                let Encoded::Sparse(j) = &batch.features[p.feature] else {
-                    unreachable!("sparse part has jagged ids")
-                };
-                let mean = self.plan.features[p.feature].mean_combiner;
-                scatter_grad(j, mean, &gin, g.width, p.col, p.dim, &mut row_grads[ti]);
             }
         }
+        // One table's rows at a time, tables in parallel; parts sharing a
+        // table add up in config order.
+        let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
+        row_grads.par_iter_mut().enumerate().for_each(|(ti, acc)| {
+            for (g, gin) in self.model.groups.iter().zip(&input_grads) {
+                for p in g.sparse_parts().filter(|p| p.table == Some(ti)) {
+                    let Encoded::Sparse(j) = &batch.features[p.feature] else {
+                        unreachable!("sparse part has jagged ids")
+                    };
+                    let mean = self.plan.features[p.feature].mean_combiner;
+                    scatter_grad(j, mean, gin, g.width, p.col, p.dim, acc);
+                }
+            }
+        });
 
         let row_grads = self.exchange_row_grads(row_grads);
 
         // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
         // Sharded row gradients are spread over their owners: sum their norms.
-        let mut sums = [row_grads.iter().map(RowGrads::squared_norm).sum::<f64>(), emb_reg_loss];
+        let table_sq: Vec<f64> = row_grads.par_iter().map(RowGrads::squared_norm).collect();
+        let mut sums = [table_sq.iter().sum::<f64>(), emb_reg_loss];
         if self.sharded {
             self.comm.all_reduce_sum(&mut sums);
         } else {
             self.comm.all_reduce_sum(&mut sums[1..]);
         }
         reg += sums[1];
-        let sq: f64 = dense_grad.iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>() + sums[0];
+        let sq: f64 = squared_norm(&dense_grad) + sums[0];
         let norm = sq.sqrt() as f32;
         let scale = match self.plan.gradient_clip_norm {
             Some(c) if norm > c => c / norm,
@@ -266,14 +290,15 @@ impl Trainer {
             dense_grad.iter_mut().for_each(|g| *g *= scale);
         }
         let n = self.model.params.values.len();
-        let mut slots = self.dense_state.view(0..n);
-        dense_rule.apply(&mut self.model.params.values, &dense_grad, &mut slots);
-        for (table, rg) in self.tables.iter_mut().zip(&row_grads) {
-            let spec = &self.plan.optimizers[table.optimizer];
-            let mut rule = Rule::at(spec, self.step);
+        let slots = self.dense_state.view(0..n);
+        dense_rule.apply_parallel(&mut self.model.params.values, &dense_grad, slots);
+        let (optimizers, step) = (&self.plan.optimizers, self.step);
+        self.tables.par_iter_mut().zip(&row_grads).for_each(|(table, rg)| {
+            let spec = &optimizers[table.optimizer];
+            let mut rule = Rule::at(spec, step);
             rule.lr *= spec.embedding_lr_multiplier.unwrap_or(1.0);
             apply_rows(table, rg, &rule, scale);
-        }
+        });
         update_bn_buffers(&mut self.model.buffers, bn_stats);
         if ranks > 1 && !self.model.buffers.values.is_empty() {
             // Moving averages saw each rank's own rows: keep replicas equal.
