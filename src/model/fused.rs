@@ -83,6 +83,75 @@ fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n): (u
     }
 }
 
+/// One sample's dot interaction on small contiguous buffers: the `n`
+/// vectors of width `dim` (bottom output first, then the embeddings), their
+/// Gram matrix, and in the backward pass the vectors' gradients.
+struct Interact {
+    n: usize,
+    dim: usize,
+    /// `[n, dim]` vectors.
+    a: Vec<f32>,
+    /// `[dim, n]`: `a` transposed, so Gram rows are sums of whole rows.
+    at: Vec<f32>,
+    /// `[n, n]` Gram matrix, or the symmetric gradient of it.
+    g: Vec<f32>,
+    /// `[n, dim]` gradients of the vectors.
+    da: Vec<f32>,
+}
+
+impl Interact {
+    fn new(n: usize, dim: usize) -> Self {
+        Interact {
+            n,
+            dim,
+            a: vec![0.0; n * dim],
+            at: vec![0.0; n * dim],
+            g: vec![0.0; n * n],
+            da: vec![0.0; n * dim],
+        }
+    }
+
+    fn load(&mut self, bottom: &[f32], embeddings: &[f32]) {
+        self.a[..self.dim].copy_from_slice(bottom);
+        self.a[self.dim..].copy_from_slice(embeddings);
+    }
+
+    /// `g = a · aᵀ`, row by row as sums of `at`'s rows (vectorised over `n`).
+    fn gram(&mut self) {
+        let (n, dim) = (self.n, self.dim);
+        for (i, row) in self.a.chunks_exact(dim).enumerate() {
+            for (k, v) in row.iter().enumerate() {
+                self.at[k * n + i] = *v;
+            }
+        }
+        for (i, gi) in self.g.chunks_exact_mut(n).enumerate() {
+            gi.fill(0.0);
+            for (k, atk) in self.at.chunks_exact(n).enumerate() {
+                let v = self.a[i * dim + k];
+                gi.iter_mut().zip(atk).for_each(|(o, x)| *o += v * x);
+            }
+        }
+    }
+
+    /// `da` from the gradients `dout` of the kept Gram entries `tri`: each
+    /// entry (i, j) is `a_i · a_j`, so `da = (G + Gᵀ) · a`.
+    fn backward(&mut self, tri: &[i64], dout: &[f32]) {
+        let (n, dim) = (self.n, self.dim);
+        self.g.fill(0.0);
+        for (&f, &v) in tri.iter().zip(dout) {
+            let (i, j) = (f as usize / n, f as usize % n);
+            self.g[i * n + j] += v;
+            self.g[j * n + i] += v;
+        }
+        for (gi, dai) in self.g.chunks_exact(n).zip(self.da.chunks_exact_mut(dim)) {
+            dai.fill(0.0);
+            for (&v, aj) in gi.iter().zip(self.a.chunks_exact(dim)) {
+                dai.iter_mut().zip(aj).for_each(|(o, x)| *o += v * x);
+            }
+        }
+    }
+}
+
 /// Column sums of a row-major `[rows, n]` matrix, added into `out`.
 fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
     let parts: Vec<Vec<f32>> = x
@@ -434,24 +503,20 @@ pub fn loss_and_grads(
                 Interaction::Cat => dd_w + sw,
             };
             let n = n_sparse + 1;
-            // Pairs (i, j) of the kept dot-matrix entries, rows of `all`:
-            // row 0 is the bottom output, rows 1.. the sparse embeddings.
-            let pairs: Vec<(usize, usize)> = tri.iter().map(|&f| (f as usize / n, f as usize % n)).collect();
-            let row_of = |r: usize, i: usize| -> &[f32] {
-                if i == 0 {
-                    &d[r * dd_w..(r + 1) * dd_w]
-                } else {
-                    &s[r * sw + (i - 1) * dim..r * sw + i * dim]
-                }
-            };
             let mut z = vec![0.0f32; b * zw];
-            z.par_chunks_mut(zw).enumerate().for_each(|(r, zr)| {
-                zr[..dense_cols].copy_from_slice(&d[r * dd_w..r * dd_w + dense_cols]);
-                match interaction {
-                    Interaction::Cat => zr[dd_w..].copy_from_slice(&s[r * sw..(r + 1) * sw]),
-                    Interaction::Dot => {
-                        for (o, &(i, j)) in zr[dense_cols..].iter_mut().zip(&pairs) {
-                            *o = row_of(r, i).iter().zip(row_of(r, j)).map(|(a, c)| a * c).sum();
+            z.par_chunks_mut(zw * ROWS).enumerate().for_each(|(c, zc)| {
+                let mut dots = Interact::new(n, dim);
+                for (k, zr) in zc.chunks_exact_mut(zw).enumerate() {
+                    let r = c * ROWS + k;
+                    zr[..dense_cols].copy_from_slice(&d[r * dd_w..r * dd_w + dense_cols]);
+                    match interaction {
+                        Interaction::Cat => zr[dd_w..].copy_from_slice(&s[r * sw..(r + 1) * sw]),
+                        Interaction::Dot => {
+                            dots.load(&d[r * dd_w..(r + 1) * dd_w], &s[r * sw..(r + 1) * sw]);
+                            dots.gram();
+                            for (o, &f) in zr[dense_cols..].iter_mut().zip(tri) {
+                                *o = dots.g[f as usize];
+                            }
                         }
                     }
                 }
@@ -471,30 +536,27 @@ pub fn loss_and_grads(
             let mut dd = vec![0.0f32; b * dd_w];
             let need_sparse = has_tables(&groups[*sparse]);
             let ds = &mut grads.inputs[*sparse];
-            dd.par_chunks_mut(dd_w)
-                .zip(ds.par_chunks_mut(sw))
+            dd.par_chunks_mut(dd_w * ROWS)
+                .zip(ds.par_chunks_mut(sw * ROWS))
                 .enumerate()
-                .for_each(|(r, (ddr, dsr))| {
-                    let dzr = &dz[r * zw..(r + 1) * zw];
-                    ddr[..dense_cols].copy_from_slice(&dzr[..dense_cols]);
-                    match interaction {
-                        Interaction::Cat => {
-                            if need_sparse {
-                                dsr.copy_from_slice(&dzr[dd_w..]);
-                            }
-                        }
-                        Interaction::Dot => {
-                            for (&g, &(i, j)) in dzr[dense_cols..].iter().zip(&pairs) {
-                                // d(a_i · a_j): a_j into a_i's gradient and a_i into a_j's.
-                                for (u, v) in [(i, j), (j, i)] {
-                                    let src = row_of(r, v);
-                                    let dst = if u == 0 {
-                                        &mut ddr[..]
-                                    } else {
-                                        &mut dsr[(u - 1) * dim..u * dim]
-                                    };
-                                    dst.iter_mut().zip(src).for_each(|(a, x)| *a += g * x);
+                .for_each(|(c, (ddc, dsc))| {
+                    let mut dots = Interact::new(n, dim);
+                    for (k, (ddr, dsr)) in ddc.chunks_exact_mut(dd_w).zip(dsc.chunks_exact_mut(sw)).enumerate() {
+                        let r = c * ROWS + k;
+                        let dzr = &dz[r * zw..(r + 1) * zw];
+                        ddr[..dense_cols].copy_from_slice(&dzr[..dense_cols]);
+                        match interaction {
+                            Interaction::Cat => {
+                                if need_sparse {
+                                    dsr.copy_from_slice(&dzr[dd_w..]);
                                 }
+                            }
+                            Interaction::Dot => {
+                                dots.load(&d[r * dd_w..(r + 1) * dd_w], &s[r * sw..(r + 1) * sw]);
+                                dots.backward(tri, &dzr[dense_cols..]);
+                                // The bottom output's gradient adds to the part passed through.
+                                ddr.iter_mut().zip(&dots.da[..dim]).for_each(|(a, v)| *a += v);
+                                dsr.copy_from_slice(&dots.da[dim..]);
                             }
                         }
                     }
