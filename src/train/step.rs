@@ -106,10 +106,17 @@ fn squared_norm(x: &[f32]) -> f64 {
 fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1> {
     match kind {
         LossKind::BinaryClassification => {
-            // max(x, 0) - x*y + log(1 + exp(-|x|)), the stable sigmoid cross entropy.
+            // Value: max(x, 0) - x*y + log(1 + exp(-|x|)), the stable sigmoid
+            // cross entropy. Gradient: sigmoid(x) - y, attached directly.
+            // Differentiating the max/abs form instead takes one-sided
+            // slopes at x = 0 that add up to 1 - y instead of 0.5 - y, and
+            // logits of exactly 0 are common at the start (zero output bias,
+            // rows whose last hidden layer is all zero).
             let pos = logits.clone().clamp_min(0.0);
-            let l = pos - logits.clone() * labels + logits.abs().neg().exp().log1p();
-            l.mean()
+            let value = pos - logits.clone() * labels.clone() + logits.clone().abs().neg().exp().log1p();
+            let slope = (sigmoid(logits.clone()) - labels).detach();
+            let linear = logits * slope;
+            (linear.clone() + (value - linear).detach()).mean()
         }
         LossKind::Regression => {
             let d = logits - labels;
@@ -347,5 +354,35 @@ impl Trainer {
             LossKind::Regression => to_vec(logits.clone()),
         };
         (preds, to_vec(logits), loss)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cross_entropy_gradient_is_exact_at_zero_logits() {
+        let device = Device::flex().autodiff();
+        let logits =
+            Tensor::<2>::from_data(TensorData::new(vec![0.0f32, 0.0, 2.0, -3.0], [4, 1]), &device).require_grad();
+        let labels = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [4, 1]), &device);
+        let loss = loss_of(LossKind::BinaryClassification, logits.clone(), labels);
+        let value = to_vec(loss.clone())[0];
+        let grads = loss.backward();
+        let g = to_vec(logits.grad(&grads).expect("logits take part in the loss"));
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let want = [
+            (sig(0.0) - 1.0) / 4.0,
+            sig(0.0) / 4.0,
+            (sig(2.0) - 1.0) / 4.0,
+            sig(-3.0) / 4.0,
+        ];
+        for (a, b) in g.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "gradient {g:?}, want {want:?}");
+        }
+        let bce = |x: f32, y: f32| -(y * sig(x).ln() + (1.0 - y) * (1.0 - sig(x)).ln());
+        let mean = (bce(0.0, 1.0) + bce(0.0, 0.0) + bce(2.0, 1.0) + bce(-3.0, 0.0)) / 4.0;
+        assert!((value - mean).abs() < 1e-6, "loss {value}, want {mean}");
     }
 }
