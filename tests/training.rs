@@ -158,9 +158,15 @@ fn trainer(dir: &Path, model: &str) -> Trainer {
 }
 
 fn trainer_of(dir: &Path, model: &str, block: &str) -> Trainer {
+    trainer_sized(dir, model, block, 64, 16)
+}
+
+/// `trainer_of` with `rows` rows of data read in batches of `batch`.
+fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize) -> Trainer {
     let data = dir.join("data.csv");
-    write_data(&data, 64, 5);
+    write_data(&data, rows, 5);
     let text = COMMON
+        .replace("batch_size: 16", &format!("batch_size: {batch}"))
         .replace("DATA", data.to_str().unwrap())
         .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
         + block;
@@ -257,7 +263,9 @@ fn dense_gradients_of_every_model_match_finite_differences() {
 fn fused_pass_matches_burns_graph() {
     for (label, block) in FUSED_VARIANTS {
         let dir = tempfile::tempdir().unwrap();
-        let t = trainer_of(dir.path(), label, block);
+        // 83 rows: more than one parallel block of rows, and a last block
+        // that fills only part of the interaction's lanes.
+        let t = trainer_sized(dir.path(), label, block, 100, 83);
         assert!(fused::supports(&t.model.net), "{label}: expected the fused pass");
         let batch = t
             .stream(&t.plan.train_paths.clone(), true, 0)

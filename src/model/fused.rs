@@ -83,70 +83,94 @@ fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n): (u
     }
 }
 
-/// One sample's dot interaction on small contiguous buffers: the `n`
-/// vectors of width `dim` (bottom output first, then the embeddings), their
-/// Gram matrix, and in the backward pass the vectors' gradients.
+/// Samples per interaction block: the lanes of its vector loops.
+const LANES: usize = 16;
+
+/// DLRM's dot interaction for up to `LANES` samples at once. The `n`
+/// vectors of width `dim` (bottom output first, then the embeddings) are
+/// held sample-minor, `[vector * dim + element][sample]`, so one pair's dot
+/// products for the whole block are lane-wise multiply-adds with no
+/// horizontal sums.
 struct Interact {
-    n: usize,
     dim: usize,
-    /// `[n, dim]` vectors.
-    a: Vec<f32>,
-    /// `[dim, n]`: `a` transposed, so Gram rows are sums of whole rows.
-    at: Vec<f32>,
-    /// `[n, n]` Gram matrix, or the symmetric gradient of it.
-    g: Vec<f32>,
-    /// `[n, dim]` gradients of the vectors.
-    da: Vec<f32>,
+    /// `(i, j)` of each kept Gram entry, in output order.
+    pairs: Vec<(usize, usize)>,
+    a: Vec<[f32; LANES]>,
+    /// Gradients of `a`.
+    da: Vec<[f32; LANES]>,
+    /// One value per pair: the dot products, or their gradients.
+    out: Vec<[f32; LANES]>,
+    /// Per vector, `(pair, other vector)` of every pair it is in.
+    partners: Vec<Vec<(usize, usize)>>,
 }
 
 impl Interact {
-    fn new(n: usize, dim: usize) -> Self {
+    fn new(n: usize, dim: usize, tri: &[i64]) -> Self {
+        let pairs: Vec<(usize, usize)> = tri.iter().map(|&f| (f as usize / n, f as usize % n)).collect();
+        let mut partners = vec![Vec::new(); n];
+        for (p, &(i, j)) in pairs.iter().enumerate() {
+            partners[i].push((p, j));
+            partners[j].push((p, i));
+        }
         Interact {
-            n,
             dim,
-            a: vec![0.0; n * dim],
-            at: vec![0.0; n * dim],
-            g: vec![0.0; n * n],
-            da: vec![0.0; n * dim],
+            pairs,
+            partners,
+            a: vec![[0.0; LANES]; n * dim],
+            da: vec![[0.0; LANES]; n * dim],
+            out: vec![[0.0; LANES]; tri.len()],
         }
     }
 
-    fn load(&mut self, bottom: &[f32], embeddings: &[f32]) {
-        self.a[..self.dim].copy_from_slice(bottom);
-        self.a[self.dim..].copy_from_slice(embeddings);
-    }
-
-    /// `g = a · aᵀ`, row by row as sums of `at`'s rows (vectorised over `n`).
-    fn gram(&mut self) {
-        let (n, dim) = (self.n, self.dim);
-        for (i, row) in self.a.chunks_exact(dim).enumerate() {
-            for (k, v) in row.iter().enumerate() {
-                self.at[k * n + i] = *v;
+    /// Loads `count` samples: their bottom outputs (`count` rows of `dim`)
+    /// and embeddings (`count` rows of `(n - 1) * dim`). Unused lanes keep
+    /// stale values; their results are never read.
+    fn load(&mut self, bottom: &[f32], embeddings: &[f32], count: usize) {
+        let dim = self.dim;
+        let sw = self.a.len() - dim;
+        for l in 0..count {
+            for (v, x) in self.a[..dim].iter_mut().zip(&bottom[l * dim..(l + 1) * dim]) {
+                v[l] = *x;
             }
-        }
-        for (i, gi) in self.g.chunks_exact_mut(n).enumerate() {
-            gi.fill(0.0);
-            for (k, atk) in self.at.chunks_exact(n).enumerate() {
-                let v = self.a[i * dim + k];
-                gi.iter_mut().zip(atk).for_each(|(o, x)| *o += v * x);
+            for (v, x) in self.a[dim..].iter_mut().zip(&embeddings[l * sw..(l + 1) * sw]) {
+                v[l] = *x;
             }
         }
     }
 
-    /// `da` from the gradients `dout` of the kept Gram entries `tri`: each
-    /// entry (i, j) is `a_i · a_j`, so `da = (G + Gᵀ) · a`.
-    fn backward(&mut self, tri: &[i64], dout: &[f32]) {
-        let (n, dim) = (self.n, self.dim);
-        self.g.fill(0.0);
-        for (&f, &v) in tri.iter().zip(dout) {
-            let (i, j) = (f as usize / n, f as usize % n);
-            self.g[i * n + j] += v;
-            self.g[j * n + i] += v;
+    /// `out[p] = a_i · a_j` for every kept pair `p = (i, j)`.
+    fn forward(&mut self) {
+        let dim = self.dim;
+        for (o, &(i, j)) in self.out.iter_mut().zip(&self.pairs) {
+            let mut acc = [0.0f32; LANES];
+            for (x, y) in self.a[i * dim..(i + 1) * dim]
+                .iter()
+                .zip(&self.a[j * dim..(j + 1) * dim])
+            {
+                for l in 0..LANES {
+                    acc[l] += x[l] * y[l];
+                }
+            }
+            *o = acc;
         }
-        for (gi, dai) in self.g.chunks_exact(n).zip(self.da.chunks_exact_mut(dim)) {
-            dai.fill(0.0);
-            for (&v, aj) in gi.iter().zip(self.a.chunks_exact(dim)) {
-                dai.iter_mut().zip(aj).for_each(|(o, x)| *o += v * x);
+    }
+
+    /// `da` from the gradients in `out`: d(a_i · a_j) sends `a_j` into
+    /// `a_i`'s gradient and `a_i` into `a_j`'s (twice `a_i` when i = j).
+    /// Each gradient element is summed in registers over its vector's
+    /// partners.
+    fn backward(&mut self) {
+        let dim = self.dim;
+        for (u, partners) in self.partners.iter().enumerate() {
+            for k in 0..dim {
+                let mut acc = [0.0f32; LANES];
+                for &(p, v) in partners {
+                    let (g, x) = (&self.out[p], &self.a[v * dim + k]);
+                    for l in 0..LANES {
+                        acc[l] += g[l] * x[l];
+                    }
+                }
+                self.da[u * dim + k] = acc;
             }
         }
     }
@@ -505,17 +529,27 @@ pub fn loss_and_grads(
             let n = n_sparse + 1;
             let mut z = vec![0.0f32; b * zw];
             z.par_chunks_mut(zw * ROWS).enumerate().for_each(|(c, zc)| {
-                let mut dots = Interact::new(n, dim);
-                for (k, zr) in zc.chunks_exact_mut(zw).enumerate() {
-                    let r = c * ROWS + k;
-                    zr[..dense_cols].copy_from_slice(&d[r * dd_w..r * dd_w + dense_cols]);
-                    match interaction {
-                        Interaction::Cat => zr[dd_w..].copy_from_slice(&s[r * sw..(r + 1) * sw]),
-                        Interaction::Dot => {
-                            dots.load(&d[r * dd_w..(r + 1) * dd_w], &s[r * sw..(r + 1) * sw]);
-                            dots.gram();
-                            for (o, &f) in zr[dense_cols..].iter_mut().zip(tri) {
-                                *o = dots.g[f as usize];
+                let mut dots = Interact::new(n, dim, tri);
+                for (q, zq) in zc.chunks_mut(zw * LANES).enumerate() {
+                    let r0 = c * ROWS + q * LANES;
+                    let count = zq.len() / zw;
+                    for (k, zr) in zq.chunks_exact_mut(zw).enumerate() {
+                        let r = r0 + k;
+                        zr[..dense_cols].copy_from_slice(&d[r * dd_w..r * dd_w + dense_cols]);
+                        if let Interaction::Cat = interaction {
+                            zr[dd_w..].copy_from_slice(&s[r * sw..(r + 1) * sw]);
+                        }
+                    }
+                    if let Interaction::Dot = interaction {
+                        dots.load(
+                            &d[r0 * dd_w..(r0 + count) * dd_w],
+                            &s[r0 * sw..(r0 + count) * sw],
+                            count,
+                        );
+                        dots.forward();
+                        for (k, zr) in zq.chunks_exact_mut(zw).enumerate() {
+                            for (o, v) in zr[dense_cols..].iter_mut().zip(&dots.out) {
+                                *o = v[k];
                             }
                         }
                     }
@@ -540,23 +574,41 @@ pub fn loss_and_grads(
                 .zip(ds.par_chunks_mut(sw * ROWS))
                 .enumerate()
                 .for_each(|(c, (ddc, dsc))| {
-                    let mut dots = Interact::new(n, dim);
-                    for (k, (ddr, dsr)) in ddc.chunks_exact_mut(dd_w).zip(dsc.chunks_exact_mut(sw)).enumerate() {
-                        let r = c * ROWS + k;
-                        let dzr = &dz[r * zw..(r + 1) * zw];
-                        ddr[..dense_cols].copy_from_slice(&dzr[..dense_cols]);
+                    let mut dots = Interact::new(n, dim, tri);
+                    for (q, (ddq, dsq)) in ddc.chunks_mut(dd_w * LANES).zip(dsc.chunks_mut(sw * LANES)).enumerate() {
+                        let r0 = c * ROWS + q * LANES;
+                        let count = ddq.len() / dd_w;
+                        let dzq = &dz[r0 * zw..(r0 + count) * zw];
+                        for (ddr, dzr) in ddq.chunks_exact_mut(dd_w).zip(dzq.chunks_exact(zw)) {
+                            ddr[..dense_cols].copy_from_slice(&dzr[..dense_cols]);
+                        }
                         match interaction {
                             Interaction::Cat => {
                                 if need_sparse {
-                                    dsr.copy_from_slice(&dzr[dd_w..]);
+                                    for (dsr, dzr) in dsq.chunks_exact_mut(sw).zip(dzq.chunks_exact(zw)) {
+                                        dsr.copy_from_slice(&dzr[dd_w..]);
+                                    }
                                 }
                             }
                             Interaction::Dot => {
-                                dots.load(&d[r * dd_w..(r + 1) * dd_w], &s[r * sw..(r + 1) * sw]);
-                                dots.backward(tri, &dzr[dense_cols..]);
-                                // The bottom output's gradient adds to the part passed through.
-                                ddr.iter_mut().zip(&dots.da[..dim]).for_each(|(a, v)| *a += v);
-                                dsr.copy_from_slice(&dots.da[dim..]);
+                                dots.load(
+                                    &d[r0 * dd_w..(r0 + count) * dd_w],
+                                    &s[r0 * sw..(r0 + count) * sw],
+                                    count,
+                                );
+                                for (k, dzr) in dzq.chunks_exact(zw).enumerate() {
+                                    for (g, v) in dots.out.iter_mut().zip(&dzr[dense_cols..]) {
+                                        g[k] = *v;
+                                    }
+                                }
+                                dots.backward();
+                                for (k, (ddr, dsr)) in
+                                    ddq.chunks_exact_mut(dd_w).zip(dsq.chunks_exact_mut(sw)).enumerate()
+                                {
+                                    // The bottom output's gradient adds to the part passed through.
+                                    ddr.iter_mut().zip(&dots.da[..dim]).for_each(|(o, v)| *o += v[k]);
+                                    dsr.iter_mut().zip(&dots.da[dim..]).for_each(|(o, v)| *o = v[k]);
+                                }
                             }
                         }
                     }
