@@ -79,7 +79,7 @@ fn model_block(name: &str) -> &'static str {
 
 /// Networks the fused training pass takes (no batch norm, no dropout), each
 /// with a different wiring of its head, interaction or activation.
-const FUSED_VARIANTS: [(&str, &str); 7] = [
+const FUSED_VARIANTS: [(&str, &str); 9] = [
     (
         "WideAndDeep, raw value in the wide group",
         r#"model_config { model_class: "WideAndDeep"
@@ -132,6 +132,22 @@ const FUSED_VARIANTS: [(&str, &str); 7] = [
   feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
   feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
   dlrm { bot_dnn { hidden_units: [4] use_bn: false activation: "sigmoid" } top_dnn { use_bn: false }
+         arch_with_dense_feature: true } }"#,
+    ),
+    (
+        "WideAndDeep with batch norm, dropout and final_dnn",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c3"] wide_deep: DEEP }
+  wide_and_deep { wide_output_dim: 2 dnn { hidden_units: [8, 6] dropout_ratio: [0.3, 0.2] }
+                  final_dnn { hidden_units: [5] dropout_ratio: [0.25] activation: "tanh" } } }"#,
+    ),
+    (
+        "DLRM with batch norm and dropout",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [8, 4] activation: "sigmoid" } top_dnn { hidden_units: [8, 6] dropout_ratio: [0.5, 0.1] }
          arch_with_dense_feature: true } }"#,
     ),
 ];
@@ -306,10 +322,17 @@ fn fused_pass_matches_burns_graph() {
             }
         }
         assert!(fast.dense.iter().any(|g| *g != 0.0) && fast.inputs.iter().flatten().any(|g| *g != 0.0));
+        assert_eq!(fast.bn_stats.len(), graph.bn_stats.len(), "{label}: batch norms");
+        for (f, g) in fast.bn_stats.iter().zip(&graph.bn_stats) {
+            assert_eq!((f.mean_buffer, f.var_buffer), (g.mean_buffer, g.var_buffer));
+            for (x, y) in f.mean.iter().chain(&f.var).zip(g.mean.iter().chain(&g.var)) {
+                assert!(near(*x, *y), "{label}: batch statistics {x} vs {y}");
+            }
+        }
     }
-    // Batch norm and dropout stay on burn's graph.
+    // The other networks stay on burn's graph.
     let dir = tempfile::tempdir().unwrap();
-    assert!(!fused::supports(&trainer(dir.path(), "DLRM").model.net));
+    assert!(!fused::supports(&trainer(dir.path(), "DeepFM").model.net));
 }
 
 #[test]

@@ -1,20 +1,23 @@
 //! The fused CPU training pass: forward and backward of WideAndDeep and DLRM
 //! on flat row-major buffers, with matrix products straight through `gemm`,
 //! bias and activation applied in one sweep, the DLRM dot interaction per
-//! row, and no autodiff tape or intermediate tensors.
+//! row, batch norm and dropout in training mode, and no autodiff tape or
+//! intermediate tensors.
 //!
 //! burn's graph (`Net::forward`) stays the reference: it runs the other
-//! networks, batch norm and dropout, evaluation and export, and the tests
-//! hold both passes to the same loss and gradients.
+//! networks, evaluation and export, and the tests hold both passes to the
+//! same loss, gradients and batch statistics. Dropout draws its masks from
+//! the same generator, in the same order, as the graph.
 
 use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::arch::{Net, Wide};
-use super::layers::{Dnn, Linear};
+use super::layers::{BatchNorm, BnStats, Dnn, DnnLayer, Linear, BN_EPS};
 use super::{GroupLayout, ParamStore};
 use crate::config::model_plan::{Activation, Interaction};
 use crate::config::typed::LossKind;
+use crate::util::Rng;
 
 /// Loss of a batch and its gradients: every dense parameter (flat, in
 /// `ParamStore` layout) and every group input matrix.
@@ -22,20 +25,16 @@ pub struct PassGrads {
     pub loss: f32,
     pub dense: Vec<f32>,
     pub inputs: Vec<Vec<f32>>,
+    /// Batch statistics of every batch norm, for its moving averages.
+    pub bn_stats: Vec<BnStats>,
 }
 
 /// Rows per parallel chunk of the element-wise sweeps.
 const ROWS: usize = 64;
 
-/// Whether `net` trains on the fused pass: WideAndDeep and DLRM whose DNN
-/// layers have neither batch norm nor dropout.
+/// Whether `net` trains on the fused pass: WideAndDeep and DLRM.
 pub fn supports(net: &Net) -> bool {
-    let plain = |d: &Dnn| d.layers.iter().all(|l| l.bn.is_none() && l.dropout == 0.0);
-    match net {
-        Net::WideAndDeep { dnn, final_dnn, .. } => plain(dnn) && final_dnn.as_ref().is_none_or(plain),
-        Net::Dlrm { bot, top, .. } => plain(bot) && plain(top),
-        _ => false,
-    }
+    matches!(net, Net::WideAndDeep { .. } | Net::Dlrm { .. })
 }
 
 /// `c[m, n] (+)= op(a)[m, k] · op(b)[k, n]`, all row-major; `ta` / `tb` read
@@ -268,24 +267,227 @@ fn linear_bwd(
     })
 }
 
-/// A DNN's layer outputs, kept for the backward sweep.
+/// Per-column sums over the rows of a row-major `[rows, n]` matrix of
+/// `f(row value, column)`, accumulated in f64.
+fn col_sums_f64(x: &[f32], n: usize, f: impl Fn(f32, usize) -> f64 + Sync) -> Vec<f64> {
+    x.par_chunks(n * ROWS * 4)
+        .map(|chunk| {
+            let mut s = vec![0.0f64; n];
+            for row in chunk.chunks_exact(n) {
+                for (c, (a, v)) in s.iter_mut().zip(row).enumerate() {
+                    *a += f(*v, c);
+                }
+            }
+            s
+        })
+        .reduce(
+            || vec![0.0f64; n],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(a, v)| *a += v);
+                a
+            },
+        )
+}
+
+/// One DNN layer's values, kept for the backward sweep.
+struct LayerTrace {
+    /// The activation's output (before dropout).
+    act: Vec<f32>,
+    /// With batch norm: the normalised values and `1 / sqrt(var + eps)` per
+    /// column.
+    bn: Option<(Vec<f32>, Vec<f32>)>,
+    /// With dropout: the layer's output and the mask it was scaled by.
+    dropped: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl LayerTrace {
+    /// What the next layer sees.
+    fn out(&self) -> &[f32] {
+        self.dropped.as_ref().map_or(&self.act, |(y, _)| y)
+    }
+}
+
+/// A DNN's layers, kept for the backward sweep.
 struct Trace {
-    outs: Vec<Vec<f32>>,
+    layers: Vec<LayerTrace>,
 }
 
 impl Trace {
     fn last(&self) -> &[f32] {
-        self.outs.last().expect("a traced stack has a layer")
+        self.layers.last().expect("a traced stack has a layer").out()
     }
 }
 
-fn dnn_fwd(p: &ParamStore, d: &Dnn, x: &[f32], b: usize) -> Trace {
-    let mut outs: Vec<Vec<f32>> = Vec::with_capacity(d.layers.len());
-    for l in &d.layers {
-        let input = outs.last().map_or(x, Vec::as_slice);
-        outs.push(linear_fwd(p, &l.linear, d.activation, input, b));
+/// Training-mode batch norm of `z` (`[b, n]`, bias included) followed by the
+/// activation: returns the activation output and the normalised values
+/// (written over `z`) with `1 / sqrt(var + eps)`; records the batch mean and
+/// (biased) variance.
+fn bn_fwd(
+    p: &ParamStore,
+    bn: &BatchNorm,
+    act: Activation,
+    mut z: Vec<f32>,
+    n: usize,
+    stats: &mut Vec<BnStats>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let b = (z.len() / n) as f64;
+    let mean: Vec<f32> = col_sums_f64(&z, n, |v, _| v as f64)
+        .into_iter()
+        .map(|s| (s / b) as f32)
+        .collect();
+    let var: Vec<f32> = col_sums_f64(&z, n, |v, c| {
+        let d = (v - mean[c]) as f64;
+        d * d
+    })
+    .into_iter()
+    .map(|s| (s / b) as f32)
+    .collect();
+    let inv: Vec<f32> = var.iter().map(|v| 1.0 / (v + BN_EPS).sqrt()).collect();
+    let (gamma, beta) = (p.slice(bn.gamma), p.slice(bn.beta));
+    let mut a = vec![0.0f32; z.len()];
+    z.par_chunks_mut(n * ROWS)
+        .zip(a.par_chunks_mut(n * ROWS))
+        .for_each(|(zc, ac)| {
+            for (zr, ar) in zc.chunks_exact_mut(n).zip(ac.chunks_exact_mut(n)) {
+                for c in 0..n {
+                    let xh = (zr[c] - mean[c]) * inv[c];
+                    zr[c] = xh;
+                    ar[c] = activate(act, xh * gamma[c] + beta[c]);
+                }
+            }
+        });
+    stats.push(BnStats {
+        mean_buffer: bn.mean,
+        var_buffer: bn.var,
+        mean,
+        var,
+    });
+    (a, z, inv)
+}
+
+/// Backward of batch norm: `g` holds the gradient of its output and becomes
+/// that of its input; gamma's and beta's gradients go into `dense`.
+fn bn_bwd(p: &ParamStore, bn: &BatchNorm, g: &mut [f32], (xhat, inv): (&[f32], &[f32]), dense: &mut [f32]) {
+    let n = inv.len();
+    let b = g.len() / n;
+    let dbeta = col_sums_f64(g, n, |v, _| v as f64);
+    // Σ g·x̂ per column, pairing each gradient with its normalised value.
+    let dgamma = g
+        .par_chunks(n * ROWS * 4)
+        .zip(xhat.par_chunks(n * ROWS * 4))
+        .map(|(gc, xc)| {
+            let mut s = vec![0.0f64; n];
+            for (gr, xr) in gc.chunks_exact(n).zip(xc.chunks_exact(n)) {
+                for c in 0..n {
+                    s[c] += (gr[c] * xr[c]) as f64;
+                }
+            }
+            s
+        })
+        .reduce(
+            || vec![0.0f64; n],
+            |mut a, v| {
+                a.iter_mut().zip(v).for_each(|(a, v)| *a += v);
+                a
+            },
+        );
+    let gamma = p.slice(bn.gamma);
+    for (range, sums) in [(p.specs[bn.gamma].range(), &dgamma), (p.specs[bn.beta].range(), &dbeta)] {
+        dense[range].iter_mut().zip(sums).for_each(|(d, s)| *d += *s as f32);
     }
-    Trace { outs }
+    let bf = b as f64;
+    let m1: Vec<f32> = dbeta.iter().map(|s| (s / bf) as f32).collect();
+    let m2: Vec<f32> = dgamma.iter().map(|s| (s / bf) as f32).collect();
+    let scale: Vec<f32> = gamma.iter().zip(inv).map(|(g, i)| g * i).collect();
+    g.par_chunks_mut(n * ROWS)
+        .zip(xhat.par_chunks(n * ROWS))
+        .for_each(|(gc, xc)| {
+            for (gr, xr) in gc.chunks_exact_mut(n).zip(xc.chunks_exact(n)) {
+                for c in 0..n {
+                    gr[c] = scale[c] * (gr[c] - m1[c] - xr[c] * m2[c]);
+                }
+            }
+        });
+}
+
+/// Inverted dropout's mask for a `[b, n]` output, drawn row-major from
+/// `rng` exactly as the graph draws it.
+fn dropout_mask(rate: f32, len: usize, rng: &mut Rng) -> Vec<f32> {
+    let keep = 1.0 - rate;
+    (0..len)
+        .map(|_| if rng.uniform() < keep as f64 { 1.0 / keep } else { 0.0 })
+        .collect()
+}
+
+/// Training-mode forward of one DNN layer: dense, batch norm, activation,
+/// dropout.
+fn layer_fwd(
+    p: &ParamStore,
+    l: &DnnLayer,
+    act: Activation,
+    x: &[f32],
+    b: usize,
+    rng: &mut Rng,
+    stats: &mut Vec<BnStats>,
+) -> LayerTrace {
+    let n = l.linear.d_out;
+    let (act_out, bn) = match &l.bn {
+        None => (linear_fwd(p, &l.linear, act, x, b), None),
+        Some(bn) => {
+            let z = linear_fwd(p, &l.linear, Activation::Linear, x, b);
+            let (a, xhat, inv) = bn_fwd(p, bn, act, z, n, stats);
+            (a, Some((xhat, inv)))
+        }
+    };
+    let dropped = (l.dropout > 0.0).then(|| {
+        let mask = dropout_mask(l.dropout, act_out.len(), rng);
+        let y = act_out.iter().zip(&mask).map(|(a, m)| a * m).collect();
+        (y, mask)
+    });
+    LayerTrace {
+        act: act_out,
+        bn,
+        dropped,
+    }
+}
+
+/// Backward of one DNN layer from the gradient of its output: accumulates
+/// its parameters' gradients into `dense` and returns that of its input
+/// when asked.
+fn layer_bwd(
+    p: &ParamStore,
+    l: &DnnLayer,
+    act: Activation,
+    (x, t, mut g): (&[f32], &LayerTrace, Vec<f32>),
+    dense: &mut [f32],
+    need_dx: bool,
+) -> Option<Vec<f32>> {
+    if let Some((_, mask)) = &t.dropped {
+        g.iter_mut().zip(mask).for_each(|(g, m)| *g *= m);
+    }
+    match (&l.bn, &t.bn) {
+        (Some(bn), Some((xhat, inv))) => {
+            let n = l.linear.d_out;
+            if act != Activation::Linear {
+                g.par_chunks_mut(n * ROWS)
+                    .zip(t.act.par_chunks(n * ROWS))
+                    .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= slope(act, *y)));
+            }
+            bn_bwd(p, bn, &mut g, (xhat, inv), dense);
+            linear_bwd(p, &l.linear, Activation::Linear, (x, &t.act, g), dense, need_dx)
+        }
+        _ => linear_bwd(p, &l.linear, act, (x, &t.act, g), dense, need_dx),
+    }
+}
+
+fn dnn_fwd(p: &ParamStore, d: &Dnn, x: &[f32], b: usize, rng: &mut Rng, stats: &mut Vec<BnStats>) -> Trace {
+    let mut layers: Vec<LayerTrace> = Vec::with_capacity(d.layers.len());
+    for l in &d.layers {
+        let input = layers.last().map_or(x, LayerTrace::out);
+        let t = layer_fwd(p, l, d.activation, input, b, rng, stats);
+        layers.push(t);
+    }
+    Trace { layers }
 }
 
 /// Backward through a DNN from the gradient of its output; returns the
@@ -301,9 +503,9 @@ fn dnn_bwd(
 ) -> Option<Vec<f32>> {
     let mut g = dy;
     for (i, l) in d.layers.iter().enumerate().rev() {
-        let input = if i == 0 { x } else { &t.outs[i - 1] };
+        let input = if i == 0 { x } else { t.layers[i - 1].out() };
         let want = i > 0 || need_dx;
-        match linear_bwd(p, &l.linear, d.activation, (input, &t.outs[i], g), dense, want) {
+        match layer_bwd(p, l, d.activation, (input, &t.layers[i], g), dense, want) {
             Some(dx) => g = dx,
             None => return None,
         }
@@ -313,7 +515,7 @@ fn dnn_bwd(
 
 /// A DNN with no layers passes its input through.
 fn dnn_out<'a>(t: &'a Trace, x: &'a [f32]) -> &'a [f32] {
-    if t.outs.is_empty() {
+    if t.layers.is_empty() {
         x
     } else {
         t.last()
@@ -408,7 +610,8 @@ fn has_tables(g: &GroupLayout) -> bool {
 }
 
 /// Loss and gradients of one batch on the fused pass (see `supports`), from
-/// group input matrices `[b, width]` and `b` labels.
+/// group input matrices `[b, width]` and `b` labels; dropout masks come
+/// from `rng`.
 pub fn loss_and_grads(
     net: &Net,
     groups: &[GroupLayout],
@@ -416,13 +619,16 @@ pub fn loss_and_grads(
     x: &[Vec<f32>],
     labels: &[f32],
     kind: LossKind,
+    rng: &mut Rng,
 ) -> PassGrads {
     let b = labels.len();
     let mut grads = PassGrads {
         loss: 0.0,
         dense: vec![0.0; p.values.len()],
         inputs: groups.iter().map(|g| vec![0.0; b * g.width]).collect(),
+        bn_stats: Vec::new(),
     };
+    let stats = &mut grads.bn_stats;
     match net {
         Net::WideAndDeep {
             wide,
@@ -433,7 +639,7 @@ pub fn loss_and_grads(
         } => {
             let w = wide_fwd(wide, p, groups, x, b);
             let deep_in = &x[*deep];
-            let t = dnn_fwd(p, dnn, deep_in, b);
+            let t = dnn_fwd(p, dnn, deep_in, b, rng, stats);
             let h = dnn_out(&t, deep_in);
             let hd = dnn.d_out;
             let need_deep = has_tables(&groups[*deep]);
@@ -447,7 +653,7 @@ pub fn loss_and_grads(
                         }
                         row[wd..].copy_from_slice(&h[r * hd..(r + 1) * hd]);
                     });
-                    let tf = dnn_fwd(p, f, &cat, b);
+                    let tf = dnn_fwd(p, f, &cat, b, rng, stats);
                     let top = dnn_out(&tf, &cat);
                     let logits = linear_fwd(p, out, Activation::Linear, top, b);
                     let (loss, dl) = loss_grad(kind, &logits, labels);
@@ -513,7 +719,7 @@ pub fn loss_and_grads(
         } => {
             let (n_sparse, dim) = (*n_sparse, *dim);
             let dense_in = &x[*dense];
-            let tb = dnn_fwd(p, bot, dense_in, b);
+            let tb = dnn_fwd(p, bot, dense_in, b, rng, stats);
             let d = dnn_out(&tb, dense_in);
             let dd_w = bot.d_out;
             let s = &x[*sparse];
@@ -555,7 +761,7 @@ pub fn loss_and_grads(
                     }
                 }
             });
-            let tt = dnn_fwd(p, top, &z, b);
+            let tt = dnn_fwd(p, top, &z, b, rng, stats);
             let h = dnn_out(&tt, &z);
             let logits = linear_fwd(p, out, Activation::Linear, h, b);
             let (loss, dl) = loss_grad(kind, &logits, labels);

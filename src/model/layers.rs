@@ -17,8 +17,8 @@ pub struct Ctx<'a> {
     pub device: &'a Device,
     /// Dropout masks come from here (seeded by step, so runs are repeatable).
     pub rng: Rng,
-    /// Batch statistics seen in training: (mean buffer, var buffer, mean, var).
-    pub bn_stats: Vec<(usize, usize, Tensor<2>, Tensor<2>)>,
+    /// Batch statistics seen in training.
+    pub bn_stats: Vec<BnStats>,
 }
 
 impl Ctx<'_> {
@@ -64,6 +64,18 @@ pub struct BatchNorm {
 pub const BN_MOMENTUM: f32 = 0.99;
 pub const BN_EPS: f32 = 1e-3;
 
+/// One batch norm's statistics over a training batch, for its moving
+/// averages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BnStats {
+    /// Where the moving averages live in the buffer store.
+    pub mean_buffer: usize,
+    pub var_buffer: usize,
+    pub mean: Vec<f32>,
+    /// Biased (divided by the batch size).
+    pub var: Vec<f32>,
+}
+
 impl BatchNorm {
     pub fn new(p: &mut ParamStore, buffers: &mut ParamStore, name: &str, d: usize, rng: &mut Rng) -> Self {
         BatchNorm {
@@ -80,8 +92,12 @@ impl BatchNorm {
             let mean = x.clone().mean_dim(0);
             let centered = x.clone() - mean.clone();
             let var = (centered.clone() * centered).mean_dim(0);
-            ctx.bn_stats
-                .push((self.mean, self.var, mean.clone().detach(), var.clone().detach()));
+            ctx.bn_stats.push(BnStats {
+                mean_buffer: self.mean,
+                var_buffer: self.var,
+                mean: to_vec(mean.clone()),
+                var: to_vec(var.clone()),
+            });
             (mean, var)
         } else {
             (
@@ -95,9 +111,9 @@ impl BatchNorm {
 }
 
 /// Folds the batch statistics of a training step into the moving averages.
-pub fn update_bn_buffers(buffers: &mut ParamStore, stats: Vec<(usize, usize, Tensor<2>, Tensor<2>)>) {
-    for (m, v, mean, var) in stats {
-        for (buf, batch) in [(m, to_vec(mean)), (v, to_vec(var))] {
+pub fn update_bn_buffers(buffers: &mut ParamStore, stats: Vec<BnStats>) {
+    for s in stats {
+        for (buf, batch) in [(s.mean_buffer, s.mean), (s.var_buffer, s.var)] {
             for (x, y) in buffers.slice_mut(buf).iter_mut().zip(batch) {
                 *x = *x * BN_MOMENTUM + y * (1.0 - BN_MOMENTUM);
             }

@@ -11,7 +11,7 @@ use super::Trainer;
 use crate::config::typed::LossKind;
 use crate::embedding::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource};
 use crate::features::{Batch, Encoded};
-use crate::model::layers::update_bn_buffers;
+use crate::model::layers::{update_bn_buffers, BnStats};
 use crate::model::params::to_vec;
 use crate::model::{fused, Ctx};
 use crate::optim::Rule;
@@ -22,7 +22,7 @@ pub struct Grads {
     pub loss: f32,
     pub dense: Vec<f32>,
     pub inputs: Vec<Vec<f32>>,
-    pub bn_stats: Vec<(usize, usize, Tensor<2>, Tensor<2>)>,
+    pub bn_stats: Vec<BnStats>,
 }
 
 /// What a training step reports.
@@ -136,13 +136,27 @@ impl Trainer {
             return self.loss_and_grads_graph(batch, inputs);
         }
         let m = &self.model;
-        let g = fused::loss_and_grads(&m.net, &m.groups, &m.params, inputs, &batch.labels, self.plan.loss);
+        let mut rng = self.dropout_rng();
+        let g = fused::loss_and_grads(
+            &m.net,
+            &m.groups,
+            &m.params,
+            inputs,
+            &batch.labels,
+            self.plan.loss,
+            &mut rng,
+        );
         Grads {
             loss: g.loss,
             dense: g.dense,
             inputs: g.inputs,
-            bn_stats: Vec::new(),
+            bn_stats: g.bn_stats,
         }
+    }
+
+    /// Dropout's generator for the current step (the same for both passes).
+    fn dropout_rng(&self) -> Rng {
+        Rng::new(self.seed ^ crate::util::mix64(self.step + 1))
     }
 
     /// `loss_and_grads` through burn's autodiff graph, for every network.
@@ -157,7 +171,7 @@ impl Trainer {
             buffers: &self.model.buffers,
             training: true,
             device: &device,
-            rng: Rng::new(self.seed ^ crate::util::mix64(self.step + 1)),
+            rng: self.dropout_rng(),
             bn_stats: Vec::new(),
         };
         let logits = self.model.forward(&mut ctx, &xs);
