@@ -250,11 +250,7 @@ fn linear_bwd(
 ) -> Option<Vec<f32>> {
     let (k, n) = (l.d_in, l.d_out);
     let b = y.len() / n;
-    if act != Activation::Linear {
-        dy.par_chunks_mut(n * ROWS)
-            .zip(y.par_chunks(n * ROWS))
-            .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= slope(act, *y)));
-    }
+    mul_slope(act, &mut dy, y, n);
     let w = &p.specs[l.w];
     matmul(&mut dense[w.range()], x, true, &dy, false, (k, b, n), true);
     if let Some(bi) = l.b {
@@ -267,26 +263,38 @@ fn linear_bwd(
     })
 }
 
-/// Per-column sums over the rows of a row-major `[rows, n]` matrix of
-/// `f(row value, column)`, accumulated in f64.
-fn col_sums_f64(x: &[f32], n: usize, f: impl Fn(f32, usize) -> f64 + Sync) -> Vec<f64> {
-    x.par_chunks(n * ROWS * 4)
-        .map(|chunk| {
+/// Per-column sums, in f64, of `f(a value, b value, column)` over the rows
+/// of two row-major `[rows, n]` matrices read side by side (pass the same
+/// matrix twice for sums over one). Partial sums of fixed row blocks are
+/// added in order, so the result does not depend on the threads.
+fn col_sums_f64(a: &[f32], b: &[f32], n: usize, f: impl Fn(f32, f32, usize) -> f64 + Sync) -> Vec<f64> {
+    let parts: Vec<Vec<f64>> = a
+        .par_chunks(n * ROWS * 4)
+        .zip(b.par_chunks(n * ROWS * 4))
+        .map(|(ac, bc)| {
             let mut s = vec![0.0f64; n];
-            for row in chunk.chunks_exact(n) {
-                for (c, (a, v)) in s.iter_mut().zip(row).enumerate() {
-                    *a += f(*v, c);
+            for (ar, br) in ac.chunks_exact(n).zip(bc.chunks_exact(n)) {
+                for c in 0..n {
+                    s[c] += f(ar[c], br[c], c);
                 }
             }
             s
         })
-        .reduce(
-            || vec![0.0f64; n],
-            |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(a, v)| *a += v);
-                a
-            },
-        )
+        .collect();
+    let mut sums = vec![0.0f64; n];
+    for p in parts {
+        sums.iter_mut().zip(p).for_each(|(s, v)| *s += v);
+    }
+    sums
+}
+
+/// `g *= act'(y)` row block by row block, `y` being the activation's output.
+fn mul_slope(act: Activation, g: &mut [f32], y: &[f32], n: usize) {
+    if act != Activation::Linear {
+        g.par_chunks_mut(n * ROWS)
+            .zip(y.par_chunks(n * ROWS))
+            .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= slope(act, *y)));
+    }
 }
 
 /// One DNN layer's values, kept for the backward sweep.
@@ -331,11 +339,11 @@ fn bn_fwd(
     stats: &mut Vec<BnStats>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let b = (z.len() / n) as f64;
-    let mean: Vec<f32> = col_sums_f64(&z, n, |v, _| v as f64)
+    let mean: Vec<f32> = col_sums_f64(&z, &z, n, |v, _, _| v as f64)
         .into_iter()
         .map(|s| (s / b) as f32)
         .collect();
-    let var: Vec<f32> = col_sums_f64(&z, n, |v, c| {
+    let var: Vec<f32> = col_sums_f64(&z, &z, n, |v, _, c| {
         let d = (v - mean[c]) as f64;
         d * d
     })
@@ -370,27 +378,8 @@ fn bn_fwd(
 fn bn_bwd(p: &ParamStore, bn: &BatchNorm, g: &mut [f32], (xhat, inv): (&[f32], &[f32]), dense: &mut [f32]) {
     let n = inv.len();
     let b = g.len() / n;
-    let dbeta = col_sums_f64(g, n, |v, _| v as f64);
-    // Σ g·x̂ per column, pairing each gradient with its normalised value.
-    let dgamma = g
-        .par_chunks(n * ROWS * 4)
-        .zip(xhat.par_chunks(n * ROWS * 4))
-        .map(|(gc, xc)| {
-            let mut s = vec![0.0f64; n];
-            for (gr, xr) in gc.chunks_exact(n).zip(xc.chunks_exact(n)) {
-                for c in 0..n {
-                    s[c] += (gr[c] * xr[c]) as f64;
-                }
-            }
-            s
-        })
-        .reduce(
-            || vec![0.0f64; n],
-            |mut a, v| {
-                a.iter_mut().zip(v).for_each(|(a, v)| *a += v);
-                a
-            },
-        );
+    let dbeta = col_sums_f64(g, g, n, |v, _, _| v as f64);
+    let dgamma = col_sums_f64(g, xhat, n, |v, x, _| (v * x) as f64);
     let gamma = p.slice(bn.gamma);
     for (range, sums) in [(p.specs[bn.gamma].range(), &dgamma), (p.specs[bn.beta].range(), &dbeta)] {
         dense[range].iter_mut().zip(sums).for_each(|(d, s)| *d += *s as f32);
@@ -467,12 +456,7 @@ fn layer_bwd(
     }
     match (&l.bn, &t.bn) {
         (Some(bn), Some((xhat, inv))) => {
-            let n = l.linear.d_out;
-            if act != Activation::Linear {
-                g.par_chunks_mut(n * ROWS)
-                    .zip(t.act.par_chunks(n * ROWS))
-                    .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= slope(act, *y)));
-            }
+            mul_slope(act, &mut g, &t.act, l.linear.d_out);
             bn_bwd(p, bn, &mut g, (xhat, inv), dense);
             linear_bwd(p, &l.linear, Activation::Linear, (x, &t.act, g), dense, need_dx)
         }

@@ -247,21 +247,12 @@ impl Trainer {
         let l2 = self.plan.l2_regularization;
         for spec in &self.model.params.specs {
             if spec.l2 && l2 > 0.0 {
-                // In parallel chunks; partial sums added in a fixed order.
-                const CHUNK: usize = 1 << 14;
-                let parts: Vec<f64> = dense_grad[spec.range()]
-                    .par_chunks_mut(CHUNK)
-                    .zip(self.model.params.values[spec.range()].par_chunks(CHUNK))
-                    .map(|(g, w)| {
-                        let mut r = 0.0f64;
-                        for (gi, w) in g.iter_mut().zip(w) {
-                            *gi += l2 * w;
-                            r += 0.5 * (l2 * w * w) as f64;
-                        }
-                        r
-                    })
-                    .collect();
-                reg += parts.iter().sum::<f64>();
+                let w = &self.model.params.values[spec.range()];
+                dense_grad[spec.range()]
+                    .par_iter_mut()
+                    .zip(w)
+                    .for_each(|(g, w)| *g += l2 * w);
+                reg += 0.5 * l2 as f64 * squared_norm(w);
             }
         }
 
