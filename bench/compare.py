@@ -42,12 +42,13 @@ def main():
     p.add_argument("--cap", type=int, default=1_000_000)
     p.add_argument("--batch_size", type=int, default=2048)
     p.add_argument("--no_scaling", action="store_true")
+    p.add_argument("--models", default="DLRM,WideAndDeep,DeepFM,DCN,MMoE")
     a = p.parse_args()
 
     print(f"== rustrec vs PyTorch: {a.threads} threads, batch {a.batch_size}, tables capped at {a.cap} rows, "
           f"{a.steps} timed steps, {a.reps} repetitions (median)")
     print(f"{'model':<12} {'rustrec samp/s':>15} {'pytorch samp/s':>15} {'ratio':>7} {'rustrec MB':>11} {'pytorch MB':>11}")
-    for model in ["DLRM", "WideAndDeep"]:
+    for model in a.models.split(","):
         r, t = [], []
         for _ in range(a.reps):
             r.append(ours(a, model))

@@ -1,5 +1,5 @@
-"""PyTorch CPU baseline for `make bench`: the same DLRM and WideAndDeep shapes
-as rustrec's bench (Criteo Kaggle cardinalities capped at --cap rows, dim 16,
+"""PyTorch CPU baseline for `make bench`: the same DLRM, WideAndDeep, DeepFM,
+DCN and MMoE shapes as rustrec's bench (Criteo Kaggle cardinalities capped at --cap rows, dim 16,
 Adagrad on sparse embedding gradients, Adam on dense layers, batch 2048),
 trained on synthetic batches held in memory (no input pipeline is timed,
 which favours this baseline). Prints one JSON line per run."""
@@ -62,6 +62,78 @@ class WideAndDeep(nn.Module):
         return (self.out(h) + w).squeeze(1)
 
 
+class DeepFM(nn.Module):
+    """EasyRec's DeepFM with final_dnn: the wide sum, the FM term over the
+    deep group's embeddings and the DNN, concatenated into final_dnn."""
+
+    def __init__(self, cards, dim=16):
+        super().__init__()
+        self.wide = nn.ModuleList(nn.EmbeddingBag(c, 1, mode="sum", sparse=True) for c in cards)
+        self.emb = nn.ModuleList(nn.EmbeddingBag(c, dim, mode="sum", sparse=True) for c in cards)
+        self.dnn = mlp([len(cards) * dim + 13, 256, 128, 64])
+        self.final = mlp([1 + dim + 64, 256, 128, 64])
+        self.out = nn.Linear(64, 1)
+
+    def forward(self, dense, ids, offsets):
+        w = sum(t(ids[:, i], offsets) for i, t in enumerate(self.wide))
+        e = [t(ids[:, i], offsets) for i, t in enumerate(self.emb)]
+        v = torch.stack(e, dim=1)
+        s = v.sum(dim=1)
+        fm = 0.5 * (s * s - (v * v).sum(dim=1))
+        h = self.dnn(torch.cat(e + [dense], dim=1))
+        return self.out(self.final(torch.cat([w, fm, h], dim=1))).squeeze(1)
+
+
+class DCN(nn.Module):
+    """Deep tower and 5 cross layers over one group, then final_dnn."""
+
+    def __init__(self, cards, dim=16, cross_num=5):
+        super().__init__()
+        self.emb = nn.ModuleList(nn.EmbeddingBag(c, dim, mode="sum", sparse=True) for c in cards)
+        d = 13 + len(cards) * dim
+        self.deep = mlp([d, 256, 128, 96, 64])
+        self.cross_w = nn.ParameterList(nn.Parameter(torch.randn(d, 1) * 0.05) for _ in range(cross_num))
+        self.cross_b = nn.ParameterList(nn.Parameter(torch.zeros(d)) for _ in range(cross_num))
+        self.final = mlp([64 + d, 128, 96, 64, 32, 16])
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, dense, ids, offsets):
+        e = [t(ids[:, i], offsets) for i, t in enumerate(self.emb)]
+        x0 = torch.cat([dense] + e, dim=1)
+        h = self.deep(x0)
+        xl = x0
+        for w, b in zip(self.cross_w, self.cross_b):
+            xl = x0 * (xl @ w) + b + xl
+        return self.out(self.final(torch.cat([h, xl], dim=1))).squeeze(1)
+
+
+class MMoE(nn.Module):
+    """4 experts, a softmax gate and a tower per task; two tasks on the one
+    label (their losses summed)."""
+
+    def __init__(self, cards, dim=16, experts=4, tasks=2):
+        super().__init__()
+        self.emb = nn.ModuleList(nn.EmbeddingBag(c, dim, mode="sum", sparse=True) for c in cards)
+        d = 13 + len(cards) * dim
+        self.experts = nn.ModuleList(mlp([d, 256, 192, 128, 64]) for _ in range(experts))
+        self.gates = nn.ModuleList(nn.Linear(d, experts) for _ in range(tasks))
+        self.towers = nn.ModuleList(mlp([64, 256, 192, 128, 64]) for _ in range(tasks))
+        self.outs = nn.ModuleList(nn.Linear(64, 1) for _ in range(tasks))
+
+    def forward(self, dense, ids, offsets):
+        e = [t(ids[:, i], offsets) for i, t in enumerate(self.emb)]
+        x = torch.cat([dense] + e, dim=1)
+        ex = torch.stack([m(x) for m in self.experts], dim=1)
+        logits = []
+        for g, t, o in zip(self.gates, self.towers, self.outs):
+            gate = torch.softmax(g(x), dim=1).unsqueeze(-1)
+            logits.append(o(t((ex * gate).sum(dim=1))).squeeze(1))
+        return torch.stack(logits, dim=1)
+
+
+MODELS = {"DLRM": DLRM, "WideAndDeep": WideAndDeep, "DeepFM": DeepFM, "DCN": DCN, "MMoE": MMoE}
+
+
 def zipf_ids(card, n, gen):
     # Log-uniform ranks (Zipf with exponent 1), spread over the table.
     u = torch.rand(n, generator=gen, dtype=torch.float64)
@@ -82,7 +154,7 @@ def batches(cards, batch, count, seed):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["DLRM", "WideAndDeep"], required=True)
+    p.add_argument("--model", choices=sorted(MODELS), required=True)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch_size", type=int, default=2048)
     p.add_argument("--steps", type=int, default=40)
@@ -91,7 +163,7 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     cards = [min(c, a.cap) for c in KAGGLE]
-    model = DLRM(cards) if a.model == "DLRM" else WideAndDeep(cards)
+    model = MODELS[a.model](cards)
     sparse = [p for n, p in model.named_parameters() if n.startswith(("emb", "wide"))]
     dense = [p for n, p in model.named_parameters() if not n.startswith(("emb", "wide"))]
     opt_sparse = torch.optim.Adagrad(sparse, lr=0.05)
@@ -104,7 +176,11 @@ def main():
         dense_x, ids, label = b
         opt_sparse.zero_grad()
         opt_dense.zero_grad()
-        loss = loss_fn(model(dense_x, ids, offsets), label)
+        logits = model(dense_x, ids, offsets)
+        if logits.dim() == 2:  # one column per task, each trained on the label
+            loss = sum(loss_fn(logits[:, k], label) for k in range(logits.shape[1]))
+        else:
+            loss = loss_fn(logits, label)
         loss.backward()
         opt_sparse.step()
         opt_dense.step()

@@ -9,10 +9,11 @@ use anyhow::{bail, Context};
 use arrow_array::{ArrayRef, Float32Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 
-use crate::config::typed::{InputFormat, LossKind, TrainingPlan};
+use crate::config::typed::{InputFormat, TrainingPlan};
 use crate::data::{expand_paths, Column, StreamSpec};
 use crate::export::runtime::ExportedModel;
 use crate::features::{Batch, Encoder};
+use crate::model::TaskScores;
 use crate::train::Trainer;
 
 /// What scores the rows.
@@ -31,13 +32,11 @@ impl Scorer {
         }
     }
 
-    /// (scores, logits): probabilities, or values for regression.
-    pub fn score(&self, batch: &Batch) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    /// Each task's logits and scores (probabilities, or values for
+    /// regression).
+    pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
         match self {
-            Scorer::Checkpoint(t) => {
-                let (scores, logits, _) = t.predict_with_logits(batch);
-                Ok((scores, logits))
-            }
+            Scorer::Checkpoint(t) => Ok(t.score(batch)),
             Scorer::Export(e) => e.score(batch),
         }
     }
@@ -92,18 +91,17 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
         skip_batches: 0,
         max_rows: 0,
     };
-    let score_name = match plan.loss {
-        LossKind::BinaryClassification => "probs",
-        LossKind::Regression => "y",
-    };
-    let mut out = Output::new(&job.output, &reserved, score_name)?;
+    // Per task its logits and scores, named as in the export.
+    let score_cols: Vec<String> = plan.tasks.iter().flat_map(|t| [t.output(), t.score_name()]).collect();
+    let mut out = Output::new(&job.output, &reserved, &score_cols)?;
     let mut failure: Option<anyhow::Error> = None;
     spec.run(|raw| {
         let mut step = || -> anyhow::Result<()> {
             let batch = enc.encode(&raw)?;
-            let (scores, logits) = scorer.score(&batch)?;
+            let scores = scorer.score(&batch)?;
             let cols: Vec<&Column> = reserved_idx.iter().map(|&i| &raw.columns[i]).collect();
-            out.push(&cols, &logits, &scores)
+            let values: Vec<&[f32]> = scores.iter().flat_map(|s| [&s.logits[..], &s.scores[..]]).collect();
+            out.push(&cols, &values)
         };
         match step() {
             Ok(()) => true,
@@ -154,7 +152,7 @@ fn csv_field(s: &str) -> String {
 }
 
 impl Output {
-    fn new(path: &Path, reserved: &[String], score_name: &str) -> anyhow::Result<Self> {
+    fn new(path: &Path, reserved: &[String], score_cols: &[String]) -> anyhow::Result<Self> {
         let name = path
             .file_name()
             .with_context(|| format!("output path {} has no file name", path.display()))?;
@@ -163,8 +161,7 @@ impl Output {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
         let mut names: Vec<String> = reserved.to_vec();
-        names.push("logits".into());
-        names.push(score_name.into());
+        names.extend(score_cols.iter().cloned());
         let kind = if path.extension().is_some_and(|e| e == "parquet") {
             OutputKind::Parquet(None)
         } else {
@@ -184,15 +181,15 @@ impl Output {
         })
     }
 
-    fn push(&mut self, reserved: &[&Column], logits: &[f32], scores: &[f32]) -> anyhow::Result<()> {
-        let n = logits.len();
+    /// Rows of the reserved columns and the score columns.
+    fn push(&mut self, reserved: &[&Column], values: &[&[f32]]) -> anyhow::Result<()> {
+        let n = values.first().map_or(0, |v| v.len());
         match &mut self.kind {
             OutputKind::Csv(w) => {
                 use std::io::Write;
                 for r in 0..n {
                     let mut fields: Vec<String> = reserved.iter().map(|c| csv_field(&text(c, r))).collect();
-                    fields.push(logits[r].to_string());
-                    fields.push(scores[r].to_string());
+                    fields.extend(values.iter().map(|v| v[r].to_string()));
                     writeln!(w, "{}", fields.join(","))
                         .with_context(|| format!("cannot write {}", self.tmp.display()))?;
                 }
@@ -208,8 +205,11 @@ impl Output {
                         }
                     })
                     .collect();
-                arrays.push(Arc::new(Float32Array::from(logits.to_vec())));
-                arrays.push(Arc::new(Float32Array::from(scores.to_vec())));
+                arrays.extend(
+                    values
+                        .iter()
+                        .map(|v| -> ArrayRef { Arc::new(Float32Array::from(v.to_vec())) }),
+                );
                 let fields: Vec<Field> = self
                     .names
                     .iter()

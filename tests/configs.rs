@@ -176,6 +176,7 @@ fn supported_sample_configs_train_on_generated_data_of_their_schema() {
         "dlrm_on_criteo_parquet_ep_v2.config",
         "examples_deepfm_on_criteo.config",
         "examples_dlrm_on_criteo.config",
+        "mmoe_on_taobao.config",
         "wide_and_deep_on_avazau_ctr.config",
         "wide_and_deep_two_opti.config",
     ] {

@@ -37,7 +37,8 @@ data_config {
   input_fields { input_name: "c2" input_type: STRING }
   input_fields { input_name: "c3" input_type: STRING }
   input_fields { input_name: "c4" input_type: STRING }
-  label_fields: "label"
+  input_fields { input_name: "label2" input_type: INT32 }
+  label_fields: ["label", "label2"]
 }
 feature_configs { input_names: "d1" feature_type: RawFeature min_val: -3 max_val: 3 }
 feature_configs { input_names: "d2" feature_type: RawFeature boundaries: [0.25, 0.5, 0.75] embedding_dim: 4 }
@@ -108,6 +109,22 @@ const MODELS: &[(&str, &str)] = &[
                 towers { input: "item" dnn { hidden_units: [4] activation: "tanh" } }
                 final_dnn { hidden_units: [4] } } }"#,
     ),
+    (
+        "MMoE",
+        r#"model_config { model_class: "MMoE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4", "c1_x_c2"] }
+  mmoe { expert_dnn { hidden_units: [8, 4] } num_expert: 3
+         task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+         task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
+        "DBMTL",
+        r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
+  dbmtl { bottom_dnn { hidden_units: [8] } expert_dnn { hidden_units: [6] } num_expert: 2
+          task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
+          task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
+    ),
 ];
 
 fn write_data(path: &Path, rows: usize, seed: u64) {
@@ -126,8 +143,9 @@ fn write_data(path: &Path, rows: usize, seed: u64) {
             .map(|_| format!("w{}:{:.2}", rng.below(6), rng.uniform() * 2.0))
             .collect::<Vec<_>>()
             .join("|");
+        let label2 = (label == 1 && c2 < 5) as u8;
         s.push_str(&format!(
-            "{label},{d1:.4},{:.4},u{c1},{c2},{tags},{weighted}\n",
+            "{label},{d1:.4},{:.4},u{c1},{c2},{tags},{weighted},{label2}\n",
             rng.uniform()
         ));
     }
@@ -212,13 +230,17 @@ fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
         let mut rows = 0;
         for batch in t.stream(&t.plan.eval_paths.clone(), false, 0).unwrap() {
             let batch = batch.unwrap();
-            let (ours, _) = t.predict(&batch);
-            let (theirs, logits) = onnx.score(&batch).unwrap();
-            assert_eq!((theirs.len(), logits.len()), (ours.len(), ours.len()));
-            for (a, b) in ours.iter().zip(&theirs) {
-                worst = worst.max((a - b).abs());
+            let ours = t.score(&batch);
+            let theirs = onnx.score(&batch).unwrap();
+            assert_eq!(ours.len(), t.plan.tasks.len(), "{model}: one score per task");
+            assert_eq!(theirs.len(), ours.len(), "{model}: one export output pair per task");
+            for (o, e) in ours.iter().zip(&theirs) {
+                assert_eq!((e.scores.len(), e.logits.len()), (o.scores.len(), o.scores.len()));
+                for (a, b) in o.scores.iter().zip(&e.scores).chain(o.logits.iter().zip(&e.logits)) {
+                    worst = worst.max((a - b).abs());
+                }
             }
-            rows += ours.len();
+            rows += batch.size;
         }
         assert_eq!(rows, 300);
         assert!(worst <= 1e-5, "{model}: ONNX probs differ from eval by {worst}");

@@ -1,5 +1,6 @@
 //! Model quality on real and generated data: MovieLens-100k as a CTR task
-//! (rating >= 4 is a click) and Criteo-shaped data with a planted model.
+//! (rating >= 4 is a click; rating 5 the second task of multi-task models)
+//! and Criteo-shaped data with a planted model.
 
 mod common;
 
@@ -39,6 +40,44 @@ fn movielens_100k_wide_and_deep_and_dlrm_reach_auc_075() {
         let auc = result["auc"].as_f64().unwrap();
         assert!(auc >= 0.75, "{config}: eval AUC {auc:.4} < 0.75");
         assert!(result["gauc"].as_f64().unwrap() > 0.6, "{config}: {result}");
+    }
+}
+
+/// MMoE and DBMTL learn both MovieLens tasks, `like` (rating >= 4) and
+/// `love` (rating 5), report metrics per task under EasyRec's names, and
+/// export a graph with both tasks' outputs.
+#[test]
+fn movielens_100k_multi_task_models_learn_both_tasks() {
+    let data = tempfile::tempdir().unwrap();
+    let src = common::shared_dir().join("data/real/ml-100k");
+    rustrec::datagen::prepare_movielens(&src, data.path(), 0.2, 1).unwrap();
+    let (train_csv, eval_csv) = (data.path().join("train.csv"), data.path().join("eval.csv"));
+    for config in ["samples/dbmtl_ml100k.config", "samples/mmoe_ml100k.config"] {
+        let dir = tempfile::tempdir().unwrap();
+        let result = train(config, &train_csv, &eval_csv, dir.path(), &[]);
+        let like = result["auc_like"].as_f64().unwrap();
+        let love = result["auc_love"].as_f64().unwrap();
+        assert!(
+            like >= 0.75 && love >= 0.75,
+            "{config}: eval AUC like {like:.4}, love {love:.4}: {result}"
+        );
+        for key in ["loss", "loss_like", "loss_love", "logloss_like", "logloss_love"] {
+            assert!(
+                result[key].as_f64().is_some_and(f64::is_finite),
+                "{config}: {key} in {result}"
+            );
+        }
+        let spec = std::fs::read_dir(dir.path().join("export/final"))
+            .unwrap()
+            .map(|e| e.unwrap().path().join("assets/feature_spec.json"))
+            .next()
+            .unwrap();
+        let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(spec).unwrap()).unwrap();
+        assert_eq!(
+            spec["outputs"],
+            serde_json::json!(["logits_like", "probs_like", "logits_love", "probs_love"]),
+            "{config}"
+        );
     }
 }
 

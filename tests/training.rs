@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use rustrec::config::{load_pipeline, typed::TrainingPlan};
-use rustrec::model::fused;
 use rustrec::train::step::group_inputs;
 use rustrec::train::Trainer;
 use rustrec::util::Rng;
@@ -29,7 +28,8 @@ data_config {
   input_fields { input_name: "c1" input_type: STRING }
   input_fields { input_name: "c2" input_type: STRING }
   input_fields { input_name: "c3" input_type: STRING }
-  label_fields: "label"
+  input_fields { input_name: "label2" input_type: INT32 }
+  label_fields: ["label", "label2"]
 }
 feature_configs { input_names: "d1" feature_type: RawFeature }
 feature_configs { input_names: "d2" feature_type: RawFeature }
@@ -73,13 +73,29 @@ fn model_block(name: &str) -> &'static str {
                 towers { input: "item" dnn { hidden_units: [4] use_bn: false activation: "tanh" } }
                 final_dnn { hidden_units: [4] } } }"#
         }
+        "MMoE" => {
+            r#"model_config { model_class: "MMoE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  mmoe { expert_dnn { hidden_units: [8, 4] } num_expert: 3
+         task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+         task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } weight: 0.5 } } }"#
+        }
+        "DBMTL" => {
+            r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  dbmtl { bottom_dnn { hidden_units: [8] }
+          task_towers { tower_name: "ctr" dnn { hidden_units: [6] } relation_dnn { hidden_units: [4] } }
+          task_towers { tower_name: "cvr" dnn { hidden_units: [6] } relation_tower_names: ["ctr"]
+                        relation_dnn { hidden_units: [4] } weight: 2.0 } } }"#
+        }
         other => panic!("no block for {other}"),
     }
 }
 
-/// Networks the fused training pass takes (no batch norm, no dropout), each
-/// with a different wiring of its head, interaction or activation.
-const FUSED_VARIANTS: [(&str, &str); 9] = [
+/// Networks for the CPU executor against burn's reference, each with a
+/// different wiring of its head, interaction, activation, batch norm or
+/// dropout; together they use every op the builders emit.
+const EXECUTOR_VARIANTS: [(&str, &str); 16] = [
     (
         "WideAndDeep, raw value in the wide group",
         r#"model_config { model_class: "WideAndDeep"
@@ -150,6 +166,63 @@ const FUSED_VARIANTS: [(&str, &str); 9] = [
   dlrm { bot_dnn { hidden_units: [8, 4] activation: "sigmoid" } top_dnn { hidden_units: [8, 6] dropout_ratio: [0.5, 0.1] }
          arch_with_dense_feature: true } }"#,
     ),
+    (
+        "DeepFM with a raw value in the wide group",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } } }"#,
+    ),
+    (
+        "DeepFM with final_dnn and dropout, no wide group",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "deep" feature_names: ["d2", "c1", "c3", "d1"] wide_deep: DEEP }
+  deepfm { wide_output_dim: 3 dnn { hidden_units: [8, 4] dropout_ratio: [0.2, 0.1] use_bn: false }
+           final_dnn { hidden_units: [5] activation: "tanh" } } }"#,
+    ),
+    (
+        "DCN with batch norm",
+        r#"model_config { model_class: "DCN"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  dcn { deep_tower { input: "all" dnn { hidden_units: [8] } }
+        cross_tower { input: "all" cross_num: 3 }
+        final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "DCN on two groups",
+        r#"model_config { model_class: "DCN"
+  feature_groups { group_name: "deep" feature_names: ["d1", "c1", "c3"] }
+  feature_groups { group_name: "cross" feature_names: ["c2", "d2"] }
+  dcn { deep_tower { input: "deep" dnn { hidden_units: [8] use_bn: false activation: "sigmoid" } }
+        cross_tower { input: "cross" cross_num: 2 }
+        final_dnn { hidden_units: [4] use_bn: false } } }"#,
+    ),
+    (
+        "MultiTower",
+        r#"model_config { model_class: "MultiTower"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "c3", "d2"] }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] dropout_ratio: [0.3] } }
+                towers { input: "item" dnn { hidden_units: [4] use_bn: false activation: "tanh" } }
+                final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "MMoE with dropout and experts of their own config",
+        r#"model_config { model_class: "MMoE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  mmoe { experts { expert_name: "a" dnn { hidden_units: [8, 4] dropout_ratio: [0.2, 0.0] } }
+         experts { expert_name: "b" dnn { hidden_units: [4] use_bn: false activation: "tanh" } }
+         task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+         task_towers { tower_name: "cvr" label_name: "label2" weight: 0.3 } } }"#,
+    ),
+    (
+        "DBMTL with MMoE experts",
+        r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  dbmtl { bottom_dnn { hidden_units: [8] } expert_dnn { hidden_units: [6] use_bn: false } num_expert: 2
+          task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
+          task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
+    ),
 ];
 
 fn write_data(path: &Path, rows: usize, seed: u64) {
@@ -164,7 +237,11 @@ fn write_data(path: &Path, rows: usize, seed: u64) {
             .map(|_| format!("t{}", rng.below(8)))
             .collect::<Vec<_>>()
             .join("|");
-        s.push_str(&format!("{label},{d1:.4},{:.4},u{c1},{c2},{tags}\n", rng.uniform()));
+        let label2 = (label == 1 && c2 % 2 == 0) as u8;
+        s.push_str(&format!(
+            "{label},{d1:.4},{:.4},u{c1},{c2},{tags},{label2}\n",
+            rng.uniform()
+        ));
     }
     std::fs::write(path, s).unwrap();
 }
@@ -200,7 +277,7 @@ fn close(numeric: f64, analytic: f64) -> bool {
 
 #[test]
 fn dense_gradients_of_every_model_match_finite_differences() {
-    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower"] {
+    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower", "MMoE", "DBMTL"] {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
         let batch = t
@@ -276,13 +353,12 @@ fn dense_gradients_of_every_model_match_finite_differences() {
 }
 
 #[test]
-fn fused_pass_matches_burns_graph() {
-    for (label, block) in FUSED_VARIANTS {
+fn cpu_executor_matches_burns_reference() {
+    for (label, block) in EXECUTOR_VARIANTS {
         let dir = tempfile::tempdir().unwrap();
         // 83 rows: more than one parallel block of rows, and a last block
         // that fills only part of the interaction's lanes.
         let t = trainer_sized(dir.path(), label, block, 100, 83);
-        assert!(fused::supports(&t.model.net), "{label}: expected the fused pass");
         let batch = t
             .stream(&t.plan.train_paths.clone(), true, 0)
             .unwrap()
@@ -303,7 +379,7 @@ fn fused_pass_matches_burns_graph() {
             for i in s.range() {
                 assert!(
                     near(fast.dense[i], graph.dense[i]),
-                    "{label}: d loss / d {}[{}]: fused {} vs graph {}",
+                    "{label}: d loss / d {}[{}]: cpu {} vs reference {}",
                     s.name,
                     i - s.offset,
                     fast.dense[i],
@@ -316,7 +392,7 @@ fn fused_pass_matches_burns_graph() {
             for (j, (x, y)) in a.iter().zip(b).enumerate() {
                 assert!(
                     near(*x, *y),
-                    "{label}: d loss / d input {}[{j}]: fused {x} vs graph {y}",
+                    "{label}: d loss / d input {}[{j}]: cpu {x} vs reference {y}",
                     t.model.groups[g].name
                 );
             }
@@ -330,27 +406,35 @@ fn fused_pass_matches_burns_graph() {
             }
         }
     }
-    // The other networks stay on burn's graph.
-    let dir = tempfile::tempdir().unwrap();
-    assert!(!fused::supports(&trainer(dir.path(), "DeepFM").model.net));
 }
 
 #[test]
 fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
-    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower"] {
+    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower", "MMoE", "DBMTL"] {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
         let paths = t.plan.train_paths.clone();
-        let before = t.evaluate(&paths).unwrap().loss_sum;
+        let weighted = |st: &[rustrec::metrics::EvalState], t: &Trainer| -> f64 {
+            st.iter()
+                .zip(&t.plan.tasks)
+                .map(|(s, k)| k.weight as f64 * s.loss_sum)
+                .sum()
+        };
+        let before = weighted(&t.evaluate(&paths).unwrap(), &t);
         t.run().unwrap();
         assert_eq!(t.step, 10);
         let after = t.evaluate(&paths).unwrap();
-        assert!(after.loss_sum < before, "{model}: loss {before} -> {}", after.loss_sum);
+        let after_loss = weighted(&after, &t);
+        assert!(after_loss < before, "{model}: loss {before} -> {after_loss}");
         let mut fresh = trainer(dir.path(), model);
         fresh
             .restore(&rustrec::checkpoint::latest(&t.plan.model_dir).unwrap().unwrap())
             .unwrap();
         assert_eq!(fresh.step, 10);
-        assert_eq!(fresh.evaluate(&paths).unwrap().preds, after.preds, "{model}");
+        let again = fresh.evaluate(&paths).unwrap();
+        assert_eq!(again.len(), t.plan.tasks.len());
+        for (a, b) in again.iter().zip(&after) {
+            assert_eq!(a.preds, b.preds, "{model}");
+        }
     }
 }

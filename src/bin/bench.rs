@@ -1,9 +1,13 @@
 //! Training throughput on the Criteo Kaggle shape: DLRM (emb 16, bottom
-//! 13-512-256-64-16, dot interaction, top 512-256-1) and WideAndDeep (dnn
-//! 1024-512-256) over 26 tables capped at 1M rows, batch 2048, Adagrad for
-//! tables and Adam for dense layers, on a fixed number of threads. The DNNs
-//! are plain Linear+ReLU stacks (use_bn: false), as in the PyTorch baseline
-//! and the DLRM reference.
+//! 13-512-256-64-16, dot interaction, top 512-256-1), WideAndDeep (dnn
+//! 1024-512-256), and with the layer sizes of EasyRec's sample configs
+//! DeepFM (dnn 256-128-64, final_dnn 256-128-64), DCN (deep 256-128-96-64,
+//! 5 cross layers, final 128-96-64-32-16) and MMoE (4 experts
+//! 256-192-128-64, two towers 256-192-128-64 on the one label), over 26
+//! tables capped at 1M rows, batch 2048, Adagrad for tables and Adam for
+//! dense layers, on a fixed number of threads. The DNNs are plain
+//! Linear+ReLU stacks (use_bn: false), as in the PyTorch baseline and the
+//! DLRM reference.
 //!
 //! Next to each model it times the input pipeline alone (Parquet reading and
 //! feature encoding, already overlapped with training by a background thread)
@@ -48,7 +52,7 @@ struct Args {
     #[arg(long)]
     distributed: bool,
     /// Models to time, in order.
-    #[arg(long, value_delimiter = ',', default_value = "DLRM,WideAndDeep")]
+    #[arg(long, value_delimiter = ',', default_value = "DLRM,WideAndDeep,DeepFM,DCN,MMoE")]
     models: Vec<String>,
     /// One JSON line per model (samples/s, peak memory) instead of a table;
     /// `bench/compare.py` runs one model per process this way.
@@ -101,6 +105,32 @@ fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
             names("I", 13),
             names("C", 26)
         ),
+        "DeepFM" => format!(
+            "model_config {{ model_class: \"DeepFM\"
+  feature_groups {{ group_name: \"wide\" feature_names: [{c}] wide_deep: WIDE }}
+  feature_groups {{ group_name: \"deep\" feature_names: [{c}, {}] wide_deep: DEEP }}
+  deepfm {{ dnn {{ hidden_units: [256, 128, 64] use_bn: false }} final_dnn {{ hidden_units: [256, 128, 64] use_bn: false }} }} }}",
+            names("I", 13),
+            c = names("C", 26)
+        ),
+        "DCN" => format!(
+            "model_config {{ model_class: \"DCN\"
+  feature_groups {{ group_name: \"all\" feature_names: [{}, {}] }}
+  dcn {{ deep_tower {{ input: \"all\" dnn {{ hidden_units: [256, 128, 96, 64] use_bn: false }} }}
+        cross_tower {{ input: \"all\" cross_num: 5 }}
+        final_dnn {{ hidden_units: [128, 96, 64, 32, 16] use_bn: false }} }} }}",
+            names("I", 13),
+            names("C", 26)
+        ),
+        "MMoE" => format!(
+            "model_config {{ model_class: \"MMoE\"
+  feature_groups {{ group_name: \"all\" feature_names: [{}, {}] }}
+  mmoe {{ expert_dnn {{ hidden_units: [256, 192, 128, 64] use_bn: false }} num_expert: 4
+         task_towers {{ tower_name: \"ctr\" label_name: \"label\" dnn {{ hidden_units: [256, 192, 128, 64] use_bn: false }} }}
+         task_towers {{ tower_name: \"cvr\" label_name: \"label\" dnn {{ hidden_units: [256, 192, 128, 64] use_bn: false }} }} }} }}",
+            names("I", 13),
+            names("C", 26)
+        ),
         _ => format!(
             "model_config {{ model_class: \"WideAndDeep\"
   feature_groups {{ group_name: \"wide\" feature_names: [{c}] wide_deep: WIDE }}
@@ -111,7 +141,7 @@ fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
         ),
     };
     // WideAndDeep's three-optimizer rule: wide tables, deep tables, dense.
-    let table_opts = if model == "DLRM" { 1 } else { 2 };
+    let table_opts = if model == "WideAndDeep" { 2 } else { 1 };
     let adagrad =
         "optimizer_config { adagrad_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.05 } } } }\n";
     format!(

@@ -7,6 +7,7 @@ pub mod loader;
 pub mod model_plan;
 pub mod overrides;
 pub mod suggest;
+pub mod tasks;
 pub mod text_format;
 pub mod typed;
 pub mod validate;

@@ -1,6 +1,7 @@
 //! Typed view of what the model and its input need: input columns, labels,
 //! feature groups, the architecture block and the evaluation metrics.
 
+use super::tasks::{task_towers, Task, TowerFields};
 use super::{proto, ConfigError};
 use proto::dataset_config::FieldType;
 
@@ -81,6 +82,31 @@ pub enum Arch {
         towers: Vec<(String, DnnSpec)>,
         final_dnn: DnnSpec,
     },
+    /// Multi-gate mixture of experts: experts over one group, a softmax
+    /// gate per task mixing them, a tower per task.
+    Mmoe {
+        experts: Vec<DnnSpec>,
+        towers: Vec<TaskTower>,
+    },
+    /// Deep Bayesian multi-task learning: an optional shared bottom DNN,
+    /// optional MMoE experts, a tower per task and relation DNNs that feed
+    /// each task the relation outputs of the tasks it depends on.
+    Dbmtl {
+        bottom: Option<DnnSpec>,
+        experts: Vec<DnnSpec>,
+        towers: Vec<TaskTower>,
+    },
+}
+
+/// A task tower's layers (its label, loss and metrics are a `tasks::Task`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskTower {
+    pub name: String,
+    pub dnn: Option<DnnSpec>,
+    /// DBMTL: the DNN over this tower's output and its relation towers'.
+    pub relation_dnn: Option<DnnSpec>,
+    /// Indices of the earlier towers this one depends on.
+    pub relations: Vec<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -182,11 +208,78 @@ pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
     })
 }
 
-/// The architecture block and its l2_regularization.
-pub fn arch(model: &proto::EasyRecModel) -> Result<(Arch, f32), ConfigError> {
+/// The architecture block, its l2_regularization and, for multi-task
+/// models, their tasks.
+pub fn arch(
+    model: &proto::EasyRecModel,
+    label_fields: &[String],
+) -> Result<(Arch, f32, Option<Vec<Task>>), ConfigError> {
     use proto::easy_rec_model::Model as M;
     let m = "model_config";
+    let experts = |expert_dnn: Option<&proto::Dnn>, num: u32, path: &str| -> Result<Vec<DnnSpec>, ConfigError> {
+        match expert_dnn {
+            Some(_) if num == 0 => Err(ConfigError::invalid(
+                format!("{path}.num_expert"),
+                "expert_dnn is set, so num_expert must be above 0",
+            )),
+            Some(d) => Ok(vec![dnn(d, &format!("{path}.expert_dnn"))?; num as usize]),
+            None => Ok(Vec::new()),
+        }
+    };
     Ok(match &model.model {
+        Some(M::Mmoe(x)) => {
+            let path = format!("{m}.mmoe");
+            let mut ex = experts(x.expert_dnn.as_ref(), x.num_expert(), &path)?;
+            if ex.is_empty() {
+                ex = x
+                    .experts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| dnn(&e.dnn, &format!("{path}.experts[{i}].dnn")))
+                    .collect::<Result<_, _>>()?;
+            }
+            if ex.is_empty() {
+                return Err(ConfigError::invalid(
+                    path,
+                    "MMoE needs expert_dnn with num_expert, or experts",
+                ));
+            }
+            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
+            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
+            (Arch::Mmoe { experts: ex, towers }, x.l2_regularization, Some(tasks))
+        }
+        Some(M::Dbmtl(x)) => {
+            let path = format!("{m}.dbmtl");
+            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
+            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
+            (
+                Arch::Dbmtl {
+                    bottom: x
+                        .bottom_dnn
+                        .as_ref()
+                        .map(|d| dnn(d, &format!("{path}.bottom_dnn")))
+                        .transpose()?,
+                    experts: experts(x.expert_dnn.as_ref(), x.num_expert(), &path)?,
+                    towers,
+                },
+                x.l2_regularization(),
+                Some(tasks),
+            )
+        }
+        other => {
+            let (a, l2) = single_task_arch(other.as_ref(), model)?;
+            (a, l2, None)
+        }
+    })
+}
+
+fn single_task_arch(
+    block: Option<&proto::easy_rec_model::Model>,
+    model: &proto::EasyRecModel,
+) -> Result<(Arch, f32), ConfigError> {
+    use proto::easy_rec_model::Model as M;
+    let m = "model_config";
+    Ok(match block {
         Some(M::WideAndDeep(w)) => (
             Arch::WideAndDeep {
                 wide_output_dim: w.wide_output_dim as usize,
@@ -329,11 +422,17 @@ pub fn groups(model: &proto::EasyRecModel, feature_names: &[String]) -> Result<V
     Ok(out)
 }
 
+/// `eval_config.metrics_set`.
 pub fn metrics(eval: Option<&proto::EvalConfig>) -> Result<Vec<Metric>, ConfigError> {
+    metric_list(eval.map_or(&[][..], |e| &e.metrics_set[..]), "eval_config.metrics_set")
+}
+
+/// A `metrics_set` list at `path`.
+pub fn metric_list(list: &[proto::EvalMetrics], path: &str) -> Result<Vec<Metric>, ConfigError> {
     use proto::eval_metrics::Metric as M;
     let mut out = Vec::new();
-    for (i, m) in eval.map_or(&[][..], |e| &e.metrics_set[..]).iter().enumerate() {
-        let path = format!("eval_config.metrics_set[{i}]");
+    for (i, m) in list.iter().enumerate() {
+        let path = format!("{path}[{i}]");
         out.push(match &m.metric {
             Some(M::Auc(_)) => Metric::Auc,
             Some(M::Gauc(g)) => {

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use super::model_plan::{self, Arch, FeatureGroup, InputField, Metric};
+use super::model_plan::{self, Arch, FeatureGroup, InputField};
+use super::tasks::loss_kind;
+pub use super::tasks::Task;
 use super::{proto, validate, ConfigError};
 use proto::dataset_config::InputType;
 use proto::feature_config::FeatureType;
@@ -211,6 +213,8 @@ pub enum ModelKind {
     DeepFm,
     Dcn,
     MultiTower,
+    Mmoe,
+    Dbmtl,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,7 +305,8 @@ pub struct TrainingPlan {
     pub gradient_clip_norm: Option<f32>,
     pub optimizers: Vec<OptimizerSpec>,
     pub model: ModelKind,
-    pub loss: LossKind,
+    /// What the model is trained for: one task, or one per task tower.
+    pub tasks: Vec<Task>,
     pub features: Vec<FeatureSpec>,
     /// Input columns in file order (CSV) or by name (Parquet).
     pub fields: Vec<InputField>,
@@ -310,7 +315,6 @@ pub struct TrainingPlan {
     pub arch: Arch,
     pub l2_regularization: f32,
     pub embedding_regularization: f32,
-    pub metrics: Vec<Metric>,
     pub shuffle: bool,
     pub shuffle_buffer_size: usize,
     pub prefetch_size: usize,
@@ -416,28 +420,14 @@ impl TrainingPlan {
             "DeepFM" => ModelKind::DeepFm,
             "DCN" => ModelKind::Dcn,
             "MultiTower" => ModelKind::MultiTower,
+            "MMoE" => ModelKind::Mmoe,
+            "DBMTL" => ModelKind::Dbmtl,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, DCN, MultiTower)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, DCN, MultiTower, MMoE, DBMTL)".into(),
                 })
-            }
-        };
-        let loss = match (model.loss_type(), model.num_class()) {
-            (proto::LossType::Classification, 1) => LossKind::BinaryClassification,
-            (proto::LossType::L2Loss, _) => LossKind::Regression,
-            (proto::LossType::Classification, n) => {
-                return Err(ConfigError::unsupported(
-                    "model_config.num_class",
-                    format!("multi-class classification ({n} classes)"),
-                ))
-            }
-            (other, _) => {
-                return Err(ConfigError::unsupported(
-                    "model_config.loss_type",
-                    format!("loss {}", other.as_str_name()),
-                ))
             }
         };
         if !model.losses.is_empty() {
@@ -464,19 +454,43 @@ impl TrainingPlan {
         let num_steps = train.num_steps.filter(|n| *n > 0);
         let names: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
         let groups = model_plan::groups(model, &names)?;
-        let (arch, l2_regularization) = model_plan::arch(model)?;
         if data.label_fields.is_empty() {
             return Err(ConfigError::invalid(
                 "data_config.label_fields",
                 "training needs a label field",
             ));
         }
-        if data.label_fields.len() > 1 {
-            return Err(ConfigError::unsupported(
-                "data_config.label_fields",
-                "more than one label (multi-task models)",
-            ));
-        }
+        let (arch, l2_regularization, multi) = model_plan::arch(model, &data.label_fields)?;
+        let tasks = match multi {
+            // A tower without metrics_set takes eval_config's.
+            Some(mut tasks) => {
+                let eval_metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
+                for t in tasks.iter_mut().filter(|t| t.metrics.is_empty()) {
+                    t.metrics = eval_metrics.clone();
+                }
+                tasks
+            }
+            None => {
+                // EasyRec's single-task models train on `label_name`, by
+                // default the first label field.
+                let label = match model.label_name.as_deref().filter(|l| !l.is_empty()) {
+                    Some(l) => data.label_fields.iter().position(|f| f == l).ok_or_else(|| {
+                        ConfigError::invalid(
+                            "model_config.label_name",
+                            format!("`{l}` is not among data_config.label_fields"),
+                        )
+                    })?,
+                    None => 0,
+                };
+                vec![Task {
+                    name: String::new(),
+                    label,
+                    weight: 1.0,
+                    loss: loss_kind(model.loss_type(), model.num_class(), "model_config")?,
+                    metrics: model_plan::metrics(cfg.eval_config.as_ref())?,
+                }]
+            }
+        };
         let fine_tune = Some(train.fine_tune_checkpoint())
             .filter(|c| !c.is_empty())
             .map(|c| FineTune {
@@ -492,7 +506,6 @@ impl TrainingPlan {
             arch,
             l2_regularization,
             embedding_regularization: model.embedding_regularization(),
-            metrics: model_plan::metrics(cfg.eval_config.as_ref())?,
             shuffle: data.shuffle(),
             shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
             prefetch_size: data.prefetch_size().max(1) as usize,
@@ -515,7 +528,7 @@ impl TrainingPlan {
             gradient_clip_norm: Some(train.gradient_clipping_by_norm()).filter(|c| *c > 0.0),
             optimizers,
             model: kind,
-            loss,
+            tasks,
             features,
         })
     }

@@ -69,7 +69,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 8] = [
+pub const MODEL_BLOCKS: [(&str, &str); 9] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -78,6 +78,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 8] = [
     ("AutoInt", "autoint"),
     ("DLRM", "dlrm"),
     ("MMoE", "mmoe"),
+    ("DBMTL", "dbmtl"),
 ];
 
 fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
@@ -93,6 +94,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Autoint(_) => "autoint",
         Dlrm(_) => "dlrm",
         Mmoe(_) => "mmoe",
+        Dbmtl(_) => "dbmtl",
     }
 }
 

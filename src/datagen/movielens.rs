@@ -1,5 +1,6 @@
 //! MovieLens-100k (RecBole's `.inter`, `.user`, `.item` files) as a CTR task:
-//! a rating of 4 or more is a click. Ratings are joined with user and item
+//! a rating of 4 or more is a click (`label`); a second label, `love`, is a
+//! rating of 5, for multi-task models. Ratings are joined with user and item
 //! attributes and split at random, with a seed, into train and eval CSVs.
 
 use std::collections::HashMap;
@@ -12,7 +13,7 @@ use anyhow::{bail, Context};
 use crate::util::Rng;
 
 /// Header of the written CSVs; `genres` is `|`-separated.
-pub const COLUMNS: &str = "label,user_id,item_id,age,gender,occupation,zip,year,genres";
+pub const COLUMNS: &str = "label,user_id,item_id,age,gender,occupation,zip,year,genres,love";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MovieLensReport {
@@ -94,6 +95,7 @@ pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) 
             .with_context(|| format!("rating names unknown item {}", r[1]))?;
         let rating: f64 = r[2].parse().with_context(|| format!("bad rating {:?}", r[2]))?;
         let label = (rating >= 4.0) as u8;
+        let love = (rating >= 5.0) as u8;
         positives += label as usize;
         // A few items have no year (spelled "unkonwn"): leave the cell empty
         // so the config's default_val applies.
@@ -104,7 +106,7 @@ pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) 
         };
         let genres = item[1].split_whitespace().collect::<Vec<_>>().join("|");
         rows.push(format!(
-            "{label},{},{},{},{},{},{},{},{}",
+            "{label},{},{},{},{},{},{},{},{},{love}",
             r[0],
             r[1],
             csv_cell(&user[0]),

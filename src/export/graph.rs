@@ -4,18 +4,19 @@
 //! `<name>/weights` for weighted tags; per raw feature `<name>` (float,
 //! `[batch, dim]`, already normalized). The graph looks rows up with Gather,
 //! pools them per row (sum or mean, as the combiner says), lays the groups
-//! out like `model::GroupLayout`, and runs the same network as
-//! `model::Net::forward` in inference mode. Outputs: `logits` and `probs`
-//! (`y` instead of `probs` for regression), both `[batch]`.
+//! out like `model::GroupLayout`, and emits the model graph's ops in
+//! inference mode (batch norm with its moving averages, no dropout).
+//! Outputs per task: `logits` and `probs` (`y` for regression), both
+//! `[batch]`; multi-task models suffix them with the tower's name
+//! (`logits_ctr`, `probs_ctr`), as EasyRec does.
 
 use std::collections::HashMap;
 
 use super::onnx::{Attr, Dim, Elem, Graph};
-use crate::config::model_plan::{Activation, Interaction};
+use crate::config::model_plan::Activation;
 use crate::config::typed::{FeatureKind, LossKind, TrainingPlan};
-use crate::model::arch::Wide;
-use crate::model::layers::{BatchNorm, Dnn, Linear, BN_EPS};
-use crate::model::{Model, Net, ParamStore};
+use crate::model::graph::BN_EPS;
+use crate::model::{Model, Op, ParamStore};
 
 /// How one feature enters the graph.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,19 +128,21 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         }
         group_inputs.push(b.concat(&cols, 1));
     }
-    let logits = b.net(&model.net, &group_inputs);
-    let flat = b.reshape(&logits, &[-1]);
-    b.g.node("Identity", &[&flat], Vec::new(), Some("logits"));
-    b.g.output("logits", Elem::F32, std::slice::from_ref(&batch));
-    match plan.loss {
-        LossKind::BinaryClassification => {
-            b.g.node("Sigmoid", &["logits"], Vec::new(), Some("probs"));
-            b.g.output("probs", Elem::F32, &[batch]);
-        }
-        LossKind::Regression => {
-            b.g.node("Identity", &["logits"], Vec::new(), Some("y"));
-            b.g.output("y", Elem::F32, &[batch]);
-        }
+    let values = b.emit(&model.graph, &group_inputs);
+    // Per task: `logits<suffix>` and `probs<suffix>` (`y<suffix>` for
+    // regression), both `[batch]`.
+    for t in &plan.tasks {
+        let name = t.output();
+        let out = model.graph.output_node(&name).expect("every task has an output");
+        let flat = b.reshape(&values[out.0], &[-1]);
+        b.g.node("Identity", &[&flat], Vec::new(), Some(&name));
+        b.g.output(&name, Elem::F32, std::slice::from_ref(&batch));
+        let op = match t.loss {
+            LossKind::BinaryClassification => "Sigmoid",
+            LossKind::Regression => "Identity",
+        };
+        b.g.node(op, &[&name], Vec::new(), Some(&t.score_name()));
+        b.g.output(&t.score_name(), Elem::F32, std::slice::from_ref(&batch));
     }
     (b.g, inputs)
 }
@@ -259,211 +262,144 @@ impl Builder<'_> {
         )
     }
 
-    fn add(&mut self, a: Option<String>, b: String) -> String {
-        match a {
-            Some(a) => self.g.op("Add", &[&a, &b]),
-            None => b,
-        }
-    }
-
     /// Zeros `[batch, cols]` for a `[batch, width]` value `like`.
     fn zeros(&mut self, like: &str, width: usize, cols: usize) -> String {
         let z = self.g.f32s(None, &[width, cols], &vec![0.0; width * cols]);
         self.g.op("MatMul", &[like, &z])
     }
 
-    fn linear(&mut self, l: &Linear, x: &str) -> String {
-        let w = self.param(l.w);
-        let y = self.g.op("MatMul", &[x, &w]);
-        match l.b {
-            Some(b) => {
-                let b = self.param(b);
-                self.g.op("Add", &[&y, &b])
-            }
-            None => y,
+    fn act(&mut self, act: Activation, x: String) -> String {
+        match act {
+            Activation::Relu => self.g.op("Relu", &[&x]),
+            Activation::Sigmoid => self.g.op("Sigmoid", &[&x]),
+            Activation::Tanh => self.g.op("Tanh", &[&x]),
+            Activation::Linear => x,
         }
     }
 
-    fn batch_norm(&mut self, bn: &BatchNorm, x: &str) -> String {
-        let mean = self.buffers.slice(bn.mean).to_vec();
+    fn batch_norm(&mut self, x: &str, (gamma, beta): (usize, usize), (mean, var): (usize, usize)) -> String {
+        let m = self.buffers.slice(mean).to_vec();
         let inv: Vec<f32> = self
             .buffers
-            .slice(bn.var)
+            .slice(var)
             .iter()
             .map(|v| 1.0 / (v + BN_EPS).sqrt())
             .collect();
-        let mean = self.g.f32s(None, &[1, mean.len()], &mean);
+        let m = self.g.f32s(None, &[1, m.len()], &m);
         let inv = self.g.f32s(None, &[1, inv.len()], &inv);
-        let (gamma, beta) = (self.param(bn.gamma), self.param(bn.beta));
-        let c = self.g.op("Sub", &[x, &mean]);
+        let (gamma, beta) = (self.param(gamma), self.param(beta));
+        let c = self.g.op("Sub", &[x, &m]);
         let c = self.g.op("Mul", &[&c, &inv]);
         let c = self.g.op("Mul", &[&c, &gamma]);
         self.g.op("Add", &[&c, &beta])
     }
 
-    fn dnn(&mut self, d: &Dnn, x: &str) -> String {
-        let mut x = x.to_string();
-        for l in &d.layers {
-            x = self.linear(&l.linear, &x);
-            if let Some(bn) = &l.bn {
-                x = self.batch_norm(bn, &x);
-            }
-            x = match d.activation {
-                Activation::Relu => self.g.op("Relu", &[&x]),
-                Activation::Sigmoid => self.g.op("Sigmoid", &[&x]),
-                Activation::Tanh => self.g.op("Tanh", &[&x]),
-                Activation::Linear => x,
-            };
-        }
-        x
-    }
-
-    fn wide(&mut self, w: &Wide, x: &[String]) -> Option<String> {
-        let mut acc = None;
-        for ((g, n, dw), raw) in w.groups.iter().zip(&w.raw) {
-            if *n > 0 {
-                let s = self.slice(&x[*g], 1, 0, n * w.dim);
-                let s = self.reshape(&s, &[-1, *n as i64, w.dim as i64]);
-                let s = self.reduce_sum(&s, 1, false);
-                acc = Some(self.add(acc, s));
-            }
-            if let Some(k) = raw {
-                let r = self.slice(&x[*g], 1, n * w.dim, *dw);
-                let k = self.param(*k);
-                let r = self.g.op("MatMul", &[&r, &k]);
-                acc = Some(self.add(acc, r));
-            }
-        }
-        acc
-    }
-
-    /// Logits `[batch, 1]` from the group inputs, as `Net::forward` computes them.
-    fn net(&mut self, net: &Net, x: &[String]) -> String {
-        match net {
-            Net::WideAndDeep {
-                wide,
-                deep,
-                dnn,
-                final_dnn,
-                out,
-            } => {
-                let w = self.wide(wide, x);
-                let h = self.dnn(dnn, &x[*deep]);
-                match final_dnn {
-                    Some(f) => {
-                        let w = w.unwrap_or_else(|| self.zeros(&h, dnn.d_out, wide.dim));
-                        let c = self.concat(&[w, h], 1);
-                        let h = self.dnn(f, &c);
-                        self.linear(out, &h)
-                    }
-                    None => {
-                        let o = self.linear(out, &h);
-                        self.add(w, o)
-                    }
-                }
-            }
-            Net::Dlrm {
-                dense,
-                sparse,
-                n_sparse,
-                dim,
-                bot,
-                top,
-                out,
-                interaction,
-                tri,
-                with_dense,
-            } => {
-                let d = self.dnn(bot, &x[*dense]);
-                let z = match interaction {
-                    Interaction::Cat => self.concat(&[d, x[*sparse].clone()], 1),
-                    Interaction::Dot => {
-                        let n = (n_sparse + 1) as i64;
-                        let all = self.concat(&[d.clone(), x[*sparse].clone()], 1);
-                        let all = self.reshape(&all, &[-1, n, *dim as i64]);
-                        let t = self
-                            .g
-                            .node("Transpose", &[&all], vec![("perm", Attr::Ints(vec![0, 2, 1]))], None);
-                        let dots = self.g.op("MatMul", &[&all, &t]);
-                        let dots = self.reshape(&dots, &[-1, n * n]);
-                        let idx = self.g.i64s(&[tri.len()], tri);
-                        let inter = self
-                            .g
-                            .node("Gather", &[&dots, &idx], vec![("axis", Attr::Int(1))], None);
-                        if *with_dense {
-                            self.concat(&[d, inter], 1)
-                        } else {
-                            inter
-                        }
-                    }
-                };
-                let h = self.dnn(top, &z);
-                self.linear(out, &h)
-            }
-            Net::DeepFm {
-                wide,
-                deep,
-                fm,
-                dnn,
-                final_dnn,
-                out,
-            } => {
-                let w = self.wide(wide, x);
-                let (n, d) = *fm;
-                let v = self.slice(&x[*deep], 1, 0, n * d);
-                let v = self.reshape(&v, &[-1, n as i64, d as i64]);
-                let sum = self.reduce_sum(&v, 1, false);
-                let vv = self.g.op("Mul", &[&v, &v]);
-                let sq = self.reduce_sum(&vv, 1, false);
-                let ss = self.g.op("Mul", &[&sum, &sum]);
-                let diff = self.g.op("Sub", &[&ss, &sq]);
-                let half = self.scalar_f32(0.5);
-                let fm_out = self.g.op("Mul", &[&diff, &half]);
-                let h = self.dnn(dnn, &x[*deep]);
-                match final_dnn {
-                    Some(f) => {
-                        let w = w.unwrap_or_else(|| self.zeros(&h, dnn.d_out, wide.dim));
-                        let c = self.concat(&[w, fm_out, h], 1);
-                        let h = self.dnn(f, &c);
-                        self.linear(out, &h)
-                    }
-                    None => {
-                        let o = self.linear(out, &h);
-                        let f = self.reduce_sum(&fm_out, 1, true);
-                        let o = self.g.op("Add", &[&o, &f]);
-                        self.add(w, o)
-                    }
-                }
-            }
-            Net::Dcn {
-                deep_group,
-                cross_group,
-                deep,
-                cross,
-                final_dnn,
-                out,
-            } => {
-                let h = self.dnn(deep, &x[*deep_group]);
-                let x0 = x[*cross_group].clone();
-                let mut xl = x0.clone();
-                for (w, bias) in cross {
+    /// Every node of the model graph as ONNX nodes, in inference mode; the
+    /// graph value of each node, from the group inputs' values `x`.
+    fn emit(&mut self, graph: &crate::model::Graph, x: &[String]) -> Vec<String> {
+        let mut v: Vec<String> = Vec::with_capacity(graph.nodes.len());
+        for node in &graph.nodes {
+            let width = node.width;
+            let y = match &node.op {
+                Op::Input { group } => x[*group].clone(),
+                Op::Linear { x, w, b, act } => {
                     let w = self.param(*w);
-                    let bias = self.param(*bias);
-                    let s = self.g.op("MatMul", &[&xl, &w]);
-                    let y = self.g.op("Mul", &[&x0, &s]);
-                    let y = self.g.op("Add", &[&y, &bias]);
-                    xl = self.g.op("Add", &[&y, &xl]);
+                    let mut y = self.g.op("MatMul", &[&v[x.0], &w]);
+                    if let Some(b) = b {
+                        let b = self.param(*b);
+                        y = self.g.op("Add", &[&y, &b]);
+                    }
+                    self.act(*act, y)
                 }
-                let c = self.concat(&[h, xl], 1);
-                let h = self.dnn(final_dnn, &c);
-                self.linear(out, &h)
-            }
-            Net::MultiTower { towers, final_dnn, out } => {
-                let hs: Vec<String> = towers.iter().map(|(g, dnn)| self.dnn(dnn, &x[*g])).collect();
-                let c = self.concat(&hs, 1);
-                let h = self.dnn(final_dnn, &c);
-                self.linear(out, &h)
-            }
+                Op::BatchNorm {
+                    x,
+                    gamma,
+                    beta,
+                    mean,
+                    var,
+                    act,
+                } => {
+                    let y = self.batch_norm(&v[x.0], (*gamma, *beta), (*mean, *var));
+                    self.act(*act, y)
+                }
+                Op::Act { x, act } => self.act(*act, v[x.0].clone()),
+                Op::Dropout { x, .. } => v[x.0].clone(),
+                Op::Concat(xs) => {
+                    let xs: Vec<String> = xs.iter().map(|x| v[x.0].clone()).collect();
+                    self.concat(&xs, 1)
+                }
+                Op::Slice { x, start } => self.slice(&v[x.0], 1, *start, width),
+                Op::Add(xs) => {
+                    let mut acc = v[xs[0].0].clone();
+                    for x in &xs[1..] {
+                        acc = self.g.op("Add", &[&acc, &v[x.0]]);
+                    }
+                    acc
+                }
+                Op::Mul(a, c) => self.g.op("Mul", &[&v[a.0], &v[c.0]]),
+                Op::SumBlocks { x, n } => {
+                    let s = self.reshape(&v[x.0], &[-1, *n as i64, width as i64]);
+                    self.reduce_sum(&s, 1, false)
+                }
+                Op::Fm { x, n } => {
+                    let blocks = self.reshape(&v[x.0], &[-1, *n as i64, width as i64]);
+                    let sum = self.reduce_sum(&blocks, 1, false);
+                    let sq = self.g.op("Mul", &[&blocks, &blocks]);
+                    let sq = self.reduce_sum(&sq, 1, false);
+                    let ss = self.g.op("Mul", &[&sum, &sum]);
+                    let diff = self.g.op("Sub", &[&ss, &sq]);
+                    let half = self.scalar_f32(0.5);
+                    self.g.op("Mul", &[&diff, &half])
+                }
+                Op::RowSum { x } => self.reduce_sum(&v[x.0], 1, true),
+                Op::Dot { xs, dim, pairs } => {
+                    let xs: Vec<String> = xs.iter().map(|x| v[x.0].clone()).collect();
+                    let all = self.concat(&xs, 1);
+                    let total: usize = node_widths(graph, &node.op);
+                    let n = (total / dim) as i64;
+                    let all = self.reshape(&all, &[-1, n, *dim as i64]);
+                    let t = self
+                        .g
+                        .node("Transpose", &[&all], vec![("perm", Attr::Ints(vec![0, 2, 1]))], None);
+                    let dots = self.g.op("MatMul", &[&all, &t]);
+                    let dots = self.reshape(&dots, &[-1, n * n]);
+                    let flat: Vec<i64> = pairs.iter().map(|&(i, j)| i as i64 * n + j as i64).collect();
+                    let idx = self.g.i64s(&[flat.len()], &flat);
+                    self.g
+                        .node("Gather", &[&dots, &idx], vec![("axis", Attr::Int(1))], None)
+                }
+                Op::Cross { x0, xl, w, b } => {
+                    let (w, b) = (self.param(*w), self.param(*b));
+                    let s = self.g.op("MatMul", &[&v[xl.0], &w]);
+                    let y = self.g.op("Mul", &[&v[x0.0], &s]);
+                    let y = self.g.op("Add", &[&y, &b]);
+                    self.g.op("Add", &[&y, &v[xl.0]])
+                }
+                Op::Softmax { x } => self.g.node("Softmax", &[&v[x.0]], vec![("axis", Attr::Int(1))], None),
+                Op::WeightedSum { gate, xs } => {
+                    let mut acc: Option<String> = None;
+                    for (e, x) in xs.iter().enumerate() {
+                        let ge = self.slice(&v[gate.0], 1, e, 1);
+                        let t = self.g.op("Mul", &[&v[x.0], &ge]);
+                        acc = Some(match acc {
+                            Some(a) => self.g.op("Add", &[&a, &t]),
+                            None => t,
+                        });
+                    }
+                    acc.expect("a weighted sum has operands")
+                }
+                Op::Zeros { like } => {
+                    let lw = graph.width(*like);
+                    self.zeros(&v[like.0], lw, width)
+                }
+            };
+            v.push(y);
         }
+        v
     }
+}
+
+/// The summed widths of a dot op's operands.
+fn node_widths(graph: &crate::model::Graph, op: &Op) -> usize {
+    op.operands().iter().map(|x| graph.width(*x)).sum()
 }

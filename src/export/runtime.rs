@@ -12,6 +12,7 @@ use super::{list_exports, MODEL_FILE};
 use crate::config::typed::TrainingPlan;
 use crate::config::{load_pipeline, Overrides};
 use crate::features::{Batch, Encoded, Encoder, Jagged};
+use crate::model::TaskScores;
 
 /// Where a graph input's values come from.
 enum Source {
@@ -101,9 +102,9 @@ impl ExportedModel {
         })
     }
 
-    /// Scores of an encoded batch: probabilities (classification) or values
-    /// (regression), and the logits.
-    pub fn score(&self, batch: &Batch) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    /// Each task's scores of an encoded batch (in `plan.tasks` order):
+    /// probabilities (classification) or values (regression), and logits.
+    pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
         let b = batch.size;
         let mut inputs: TVec<TValue> = TVec::new();
         for s in &self.sources {
@@ -131,9 +132,15 @@ impl ExportedModel {
         let column = |i: usize| -> anyhow::Result<Vec<f32>> {
             Ok(out[i].to_plain_array_view::<f32>()?.iter().copied().collect())
         };
-        // The second output is `probs`, or `y` for regression.
-        let (logits, scores) = (column(0)?, column(1)?);
-        Ok((scores, logits))
+        // Per task, its logits then its scores (see `export::graph`).
+        (0..self.plan.tasks.len())
+            .map(|t| {
+                Ok(TaskScores {
+                    logits: column(2 * t)?,
+                    scores: column(2 * t + 1)?,
+                })
+            })
+            .collect()
     }
 }
 

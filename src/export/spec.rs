@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::graph::{FeatureInput, InputKind};
-use crate::config::typed::{Bucketing, FeatureKind, LossKind, TrainingPlan};
+use crate::config::typed::{Bucketing, FeatureKind, TrainingPlan};
 
 const HASH: &str = "64-bit FNV-1a over the UTF-8 text (integers as their decimal text), then the splitmix64 \
                     finalizer (z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb; \
@@ -81,10 +81,7 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
     json!({
         "format": "rustrec-feature-spec-1",
         "model_class": format!("{:?}", plan.model),
-        "outputs": match plan.loss {
-            LossKind::BinaryClassification => json!(["logits", "probs"]),
-            LossKind::Regression => json!(["logits", "y"]),
-        },
+        "outputs": plan.tasks.iter().flat_map(|t| [t.output(), t.score_name()]).collect::<Vec<_>>(),
         "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",
         "features": features,
     })

@@ -31,7 +31,8 @@ pub enum Encoded {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     pub size: usize,
-    pub labels: Vec<f32>,
+    /// One value per row for each of `data_config.label_fields`.
+    pub labels: Vec<Vec<f32>>,
     pub features: Vec<Encoded>,
     /// Hashed `uid_field` per row, when a GAUC metric needs it.
     pub uids: Option<Vec<u64>>,
@@ -137,8 +138,9 @@ pub struct Encoder {
     pub projection: Projection,
     names: Vec<String>,
     encs: Vec<Enc>,
-    /// `None` when encoding for inference, where inputs may have no label.
-    label_col: Option<usize>,
+    /// One per label field; none when encoding for inference, where inputs
+    /// may have no label.
+    label_cols: Vec<usize>,
     uid_col: Option<usize>,
 }
 
@@ -147,7 +149,7 @@ impl Encoder {
         Self::build(plan, uid_field, true)
     }
 
-    /// An encoder that reads no label column (batches carry zero labels).
+    /// An encoder that reads no label column (batches carry no labels).
     pub fn for_inference(plan: &TrainingPlan) -> anyhow::Result<Self> {
         Self::build(plan, None, false)
     }
@@ -158,9 +160,14 @@ impl Encoder {
             p.add(name, &plan.fields, required)
                 .with_context(|| format!("`{name}` is not among data_config.input_fields"))
         };
-        let label_col = with_label
-            .then(|| col(&mut projection, &plan.label_fields[0], true))
-            .transpose()?;
+        let label_cols = if with_label {
+            plan.label_fields
+                .iter()
+                .map(|l| col(&mut projection, l, true))
+                .collect::<anyhow::Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         let mut encs = Vec::new();
         for f in &plan.features {
             let first = f
@@ -221,7 +228,7 @@ impl Encoder {
             projection,
             names: plan.features.iter().map(|f| f.name.clone()).collect(),
             encs,
-            label_col,
+            label_cols,
             uid_col,
         })
     }
@@ -245,16 +252,19 @@ impl Encoder {
 
     pub fn encode(&self, raw: &RawBatch) -> anyhow::Result<Batch> {
         let n = raw.num_rows;
-        let labels = match self.label_col.map(|c| (c, &raw.columns[c])) {
-            None => vec![0.0; n],
-            Some((_, Column::Float(v))) => v.iter().map(|x| *x as f32).collect(),
-            Some((_, Column::Int(v))) => v.iter().map(|x| *x as f32).collect(),
-            Some((c, other)) => bail!(
-                "label column `{}` holds {} values; it must be numeric",
-                self.projection.columns[c].name,
-                other.type_name()
-            ),
-        };
+        let labels = self
+            .label_cols
+            .iter()
+            .map(|&c| match &raw.columns[c] {
+                Column::Float(v) => Ok(v.iter().map(|x| *x as f32).collect()),
+                Column::Int(v) => Ok(v.iter().map(|x| *x as f32).collect()),
+                other => bail!(
+                    "label column `{}` holds {} values; it must be numeric",
+                    self.projection.columns[c].name,
+                    other.type_name()
+                ),
+            })
+            .collect::<anyhow::Result<Vec<Vec<f32>>>>()?;
         let features = self
             .encs
             .iter()

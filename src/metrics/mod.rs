@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use crate::config::model_plan::Metric;
+use crate::config::tasks::Task;
 
 /// Exact ROC AUC; tied scores count one half. `None` without both classes.
 pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
@@ -118,6 +119,31 @@ impl EvalState {
         }
         out
     }
+}
+
+/// The metrics of every task: a single task's as `report` gives them; for
+/// several tasks the weighted total `loss`, then each task's entries with
+/// its suffix (`loss_ctr`, `auc_ctr`, ...), as EasyRec names them.
+pub fn report_tasks(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> {
+    if let ([t], [st]) = (tasks, states) {
+        return st.report(&t.metrics, t.classification());
+    }
+    let n = states.first().map_or(0, |s| s.preds.len()).max(1) as f64;
+    let total: f64 = tasks
+        .iter()
+        .zip(states)
+        .map(|(t, s)| t.weight as f64 * s.loss_sum)
+        .sum();
+    let mut out = vec![("loss".to_string(), total / n)];
+    for (t, st) in tasks.iter().zip(states) {
+        let suffix = t.suffix();
+        out.extend(
+            st.report(&t.metrics, t.classification())
+                .into_iter()
+                .map(|(k, v)| (format!("{k}{suffix}"), v)),
+        );
+    }
+    out
 }
 
 #[cfg(test)]

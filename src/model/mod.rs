@@ -1,20 +1,24 @@
-//! Models: feature groups laid out as dense input matrices, and the five
-//! architectures on burn tensors. Single-device; distribution wraps them.
+//! Models: feature groups laid out as dense input matrices, and each
+//! architecture as a graph of layer-level ops (`graph`) emitted by its
+//! builder (`builders`) and run by the CPU executor (`cpu`, training and
+//! evaluation), burn (`reference`, the tests' oracle) or the ONNX emitter
+//! (`export::graph`). Single-device; distribution wraps them.
 
-pub mod arch;
-pub mod fused;
-pub mod layers;
+pub mod builders;
+pub mod cpu;
+pub mod graph;
+pub mod kernels;
+#[cfg(test)]
+mod op_tests;
 pub mod params;
+pub mod reference;
 
 use anyhow::{bail, Context};
-use burn::tensor::Tensor;
 
-pub use arch::Net;
-pub use layers::Ctx;
+pub use graph::{BnStats, Graph, NodeId, Op};
 pub use params::{ParamSpec, ParamStore};
 
-use crate::config::model_plan::Arch;
-use crate::config::typed::{EmbeddingInit, FeatureKind, TrainingPlan};
+use crate::config::typed::{EmbeddingInit, FeatureKind, LossKind, Task, TrainingPlan};
 use crate::features::Encoder;
 use crate::util::Rng;
 
@@ -64,14 +68,17 @@ pub struct Model {
     pub params: ParamStore,
     /// Non-trained state (batch-norm moving statistics).
     pub buffers: ParamStore,
-    pub net: Net,
+    pub graph: Graph,
 }
 
-fn wide_dim(arch: &Arch) -> Option<usize> {
-    match arch {
-        Arch::WideAndDeep { wide_output_dim, .. } | Arch::DeepFm { wide_output_dim, .. } => Some(*wide_output_dim),
-        _ => None,
-    }
+/// Loss of a batch and its gradients: every dense parameter (flat, in
+/// `ParamStore` layout) and every group input matrix.
+pub struct PassGrads {
+    pub loss: f32,
+    pub dense: Vec<f32>,
+    pub inputs: Vec<Vec<f32>>,
+    /// Batch statistics of every batch norm, for its moving averages.
+    pub bn_stats: Vec<BnStats>,
 }
 
 impl Model {
@@ -91,7 +98,7 @@ impl Model {
                     },
                     Some(rows) => {
                         let (name, dim) = if g.wide {
-                            let wd = wide_dim(&plan.arch).with_context(|| {
+                            let wd = builders::wide_dim(&plan.arch).with_context(|| {
                                 format!(
                                     "feature group `{}` is WIDE, which only WideAndDeep and DeepFM use",
                                     g.name
@@ -150,7 +157,7 @@ impl Model {
             }
             // Wide groups and DeepFM's groups put embedded features first: the
             // FM part reads them as one `[batch, n, dim]` block.
-            if g.wide || matches!(plan.arch, Arch::DeepFm { .. }) {
+            if g.wide || builders::embedded_first(&plan.arch) {
                 parts.sort_by_key(|p| p.table.is_none());
             }
             let mut col = 0;
@@ -168,18 +175,94 @@ impl Model {
         let mut rng = Rng::new(seed ^ 0xdea5e);
         let mut params = ParamStore::default();
         let mut buffers = ParamStore::default();
-        let net = Net::new(&plan.arch, &groups, &mut params, &mut buffers, &mut rng)?;
+        let mut scope = graph::Scope {
+            params: &mut params,
+            buffers: &mut buffers,
+            rng: &mut rng,
+        };
+        let graph = builders::build(&plan.arch, &groups, &mut scope)?;
         Ok(Model {
             groups,
             tables,
             params,
             buffers,
-            net,
+            graph,
         })
     }
 
-    /// Logits `[batch, 1]` from group inputs `[batch, width]`.
-    pub fn forward(&self, ctx: &mut Ctx, inputs: &[Tensor<2>]) -> Tensor<2> {
-        self.net.forward(ctx, inputs)
+    /// Whether each group's input is trained (holds embedded features).
+    pub fn trained_inputs(&self) -> Vec<bool> {
+        self.groups.iter().map(|g| g.sparse_parts().next().is_some()).collect()
+    }
+
+    /// The graph output of each task.
+    fn task_outputs(&self, tasks: &[Task]) -> Vec<NodeId> {
+        tasks
+            .iter()
+            .map(|t| {
+                self.graph
+                    .output_node(&t.output())
+                    .unwrap_or_else(|| panic!("the model graph has output `{}`", t.output()))
+            })
+            .collect()
+    }
+
+    /// Training-mode loss and gradients of a batch on the CPU executor, from
+    /// group input matrices `[b, width]` and the batch's label fields: the
+    /// tasks' losses weighted and summed. Dropout masks come from `rng`.
+    pub fn loss_and_grads(&self, x: &[Vec<f32>], labels: &[Vec<f32>], tasks: &[Task], rng: &mut Rng) -> PassGrads {
+        let b = labels.first().map_or(0, Vec::len);
+        let mut bn_stats = Vec::new();
+        let mode = cpu::Mode::Train {
+            rng,
+            stats: &mut bn_stats,
+        };
+        let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, mode);
+        let mut loss = 0.0f32;
+        let mut seeds = Vec::new();
+        for (t, out) in tasks.iter().zip(self.task_outputs(tasks)) {
+            let (l, mut dl) = kernels::loss_grad(t.loss, tape.value(out), &labels[t.label]);
+            loss += t.weight * l;
+            if t.weight != 1.0 {
+                dl.iter_mut().for_each(|g| *g *= t.weight);
+            }
+            seeds.push((out, dl));
+        }
+        let needs = self.graph.needs_grad(&self.trained_inputs());
+        let mut dense = vec![0.0f32; self.params.values.len()];
+        let inputs = tape.backward(&self.params, seeds, &needs, &mut dense);
+        PassGrads {
+            loss,
+            dense,
+            inputs,
+            bn_stats,
+        }
+    }
+
+    /// Inference-mode logits of `b` rows for each task, on the CPU executor.
+    pub fn logits(&self, x: &[Vec<f32>], b: usize, tasks: &[Task]) -> Vec<Vec<f32>> {
+        let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
+        self.task_outputs(tasks)
+            .into_iter()
+            .map(|n| tape.value(n).to_vec())
+            .collect()
+    }
+}
+
+/// One task's predictions for a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskScores {
+    pub logits: Vec<f32>,
+    /// Probabilities (classification) or values (regression).
+    pub scores: Vec<f32>,
+}
+
+impl TaskScores {
+    pub fn from_logits(task: &Task, logits: Vec<f32>) -> Self {
+        let scores = match task.loss {
+            LossKind::BinaryClassification => logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect(),
+            LossKind::Regression => logits.clone(),
+        };
+        TaskScores { logits, scores }
     }
 }

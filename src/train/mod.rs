@@ -19,6 +19,7 @@ use crate::dist::{Communicator, Single};
 use crate::embedding::Table;
 use crate::features::{Batch, Encoder};
 use crate::metrics::EvalState;
+use crate::model::kernels;
 use crate::model::Model;
 use crate::optim::{Assignment, SlotState};
 
@@ -38,8 +39,8 @@ pub struct Trainer {
     /// Global step: batches trained so far.
     pub step: u64,
     pub seed: u64,
-    pub train_device: Device,
-    pub eval_device: Device,
+    /// Where burn's reference executor runs (tests' oracle).
+    pub reference_device: Device,
     /// The other ranks of a distributed job (a single process alone).
     pub comm: Rc<dyn Communicator>,
     /// Tables are row-wise sharded across ranks (EmbeddingParallelStrategy);
@@ -72,7 +73,7 @@ impl Trainer {
             }
         };
         let shard = if sharded { (comm.rank(), comm.size()) } else { (0, 1) };
-        let uid = plan.metrics.iter().find_map(|m| match m {
+        let uid = plan.tasks.iter().flat_map(|t| &t.metrics).find_map(|m| match m {
             Metric::Gauc { uid_field } => Some(uid_field.as_str()),
             _ => None,
         });
@@ -105,8 +106,7 @@ impl Trainer {
             assign,
             step: 0,
             seed,
-            train_device: Device::flex().autodiff(),
-            eval_device: Device::flex(),
+            reference_device: Device::flex().autodiff(),
             comm,
             sharded,
         })
@@ -175,29 +175,36 @@ impl Trainer {
         }))
     }
 
-    /// Predictions, labels and loss over a whole input.
-    pub fn evaluate(&self, paths: &[String]) -> anyhow::Result<EvalState> {
-        let mut st = EvalState::default();
+    /// Predictions, labels and loss of each task (in `plan.tasks` order)
+    /// over a whole input.
+    pub fn evaluate(&self, paths: &[String]) -> anyhow::Result<Vec<EvalState>> {
+        let tasks = &self.plan.tasks;
+        let mut st = vec![EvalState::default(); tasks.len()];
         for batch in self.stream(paths, false, 0)? {
             let batch = batch.context("reading evaluation data")?;
-            let (preds, loss) = self.predict(&batch);
-            st.merge(EvalState {
-                preds,
-                labels: batch.labels,
-                uids: batch.uids.unwrap_or_default(),
-                loss_sum: loss,
-            });
+            let scores = self.score(&batch);
+            for ((e, t), s) in st.iter_mut().zip(tasks).zip(scores) {
+                let loss_sum = kernels::loss_value(t.loss, &s.logits, &batch.labels[t.label]) * batch.size as f64;
+                e.merge(EvalState {
+                    preds: s.scores,
+                    labels: batch.labels[t.label].clone(),
+                    uids: batch.uids.clone().unwrap_or_default(),
+                    loss_sum,
+                });
+            }
         }
         if self.comm.size() > 1 {
             // Every rank ends with all ranks' predictions, for exact metrics.
-            let mut loss = [st.loss_sum];
-            self.comm.all_reduce_sum(&mut loss);
-            st = EvalState {
-                preds: self.comm.all_gather_f32(&st.preds).concat(),
-                labels: self.comm.all_gather_f32(&st.labels).concat(),
-                uids: self.comm.all_gather_u64(&st.uids).concat(),
-                loss_sum: loss[0],
-            };
+            for e in &mut st {
+                let mut loss = [e.loss_sum];
+                self.comm.all_reduce_sum(&mut loss);
+                *e = EvalState {
+                    preds: self.comm.all_gather_f32(&e.preds).concat(),
+                    labels: self.comm.all_gather_f32(&e.labels).concat(),
+                    uids: self.comm.all_gather_u64(&e.uids).concat(),
+                    loss_sum: loss[0],
+                };
+            }
         }
         Ok(st)
     }

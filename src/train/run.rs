@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::Trainer;
 use crate::checkpoint;
-use crate::config::typed::{CheckpointCadence, LossKind};
+use crate::config::typed::CheckpointCadence;
 use crate::summary::SummaryWriter;
 
 /// See `Trainer::run_with`.
@@ -169,14 +169,15 @@ impl Trainer {
     /// Evaluates, prints the metrics, writes them as JSON to `out` and as
     /// summaries to `eval_val/` beside it (where TensorBoard expects them).
     pub fn eval_and_report(&self, paths: &[String], out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
-        let st = self.evaluate(paths)?;
-        let metrics = st.report(&self.plan.metrics, self.plan.loss == LossKind::BinaryClassification);
+        let states = self.evaluate(paths)?;
+        let metrics = crate::metrics::report_tasks(&self.plan.tasks, &states);
+        let examples = states.first().map_or(0, |s| s.preds.len());
         let mut obj = serde_json::Map::new();
         for (k, v) in &metrics {
             obj.insert(k.clone(), json!(v));
         }
         obj.insert("global_step".into(), json!(self.step));
-        obj.insert("num_examples".into(), json!(st.preds.len()));
+        obj.insert("num_examples".into(), json!(examples));
         let line = metrics
             .iter()
             .map(|(k, v)| format!("{k} = {v:.6}"))
@@ -186,7 +187,7 @@ impl Trainer {
             "{}eval at step {} on {} examples: {line}",
             crate::dist::log_prefix(&*self.comm),
             self.step,
-            st.preds.len()
+            examples
         );
         if self.comm.rank() != 0 {
             return Ok(metrics); // every rank has the metrics; rank 0 writes them

@@ -1,19 +1,18 @@
 //! One training step and one inference pass: pool embeddings into group
-//! inputs, run the dense network on burn, scatter input gradients back to
-//! embedding rows, and apply every optimizer.
+//! inputs, run the model graph on the CPU executor, scatter input gradients
+//! back to embedding rows, and apply every optimizer.
 
 use anyhow::bail;
-use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::Trainer;
-use crate::config::typed::LossKind;
 use crate::embedding::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource};
 use crate::features::{Batch, Encoded};
-use crate::model::layers::{update_bn_buffers, BnStats};
+use crate::model::graph::{update_bn_buffers, BnStats};
 use crate::model::params::to_vec;
-use crate::model::{fused, Ctx};
+use crate::model::reference::{self, loss_of, Ctx};
+use crate::model::TaskScores;
 use crate::optim::Rule;
 use crate::util::Rng;
 
@@ -102,50 +101,17 @@ fn squared_norm(x: &[f32]) -> f64 {
     parts.iter().sum()
 }
 
-/// Mean loss of logits `[b, 1]` against labels.
-fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1> {
-    match kind {
-        LossKind::BinaryClassification => {
-            // Value: max(x, 0) - x*y + log(1 + exp(-|x|)), the stable sigmoid
-            // cross entropy. Gradient: sigmoid(x) - y, attached directly.
-            // Differentiating the max/abs form instead takes one-sided
-            // slopes at x = 0 that add up to 1 - y instead of 0.5 - y, and
-            // logits of exactly 0 are common at the start (zero output bias,
-            // rows whose last hidden layer is all zero).
-            let pos = logits.clone().clamp_min(0.0);
-            let value = pos - logits.clone() * labels.clone() + logits.clone().abs().neg().exp().log1p();
-            let slope = (sigmoid(logits.clone()) - labels).detach();
-            let linear = logits * slope;
-            (linear.clone() + (value - linear).detach()).mean()
-        }
-        LossKind::Regression => {
-            let d = logits - labels;
-            (d.clone() * d).mean()
-        }
-    }
-}
-
 impl Trainer {
     /// Loss of a batch and its gradients with respect to every dense
     /// parameter (flat, in `ParamStore` layout) and every group input matrix,
     /// without regularisation and without changing any state. Training-mode
-    /// forward (batch statistics, dropout seeded by the global step). Runs
-    /// the fused pass where the network allows it, burn's graph otherwise.
+    /// forward (batch statistics, dropout seeded by the global step), on
+    /// the CPU executor.
     pub fn loss_and_grads(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
-        if !fused::supports(&self.model.net) {
-            return self.loss_and_grads_graph(batch, inputs);
-        }
-        let m = &self.model;
         let mut rng = self.dropout_rng();
-        let g = fused::loss_and_grads(
-            &m.net,
-            &m.groups,
-            &m.params,
-            inputs,
-            &batch.labels,
-            self.plan.loss,
-            &mut rng,
-        );
+        let g = self
+            .model
+            .loss_and_grads(inputs, &batch.labels, &self.plan.tasks, &mut rng);
         Grads {
             loss: g.loss,
             dense: g.dense,
@@ -159,13 +125,13 @@ impl Trainer {
         Rng::new(self.seed ^ crate::util::mix64(self.step + 1))
     }
 
-    /// `loss_and_grads` through burn's autodiff graph, for every network.
+    /// `loss_and_grads` through burn's autodiff on the reference executor:
+    /// the oracle of the CPU executor's backward.
     pub fn loss_and_grads_graph(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
         let b = batch.size;
-        let device = self.train_device.clone();
+        let device = self.reference_device.clone();
         let params = self.model.params.tensors(&device, true);
         let xs = input_tensors(self, inputs, b, &device, true);
-        let labels = Tensor::<2>::from_data(TensorData::new(batch.labels.clone(), [b, 1]), &device);
         let mut ctx = Ctx {
             p: &params,
             buffers: &self.model.buffers,
@@ -174,9 +140,23 @@ impl Trainer {
             rng: self.dropout_rng(),
             bn_stats: Vec::new(),
         };
-        let logits = self.model.forward(&mut ctx, &xs);
+        let values = reference::forward(&self.model.graph, &mut ctx, &xs);
         let bn_stats = std::mem::take(&mut ctx.bn_stats);
-        let loss = loss_of(self.plan.loss, logits, labels);
+        let loss = self
+            .plan
+            .tasks
+            .iter()
+            .map(|t| {
+                let out = self
+                    .model
+                    .graph
+                    .output_node(&t.output())
+                    .expect("every task has an output");
+                let labels = Tensor::<2>::from_data(TensorData::new(batch.labels[t.label].clone(), [b, 1]), &device);
+                loss_of(t.loss, values[out.0].clone(), labels).mul_scalar(t.weight)
+            })
+            .reduce(|a, c| a + c)
+            .expect("a model has a task");
         let grads = loss.backward();
         let mut dense = vec![0.0f32; self.model.params.values.len()];
         for (spec, p) in self.model.params.specs.iter().zip(&params) {
@@ -334,68 +314,20 @@ impl Trainer {
         })
     }
 
-    /// Predictions for a batch: probabilities (classification) or values
-    /// (regression), with the mean loss over the batch.
-    pub fn predict(&self, batch: &Batch) -> (Vec<f32>, f64) {
-        let (preds, _, loss) = self.predict_with_logits(batch);
-        (preds, loss)
-    }
-
-    /// Predictions, logits and the summed loss of a batch.
-    pub fn predict_with_logits(&self, batch: &Batch) -> (Vec<f32>, Vec<f32>, f64) {
+    /// Each task's predictions for a batch (in `plan.tasks` order). With
+    /// sharded tables this is a collective: every rank must call it.
+    pub fn score(&self, batch: &Batch) -> Vec<TaskScores> {
         let b = batch.size;
         let inputs = group_inputs(self, batch);
+        let tasks = &self.plan.tasks;
         if b == 0 {
-            return (Vec::new(), Vec::new(), 0.0);
+            return tasks.iter().map(|t| TaskScores::from_logits(t, Vec::new())).collect();
         }
-        let device = &self.eval_device;
-        let params = self.model.params.tensors(device, false);
-        let xs = input_tensors(self, &inputs, b, device, false);
-        let mut ctx = Ctx {
-            p: &params,
-            buffers: &self.model.buffers,
-            training: false,
-            device,
-            rng: Rng::new(0),
-            bn_stats: Vec::new(),
-        };
-        let logits = self.model.forward(&mut ctx, &xs);
-        let labels = Tensor::<2>::from_data(TensorData::new(batch.labels.clone(), [b, 1]), device);
-        let loss = to_vec(loss_of(self.plan.loss, logits.clone(), labels))[0] as f64 * b as f64;
-        let preds = match self.plan.loss {
-            LossKind::BinaryClassification => to_vec(sigmoid(logits.clone())),
-            LossKind::Regression => to_vec(logits.clone()),
-        };
-        (preds, to_vec(logits), loss)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cross_entropy_gradient_is_exact_at_zero_logits() {
-        let device = Device::flex().autodiff();
-        let logits =
-            Tensor::<2>::from_data(TensorData::new(vec![0.0f32, 0.0, 2.0, -3.0], [4, 1]), &device).require_grad();
-        let labels = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [4, 1]), &device);
-        let loss = loss_of(LossKind::BinaryClassification, logits.clone(), labels);
-        let value = to_vec(loss.clone())[0];
-        let grads = loss.backward();
-        let g = to_vec(logits.grad(&grads).expect("logits take part in the loss"));
-        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
-        let want = [
-            (sig(0.0) - 1.0) / 4.0,
-            sig(0.0) / 4.0,
-            (sig(2.0) - 1.0) / 4.0,
-            sig(-3.0) / 4.0,
-        ];
-        for (a, b) in g.iter().zip(want) {
-            assert!((a - b).abs() < 1e-6, "gradient {g:?}, want {want:?}");
-        }
-        let bce = |x: f32, y: f32| -(y * sig(x).ln() + (1.0 - y) * (1.0 - sig(x)).ln());
-        let mean = (bce(0.0, 1.0) + bce(0.0, 0.0) + bce(2.0, 1.0) + bce(-3.0, 0.0)) / 4.0;
-        assert!((value - mean).abs() < 1e-6, "loss {value}, want {mean}");
+        let logits = self.model.logits(&inputs, b, tasks);
+        tasks
+            .iter()
+            .zip(logits)
+            .map(|(t, l)| TaskScores::from_logits(t, l))
+            .collect()
     }
 }

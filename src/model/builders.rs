@@ -1,0 +1,380 @@
+//! One builder per architecture: the only place that knows how EasyRec
+//! wires a model's feature groups and layers. Each emits a `Graph` over the
+//! `ParamStore`; executors never look at the architecture.
+
+use anyhow::{bail, Context};
+
+use super::graph::{Graph, NodeId, Scope};
+use super::params::Init;
+use super::GroupLayout;
+use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, TaskTower};
+
+/// The graph of `arch` over `groups`, its parameters added to `scope`.
+/// Single-task models have the output `logits`; multi-task ones
+/// `logits_<tower>` per task tower.
+pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::Result<Graph> {
+    let mut g = Graph::default();
+    let xs: Vec<NodeId> = groups.iter().enumerate().map(|(i, l)| g.input(i, l.width)).collect();
+    let b = Builder { groups, xs };
+    let g_ = &mut g;
+    let logits = match arch {
+        Arch::WideAndDeep {
+            wide_output_dim,
+            dnn,
+            final_dnn,
+        } => b.wide_and_deep(g_, scope, *wide_output_dim, dnn, final_dnn.as_ref(), false)?,
+        Arch::DeepFm {
+            wide_output_dim,
+            dnn,
+            final_dnn,
+        } => b.wide_and_deep(g_, scope, *wide_output_dim, dnn, final_dnn.as_ref(), true)?,
+        Arch::Dlrm {
+            bot,
+            top,
+            interaction,
+            itself,
+            with_dense,
+        } => b.dlrm(g_, scope, (bot, top), *interaction, *itself, *with_dense)?,
+        Arch::Dcn {
+            deep_input,
+            deep,
+            cross_input,
+            cross_num,
+            final_dnn,
+        } => b.dcn(g_, scope, (deep_input, deep), (cross_input, *cross_num), final_dnn)?,
+        Arch::MultiTower { towers, final_dnn } => b.multi_tower(g_, scope, towers, final_dnn)?,
+        Arch::Mmoe { experts, towers } => {
+            b.mmoe(g_, scope, experts, towers)?;
+            return Ok(g);
+        }
+        Arch::Dbmtl {
+            bottom,
+            experts,
+            towers,
+        } => {
+            b.dbmtl(g_, scope, bottom.as_ref(), experts, towers)?;
+            return Ok(g);
+        }
+    };
+    g.output("logits", logits);
+    Ok(g)
+}
+
+/// The width of the wide side's embeddings, for the architectures that
+/// have a wide side.
+pub fn wide_dim(arch: &Arch) -> Option<usize> {
+    match arch {
+        Arch::WideAndDeep { wide_output_dim, .. } | Arch::DeepFm { wide_output_dim, .. } => Some(*wide_output_dim),
+        _ => None,
+    }
+}
+
+/// Whether the architecture reads the embedded features of every group as
+/// one leading block (DeepFM's FM part), so groups put them first.
+pub fn embedded_first(arch: &Arch) -> bool {
+    matches!(arch, Arch::DeepFm { .. })
+}
+
+struct Builder<'a> {
+    groups: &'a [GroupLayout],
+    /// Each group's input node.
+    xs: Vec<NodeId>,
+}
+
+impl Builder<'_> {
+    /// The non-wide group called `name`.
+    fn group(&self, name: &str, model: &str) -> anyhow::Result<usize> {
+        self.groups
+            .iter()
+            .position(|g| g.name == name && !g.wide)
+            .with_context(|| format!("{model} needs a feature group named `{name}`"))
+    }
+
+    /// The group called `deep`, else the first non-wide one.
+    fn deep_group(&self, model: &str) -> anyhow::Result<usize> {
+        self.groups
+            .iter()
+            .position(|g| g.name == "deep" && !g.wide)
+            .or_else(|| self.groups.iter().position(|g| !g.wide))
+            .with_context(|| format!("{model} needs a deep feature group"))
+    }
+
+    /// The wide side, `[b, dim]`: per wide group its embedded features'
+    /// wide embeddings summed, plus a linear map of its raw values.
+    fn wide(&self, g: &mut Graph, s: &mut Scope, dim: usize) -> Option<NodeId> {
+        let mut terms = Vec::new();
+        for (i, l) in self.groups.iter().enumerate().filter(|(_, l)| l.wide) {
+            let n = l.sparse_parts().count();
+            let dw = l.dense_width();
+            if n > 0 {
+                let e = g.slice(self.xs[i], 0, n * dim);
+                terms.push(g.sum_blocks(e, n));
+            }
+            if dw > 0 {
+                let k = s.params.add(
+                    &format!("{}/raw_kernel", l.name),
+                    dw,
+                    dim,
+                    Init::GlorotUniform,
+                    true,
+                    s.rng,
+                );
+                let r = g.slice(self.xs[i], n * dim, dw);
+                terms.push(g.linear(r, s.params, k, None, Activation::Linear));
+            }
+        }
+        (!terms.is_empty()).then(|| g.add(&terms))
+    }
+
+    /// WideAndDeep, and DeepFM (`fm`: with the FM term over the deep
+    /// group's leading embedded features). With final_dnn the sides are
+    /// concatenated (a missing wide side as zeros) and end in one output
+    /// unit; without it the deep side gets its own output unit and the
+    /// other sides are added, which needs a wide side of width 1.
+    fn wide_and_deep(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        wide_dim: usize,
+        dnn: &DnnSpec,
+        final_dnn: Option<&DnnSpec>,
+        fm: bool,
+    ) -> anyhow::Result<NodeId> {
+        let model = if fm { "DeepFM" } else { "WideAndDeep" };
+        let wide = self.wide(g, s, wide_dim);
+        let deep = self.deep_group(model)?;
+        let x = self.xs[deep];
+        let fm_out = if fm {
+            let (n, d) = fm_parts(&self.groups[deep])?;
+            let v = g.slice(x, 0, n * d);
+            Some(g.fm(v, n))
+        } else {
+            None
+        };
+        let h = s.dnn(g, x, "dnn", dnn);
+        Ok(match final_dnn {
+            Some(f) => {
+                let w = wide.unwrap_or_else(|| g.zeros(h, wide_dim));
+                let c = g.concat(&[Some(w), fm_out, Some(h)].into_iter().flatten().collect::<Vec<_>>());
+                let top = s.dnn(g, c, "final_dnn", f);
+                s.dense(g, top, "output", 1, Activation::Linear)
+            }
+            None => {
+                if wide_dim != 1 {
+                    bail!("{model} without final_dnn needs wide_output_dim: 1 for one logit");
+                }
+                let o = s.dense(g, h, "deep_output", 1, Activation::Linear);
+                let fm_sum = fm_out.map(|f| g.row_sum(f));
+                let terms: Vec<NodeId> = [wide, Some(o), fm_sum].into_iter().flatten().collect();
+                // The wide side first, as EasyRec adds them.
+                g.add(&terms)
+            }
+        })
+    }
+
+    fn dlrm(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        (bot, top): (&DnnSpec, &DnnSpec),
+        interaction: Interaction,
+        itself: bool,
+        with_dense: bool,
+    ) -> anyhow::Result<NodeId> {
+        let dense = self.group("dense", "DLRM")?;
+        let sparse = self.group("sparse", "DLRM")?;
+        let sg = &self.groups[sparse];
+        if sg.parts.iter().any(|p| p.table.is_none()) {
+            bail!("DLRM: group `sparse` may only hold embedded features");
+        }
+        let n_sparse = sg.parts.len();
+        let dim = sg.parts.first().map_or(0, |p| p.dim);
+        if n_sparse == 0 || sg.parts.iter().any(|p| p.dim != dim) {
+            bail!("DLRM: group `sparse` needs features of one embedding_dim");
+        }
+        let d = s.dnn(g, self.xs[dense], "bot_dnn", bot);
+        let z = match interaction {
+            Interaction::Cat => g.concat(&[d, self.xs[sparse]]),
+            Interaction::Dot => {
+                if g.width(d) != dim {
+                    bail!(
+                        "DLRM: bot_dnn must end with the embedding_dim ({dim}) for the dot interaction, it ends with {}",
+                        g.width(d)
+                    );
+                }
+                let n = n_sparse + 1;
+                let off = usize::from(!itself);
+                let pairs = (0..n).flat_map(|i| (i + off..n).map(move |j| (i, j))).collect();
+                let inter = g.dot(&[d, self.xs[sparse]], dim, pairs);
+                if with_dense {
+                    g.concat(&[d, inter])
+                } else {
+                    inter
+                }
+            }
+        };
+        let h = s.dnn(g, z, "top_dnn", top);
+        Ok(s.dense(g, h, "output", 1, Activation::Linear))
+    }
+
+    fn dcn(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        (deep_input, deep): (&str, &DnnSpec),
+        (cross_input, cross_num): (&str, usize),
+        final_dnn: &DnnSpec,
+    ) -> anyhow::Result<NodeId> {
+        let deep_group = self.group(deep_input, "DCN deep_tower")?;
+        let cross_group = self.group(cross_input, "DCN cross_tower")?;
+        let h = s.dnn(g, self.xs[deep_group], "deep_tower", deep);
+        let x0 = self.xs[cross_group];
+        let d = g.width(x0);
+        let mut xl = x0;
+        for i in 0..cross_num {
+            let w = s.params.add(
+                &format!("cross/layer_{i}/kernel"),
+                d,
+                1,
+                Init::GlorotUniform,
+                true,
+                s.rng,
+            );
+            let b = s
+                .params
+                .add(&format!("cross/layer_{i}/bias"), 1, d, Init::Zeros, false, s.rng);
+            xl = g.cross(x0, xl, w, b);
+        }
+        let c = g.concat(&[h, xl]);
+        let top = s.dnn(g, c, "final_dnn", final_dnn);
+        Ok(s.dense(g, top, "output", 1, Activation::Linear))
+    }
+
+    fn multi_tower(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        towers: &[(String, DnnSpec)],
+        final_dnn: &DnnSpec,
+    ) -> anyhow::Result<NodeId> {
+        if towers.is_empty() {
+            bail!("MultiTower needs at least one tower");
+        }
+        let mut outs = Vec::new();
+        for (name, spec) in towers {
+            let gi = self.group(name, "MultiTower")?;
+            outs.push(s.dnn(g, self.xs[gi], &format!("{name}_tower"), spec));
+        }
+        let c = g.concat(&outs);
+        let top = s.dnn(g, c, "final_dnn", final_dnn);
+        Ok(s.dense(g, top, "output", 1, Activation::Linear))
+    }
+}
+
+impl Builder<'_> {
+    /// EasyRec's MMoE layer over `x`: the experts, then per task a softmax
+    /// gate (`mmoe/gate_<t>/dnn`) mixing their outputs.
+    fn mixture(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        x: NodeId,
+        experts: &[DnnSpec],
+        tasks: usize,
+    ) -> anyhow::Result<Vec<NodeId>> {
+        let outs: Vec<NodeId> = experts
+            .iter()
+            .enumerate()
+            .map(|(e, spec)| s.dnn(g, x, &format!("mmoe/expert_{e}"), spec))
+            .collect();
+        if outs.iter().any(|o| g.width(*o) != g.width(outs[0])) {
+            bail!("MMoE: every expert must end with the same width to be mixed");
+        }
+        Ok((0..tasks)
+            .map(|t| {
+                let gate = s.dense(g, x, &format!("mmoe/gate_{t}/dnn"), experts.len(), Activation::Linear);
+                let gate = g.softmax(gate);
+                g.weighted_sum(gate, &outs)
+            })
+            .collect())
+    }
+
+    /// The group `all` that multi-task models read.
+    fn all_group(&self, model: &str) -> anyhow::Result<NodeId> {
+        Ok(self.xs[self.group("all", model)?])
+    }
+
+    fn mmoe(&self, g: &mut Graph, s: &mut Scope, experts: &[DnnSpec], towers: &[TaskTower]) -> anyhow::Result<()> {
+        let x = self.all_group("MMoE")?;
+        let inputs = self.mixture(g, s, x, experts, towers.len())?;
+        for (i, (t, input)) in towers.iter().zip(inputs).enumerate() {
+            let h = match &t.dnn {
+                Some(d) => s.dnn(g, input, &t.name, d),
+                None => input,
+            };
+            let logits = s.dense(g, h, &format!("dnn_output_{i}"), 1, Activation::Linear);
+            g.output(&format!("logits_{}", t.name), logits);
+        }
+        Ok(())
+    }
+
+    fn dbmtl(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        bottom: Option<&DnnSpec>,
+        experts: &[DnnSpec],
+        towers: &[TaskTower],
+    ) -> anyhow::Result<()> {
+        let mut x = self.all_group("DBMTL")?;
+        if let Some(d) = bottom {
+            x = s.dnn(g, x, "bottom_dnn", d);
+        }
+        let inputs = if experts.is_empty() {
+            vec![x; towers.len()]
+        } else {
+            self.mixture(g, s, x, experts, towers.len())?
+        };
+        let features: Vec<NodeId> = towers
+            .iter()
+            .zip(inputs)
+            .map(|(t, input)| match &t.dnn {
+                Some(d) => s.dnn(g, input, &format!("{}/dnn", t.name), d),
+                None => input,
+            })
+            .collect();
+        // The Bayesian part: each tower sees its own features and the
+        // relation outputs of the towers it depends on (all earlier).
+        let mut relation: Vec<NodeId> = Vec::new();
+        for (i, t) in towers.iter().enumerate() {
+            let parts: Vec<NodeId> = std::iter::once(features[i])
+                .chain(t.relations.iter().map(|&r| relation[r]))
+                .collect();
+            let input = g.concat(&parts);
+            let r = match &t.relation_dnn {
+                Some(d) => s.dnn(g, input, &format!("{}/relation_dnn", t.name), d),
+                None => input,
+            };
+            relation.push(r);
+            let logits = s.dense(g, r, &format!("{}/output", t.name), 1, Activation::Linear);
+            g.output(&format!("logits_{}", t.name), logits);
+        }
+        Ok(())
+    }
+}
+
+/// The FM features of a deep group: its leading run of embedded parts of
+/// one dimension, as `(count, dim)`.
+fn fm_parts(g: &GroupLayout) -> anyhow::Result<(usize, usize)> {
+    let sparse: Vec<_> = g.sparse_parts().collect();
+    let Some(first) = sparse.first() else {
+        bail!("DeepFM: group `{}` has no embedded features for the FM part", g.name)
+    };
+    if sparse.iter().any(|p| p.dim != first.dim) {
+        bail!(
+            "DeepFM: every embedded feature of group `{}` needs the same embedding_dim",
+            g.name
+        );
+    }
+    Ok((sparse.len(), first.dim))
+}

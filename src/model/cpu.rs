@@ -1,0 +1,594 @@
+//! The CPU executor of the model graph: the training path of every model.
+//! The forward pass runs the nodes in order and keeps their values (the
+//! tape); the backward pass walks them in reverse, each op's kernel
+//! accumulating its parameters' gradients and handing its operands theirs.
+//! Nothing flows into nodes that depend on no parameter and no trained
+//! input.
+
+use rayon::prelude::*;
+
+use super::graph::{BnStats, Graph, NodeId, Op};
+use super::kernels::{self, Interact, LANES, ROWS};
+use super::params::ParamStore;
+use crate::util::Rng;
+
+/// What the forward pass runs in.
+pub enum Mode<'a> {
+    /// Batch statistics (reported into `stats`) and dropout masks from `rng`.
+    Train {
+        rng: &'a mut Rng,
+        stats: &'a mut Vec<BnStats>,
+    },
+    /// Moving averages, no dropout.
+    Infer,
+}
+
+/// What a node kept for its backward beyond its value.
+enum Saved {
+    None,
+    /// Batch norm: the normalised values and `1 / sqrt(var + eps)`.
+    Bn {
+        xhat: Vec<f32>,
+        inv: Vec<f32>,
+    },
+    /// Dropout: the mask its input was scaled by.
+    Mask(Vec<f32>),
+    /// Cross: `xl · w` per row.
+    Scalars(Vec<f32>),
+}
+
+/// The values of one forward pass over `b` rows.
+pub struct Tape<'a> {
+    graph: &'a Graph,
+    inputs: &'a [Vec<f32>],
+    vals: Vec<Vec<f32>>,
+    saved: Vec<Saved>,
+    pub b: usize,
+}
+
+impl<'a> Tape<'a> {
+    /// The value of node `n`, `[b, width]`.
+    pub fn value(&self, n: NodeId) -> &[f32] {
+        match self.graph.nodes[n.0].op {
+            Op::Input { group } => &self.inputs[group],
+            _ => &self.vals[n.0],
+        }
+    }
+
+    /// Runs `graph` on group input matrices `inputs` (`[b, width]` each).
+    pub fn forward(
+        graph: &'a Graph,
+        (params, buffers): (&ParamStore, &ParamStore),
+        inputs: &'a [Vec<f32>],
+        b: usize,
+        mut mode: Mode,
+    ) -> Self {
+        let mut t = Tape {
+            graph,
+            inputs,
+            vals: Vec::with_capacity(graph.nodes.len()),
+            saved: Vec::with_capacity(graph.nodes.len()),
+            b,
+        };
+        for node in &graph.nodes {
+            let (v, s) = t.run(&node.op, node.width, (params, buffers), &mut mode);
+            t.vals.push(v);
+            t.saved.push(s);
+        }
+        t
+    }
+
+    fn run(
+        &self,
+        op: &Op,
+        width: usize,
+        (p, buffers): (&ParamStore, &ParamStore),
+        mode: &mut Mode,
+    ) -> (Vec<f32>, Saved) {
+        let b = self.b;
+        let w_of = |x: &NodeId| self.graph.width(*x);
+        match op {
+            Op::Input { .. } => (Vec::new(), Saved::None),
+            Op::Linear { x, w, b: bias, act } => {
+                let mut y = vec![0.0f32; b * width];
+                kernels::matmul(
+                    &mut y,
+                    self.value(*x),
+                    false,
+                    p.slice(*w),
+                    false,
+                    (b, w_of(x), width),
+                    false,
+                );
+                kernels::bias_act(&mut y, width, bias.map(|i| p.slice(i)), *act);
+                (y, Saved::None)
+            }
+            Op::BatchNorm {
+                x,
+                gamma,
+                beta,
+                mean,
+                var,
+                act,
+            } => {
+                let mut z = self.value(*x).to_vec();
+                let (m, v, train) = match mode {
+                    Mode::Train { stats, .. } => {
+                        let (m, v) = kernels::batch_moments(&z, width);
+                        stats.push(BnStats {
+                            mean_buffer: *mean,
+                            var_buffer: *var,
+                            mean: m.clone(),
+                            var: v.clone(),
+                        });
+                        (m, v, true)
+                    }
+                    Mode::Infer => (buffers.slice(*mean).to_vec(), buffers.slice(*var).to_vec(), false),
+                };
+                let inv = kernels::bn_inv(&v);
+                let a = kernels::bn_apply(&mut z, width, (&m, &inv), (p.slice(*gamma), p.slice(*beta)), *act);
+                (a, if train { Saved::Bn { xhat: z, inv } } else { Saved::None })
+            }
+            Op::Act { x, act } => {
+                let mut y = self.value(*x).to_vec();
+                kernels::bias_act(&mut y, width, None, *act);
+                (y, Saved::None)
+            }
+            Op::Dropout { x, rate } => match mode {
+                Mode::Train { rng, .. } => {
+                    let mask = kernels::dropout_mask(*rate, b * width, rng);
+                    let y = self.value(*x).iter().zip(&mask).map(|(a, m)| a * m).collect();
+                    (y, Saved::Mask(mask))
+                }
+                Mode::Infer => (self.value(*x).to_vec(), Saved::None),
+            },
+            Op::Concat(xs) => {
+                let mut y = vec![0.0f32; b * width];
+                let mut col = 0;
+                for x in xs {
+                    let w = w_of(x);
+                    if w == 0 {
+                        continue;
+                    }
+                    let v = self.value(*x);
+                    y.par_chunks_mut(width)
+                        .zip(v.par_chunks(w))
+                        .for_each(|(row, src)| row[col..col + w].copy_from_slice(&src[..w]));
+                    col += w;
+                }
+                (y, Saved::None)
+            }
+            Op::Slice { x, start } => {
+                let w = w_of(x);
+                let y = self
+                    .value(*x)
+                    .chunks_exact(w)
+                    .flat_map(|row| &row[*start..start + width])
+                    .copied()
+                    .collect();
+                (y, Saved::None)
+            }
+            Op::Add(xs) => {
+                let mut y = self.value(xs[0]).to_vec();
+                for x in &xs[1..] {
+                    y.par_iter_mut().zip(self.value(*x)).for_each(|(a, v)| *a += v);
+                }
+                (y, Saved::None)
+            }
+            Op::Mul(a, c) => {
+                let y = self.value(*a).iter().zip(self.value(*c)).map(|(x, y)| x * y).collect();
+                (y, Saved::None)
+            }
+            Op::SumBlocks { x, n } => {
+                let d = width;
+                let mut y = vec![0.0f32; b * d];
+                y.par_chunks_mut(d)
+                    .zip(self.value(*x).par_chunks(n * d))
+                    .for_each(|(out, row)| {
+                        for blk in row.chunks_exact(d) {
+                            out.iter_mut().zip(blk).for_each(|(o, v)| *o += v);
+                        }
+                    });
+                (y, Saved::None)
+            }
+            Op::Fm { x, n } => {
+                let d = width;
+                let mut y = vec![0.0f32; b * d];
+                y.par_chunks_mut(d)
+                    .zip(self.value(*x).par_chunks(n * d))
+                    .for_each(|(out, row)| {
+                        for c in 0..d {
+                            let (mut s, mut sq) = (0.0f32, 0.0f32);
+                            for k in 0..*n {
+                                let v = row[k * d + c];
+                                s += v;
+                                sq += v * v;
+                            }
+                            out[c] = 0.5 * (s * s - sq);
+                        }
+                    });
+                (y, Saved::None)
+            }
+            Op::RowSum { x } => {
+                let w = w_of(x);
+                let y = self.value(*x).chunks_exact(w.max(1)).map(|r| r.iter().sum()).collect();
+                (y, Saved::None)
+            }
+            Op::Dot { xs, dim, pairs } => (self.dot_fwd(xs, *dim, pairs), Saved::None),
+            Op::Cross { x0, xl, w, b: bias } => {
+                let d = width;
+                let mut s = vec![0.0f32; b];
+                kernels::matmul(&mut s, self.value(*xl), false, p.slice(*w), false, (b, d, 1), false);
+                let bias = p.slice(*bias);
+                let mut y = self.value(*xl).to_vec();
+                y.par_chunks_mut(d)
+                    .zip(self.value(*x0).par_chunks(d))
+                    .zip(&s)
+                    .for_each(|((out, x0r), sr)| {
+                        for c in 0..d {
+                            out[c] += x0r[c] * sr + bias[c];
+                        }
+                    });
+                (y, Saved::Scalars(s))
+            }
+            Op::Softmax { x } => {
+                let mut y = self.value(*x).to_vec();
+                y.par_chunks_mut(width).for_each(|row| {
+                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut s = 0.0;
+                    row.iter_mut().for_each(|v| {
+                        *v = (*v - m).exp();
+                        s += *v;
+                    });
+                    row.iter_mut().for_each(|v| *v /= s);
+                });
+                (y, Saved::None)
+            }
+            Op::WeightedSum { gate, xs } => {
+                let gv = self.value(*gate);
+                let k = xs.len();
+                let mut y = vec![0.0f32; b * width];
+                for (e, x) in xs.iter().enumerate() {
+                    y.par_chunks_mut(width)
+                        .zip(self.value(*x).par_chunks(width))
+                        .enumerate()
+                        .for_each(|(r, (out, v))| {
+                            let g = gv[r * k + e];
+                            out.iter_mut().zip(v).for_each(|(o, v)| *o += g * v);
+                        });
+                }
+                (y, Saved::None)
+            }
+            Op::Zeros { .. } => (vec![0.0f32; b * width], Saved::None),
+        }
+    }
+
+    /// The operands of a dot op as `(values, width)`.
+    fn sources(&self, xs: &[NodeId]) -> Vec<(&[f32], usize)> {
+        xs.iter().map(|x| (self.value(*x), self.graph.width(*x))).collect()
+    }
+
+    fn dot_fwd(&self, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)]) -> Vec<f32> {
+        let (b, zw) = (self.b, pairs.len());
+        let src = self.sources(xs);
+        let n = src.iter().map(|(_, w)| w).sum::<usize>() / dim;
+        let mut z = vec![0.0f32; b * zw];
+        if zw == 0 {
+            return z;
+        }
+        z.par_chunks_mut(zw * ROWS).enumerate().for_each(|(c, zc)| {
+            let mut dots = Interact::new(n, dim, pairs);
+            for (q, zq) in zc.chunks_mut(zw * LANES).enumerate() {
+                let r0 = c * ROWS + q * LANES;
+                let count = zq.len() / zw;
+                dots.load(&src, r0, count);
+                dots.forward();
+                for (k, zr) in zq.chunks_exact_mut(zw).enumerate() {
+                    for (o, v) in zr.iter_mut().zip(&dots.out) {
+                        *o = v[k];
+                    }
+                }
+            }
+        });
+        z
+    }
+
+    /// Gradients of a dot op's operands from that of its output.
+    fn dot_bwd(&self, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)], dz: &[f32]) -> Vec<Vec<f32>> {
+        let (b, zw) = (self.b, pairs.len());
+        let src = self.sources(xs);
+        let widths: Vec<usize> = src.iter().map(|(_, w)| *w).collect();
+        let total: usize = widths.iter().sum();
+        let n = total / dim;
+        // Gradient of the operands side by side, then split.
+        let mut dall = vec![0.0f32; b * total];
+        if zw > 0 {
+            dall.par_chunks_mut(total * ROWS).enumerate().for_each(|(c, dc)| {
+                let mut dots = Interact::new(n, dim, pairs);
+                for (q, dq) in dc.chunks_mut(total * LANES).enumerate() {
+                    let r0 = c * ROWS + q * LANES;
+                    let count = dq.len() / total;
+                    dots.load(&src, r0, count);
+                    for k in 0..count {
+                        let dzr = &dz[(r0 + k) * zw..(r0 + k + 1) * zw];
+                        for (g, v) in dots.out.iter_mut().zip(dzr) {
+                            g[k] = *v;
+                        }
+                    }
+                    dots.backward();
+                    for (k, dr) in dq.chunks_exact_mut(total).enumerate() {
+                        for (o, v) in dr.iter_mut().zip(&dots.da) {
+                            *o = v[k];
+                        }
+                    }
+                }
+            });
+        }
+        split_columns(&dall, total, &widths)
+    }
+
+    /// Backward from the gradients of some nodes (`seeds`): accumulates
+    /// every parameter's gradient into `dense` (`ParamStore` layout) and
+    /// returns the gradient of each group input (zeros where `needs` says
+    /// it is not trained).
+    pub fn backward(
+        &self,
+        p: &ParamStore,
+        seeds: Vec<(NodeId, Vec<f32>)>,
+        needs: &[bool],
+        dense: &mut [f32],
+    ) -> Vec<Vec<f32>> {
+        let g = self.graph;
+        let b = self.b;
+        let mut grads: Vec<Option<Vec<f32>>> = vec![None; g.nodes.len()];
+        let mut input_grads: Vec<Vec<f32>> = Vec::new();
+        for (n, d) in seeds {
+            accumulate(&mut grads, needs, n, d);
+        }
+        for i in (0..g.nodes.len()).rev() {
+            let Some(mut dy) = grads[i].take() else { continue };
+            let width = g.nodes[i].width;
+            match &g.nodes[i].op {
+                Op::Input { group } => {
+                    if input_grads.len() <= *group {
+                        input_grads.resize(group + 1, Vec::new());
+                    }
+                    input_grads[*group] = dy;
+                }
+                Op::Linear { x, w, b: bias, act } => {
+                    let k = g.width(*x);
+                    kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
+                    let xv = self.value(*x);
+                    kernels::matmul(
+                        &mut dense[p.specs[*w].range()],
+                        xv,
+                        true,
+                        &dy,
+                        false,
+                        (k, b, width),
+                        true,
+                    );
+                    if let Some(bi) = bias {
+                        kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bi].range()]);
+                    }
+                    if needs[x.0] {
+                        let mut dx = vec![0.0f32; b * k];
+                        kernels::matmul(&mut dx, &dy, false, p.slice(*w), true, (b, width, k), false);
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::BatchNorm {
+                    x, gamma, beta, act, ..
+                } => {
+                    let Saved::Bn { xhat, inv } = &self.saved[i] else {
+                        unreachable!("backward runs on a training tape")
+                    };
+                    kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
+                    let (dgamma, dbeta) = kernels::bn_bwd(&mut dy, xhat, inv, p.slice(*gamma));
+                    for (param, sums) in [(*gamma, &dgamma), (*beta, &dbeta)] {
+                        dense[p.specs[param].range()]
+                            .iter_mut()
+                            .zip(sums)
+                            .for_each(|(d, s)| *d += *s as f32);
+                    }
+                    accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::Act { x, act } => {
+                    kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
+                    accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::Dropout { x, .. } => {
+                    let Saved::Mask(mask) = &self.saved[i] else {
+                        unreachable!("backward runs on a training tape")
+                    };
+                    dy.iter_mut().zip(mask).for_each(|(g, m)| *g *= m);
+                    accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::Concat(xs) => {
+                    let widths: Vec<usize> = xs.iter().map(|x| g.width(*x)).collect();
+                    for (x, d) in xs.iter().zip(split_columns(&dy, width, &widths)) {
+                        accumulate(&mut grads, needs, *x, d);
+                    }
+                }
+                Op::Slice { x, start } => {
+                    if needs[x.0] {
+                        let w = g.width(*x);
+                        let mut dx = vec![0.0f32; b * w];
+                        dx.par_chunks_mut(w).zip(dy.par_chunks(width)).for_each(|(row, d)| {
+                            row[*start..start + width].copy_from_slice(d);
+                        });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::Add(xs) => {
+                    for x in xs {
+                        accumulate(&mut grads, needs, *x, dy.clone());
+                    }
+                }
+                Op::Mul(a, c) => {
+                    for (x, other) in [(*a, *c), (*c, *a)] {
+                        if needs[x.0] {
+                            let d = dy.iter().zip(self.value(other)).map(|(g, v)| g * v).collect();
+                            accumulate(&mut grads, needs, x, d);
+                        }
+                    }
+                }
+                Op::SumBlocks { x, n } => {
+                    if needs[x.0] {
+                        let mut dx = vec![0.0f32; b * n * width];
+                        dx.par_chunks_mut(n * width)
+                            .zip(dy.par_chunks(width))
+                            .for_each(|(row, d)| {
+                                row.chunks_exact_mut(width).for_each(|blk| blk.copy_from_slice(d));
+                            });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::Fm { x, n } => {
+                    if needs[x.0] {
+                        let d = width;
+                        let xv = self.value(*x);
+                        let mut dx = vec![0.0f32; b * n * d];
+                        dx.par_chunks_mut(n * d)
+                            .zip(xv.par_chunks(n * d))
+                            .zip(dy.par_chunks(d))
+                            .for_each(|((out, row), g)| {
+                                for c in 0..d {
+                                    let s: f32 = (0..*n).map(|k| row[k * d + c]).sum();
+                                    for k in 0..*n {
+                                        out[k * d + c] = g[c] * (s - row[k * d + c]);
+                                    }
+                                }
+                            });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::RowSum { x } => {
+                    if needs[x.0] {
+                        let w = g.width(*x);
+                        let dx = dy.iter().flat_map(|v| std::iter::repeat_n(*v, w)).collect();
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::Dot { xs, dim, pairs } => {
+                    for (x, d) in xs.iter().zip(self.dot_bwd(xs, *dim, pairs, &dy)) {
+                        accumulate(&mut grads, needs, *x, d);
+                    }
+                }
+                Op::Cross { x0, xl, w, b: bias } => {
+                    let Saved::Scalars(s) = &self.saved[i] else {
+                        unreachable!("cross keeps its row scalars")
+                    };
+                    let d = width;
+                    let (x0v, xlv) = (self.value(*x0), self.value(*xl));
+                    // d s[r] = Σ_c dy[r, c] * x0[r, c]
+                    let ds: Vec<f32> = dy
+                        .par_chunks(d)
+                        .zip(x0v.par_chunks(d))
+                        .map(|(g, x)| g.iter().zip(x).map(|(a, b)| a * b).sum())
+                        .collect();
+                    kernels::add_col_sums(&dy, d, &mut dense[p.specs[*bias].range()]);
+                    kernels::matmul(&mut dense[p.specs[*w].range()], xlv, true, &ds, false, (d, b, 1), true);
+                    if needs[x0.0] {
+                        let dx0 = dy
+                            .chunks_exact(d)
+                            .zip(s)
+                            .flat_map(|(g, s)| g.iter().map(move |v| v * s))
+                            .collect();
+                        accumulate(&mut grads, needs, *x0, dx0);
+                    }
+                    if needs[xl.0] {
+                        let wv = p.slice(*w);
+                        let mut dxl = dy;
+                        dxl.par_chunks_mut(d).zip(&ds).for_each(|(row, s)| {
+                            row.iter_mut().zip(wv).for_each(|(o, w)| *o += s * w);
+                        });
+                        accumulate(&mut grads, needs, *xl, dxl);
+                    }
+                }
+                Op::Softmax { x } => {
+                    let y = &self.vals[i];
+                    dy.par_chunks_mut(width).zip(y.par_chunks(width)).for_each(|(g, y)| {
+                        let dot: f32 = g.iter().zip(y).map(|(a, b)| a * b).sum();
+                        g.iter_mut().zip(y).for_each(|(g, y)| *g = y * (*g - dot));
+                    });
+                    accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::WeightedSum { gate, xs } => {
+                    let k = xs.len();
+                    let gv = self.value(*gate);
+                    if needs[gate.0] {
+                        let mut dgate = vec![0.0f32; b * k];
+                        for (e, x) in xs.iter().enumerate() {
+                            let xv = self.value(*x);
+                            dgate.par_chunks_mut(k).enumerate().for_each(|(r, out)| {
+                                let (g, v) = (&dy[r * width..(r + 1) * width], &xv[r * width..(r + 1) * width]);
+                                out[e] = g.iter().zip(v).map(|(a, b)| a * b).sum();
+                            });
+                        }
+                        accumulate(&mut grads, needs, *gate, dgate);
+                    }
+                    for (e, x) in xs.iter().enumerate() {
+                        if needs[x.0] {
+                            let dx = dy
+                                .chunks_exact(width)
+                                .enumerate()
+                                .flat_map(|(r, row)| {
+                                    let s = gv[r * k + e];
+                                    row.iter().map(move |v| v * s)
+                                })
+                                .collect();
+                            accumulate(&mut grads, needs, *x, dx);
+                        }
+                    }
+                }
+                Op::Zeros { .. } => {}
+            }
+        }
+        // Every group input gets a gradient, zeros where none flowed.
+        let mut out = Vec::new();
+        for node in &g.nodes {
+            if let Op::Input { group } = node.op {
+                if out.len() <= group {
+                    out.resize(group + 1, Vec::new());
+                }
+                out[group] = input_grads
+                    .get_mut(group)
+                    .map(std::mem::take)
+                    .filter(|v| !v.is_empty())
+                    .unwrap_or_else(|| vec![0.0; b * node.width]);
+            }
+        }
+        out
+    }
+}
+
+/// Adds `d` to the gradient of node `n` when it needs one.
+fn accumulate(grads: &mut [Option<Vec<f32>>], needs: &[bool], n: NodeId, d: Vec<f32>) {
+    if !needs[n.0] {
+        return;
+    }
+    match &mut grads[n.0] {
+        Some(g) => g.par_iter_mut().zip(&d).for_each(|(a, v)| *a += v),
+        slot => *slot = Some(d),
+    }
+}
+
+/// The column blocks of a `[rows, total]` matrix as separate matrices.
+fn split_columns(x: &[f32], total: usize, widths: &[usize]) -> Vec<Vec<f32>> {
+    let rows = x.len().checked_div(total).unwrap_or(0);
+    let mut col = 0;
+    widths
+        .iter()
+        .map(|&w| {
+            let mut out = vec![0.0f32; rows * w];
+            if w > 0 {
+                out.par_chunks_mut(w)
+                    .zip(x.par_chunks(total))
+                    .for_each(|(o, row)| o.copy_from_slice(&row[col..col + w]));
+            }
+            col += w;
+            out
+        })
+        .collect()
+}

@@ -1,0 +1,388 @@
+//! The model graph: layer-level ops over the `ParamStore`, emitted once per
+//! architecture by its builder (`model::builders`) and run by several
+//! executors: the CPU training executor (`model::cpu`), burn's graph as the
+//! reference (`model::reference`) and the ONNX emitter (`export::graph`).
+//!
+//! Every value is a row-major `[batch, width]` matrix; a node knows its
+//! width, the batch comes with the inputs. Nodes are in topological order
+//! (each is pushed after its operands), which is also the order executors
+//! run them in, so dropout draws its masks and batch norm reports its
+//! statistics in the same order everywhere.
+
+use super::params::{Init, ParamStore};
+use crate::config::model_plan::{Activation, DnnSpec};
+use crate::util::Rng;
+
+/// A node of a `Graph`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub usize);
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// A feature group's input matrix (`model::GroupLayout`).
+    Input {
+        group: usize,
+    },
+    /// `act(x · W + b)`, `W` being `[width(x), width]`.
+    Linear {
+        x: NodeId,
+        w: usize,
+        b: Option<usize>,
+        act: Activation,
+    },
+    /// TensorFlow's batch normalization then `act`: batch statistics in
+    /// training, the moving averages (`mean`, `var` in the buffer store)
+    /// otherwise.
+    BatchNorm {
+        x: NodeId,
+        gamma: usize,
+        beta: usize,
+        mean: usize,
+        var: usize,
+        act: Activation,
+    },
+    Act {
+        x: NodeId,
+        act: Activation,
+    },
+    /// Inverted dropout in training, the identity otherwise.
+    Dropout {
+        x: NodeId,
+        rate: f32,
+    },
+    /// Columns side by side.
+    Concat(Vec<NodeId>),
+    /// Columns `[start, start + width)`.
+    Slice {
+        x: NodeId,
+        start: usize,
+    },
+    /// Element-wise sum of operands of one width.
+    Add(Vec<NodeId>),
+    /// Element-wise product.
+    Mul(NodeId, NodeId),
+    /// `[b, n * d] -> [b, d]`: the sum of the `n` column blocks.
+    SumBlocks {
+        x: NodeId,
+        n: usize,
+    },
+    /// Factorization machine's pairwise term over the `n` blocks `v_k` of
+    /// `[b, n * d]`: `0.5 * ((Σ v_k)² - Σ v_k²)`, `[b, d]`.
+    Fm {
+        x: NodeId,
+        n: usize,
+    },
+    /// `[b, d] -> [b, 1]`.
+    RowSum {
+        x: NodeId,
+    },
+    /// Dot products of vectors of width `dim`, the columns of `xs` side by
+    /// side cut into vectors; one output column per `(i, j)` pair.
+    Dot {
+        xs: Vec<NodeId>,
+        dim: usize,
+        pairs: Vec<(usize, usize)>,
+    },
+    /// DCN's cross layer: `x0 * (xl · w) + b + xl`, `w` being `[d, 1]`.
+    Cross {
+        x0: NodeId,
+        xl: NodeId,
+        w: usize,
+        b: usize,
+    },
+    /// Softmax over the columns of each row.
+    Softmax {
+        x: NodeId,
+    },
+    /// `Σ_k gate[:, k] * xs[k]`: a gate's mixture of equally wide values.
+    WeightedSum {
+        gate: NodeId,
+        xs: Vec<NodeId>,
+    },
+    /// Zeros, as many rows as `like`.
+    Zeros {
+        like: NodeId,
+    },
+}
+
+impl Op {
+    /// The nodes this op reads.
+    pub fn operands(&self) -> Vec<NodeId> {
+        match self {
+            Op::Input { .. } => Vec::new(),
+            Op::Linear { x, .. }
+            | Op::BatchNorm { x, .. }
+            | Op::Act { x, .. }
+            | Op::Dropout { x, .. }
+            | Op::Slice { x, .. }
+            | Op::SumBlocks { x, .. }
+            | Op::Fm { x, .. }
+            | Op::RowSum { x }
+            | Op::Softmax { x } => vec![*x],
+            Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
+            Op::Mul(a, b) => vec![*a, *b],
+            Op::Cross { x0, xl, .. } => vec![*x0, *xl],
+            Op::WeightedSum { gate, xs } => std::iter::once(*gate).chain(xs.iter().copied()).collect(),
+            Op::Zeros { .. } => Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub width: usize,
+}
+
+/// A model's computation from its group inputs to its named outputs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Graph {
+    pub nodes: Vec<Node>,
+    /// Named outputs, e.g. `("logits", n)`; each is `[batch, 1]`.
+    pub outputs: Vec<(String, NodeId)>,
+}
+
+impl Graph {
+    pub fn width(&self, n: NodeId) -> usize {
+        self.nodes[n.0].width
+    }
+
+    fn push(&mut self, op: Op, width: usize) -> NodeId {
+        self.nodes.push(Node { op, width });
+        NodeId(self.nodes.len() - 1)
+    }
+
+    pub fn input(&mut self, group: usize, width: usize) -> NodeId {
+        self.push(Op::Input { group }, width)
+    }
+
+    pub fn linear(&mut self, x: NodeId, p: &ParamStore, w: usize, b: Option<usize>, act: Activation) -> NodeId {
+        let spec = &p.specs[w];
+        assert_eq!(spec.rows, self.width(x), "kernel `{}` rows", spec.name);
+        self.push(Op::Linear { x, w, b, act }, spec.cols)
+    }
+
+    pub fn act(&mut self, x: NodeId, act: Activation) -> NodeId {
+        if act == Activation::Linear {
+            return x;
+        }
+        let w = self.width(x);
+        self.push(Op::Act { x, act }, w)
+    }
+
+    pub fn dropout(&mut self, x: NodeId, rate: f32) -> NodeId {
+        if rate <= 0.0 {
+            return x;
+        }
+        let w = self.width(x);
+        self.push(Op::Dropout { x, rate }, w)
+    }
+
+    pub fn concat(&mut self, xs: &[NodeId]) -> NodeId {
+        if let [x] = xs {
+            return *x;
+        }
+        let w = xs.iter().map(|x| self.width(*x)).sum();
+        self.push(Op::Concat(xs.to_vec()), w)
+    }
+
+    pub fn slice(&mut self, x: NodeId, start: usize, width: usize) -> NodeId {
+        assert!(start + width <= self.width(x), "slice past the end");
+        if start == 0 && width == self.width(x) {
+            return x;
+        }
+        self.push(Op::Slice { x, start }, width)
+    }
+
+    pub fn add(&mut self, xs: &[NodeId]) -> NodeId {
+        if let [x] = xs {
+            return *x;
+        }
+        let w = self.width(xs[0]);
+        assert!(xs.iter().all(|x| self.width(*x) == w), "add of unequal widths");
+        self.push(Op::Add(xs.to_vec()), w)
+    }
+
+    pub fn mul(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        let w = self.width(a);
+        assert_eq!(w, self.width(b), "mul of unequal widths");
+        self.push(Op::Mul(a, b), w)
+    }
+
+    pub fn sum_blocks(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        assert!(n > 0 && w % n == 0, "sum over blocks");
+        self.push(Op::SumBlocks { x, n }, w / n)
+    }
+
+    pub fn fm(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        assert!(n > 0 && w % n == 0, "FM over blocks");
+        self.push(Op::Fm { x, n }, w / n)
+    }
+
+    pub fn row_sum(&mut self, x: NodeId) -> NodeId {
+        self.push(Op::RowSum { x }, 1)
+    }
+
+    pub fn dot(&mut self, xs: &[NodeId], dim: usize, pairs: Vec<(usize, usize)>) -> NodeId {
+        let total: usize = xs.iter().map(|x| self.width(*x)).sum();
+        assert!(dim > 0 && xs.iter().all(|x| self.width(*x) % dim == 0), "dot vectors");
+        let n = total / dim;
+        assert!(pairs.iter().all(|&(i, j)| i < n && j < n), "dot pairs");
+        let w = pairs.len();
+        self.push(
+            Op::Dot {
+                xs: xs.to_vec(),
+                dim,
+                pairs,
+            },
+            w,
+        )
+    }
+
+    pub fn cross(&mut self, x0: NodeId, xl: NodeId, w: usize, b: usize) -> NodeId {
+        let d = self.width(x0);
+        assert_eq!(d, self.width(xl), "cross widths");
+        self.push(Op::Cross { x0, xl, w, b }, d)
+    }
+
+    pub fn softmax(&mut self, x: NodeId) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::Softmax { x }, w)
+    }
+
+    pub fn weighted_sum(&mut self, gate: NodeId, xs: &[NodeId]) -> NodeId {
+        assert_eq!(self.width(gate), xs.len(), "one gate column per value");
+        let w = self.width(xs[0]);
+        assert!(xs.iter().all(|x| self.width(*x) == w), "weighted sum of unequal widths");
+        self.push(Op::WeightedSum { gate, xs: xs.to_vec() }, w)
+    }
+
+    pub fn zeros(&mut self, like: NodeId, width: usize) -> NodeId {
+        self.push(Op::Zeros { like }, width)
+    }
+
+    pub fn output(&mut self, name: &str, x: NodeId) {
+        assert_eq!(self.width(x), 1, "output `{name}` is one column");
+        self.outputs.push((name.to_string(), x));
+    }
+
+    /// The node of output `name`.
+    pub fn output_node(&self, name: &str) -> Option<NodeId> {
+        self.outputs.iter().find(|(n, _)| n == name).map(|(_, x)| *x)
+    }
+
+    /// Per node: whether its gradient is needed, i.e. whether it depends on
+    /// a parameter or on an input marked in `trained_inputs` (by group).
+    pub fn needs_grad(&self, trained_inputs: &[bool]) -> Vec<bool> {
+        let mut needs = vec![false; self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            needs[i] = match &n.op {
+                Op::Input { group } => trained_inputs[*group],
+                Op::Linear { .. } | Op::BatchNorm { .. } | Op::Cross { .. } => true,
+                Op::Zeros { .. } => false,
+                op => op.operands().iter().any(|x| needs[x.0]),
+            };
+        }
+        needs
+    }
+}
+
+/// The parameters of a dense layer, created in the `ParamStore`.
+pub struct LinearParams {
+    pub w: usize,
+    pub b: Option<usize>,
+}
+
+impl LinearParams {
+    pub fn new(p: &mut ParamStore, name: &str, d_in: usize, d_out: usize, bias: bool, rng: &mut Rng) -> Self {
+        let w = p.add(&format!("{name}/kernel"), d_in, d_out, Init::GlorotUniform, true, rng);
+        let b = bias.then(|| p.add(&format!("{name}/bias"), 1, d_out, Init::Zeros, false, rng));
+        LinearParams { w, b }
+    }
+}
+
+/// The parameter and buffer stores a builder adds to, with the generator
+/// that initialises them.
+pub struct Scope<'a> {
+    pub params: &'a mut ParamStore,
+    pub buffers: &'a mut ParamStore,
+    pub rng: &'a mut Rng,
+}
+
+impl Scope<'_> {
+    /// A dense layer `act(x · W + b)` named `name/kernel`, `name/bias`.
+    pub fn dense(&mut self, g: &mut Graph, x: NodeId, name: &str, units: usize, act: Activation) -> NodeId {
+        let l = LinearParams::new(self.params, name, g.width(x), units, true, self.rng);
+        g.linear(x, self.params, l.w, l.b, act)
+    }
+
+    /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation ->
+    /// dropout, layers named `name/dnn_i`. No layers pass `x` through.
+    pub fn dnn(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> NodeId {
+        let mut x = x;
+        for (i, &units) in spec.hidden_units.iter().enumerate() {
+            let lname = format!("{name}/dnn_{i}");
+            let l = LinearParams::new(self.params, &lname, g.width(x), units, true, self.rng);
+            x = if spec.use_bn {
+                let z = g.linear(x, self.params, l.w, l.b, Activation::Linear);
+                self.batch_norm(g, z, &format!("{lname}/batch_norm"), spec.activation)
+            } else {
+                g.linear(x, self.params, l.w, l.b, spec.activation)
+            };
+            x = g.dropout(x, spec.dropout.get(i).copied().unwrap_or(0.0));
+        }
+        x
+    }
+
+    /// Batch norm named `name/gamma`, `name/beta`, `name/moving_mean`,
+    /// `name/moving_variance`, then `act`.
+    pub fn batch_norm(&mut self, g: &mut Graph, x: NodeId, name: &str, act: Activation) -> NodeId {
+        let d = g.width(x);
+        let op = Op::BatchNorm {
+            x,
+            gamma: self
+                .params
+                .add(&format!("{name}/gamma"), 1, d, Init::Ones, false, self.rng),
+            beta: self
+                .params
+                .add(&format!("{name}/beta"), 1, d, Init::Zeros, false, self.rng),
+            mean: self
+                .buffers
+                .add(&format!("{name}/moving_mean"), 1, d, Init::Zeros, false, self.rng),
+            var: self
+                .buffers
+                .add(&format!("{name}/moving_variance"), 1, d, Init::Ones, false, self.rng),
+            act,
+        };
+        g.push(op, d)
+    }
+}
+
+/// TensorFlow's batch normalization constants (momentum 0.99, epsilon 1e-3).
+pub const BN_MOMENTUM: f32 = 0.99;
+pub const BN_EPS: f32 = 1e-3;
+
+/// One batch norm's statistics over a training batch, for its moving
+/// averages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BnStats {
+    /// Where the moving averages live in the buffer store.
+    pub mean_buffer: usize,
+    pub var_buffer: usize,
+    pub mean: Vec<f32>,
+    /// Biased (divided by the batch size).
+    pub var: Vec<f32>,
+}
+
+/// Folds the batch statistics of a training step into the moving averages.
+pub fn update_bn_buffers(buffers: &mut ParamStore, stats: Vec<BnStats>) {
+    for s in stats {
+        for (buf, batch) in [(s.mean_buffer, s.mean), (s.var_buffer, s.var)] {
+            for (x, y) in buffers.slice_mut(buf).iter_mut().zip(batch) {
+                *x = *x * BN_MOMENTUM + y * (1.0 - BN_MOMENTUM);
+            }
+        }
+    }
+}

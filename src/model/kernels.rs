@@ -1,0 +1,357 @@
+//! CPU kernels of the model graph's ops on flat row-major buffers: matrix
+//! products straight through `gemm`, bias and activation in one sweep,
+//! batch norm with f64 statistics, inverted dropout, and the dot
+//! interaction over blocks of samples held sample-minor.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::graph::BN_EPS;
+use crate::config::model_plan::Activation;
+use crate::config::typed::LossKind;
+use crate::util::Rng;
+
+/// Rows per parallel chunk of the element-wise sweeps.
+pub const ROWS: usize = 64;
+
+/// `c[m, n] (+)= op(a)[m, k] · op(b)[k, n]`, all row-major; `ta` / `tb` read
+/// `a` as `[k, m]` / `b` as `[n, k]`, transposed.
+pub fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n): (usize, usize, usize), acc: bool) {
+    assert!(
+        c.len() == m * n && a.len() == m * k && b.len() == k * n,
+        "matmul shapes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !acc {
+            c.fill(0.0);
+        }
+        return;
+    }
+    let (a_rs, a_cs) = if ta { (1, m as isize) } else { (k as isize, 1) };
+    let (b_rs, b_cs) = if tb { (1, k as isize) } else { (n as isize, 1) };
+    // SAFETY: the asserted lengths bound every index gemm forms from these
+    // shapes and strides, and `c` does not alias `a` or `b` (borrow rules).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            acc,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::Rayon(0),
+        );
+    }
+}
+
+/// Column sums of a row-major `[rows, n]` matrix, added into `out`.
+pub fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
+    if n == 0 {
+        return;
+    }
+    let parts: Vec<Vec<f32>> = x
+        .par_chunks(n * ROWS * 4)
+        .map(|chunk| {
+            let mut s = vec![0.0f32; n];
+            for row in chunk.chunks_exact(n) {
+                s.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+            }
+            s
+        })
+        .collect();
+    for p in parts {
+        out.iter_mut().zip(p).for_each(|(a, v)| *a += v);
+    }
+}
+
+pub fn activate(a: Activation, v: f32) -> f32 {
+    match a {
+        Activation::Relu => v.max(0.0),
+        Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        Activation::Tanh => v.tanh(),
+        Activation::Linear => v,
+    }
+}
+
+/// Derivative of the activation, from its output `y`.
+pub fn slope(a: Activation, y: f32) -> f32 {
+    match a {
+        Activation::Relu => {
+            if y > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Activation::Sigmoid => y * (1.0 - y),
+        Activation::Tanh => 1.0 - y * y,
+        Activation::Linear => 1.0,
+    }
+}
+
+/// `g *= act'(y)` row block by row block, `y` being the activation's output.
+pub fn mul_slope(act: Activation, g: &mut [f32], y: &[f32], n: usize) {
+    if act != Activation::Linear && n > 0 {
+        g.par_chunks_mut(n * ROWS)
+            .zip(y.par_chunks(n * ROWS))
+            .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= slope(act, *y)));
+    }
+}
+
+/// `y = act(y + bias)` in one sweep over `[rows, n]`.
+pub fn bias_act(y: &mut [f32], n: usize, bias: Option<&[f32]>, act: Activation) {
+    if (bias.is_none() && act == Activation::Linear) || n == 0 {
+        return;
+    }
+    y.par_chunks_mut(n * ROWS).for_each(|chunk| {
+        for row in chunk.chunks_exact_mut(n) {
+            if let Some(bias) = bias {
+                row.iter_mut().zip(bias).for_each(|(v, c)| *v += c);
+            }
+            if act != Activation::Linear {
+                row.iter_mut().for_each(|v| *v = activate(act, *v));
+            }
+        }
+    });
+}
+
+/// Per-column sums, in f64, of `f(a value, b value, column)` over the rows
+/// of two row-major `[rows, n]` matrices read side by side (pass the same
+/// matrix twice for sums over one). Partial sums of fixed row blocks are
+/// added in order, so the result does not depend on the threads.
+pub fn col_sums_f64(a: &[f32], b: &[f32], n: usize, f: impl Fn(f32, f32, usize) -> f64 + Sync) -> Vec<f64> {
+    let mut sums = vec![0.0f64; n];
+    if n == 0 {
+        return sums;
+    }
+    let parts: Vec<Vec<f64>> = a
+        .par_chunks(n * ROWS * 4)
+        .zip(b.par_chunks(n * ROWS * 4))
+        .map(|(ac, bc)| {
+            let mut s = vec![0.0f64; n];
+            for (ar, br) in ac.chunks_exact(n).zip(bc.chunks_exact(n)) {
+                for c in 0..n {
+                    s[c] += f(ar[c], br[c], c);
+                }
+            }
+            s
+        })
+        .collect();
+    for p in parts {
+        sums.iter_mut().zip(p).for_each(|(s, v)| *s += v);
+    }
+    sums
+}
+
+/// Batch mean and biased variance of the columns of `[rows, n]`.
+pub fn batch_moments(z: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    let b = (z.len() / n.max(1)).max(1) as f64;
+    let mean: Vec<f32> = col_sums_f64(z, z, n, |v, _, _| v as f64)
+        .into_iter()
+        .map(|s| (s / b) as f32)
+        .collect();
+    let var: Vec<f32> = col_sums_f64(z, z, n, |v, _, c| {
+        let d = (v - mean[c]) as f64;
+        d * d
+    })
+    .into_iter()
+    .map(|s| (s / b) as f32)
+    .collect();
+    (mean, var)
+}
+
+/// Normalises `z` (`[rows, n]`) in place with `mean` and `inv = 1 / sqrt(var
+/// + eps)`, and returns `act(xhat * gamma + beta)`.
+pub fn bn_apply(
+    z: &mut [f32],
+    n: usize,
+    (mean, inv): (&[f32], &[f32]),
+    (gamma, beta): (&[f32], &[f32]),
+    act: Activation,
+) -> Vec<f32> {
+    let mut a = vec![0.0f32; z.len()];
+    if n == 0 {
+        return a;
+    }
+    z.par_chunks_mut(n * ROWS)
+        .zip(a.par_chunks_mut(n * ROWS))
+        .for_each(|(zc, ac)| {
+            for (zr, ar) in zc.chunks_exact_mut(n).zip(ac.chunks_exact_mut(n)) {
+                for c in 0..n {
+                    let xh = (zr[c] - mean[c]) * inv[c];
+                    zr[c] = xh;
+                    ar[c] = activate(act, xh * gamma[c] + beta[c]);
+                }
+            }
+        });
+    a
+}
+
+pub fn bn_inv(var: &[f32]) -> Vec<f32> {
+    var.iter().map(|v| 1.0 / (v + BN_EPS).sqrt()).collect()
+}
+
+/// Backward of training-mode batch norm: `g` holds the gradient of its
+/// output (before the activation's slope is applied by the caller) and
+/// becomes that of its input; returns the gradients of gamma and beta.
+pub fn bn_bwd(g: &mut [f32], xhat: &[f32], inv: &[f32], gamma: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let n = inv.len();
+    let b = (g.len() / n.max(1)) as f64;
+    let dbeta = col_sums_f64(g, g, n, |v, _, _| v as f64);
+    let dgamma = col_sums_f64(g, xhat, n, |v, x, _| (v * x) as f64);
+    let m1: Vec<f32> = dbeta.iter().map(|s| (s / b) as f32).collect();
+    let m2: Vec<f32> = dgamma.iter().map(|s| (s / b) as f32).collect();
+    let scale: Vec<f32> = gamma.iter().zip(inv).map(|(g, i)| g * i).collect();
+    if n > 0 {
+        g.par_chunks_mut(n * ROWS)
+            .zip(xhat.par_chunks(n * ROWS))
+            .for_each(|(gc, xc)| {
+                for (gr, xr) in gc.chunks_exact_mut(n).zip(xc.chunks_exact(n)) {
+                    for c in 0..n {
+                        gr[c] = scale[c] * (gr[c] - m1[c] - xr[c] * m2[c]);
+                    }
+                }
+            });
+    }
+    (dgamma, dbeta)
+}
+
+/// Inverted dropout's mask for `len` values, drawn in order from `rng`.
+pub fn dropout_mask(rate: f32, len: usize, rng: &mut Rng) -> Vec<f32> {
+    let keep = 1.0 - rate;
+    (0..len)
+        .map(|_| if rng.uniform() < keep as f64 { 1.0 / keep } else { 0.0 })
+        .collect()
+}
+
+/// Samples per interaction block: the lanes of its vector loops.
+pub const LANES: usize = 16;
+
+/// Dot products between vectors of width `dim` for up to `LANES` samples
+/// at once. The vectors are held sample-minor, `[vector * dim +
+/// element][sample]`, so one pair's dot products for the whole block are
+/// lane-wise multiply-adds with no horizontal sums.
+pub struct Interact {
+    dim: usize,
+    /// `(i, j)` of each output column.
+    pairs: Vec<(usize, usize)>,
+    pub a: Vec<[f32; LANES]>,
+    /// Gradients of `a`.
+    pub da: Vec<[f32; LANES]>,
+    /// One value per pair: the dot products, or their gradients.
+    pub out: Vec<[f32; LANES]>,
+    /// Per vector, `(pair, other vector)` of every pair it is in.
+    partners: Vec<Vec<(usize, usize)>>,
+}
+
+impl Interact {
+    pub fn new(n: usize, dim: usize, pairs: &[(usize, usize)]) -> Self {
+        let mut partners = vec![Vec::new(); n];
+        for (p, &(i, j)) in pairs.iter().enumerate() {
+            partners[i].push((p, j));
+            partners[j].push((p, i));
+        }
+        Interact {
+            dim,
+            pairs: pairs.to_vec(),
+            partners,
+            a: vec![[0.0; LANES]; n * dim],
+            da: vec![[0.0; LANES]; n * dim],
+            out: vec![[0.0; LANES]; pairs.len()],
+        }
+    }
+
+    /// Loads `count` samples starting at row `r0` from matrices laid side
+    /// by side (`(values, width)` each). Unused lanes keep stale values;
+    /// their results are never read.
+    pub fn load(&mut self, xs: &[(&[f32], usize)], r0: usize, count: usize) {
+        let mut col = 0;
+        for &(x, w) in xs {
+            for l in 0..count {
+                let row = &x[(r0 + l) * w..(r0 + l + 1) * w];
+                for (v, value) in self.a[col..col + w].iter_mut().zip(row) {
+                    v[l] = *value;
+                }
+            }
+            col += w;
+        }
+    }
+
+    /// `out[p] = a_i · a_j` for every pair `p = (i, j)`.
+    pub fn forward(&mut self) {
+        let dim = self.dim;
+        for (o, &(i, j)) in self.out.iter_mut().zip(&self.pairs) {
+            let mut acc = [0.0f32; LANES];
+            for (x, y) in self.a[i * dim..(i + 1) * dim]
+                .iter()
+                .zip(&self.a[j * dim..(j + 1) * dim])
+            {
+                for l in 0..LANES {
+                    acc[l] += x[l] * y[l];
+                }
+            }
+            *o = acc;
+        }
+    }
+
+    /// `da` from the gradients in `out`: d(a_i · a_j) sends `a_j` into
+    /// `a_i`'s gradient and `a_i` into `a_j`'s (twice `a_i` when i = j).
+    /// Each gradient element is summed in registers over its vector's
+    /// partners.
+    pub fn backward(&mut self) {
+        let dim = self.dim;
+        for (u, partners) in self.partners.iter().enumerate() {
+            for k in 0..dim {
+                let mut acc = [0.0f32; LANES];
+                for &(p, v) in partners {
+                    let (g, x) = (&self.out[p], &self.a[v * dim + k]);
+                    for l in 0..LANES {
+                        acc[l] += g[l] * x[l];
+                    }
+                }
+                self.da[u * dim + k] = acc;
+            }
+        }
+    }
+}
+
+/// Mean loss of `logits` and its gradient with respect to each logit.
+pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f32>) {
+    let b = logits.len() as f32;
+    let mut total = 0.0f64;
+    let grad = logits
+        .iter()
+        .zip(labels)
+        .map(|(&x, &y)| match kind {
+            LossKind::BinaryClassification => {
+                total += (x.max(0.0) - x * y + (-x.abs()).exp().ln_1p()) as f64;
+                (1.0 / (1.0 + (-x).exp()) - y) / b
+            }
+            LossKind::Regression => {
+                total += ((x - y) * (x - y)) as f64;
+                2.0 * (x - y) / b
+            }
+        })
+        .collect();
+    ((total / logits.len().max(1) as f64) as f32, grad)
+}
+
+/// Mean loss of `logits` against `labels` (evaluation).
+pub fn loss_value(kind: LossKind, logits: &[f32], labels: &[f32]) -> f64 {
+    loss_grad(kind, logits, labels).0 as f64
+}

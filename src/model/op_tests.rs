@@ -1,0 +1,240 @@
+//! Op-level parity: every op of the model graph on the CPU executor
+//! against burn's reference executor (values and autodiff gradients) and
+//! against central finite differences, in training mode.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::cpu::{Mode, Tape};
+use super::graph::{Graph, NodeId, Scope};
+use super::params::{to_vec, Init, ParamStore};
+use super::reference::{self, Ctx};
+use crate::config::model_plan::{Activation, DnnSpec};
+use crate::util::Rng;
+
+const B: usize = 19;
+
+/// A small graph ending in the op under test, over two inputs of width 6.
+struct Case {
+    name: &'static str,
+    graph: Graph,
+    params: ParamStore,
+    buffers: ParamStore,
+    /// Whether finite differences apply (no ReLU kinks to step over).
+    smooth: bool,
+}
+
+fn case(name: &'static str, smooth: bool, build: impl FnOnce(&mut Graph, &mut Scope, [NodeId; 2]) -> NodeId) -> Case {
+    let (mut params, mut buffers, mut rng) = (ParamStore::default(), ParamStore::default(), Rng::new(3));
+    let mut g = Graph::default();
+    let x = [g.input(0, 6), g.input(1, 6)];
+    let mut s = Scope {
+        params: &mut params,
+        buffers: &mut buffers,
+        rng: &mut rng,
+    };
+    let out = build(&mut g, &mut s, x);
+    assert_eq!(out.0, g.nodes.len() - 1, "{name}: the op under test comes last");
+    // Non-trivial biases, gammas and betas (they start at 0 or 1).
+    let mut r = Rng::new(17);
+    for i in 0..params.specs.len() {
+        if !params.specs[i].l2 {
+            params
+                .slice_mut(i)
+                .iter_mut()
+                .for_each(|v| *v += (r.uniform() - 0.5) as f32);
+        }
+    }
+    Case {
+        name,
+        graph: g,
+        params,
+        buffers,
+        smooth,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let tanh = Activation::Tanh;
+    vec![
+        case("linear+relu", false, |g, s, x| {
+            s.dense(g, x[0], "l", 5, Activation::Relu)
+        }),
+        case("linear+sigmoid", true, |g, s, x| {
+            s.dense(g, x[0], "l", 5, Activation::Sigmoid)
+        }),
+        case("linear no bias", true, |g, s, x| {
+            let w = s.params.add("k", 6, 3, Init::GlorotUniform, true, s.rng);
+            g.linear(x[1], s.params, w, None, Activation::Linear)
+        }),
+        case("batch norm+tanh", true, |g, s, x| s.batch_norm(g, x[0], "bn", tanh)),
+        case("act", true, |g, _, x| g.act(x[0], tanh)),
+        case("dropout", true, |g, _, x| g.dropout(x[0], 0.4)),
+        case("dnn with batch norm and dropout", false, |g, s, x| {
+            let spec = DnnSpec {
+                hidden_units: vec![7, 4],
+                dropout: vec![0.3, 0.1],
+                activation: Activation::Relu,
+                use_bn: true,
+            };
+            s.dnn(g, x[0], "dnn", &spec)
+        }),
+        case("concat", true, |g, _, x| g.concat(&[x[1], x[0], x[1]])),
+        case("slice", true, |g, _, x| g.slice(x[0], 2, 3)),
+        case("add", true, |g, _, x| g.add(&[x[0], x[1], x[0]])),
+        case("mul", true, |g, _, x| g.mul(x[0], x[1])),
+        case("sum over blocks", true, |g, _, x| g.sum_blocks(x[0], 3)),
+        case("fm", true, |g, _, x| g.fm(x[1], 3)),
+        case("row sum", true, |g, _, x| g.row_sum(x[0])),
+        case("dot", true, |g, _, x| {
+            g.dot(&[x[0], x[1]], 2, vec![(0, 1), (0, 0), (2, 5), (3, 4), (1, 5)])
+        }),
+        case("cross", true, |g, s, x| {
+            let w = s.params.add("w", 6, 1, Init::GlorotUniform, true, s.rng);
+            let b = s.params.add("b", 1, 6, Init::Zeros, false, s.rng);
+            let t = g.act(x[1], tanh);
+            g.cross(x[0], t, w, b)
+        }),
+        case("softmax", true, |g, _, x| g.softmax(x[0])),
+        case("weighted sum of a gate", true, |g, s, x| {
+            let gate = s.dense(g, x[0], "gate", 3, Activation::Linear);
+            let gate = g.softmax(gate);
+            let e1 = g.slice(x[1], 0, 2);
+            let e2 = g.slice(x[0], 4, 2);
+            let e3 = g.slice(x[1], 3, 2);
+            g.weighted_sum(gate, &[e1, e2, e3])
+        }),
+        case("zeros", true, |g, _, x| {
+            let z = g.zeros(x[0], 6);
+            g.add(&[z, x[1]])
+        }),
+    ]
+}
+
+fn inputs(seed: u64) -> Vec<Vec<f32>> {
+    let mut r = Rng::new(seed);
+    (0..2)
+        .map(|_| (0..B * 6).map(|_| r.normal() as f32).collect())
+        .collect()
+}
+
+/// `Σ r · y` of the last node on the CPU executor, in training mode with
+/// a fixed dropout generator.
+fn objective(c: &Case, params: &ParamStore, x: &[Vec<f32>], r: &[f32]) -> f64 {
+    let mut rng = Rng::new(5);
+    let mut stats = Vec::new();
+    let mode = Mode::Train {
+        rng: &mut rng,
+        stats: &mut stats,
+    };
+    let t = Tape::forward(&c.graph, (params, &c.buffers), x, B, mode);
+    let out = NodeId(c.graph.nodes.len() - 1);
+    t.value(out).iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+fn near(a: f32, b: f32, tol: f32) -> bool {
+    (a - b).abs() <= tol + tol * 10.0 * b.abs()
+}
+
+#[test]
+fn every_op_matches_burn_and_finite_differences() {
+    for c in cases() {
+        let x = inputs(9);
+        let out = NodeId(c.graph.nodes.len() - 1);
+        let width = c.graph.width(out);
+        let mut rr = Rng::new(21);
+        let r: Vec<f32> = (0..B * width).map(|_| rr.normal() as f32).collect();
+
+        // CPU executor.
+        let mut rng = Rng::new(5);
+        let mut stats = Vec::new();
+        let mode = Mode::Train {
+            rng: &mut rng,
+            stats: &mut stats,
+        };
+        let tape = Tape::forward(&c.graph, (&c.params, &c.buffers), &x, B, mode);
+        let needs = c.graph.needs_grad(&[true, true]);
+        let mut dense = vec![0.0f32; c.params.values.len()];
+        let dx = tape.backward(&c.params, vec![(out, r.clone())], &needs, &mut dense);
+
+        // burn's reference with autodiff.
+        let device = Device::flex().autodiff();
+        let p = c.params.tensors(&device, true);
+        let xs: Vec<Tensor<2>> = x
+            .iter()
+            .map(|v| Tensor::<2>::from_data(TensorData::new(v.clone(), [B, 6]), &device).require_grad())
+            .collect();
+        let mut ctx = Ctx {
+            p: &p,
+            buffers: &c.buffers,
+            training: true,
+            device: &device,
+            rng: Rng::new(5),
+            bn_stats: Vec::new(),
+        };
+        let y = reference::forward(&c.graph, &mut ctx, &xs).swap_remove(out.0);
+        assert_eq!(ctx.bn_stats.len(), stats.len(), "{}: batch norms", c.name);
+        let rt = Tensor::<2>::from_data(TensorData::new(r.clone(), [B, width]), &device);
+        let grads = (y.clone() * rt).sum().backward();
+        let yv = to_vec(y);
+        for (a, b) in tape.value(out).iter().zip(&yv) {
+            assert!(near(*a, *b, 1e-5), "{}: value cpu {a} vs reference {b}", c.name);
+        }
+        for (spec, t) in c.params.specs.iter().zip(&p) {
+            let want = t.grad(&grads).map_or_else(|| vec![0.0; spec.len()], to_vec);
+            for (k, (a, b)) in dense[spec.range()].iter().zip(&want).enumerate() {
+                assert!(
+                    near(*a, *b, 1e-5),
+                    "{}: d/d {}[{k}] cpu {a} vs reference {b}",
+                    c.name,
+                    spec.name
+                );
+            }
+        }
+        for (gi, t) in xs.iter().enumerate() {
+            let want = t.grad(&grads).map_or_else(|| vec![0.0; B * 6], to_vec);
+            for (k, (a, b)) in dx[gi].iter().zip(&want).enumerate() {
+                assert!(
+                    near(*a, *b, 1e-5),
+                    "{}: d/d input {gi}[{k}] cpu {a} vs reference {b}",
+                    c.name
+                );
+            }
+        }
+        assert!(
+            dense.iter().chain(dx.iter().flatten()).any(|g| *g != 0.0),
+            "{}: some gradient flows",
+            c.name
+        );
+
+        // Central differences on inputs and parameters.
+        if !c.smooth {
+            continue;
+        }
+        let eps = 1e-2f32;
+        let check = |numeric: f64, analytic: f32, what: String| {
+            assert!(
+                (numeric - analytic as f64).abs() <= 2e-3 + 2e-2 * (analytic as f64).abs(),
+                "{}: {what}: numeric {numeric} vs analytic {analytic}",
+                c.name
+            );
+        };
+        for gi in 0..2 {
+            for k in (0..B * 6).step_by(7) {
+                let mut xp = x.clone();
+                xp[gi][k] += eps;
+                let up = objective(&c, &c.params, &xp, &r);
+                xp[gi][k] -= 2.0 * eps;
+                let down = objective(&c, &c.params, &xp, &r);
+                check((up - down) / (2.0 * eps as f64), dx[gi][k], format!("input {gi}[{k}]"));
+            }
+        }
+        for i in (0..c.params.values.len()).step_by(3) {
+            let mut pp = c.params.clone();
+            pp.values[i] += eps;
+            let up = objective(&c, &pp, &x, &r);
+            pp.values[i] -= 2.0 * eps;
+            let down = objective(&c, &pp, &x, &r);
+            check((up - down) / (2.0 * eps as f64), dense[i], format!("parameter {i}"));
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The model graph on burn tensors: the reference executor. burn's
+//! autodiff differentiates it, so tests hold the CPU executor's hand-written
+//! backward to it; later it runs the graph on burn's other devices.
+
+use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use super::graph::{BnStats, Graph, Op, BN_EPS};
+use super::params::{to_vec, ParamStore};
+use crate::config::model_plan::Activation;
+use crate::config::typed::LossKind;
+use crate::util::Rng;
+
+/// Per-pass state of a forward pass.
+pub struct Ctx<'a> {
+    /// Trainable parameters, indexed like `ParamStore::specs`.
+    pub p: &'a [Tensor<2>],
+    /// Batch-norm moving statistics (not trained).
+    pub buffers: &'a ParamStore,
+    pub training: bool,
+    pub device: &'a Device,
+    /// Dropout masks come from here, in node order.
+    pub rng: Rng,
+    /// Batch statistics seen in training, in node order.
+    pub bn_stats: Vec<BnStats>,
+}
+
+impl Ctx<'_> {
+    fn constant(&self, values: Vec<f32>, rows: usize, cols: usize) -> Tensor<2> {
+        Tensor::<2>::from_data(TensorData::new(values, [rows, cols]), self.device)
+    }
+}
+
+fn activate(a: Activation, x: Tensor<2>) -> Tensor<2> {
+    match a {
+        Activation::Relu => relu(x),
+        Activation::Sigmoid => sigmoid(x),
+        Activation::Tanh => tanh(x),
+        Activation::Linear => x,
+    }
+}
+
+/// Every node's value for group inputs `x` (`[b, width]` each).
+pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> {
+    let b = x.first().map_or(0, |t| t.dims()[0]);
+    let mut v: Vec<Tensor<2>> = Vec::with_capacity(graph.nodes.len());
+    for node in &graph.nodes {
+        let width = node.width;
+        let y = match &node.op {
+            Op::Input { group } => x[*group].clone(),
+            Op::Linear { x, w, b: bias, act } => {
+                let y = v[x.0].clone().matmul(ctx.p[*w].clone());
+                let y = match bias {
+                    Some(i) => y + ctx.p[*i].clone(),
+                    None => y,
+                };
+                activate(*act, y)
+            }
+            Op::BatchNorm {
+                x,
+                gamma,
+                beta,
+                mean,
+                var,
+                act,
+            } => {
+                let x = v[x.0].clone();
+                let (m, var) = if ctx.training {
+                    let m = x.clone().mean_dim(0);
+                    let c = x.clone() - m.clone();
+                    let var_t = (c.clone() * c).mean_dim(0);
+                    ctx.bn_stats.push(BnStats {
+                        mean_buffer: *mean,
+                        var_buffer: *var,
+                        mean: to_vec(m.clone()),
+                        var: to_vec(var_t.clone()),
+                    });
+                    (m, var_t)
+                } else {
+                    (
+                        ctx.constant(ctx.buffers.slice(*mean).to_vec(), 1, width),
+                        ctx.constant(ctx.buffers.slice(*var).to_vec(), 1, width),
+                    )
+                };
+                let inv = var.add_scalar(BN_EPS).sqrt().recip();
+                activate(*act, (x - m) * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone())
+            }
+            Op::Act { x, act } => activate(*act, v[x.0].clone()),
+            Op::Dropout { x, rate } => {
+                if ctx.training {
+                    let keep = 1.0 - rate;
+                    let mask: Vec<f32> = (0..b * width)
+                        .map(|_| {
+                            if ctx.rng.uniform() < keep as f64 {
+                                1.0 / keep
+                            } else {
+                                0.0
+                            }
+                        })
+                        .collect();
+                    v[x.0].clone() * ctx.constant(mask, b, width)
+                } else {
+                    v[x.0].clone()
+                }
+            }
+            Op::Concat(xs) => Tensor::cat(xs.iter().map(|x| v[x.0].clone()).collect(), 1),
+            Op::Slice { x, start } => v[x.0].clone().narrow(1, *start, width),
+            Op::Add(xs) => xs[1..].iter().fold(v[xs[0].0].clone(), |acc, x| acc + v[x.0].clone()),
+            Op::Mul(a, c) => v[a.0].clone() * v[c.0].clone(),
+            Op::SumBlocks { x, n } => v[x.0].clone().reshape([b, *n, width]).sum_dim(1).reshape([b, width]),
+            Op::Fm { x, n } => {
+                let blocks: Tensor<3> = v[x.0].clone().reshape([b, *n, width]);
+                let s: Tensor<2> = blocks.clone().sum_dim(1).reshape([b, width]);
+                let sq: Tensor<2> = (blocks.clone() * blocks).sum_dim(1).reshape([b, width]);
+                (s.clone() * s - sq).mul_scalar(0.5)
+            }
+            Op::RowSum { x } => v[x.0].clone().sum_dim(1),
+            Op::Dot { xs, dim, pairs } => {
+                let all = Tensor::cat(xs.iter().map(|x| v[x.0].clone()).collect(), 1);
+                let n = all.dims()[1] / dim;
+                let all: Tensor<3> = all.reshape([b, n, *dim]);
+                let dots: Tensor<2> = all.clone().matmul(all.swap_dims(1, 2)).reshape([b, n * n]);
+                let flat: Vec<i64> = pairs.iter().map(|&(i, j)| (i * n + j) as i64).collect();
+                let idx = Tensor::<1, Int>::from_data(TensorData::new(flat, [pairs.len()]), ctx.device);
+                dots.select(1, idx)
+            }
+            Op::Cross { x0, xl, w, b: bias } => {
+                let s = v[xl.0].clone().matmul(ctx.p[*w].clone()); // [b, 1]
+                v[x0.0].clone() * s + ctx.p[*bias].clone() + v[xl.0].clone()
+            }
+            Op::Softmax { x } => softmax(v[x.0].clone(), 1),
+            Op::WeightedSum { gate, xs } => {
+                let g = v[gate.0].clone();
+                xs.iter()
+                    .enumerate()
+                    .map(|(e, x)| v[x.0].clone() * g.clone().narrow(1, e, 1))
+                    .reduce(|a, c| a + c)
+                    .expect("a weighted sum has operands")
+            }
+            Op::Zeros { .. } => ctx.constant(vec![0.0; b * width], b, width),
+        };
+        v.push(y);
+    }
+    v
+}
+
+/// Mean loss of logits `[b, 1]` against labels.
+pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1> {
+    match kind {
+        LossKind::BinaryClassification => {
+            // Value: max(x, 0) - x*y + log(1 + exp(-|x|)), the stable sigmoid
+            // cross entropy. Gradient: sigmoid(x) - y, attached directly.
+            // Differentiating the max/abs form instead takes one-sided
+            // slopes at x = 0 that add up to 1 - y instead of 0.5 - y, and
+            // logits of exactly 0 are common at the start (zero output bias,
+            // rows whose last hidden layer is all zero).
+            let pos = logits.clone().clamp_min(0.0);
+            let value = pos - logits.clone() * labels.clone() + logits.clone().abs().neg().exp().log1p();
+            let slope = (sigmoid(logits.clone()) - labels).detach();
+            let linear = logits * slope;
+            (linear.clone() + (value - linear).detach()).mean()
+        }
+        LossKind::Regression => {
+            let d = logits - labels;
+            (d.clone() * d).mean()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cross_entropy_gradient_is_exact_at_zero_logits() {
+        let device = Device::flex().autodiff();
+        let logits =
+            Tensor::<2>::from_data(TensorData::new(vec![0.0f32, 0.0, 2.0, -3.0], [4, 1]), &device).require_grad();
+        let labels = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [4, 1]), &device);
+        let loss = loss_of(LossKind::BinaryClassification, logits.clone(), labels);
+        let value = to_vec(loss.clone())[0];
+        let grads = loss.backward();
+        let g = to_vec(logits.grad(&grads).expect("logits take part in the loss"));
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let want = [
+            (sig(0.0) - 1.0) / 4.0,
+            sig(0.0) / 4.0,
+            (sig(2.0) - 1.0) / 4.0,
+            sig(-3.0) / 4.0,
+        ];
+        for (a, b) in g.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "gradient {g:?}, want {want:?}");
+        }
+        let bce = |x: f32, y: f32| -(y * sig(x).ln() + (1.0 - y) * (1.0 - sig(x)).ln());
+        let mean = (bce(0.0, 1.0) + bce(0.0, 0.0) + bce(2.0, 1.0) + bce(-3.0, 0.0)) / 4.0;
+        assert!((value - mean).abs() < 1e-6, "loss {value}, want {mean}");
+    }
+}
