@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use rustrec::config::{load_pipeline, typed::TrainingPlan};
-use rustrec::train::step::group_inputs;
 use rustrec::train::Trainer;
 use rustrec::util::Rng;
 
@@ -286,7 +285,7 @@ fn dense_gradients_of_every_model_match_finite_differences() {
             .next()
             .unwrap()
             .unwrap();
-        let inputs = group_inputs(&t, &batch);
+        let inputs = t.group_inputs(&batch);
         let g = t.loss_and_grads(&batch, &inputs);
         let eps = 2e-3f32;
         let mut rng = Rng::new(11);
@@ -365,7 +364,7 @@ fn cpu_executor_matches_burns_reference() {
             .next()
             .unwrap()
             .unwrap();
-        let inputs = group_inputs(&t, &batch);
+        let inputs = t.group_inputs(&batch);
         let fast = t.loss_and_grads(&batch, &inputs);
         let graph = t.loss_and_grads_graph(&batch, &inputs);
         let near = |a: f32, b: f32| (a - b).abs() <= 1e-6 + 1e-4 * b.abs();

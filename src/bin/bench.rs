@@ -170,7 +170,7 @@ fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
     let loaded = load_pipeline(&path, &Overrides::default())?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
     let mut trainer = Trainer::new(plan)?;
-    let table_rows = trainer.tables.iter().map(|t| t.rows).sum();
+    let table_rows = trainer.embeddings.tables.iter().map(|t| t.rows).sum();
     let paths = trainer.plan.train_paths.clone();
 
     // The input pipeline alone.

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use crate::embedding::Sharding;
+
 pub use safetensors::{read_file, write_file, TensorRef};
 
 pub const FORMAT: &str = "rustrec-checkpoint-1";
@@ -54,7 +56,7 @@ pub struct Written {
     pub bytes: u64,
     pub checksum: u64,
     /// (rank, world size) when the file holds one rank's rows of every
-    /// table (row g of a table is row g / size of rank g % size's part).
+    /// table (its rows as `embedding::Sharding::RowWise` places them).
     pub shard: Option<(usize, usize)>,
 }
 
@@ -278,8 +280,12 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
             if parts.len() != *size || part.shape.get(1).copied().unwrap_or(1) != dim {
                 return Err(Damaged(format!("{}: the parts of `{name}` do not fit together", dir.display())).into());
             }
+            let sharding = Sharding::RowWise {
+                rank: *rank,
+                size: *size,
+            };
             for (l, row) in part.data.chunks(dim).enumerate() {
-                let g = l * size + rank;
+                let g = sharding.global(l) as usize;
                 data[g * dim..(g + 1) * dim].copy_from_slice(row);
             }
         }

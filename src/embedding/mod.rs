@@ -1,8 +1,16 @@
 //! Embedding tables outside autodiff: lookup + pooling into the model's
 //! input buffer, and the reverse scatter of gradients into a sparse,
-//! row-wise optimizer update of only the touched rows.
+//! row-wise optimizer update of only the touched rows. `Collection` holds a
+//! model's tables with their `Sharding`.
+
+mod collection;
+mod exchange;
+mod sharding;
 
 use rayon::prelude::*;
+
+pub use collection::Collection;
+pub use sharding::Sharding;
 
 use crate::config::typed::{EmbeddingInit, OptimizerKind};
 use crate::features::Jagged;
@@ -13,7 +21,7 @@ use crate::util::{mix64, IdMap, Rng};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
     pub name: String,
-    /// Rows of the whole table; this rank holds `local_rows(rows, shard)`.
+    /// Rows of the whole table; this rank holds `sharding.local_rows(rows)`.
     pub rows: usize,
     pub dim: usize,
     /// This rank's rows, `[local rows, dim]`.
@@ -21,8 +29,8 @@ pub struct Table {
     pub state: SlotState,
     /// Index into `train_config.optimizer_config`.
     pub optimizer: usize,
-    /// (rank, world size) of a row-wise sharded table; (0, 1) when whole.
-    pub shard: (usize, usize),
+    /// Which of the rows this rank holds.
+    pub sharding: Sharding,
 }
 
 /// Deterministic initial value of row `row` of a `[rows, out.len()]` table,
@@ -60,16 +68,15 @@ impl Table {
         init: &EmbeddingInit,
         seed: u64,
         (optimizer, kind): (usize, &OptimizerKind),
-        shard: (usize, usize),
+        sharding: Sharding,
     ) -> Self {
-        let (rank, size) = shard;
-        let local_rows = local_rows(rows, shard);
+        let local_rows = sharding.local_rows(rows);
         let state = SlotState::new(kind, local_rows * dim);
         let mut weights = vec![0.0f32; local_rows * dim];
         weights
             .par_chunks_mut(dim)
             .enumerate()
-            .for_each(|(l, out)| init_row(seed, name, rows, (l * size + rank) as u64, init, out));
+            .for_each(|(l, out)| init_row(seed, name, rows, sharding.global(l), init, out));
         Table {
             name: name.to_string(),
             rows,
@@ -77,32 +84,9 @@ impl Table {
             weights,
             state,
             optimizer,
-            shard,
+            sharding,
         }
     }
-
-    /// Index into this rank's rows of global row `g` (which it must own).
-    pub fn local(&self, g: u64) -> usize {
-        debug_assert_eq!(
-            g as usize % self.shard.1,
-            self.shard.0,
-            "row {g} of {} is not local",
-            self.name
-        );
-        g as usize / self.shard.1
-    }
-
-    /// Rank that owns global row `g`.
-    pub fn owner(&self, g: u64) -> usize {
-        g as usize % self.shard.1
-    }
-}
-
-/// Rows of a `rows`-row table that rank `shard.0` of `shard.1` holds (row g
-/// lives on rank g % size, at local index g / size).
-pub fn local_rows(rows: usize, shard: (usize, usize)) -> usize {
-    let (rank, size) = shard;
-    (rows + size - 1 - rank) / size
 }
 
 /// Where pooling reads embedding rows from: a local table, or rows fetched
@@ -117,7 +101,7 @@ impl RowSource for Table {
         self.dim
     }
     fn row(&self, g: u64) -> &[f32] {
-        let l = self.local(g);
+        let l = self.sharding.local(g);
         &self.weights[l * self.dim..(l + 1) * self.dim]
     }
 }
@@ -240,7 +224,7 @@ pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) 
     let dim = table.dim;
     let mut g = vec![0.0f32; dim];
     for (k, &r) in grads.rows.iter().enumerate() {
-        let l = table.local(r);
+        let l = table.sharding.local(r);
         let range = l * dim..(l + 1) * dim;
         for (d, s) in g.iter_mut().zip(&grads.grads[k * dim..(k + 1) * dim]) {
             *d = s * scale;
@@ -264,7 +248,13 @@ mod tests {
     #[test]
     fn pooling_and_hand_computed_sparse_sgd_step() {
         let kind = OptimizerKind::Momentum { momentum: 0.0 };
-        let mut t = Table::new(("t", 4, 2), &EmbeddingInit::Default, 1, (0, &kind), (0, 1));
+        let mut t = Table::new(
+            ("t", 4, 2),
+            &EmbeddingInit::Default,
+            1,
+            (0, &kind),
+            Sharding::Replicated,
+        );
         t.weights = vec![1., 2., 3., 4., 5., 6., 7., 8.];
         // row 0 pools ids {0, 2}, row 1 pools {2}, row 2 none.
         let j = jagged(&[0, 2, 2], &[0, 2, 3, 3]);
@@ -288,7 +278,13 @@ mod tests {
     #[test]
     fn init_is_per_row_deterministic() {
         let kind = OptimizerKind::Momentum { momentum: 0.0 };
-        let a = Table::new(("x", 10, 4), &EmbeddingInit::Default, 3, (0, &kind), (0, 1));
+        let a = Table::new(
+            ("x", 10, 4),
+            &EmbeddingInit::Default,
+            3,
+            (0, &kind),
+            Sharding::Replicated,
+        );
         let mut r7 = [0.0f32; 4];
         init_row(3, "x", 10, 7, &EmbeddingInit::Default, &mut r7);
         assert_eq!(a.row(7), &r7);

@@ -41,10 +41,10 @@ pub struct ExportRequest<'a> {
 /// trainer) into a new `<root>/<timestamp>/`; returns that directory.
 pub fn export_trainer(t: &Trainer, root: &Path, req: &ExportRequest) -> anyhow::Result<PathBuf> {
     t.plan.export.check()?;
-    if t.tables.iter().any(|tb| tb.shard.1 != 1) {
+    if t.embeddings.sharding.is_sharded() {
         bail!("export needs whole tables; restore the checkpoint in a single process");
     }
-    let tables: Vec<&[f32]> = t.tables.iter().map(|tb| tb.weights.as_slice()).collect();
+    let tables: Vec<&[f32]> = t.embeddings.tables.iter().map(|tb| tb.weights.as_slice()).collect();
     let batch = match t.plan.export.batch_size {
         Some(b) => onnx::Dim::Fixed(b),
         None => onnx::Dim::Named("batch".into()),

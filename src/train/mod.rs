@@ -1,7 +1,6 @@
 //! Training: the trainer state (tables, dense model, optimizer slots, global
 //! step), its checkpoints, evaluation, and the step loop.
 
-mod exchange;
 pub mod run;
 pub mod state;
 pub mod step;
@@ -16,7 +15,7 @@ use crate::config::typed::{InputFormat, Strategy, TrainingPlan};
 use crate::config::ConfigError;
 use crate::data::{expand_paths, Prefetch, StreamSpec};
 use crate::dist::{Communicator, Single};
-use crate::embedding::Table;
+use crate::embedding::{Collection, Sharding, Table};
 use crate::features::{Batch, Encoder};
 use crate::metrics::EvalState;
 use crate::model::kernels;
@@ -33,7 +32,8 @@ pub struct Trainer {
     pub plan: TrainingPlan,
     pub enc: Encoder,
     pub model: Model,
-    pub tables: Vec<Table>,
+    /// The embedding tables and how they are placed on the ranks.
+    pub embeddings: Collection,
     pub dense_state: SlotState,
     pub assign: Assignment,
     /// Global step: batches trained so far.
@@ -43,9 +43,6 @@ pub struct Trainer {
     pub reference_device: Device,
     /// The other ranks of a distributed job (a single process alone).
     pub comm: Rc<dyn Communicator>,
-    /// Tables are row-wise sharded across ranks (EmbeddingParallelStrategy);
-    /// otherwise every rank holds them whole.
-    pub sharded: bool,
 }
 
 impl Trainer {
@@ -57,10 +54,13 @@ impl Trainer {
     /// A trainer that is one rank of `comm`; train_distribute decides how
     /// the ranks split the work.
     pub fn with_comm(plan: TrainingPlan, comm: Rc<dyn Communicator>) -> anyhow::Result<Self> {
-        let sharded = match (plan.strategy, comm.size()) {
-            (_, 1) => false,
-            (Strategy::EmbeddingParallel, _) => true,
-            (Strategy::DataParallel, _) => false,
+        let sharding = match (plan.strategy, comm.size()) {
+            (_, 1) => Sharding::Replicated,
+            (Strategy::EmbeddingParallel, size) => Sharding::RowWise {
+                rank: comm.rank(),
+                size,
+            },
+            (Strategy::DataParallel, _) => Sharding::Replicated,
             (Strategy::Single, n) => {
                 return Err(ConfigError::invalid(
                     "train_config.train_distribute",
@@ -72,7 +72,6 @@ impl Trainer {
                 .into())
             }
         };
-        let shard = if sharded { (comm.rank(), comm.size()) } else { (0, 1) };
         let uid = plan.tasks.iter().flat_map(|t| &t.metrics).find_map(|m| match m {
             Metric::Gauc { uid_field } => Some(uid_field.as_str()),
             _ => None,
@@ -92,23 +91,23 @@ impl Trainer {
                     &t.init,
                     seed,
                     (opt, &plan.optimizers[opt].kind),
-                    shard,
+                    sharding,
                 )
             })
             .collect();
+        let mean = plan.features.iter().map(|f| f.mean_combiner).collect();
         let dense_state = SlotState::new(&plan.optimizers[assign.dense].kind, model.params.values.len());
         Ok(Trainer {
             plan,
             enc,
             model,
-            tables,
+            embeddings: Collection::new(tables, sharding, mean),
             dense_state,
             assign,
             step: 0,
             seed,
             reference_device: Device::flex().autodiff(),
             comm,
-            sharded,
         })
     }
 

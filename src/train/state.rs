@@ -47,7 +47,7 @@ impl Trainer {
     /// `slots`): the whole tables unless they are sharded.
     fn table_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
         let mut out = Vec::new();
-        for t in &self.tables {
+        for t in &self.embeddings.tables {
             let shape = vec![t.weights.len() / t.dim.max(1), t.dim];
             out.push(TensorRef::new(
                 format!("embedding/{}", t.name),
@@ -87,7 +87,7 @@ impl Trainer {
         self.comm.barrier();
         let tables = self.table_tensors(true);
         let mut parts = Vec::new();
-        let table_file = if self.sharded {
+        let table_file = if self.embeddings.sharding.is_sharded() {
             // Every rank writes its own rows; rank 0 learns their checksums.
             let name = checkpoint::shard_file(rank, size);
             let w = checkpoint::write_part(&tmp, &name, &tables, Some((rank, size))).with_context(context)?;
@@ -107,7 +107,7 @@ impl Trainer {
         if rank == 0 {
             let dense = self.dense_tensors(true);
             parts.push(checkpoint::write_part(&tmp, "dense.safetensors", &dense, None).with_context(context)?);
-            if !self.sharded {
+            if !self.embeddings.sharding.is_sharded() {
                 parts.push(checkpoint::write_part(&tmp, &table_file, &tables, None).with_context(context)?);
             }
             let mut names: Vec<(String, String, Vec<usize>)> = dense
@@ -170,15 +170,10 @@ impl Trainer {
                 self.model.buffers.values[s.range()].copy_from_slice(&v);
             }
         }
-        for t in &mut self.tables {
+        for t in &mut self.embeddings.tables {
             // A whole table, of which a sharded one keeps its own rows.
-            let (rank, size) = t.shard;
-            let mine = |v: Vec<f32>| -> Vec<f32> {
-                if size == 1 {
-                    return v;
-                }
-                v.chunks(t.dim).skip(rank).step_by(size).flatten().copied().collect()
-            };
+            let (sharding, dim) = (t.sharding, t.dim);
+            let mine = |v: Vec<f32>| -> Vec<f32> { sharding.own_rows(&v, dim) };
             if let Some(v) = values.remove(&format!("embedding/{}", t.name)) {
                 t.weights = mine(v);
             }
@@ -235,7 +230,7 @@ impl Trainer {
             .into_iter()
             .map(|t| (t.name, t.shape))
             .collect();
-        for t in &self.tables {
+        for t in &self.embeddings.tables {
             out.push((format!("embedding/{}", t.name), vec![t.rows, t.dim]));
             if slots {
                 for sname in slot_names(&self.plan.optimizers[t.optimizer].kind) {

@@ -1,14 +1,13 @@
-//! One training step and one inference pass: pool embeddings into group
-//! inputs, run the model graph on the CPU executor, scatter input gradients
-//! back to embedding rows, and apply every optimizer.
+//! One training step and one inference pass. A step reads: embedding
+//! forward (group inputs), dense forward and backward on the CPU executor,
+//! dense all-reduce, embedding backward (row gradients to their updaters),
+//! clipping, then every optimizer.
 
-use anyhow::bail;
 use burn::tensor::{Device, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::Trainer;
-use crate::embedding::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource};
-use crate::features::{Batch, Encoded};
+use crate::features::Batch;
 use crate::model::graph::{update_bn_buffers, BnStats};
 use crate::model::params::to_vec;
 use crate::model::reference::{self, loss_of, Ctx};
@@ -30,49 +29,6 @@ pub struct StepStats {
     pub loss: f32,
     pub reg_loss: f32,
     pub grad_norm: f32,
-}
-
-/// Group input matrices (row-major `[batch, width]`) for a batch. With
-/// sharded tables this is a collective: every rank must call it.
-pub fn group_inputs(t: &Trainer, batch: &Batch) -> Vec<Vec<f32>> {
-    /// Batch rows per parallel task: every part of a row block in one go.
-    const ROWS: usize = 32;
-    let b = batch.size;
-    let fetched = t.sharded.then(|| t.fetch_rows(batch));
-    let (tables, features) = (&t.tables, &t.plan.features);
-    t.model
-        .groups
-        .iter()
-        .map(|g| {
-            let mut buf = vec![0.0f32; b * g.width];
-            if g.width == 0 {
-                return buf;
-            }
-            buf.par_chunks_mut(ROWS * g.width).enumerate().for_each(|(blk, out)| {
-                let first = blk * ROWS;
-                for p in &g.parts {
-                    match (&batch.features[p.feature], p.table) {
-                        (Encoded::Sparse(j), Some(ti)) => {
-                            let mean = features[p.feature].mean_combiner;
-                            let src: &dyn RowSource = match &fetched {
-                                Some(f) => &f[ti],
-                                None => &tables[ti],
-                            };
-                            pool_rows(src, j, mean, out, g.width, p.col, first);
-                        }
-                        (Encoded::Dense { dim, values }, None) => {
-                            for (k, row) in out.chunks_exact_mut(g.width).enumerate() {
-                                let r = first + k;
-                                row[p.col..p.col + dim].copy_from_slice(&values[r * dim..(r + 1) * dim]);
-                            }
-                        }
-                        _ => unreachable!("feature encoding matches the group layout"),
-                    }
-                }
-            });
-            buf
-        })
-        .collect()
 }
 
 fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, track: bool) -> Vec<Tensor<2>> {
@@ -102,6 +58,13 @@ fn squared_norm(x: &[f32]) -> f64 {
 }
 
 impl Trainer {
+    /// Group input matrices (row-major `[batch, width]`) for a batch, from
+    /// the embedding collection. With sharded tables this is a collective:
+    /// every rank must call it.
+    pub fn group_inputs(&self, batch: &Batch) -> Vec<Vec<f32>> {
+        self.embeddings.forward(&self.model.groups, batch, &*self.comm)
+    }
+
     /// Loss of a batch and its gradients with respect to every dense
     /// parameter (flat, in `ParamStore` layout) and every group input matrix,
     /// without regularisation and without changing any state. Training-mode
@@ -188,7 +151,7 @@ impl Trainer {
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let b = batch.size;
         let ranks = self.comm.size();
-        let inputs = group_inputs(self, batch);
+        let inputs = self.group_inputs(batch);
         let Grads {
             loss: local_loss,
             dense: mut dense_grad,
@@ -217,13 +180,12 @@ impl Trainer {
             }
         }
         if !loss_value.is_finite() {
-            bail!(
+            anyhow::bail!(
                 "loss is {loss_value} at step {}; stopping (lower the learning rate or check the input data)",
                 self.step
             );
         }
         let mut reg = 0.0f64; // identical on every rank
-        let mut emb_reg_loss = 0.0f64; // this rank's lookups only
         let l2 = self.plan.l2_regularization;
         for spec in &self.model.params.specs {
             if spec.l2 && l2 > 0.0 {
@@ -236,49 +198,24 @@ impl Trainer {
             }
         }
 
-        // Embedding gradients: d loss / d group input, scattered to rows.
+        // Embedding backward: d loss / d group input, scattered to rows
+        // and delivered to the ranks that update them.
         let emb_reg = self.plan.embedding_regularization;
+        let mut emb_reg_loss = [0.0f64]; // this rank's lookups, then summed
         if emb_reg > 0.0 {
-            for ((g, gin), buf) in self.model.groups.iter().zip(&mut input_grads).zip(&inputs) {
-                for p in g.sparse_parts() {
-                    for r in 0..b {
-                        for c in p.col..p.col + p.dim {
-                            let v = buf[r * g.width + c];
-                            gin[r * g.width + c] += emb_reg * v;
-                            emb_reg_loss += 0.5 * (emb_reg * v * v) as f64;
-                        }
-                    }
-                }
-            }
+            emb_reg_loss[0] = self
+                .embeddings
+                .regularize(&self.model.groups, &inputs, &mut input_grads, emb_reg);
         }
-        // One table's rows at a time, tables in parallel; parts sharing a
-        // table add up in config order.
-        let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
-        row_grads.par_iter_mut().enumerate().for_each(|(ti, acc)| {
-            for (g, gin) in self.model.groups.iter().zip(&input_grads) {
-                for p in g.sparse_parts().filter(|p| p.table == Some(ti)) {
-                    let Encoded::Sparse(j) = &batch.features[p.feature] else {
-                        unreachable!("sparse part has jagged ids")
-                    };
-                    let mean = self.plan.features[p.feature].mean_combiner;
-                    scatter_grad(j, mean, gin, g.width, p.col, p.dim, acc);
-                }
-            }
-        });
-
-        let row_grads = self.exchange_row_grads(row_grads);
+        let row_grads = self
+            .embeddings
+            .backward(&self.model.groups, batch, &input_grads, &*self.comm);
 
         // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
-        // Sharded row gradients are spread over their owners: sum their norms.
-        let table_sq: Vec<f64> = row_grads.par_iter().map(RowGrads::squared_norm).collect();
-        let mut sums = [table_sq.iter().sum::<f64>(), emb_reg_loss];
-        if self.sharded {
-            self.comm.all_reduce_sum(&mut sums);
-        } else {
-            self.comm.all_reduce_sum(&mut sums[1..]);
-        }
-        reg += sums[1];
-        let sq: f64 = squared_norm(&dense_grad) + sums[0];
+        let table_sq = self.embeddings.squared_norm(&row_grads, &*self.comm);
+        self.comm.all_reduce_sum(&mut emb_reg_loss);
+        reg += emb_reg_loss[0];
+        let sq: f64 = squared_norm(&dense_grad) + table_sq;
         let norm = sq.sqrt() as f32;
         let scale = match self.plan.gradient_clip_norm {
             Some(c) if norm > c => c / norm,
@@ -292,13 +229,8 @@ impl Trainer {
         let n = self.model.params.values.len();
         let slots = self.dense_state.view(0..n);
         dense_rule.apply_parallel(&mut self.model.params.values, &dense_grad, slots);
-        let (optimizers, step) = (&self.plan.optimizers, self.step);
-        self.tables.par_iter_mut().zip(&row_grads).for_each(|(table, rg)| {
-            let spec = &optimizers[table.optimizer];
-            let mut rule = Rule::at(spec, step);
-            rule.lr *= spec.embedding_lr_multiplier.unwrap_or(1.0);
-            apply_rows(table, rg, &rule, scale);
-        });
+        self.embeddings
+            .apply(&row_grads, &self.plan.optimizers, self.step, scale);
         update_bn_buffers(&mut self.model.buffers, bn_stats);
         if ranks > 1 && !self.model.buffers.values.is_empty() {
             // Moving averages saw each rank's own rows: keep replicas equal.
@@ -318,7 +250,7 @@ impl Trainer {
     /// sharded tables this is a collective: every rank must call it.
     pub fn score(&self, batch: &Batch) -> Vec<TaskScores> {
         let b = batch.size;
-        let inputs = group_inputs(self, batch);
+        let inputs = self.group_inputs(batch);
         let tasks = &self.plan.tasks;
         if b == 0 {
             return tasks.iter().map(|t| TaskScores::from_logits(t, Vec::new())).collect();

@@ -1,7 +1,8 @@
-//! What ranks exchange in a step. With sharded tables (EmbeddingParallel):
-//! each rank asks the owners for the rows its batch uses, and sends the
-//! gradients of those rows back to them. With whole tables on every rank
-//! (data parallel): every rank gathers every rank's row gradients.
+//! The collection's input and output distribution: what ranks exchange in
+//! a step. With row-wise sharded tables (EmbeddingParallel) each rank asks
+//! the owners for the rows its batch uses, and sends the gradients of those
+//! rows back to them. With replicated tables (data parallel) every rank
+//! gathers every rank's row gradients.
 //!
 //! All tables travel together: an id message is, per table in order, a
 //! count followed by that many ids, and the matching float message holds
@@ -10,9 +11,10 @@
 
 use std::collections::BTreeSet;
 
-use super::Trainer;
-use crate::embedding::{FetchedRows, RowGrads};
+use super::{Collection, FetchedRows, RowGrads, RowSource};
+use crate::dist::Communicator;
 use crate::features::{Batch, Encoded};
+use crate::model::GroupLayout;
 
 /// Splits a message of `[count, ids...]` per table into per-table id lists.
 fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
@@ -26,11 +28,11 @@ fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
     out
 }
 
-impl Trainer {
+impl Collection {
     /// Distinct ids of table `ti` in `batch`, ascending.
-    fn ids_of_table(&self, batch: &Batch, ti: usize) -> BTreeSet<u64> {
+    fn ids_of_table(groups: &[GroupLayout], batch: &Batch, ti: usize) -> BTreeSet<u64> {
         let mut ids = BTreeSet::new();
-        for g in &self.model.groups {
+        for g in groups {
             for p in g.parts.iter().filter(|p| p.table == Some(ti)) {
                 if let Encoded::Sparse(j) = &batch.features[p.feature] {
                     ids.extend(j.ids.iter().copied());
@@ -42,13 +44,18 @@ impl Trainer {
 
     /// The rows of every table that `batch` uses, fetched from their owners:
     /// one all-to-all of ids out, one of rows back.
-    pub fn fetch_rows(&self, batch: &Batch) -> Vec<FetchedRows> {
-        let (n, nt) = (self.comm.size(), self.tables.len());
+    pub(super) fn fetch_rows(
+        &self,
+        groups: &[GroupLayout],
+        batch: &Batch,
+        comm: &dyn Communicator,
+    ) -> Vec<FetchedRows> {
+        let (n, nt) = (comm.size(), self.tables.len());
         // want[owner][table]: the ids to ask that owner for.
         let mut want: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); nt]; n];
-        for (ti, t) in self.tables.iter().enumerate() {
-            for id in self.ids_of_table(batch, ti) {
-                want[t.owner(id)][ti].push(id);
+        for (ti, _) in self.tables.iter().enumerate() {
+            for id in Self::ids_of_table(groups, batch, ti) {
+                want[self.sharding.owner(id)][ti].push(id);
             }
         }
         let requests: Vec<Vec<u64>> = want
@@ -60,21 +67,20 @@ impl Trainer {
                     .collect()
             })
             .collect();
-        let asked = self.comm.all_to_all_u64(&requests);
+        let asked = comm.all_to_all_u64(&requests);
         let answers: Vec<Vec<f32>> = asked
             .iter()
             .map(|msg| {
                 let mut rows = Vec::new();
                 for (t, ids) in self.tables.iter().zip(unpack(msg, nt)) {
                     for id in ids {
-                        let l = t.local(*id);
-                        rows.extend_from_slice(&t.weights[l * t.dim..(l + 1) * t.dim]);
+                        rows.extend_from_slice(t.row(*id));
                     }
                 }
                 rows
             })
             .collect();
-        let got = self.comm.all_to_all_f32(&answers);
+        let got = comm.all_to_all_f32(&answers);
         let mut fetched: Vec<FetchedRows> = self
             .tables
             .iter()
@@ -100,18 +106,19 @@ impl Trainer {
     /// Row gradients as the optimizer step needs them: with sharded tables,
     /// each owner's rows summed over all ranks; with whole tables, every
     /// rank's rows summed on every rank. A single process keeps its own.
-    pub fn exchange_row_grads(&self, local: Vec<RowGrads>) -> Vec<RowGrads> {
-        let (n, nt) = (self.comm.size(), self.tables.len());
+    pub(super) fn exchange_row_grads(&self, local: Vec<RowGrads>, comm: &dyn Communicator) -> Vec<RowGrads> {
+        let (n, nt) = (comm.size(), self.tables.len());
         if n == 1 {
             return local;
         }
+        let sharded = self.sharding.is_sharded();
         // Per destination: [count, ids...] per table, and their gradients.
-        let dests = if self.sharded { n } else { 1 };
+        let dests = if sharded { n } else { 1 };
         let mut ids: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); nt]; dests];
         let mut table_grads: Vec<Vec<Vec<f32>>> = vec![vec![Vec::new(); nt]; dests];
         for (ti, (t, rg)) in self.tables.iter().zip(&local).enumerate() {
             for (k, &id) in rg.rows.iter().enumerate() {
-                let d = if self.sharded { t.owner(id) } else { 0 };
+                let d = if sharded { self.sharding.owner(id) } else { 0 };
                 ids[d][ti].push(id);
                 table_grads[d][ti].extend_from_slice(&rg.grads[k * t.dim..(k + 1) * t.dim]);
             }
@@ -126,13 +133,10 @@ impl Trainer {
                     .collect()
             })
             .collect();
-        let (from_ids, from_grads) = if self.sharded {
-            (self.comm.all_to_all_u64(&messages), self.comm.all_to_all_f32(&grads))
+        let (from_ids, from_grads) = if sharded {
+            (comm.all_to_all_u64(&messages), comm.all_to_all_f32(&grads))
         } else {
-            (
-                self.comm.all_gather_u64(&messages[0]),
-                self.comm.all_gather_f32(&grads[0]),
-            )
+            (comm.all_gather_u64(&messages[0]), comm.all_gather_f32(&grads[0]))
         };
         let mut merged = vec![RowGrads::default(); nt];
         for (msg, g) in from_ids.iter().zip(&from_grads) {

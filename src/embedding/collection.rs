@@ -1,0 +1,153 @@
+//! The embedding collection (TorchRec's EmbeddingBagCollection): every
+//! table of a model with its `Sharding`, and the three things a step asks
+//! of it. Forward pools a batch's ids into the model's group input
+//! matrices (fetching remote rows first when tables are sharded); backward
+//! scatters the gradients of those matrices onto rows and delivers them to
+//! the ranks that update them; apply runs each table's optimizer on its
+//! touched rows. What is computed (pooling, scatter, updates) is here once;
+//! how it is distributed is the sharding's input and output exchange
+//! (`exchange.rs`).
+
+use rayon::prelude::*;
+
+use super::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource, Sharding, Table};
+use crate::config::typed::OptimizerSpec;
+use crate::dist::Communicator;
+use crate::features::{Batch, Encoded};
+use crate::model::GroupLayout;
+use crate::optim::Rule;
+
+pub struct Collection {
+    pub tables: Vec<Table>,
+    pub sharding: Sharding,
+    /// Per feature (`TrainingPlan::features`): pooled by weighted mean
+    /// rather than sum.
+    mean: Vec<bool>,
+}
+
+impl Collection {
+    pub fn new(tables: Vec<Table>, sharding: Sharding, mean_combiner: Vec<bool>) -> Self {
+        Collection {
+            tables,
+            sharding,
+            mean: mean_combiner,
+        }
+    }
+
+    /// Group input matrices (row-major `[batch, width]`) for a batch:
+    /// embedded parts pooled from their tables, raw values copied. With
+    /// sharded tables this is a collective: every rank must call it.
+    pub fn forward(&self, groups: &[GroupLayout], batch: &Batch, comm: &dyn Communicator) -> Vec<Vec<f32>> {
+        /// Batch rows per parallel task: every part of a row block in one go.
+        const ROWS: usize = 32;
+        let b = batch.size;
+        let fetched = self.sharding.is_sharded().then(|| self.fetch_rows(groups, batch, comm));
+        groups
+            .iter()
+            .map(|g| {
+                let mut buf = vec![0.0f32; b * g.width];
+                if g.width == 0 {
+                    return buf;
+                }
+                buf.par_chunks_mut(ROWS * g.width).enumerate().for_each(|(blk, out)| {
+                    let first = blk * ROWS;
+                    for p in &g.parts {
+                        match (&batch.features[p.feature], p.table) {
+                            (Encoded::Sparse(j), Some(ti)) => {
+                                let src: &dyn RowSource = match &fetched {
+                                    Some(f) => &f[ti],
+                                    None => &self.tables[ti],
+                                };
+                                pool_rows(src, j, self.mean[p.feature], out, g.width, p.col, first);
+                            }
+                            (Encoded::Dense { dim, values }, None) => {
+                                for (k, row) in out.chunks_exact_mut(g.width).enumerate() {
+                                    let r = first + k;
+                                    row[p.col..p.col + dim].copy_from_slice(&values[r * dim..(r + 1) * dim]);
+                                }
+                            }
+                            _ => unreachable!("feature encoding matches the group layout"),
+                        }
+                    }
+                });
+                buf
+            })
+            .collect()
+    }
+
+    /// Adds embedding_regularization's gradient (`reg * value` of every
+    /// pooled embedding of this rank's rows) to the group input gradients;
+    /// returns its loss term, `reg / 2 * Σ value²`.
+    pub fn regularize(
+        &self,
+        groups: &[GroupLayout],
+        inputs: &[Vec<f32>],
+        input_grads: &mut [Vec<f32>],
+        reg: f32,
+    ) -> f64 {
+        let mut loss = 0.0f64;
+        for ((g, gin), buf) in groups.iter().zip(input_grads).zip(inputs) {
+            let rows = buf.len().checked_div(g.width).unwrap_or(0);
+            for p in g.sparse_parts() {
+                for r in 0..rows {
+                    for c in p.col..p.col + p.dim {
+                        let v = buf[r * g.width + c];
+                        gin[r * g.width + c] += reg * v;
+                        loss += 0.5 * (reg * v * v) as f64;
+                    }
+                }
+            }
+        }
+        loss
+    }
+
+    /// The row gradients of every table from the gradients of the group
+    /// inputs, delivered where the update runs: with sharded tables each
+    /// owner gets its rows' gradients summed over all ranks; replicated,
+    /// every rank gets every rank's. A collective on several ranks.
+    pub fn backward(
+        &self,
+        groups: &[GroupLayout],
+        batch: &Batch,
+        input_grads: &[Vec<f32>],
+        comm: &dyn Communicator,
+    ) -> Vec<RowGrads> {
+        // One table's rows at a time, tables in parallel; parts sharing a
+        // table add up in config order.
+        let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
+        row_grads.par_iter_mut().enumerate().for_each(|(ti, acc)| {
+            for (g, gin) in groups.iter().zip(input_grads) {
+                for p in g.sparse_parts().filter(|p| p.table == Some(ti)) {
+                    let Encoded::Sparse(j) = &batch.features[p.feature] else {
+                        unreachable!("sparse part has jagged ids")
+                    };
+                    scatter_grad(j, self.mean[p.feature], gin, g.width, p.col, p.dim, acc);
+                }
+            }
+        });
+        self.exchange_row_grads(row_grads, comm)
+    }
+
+    /// Squared norm of row gradients from `backward`, over the whole job
+    /// (sharded gradients are spread over their owners). A collective on
+    /// several ranks.
+    pub fn squared_norm(&self, grads: &[RowGrads], comm: &dyn Communicator) -> f64 {
+        let per_table: Vec<f64> = grads.par_iter().map(RowGrads::squared_norm).collect();
+        let mut sum = [per_table.iter().sum::<f64>()];
+        if self.sharding.is_sharded() {
+            comm.all_reduce_sum(&mut sum);
+        }
+        sum[0]
+    }
+
+    /// Applies each table's optimizer at global step `step` to its touched
+    /// rows, gradients scaled by `scale` (clipping).
+    pub fn apply(&mut self, grads: &[RowGrads], optimizers: &[OptimizerSpec], step: u64, scale: f32) {
+        self.tables.par_iter_mut().zip(grads).for_each(|(table, rg)| {
+            let spec = &optimizers[table.optimizer];
+            let mut rule = Rule::at(spec, step);
+            rule.lr *= spec.embedding_lr_multiplier.unwrap_or(1.0);
+            apply_rows(table, rg, &rule, scale);
+        });
+    }
+}
