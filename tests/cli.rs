@@ -355,3 +355,57 @@ fn fine_tune_checkpoint_copies_weights_renames_by_var_map_and_checks_shapes() {
         "{stderr}"
     );
 }
+
+/// A model that turns non-finite stops at that step with exit 1, naming it,
+/// and leaves no checkpoint or export of the broken weights: a NaN in a raw
+/// feature (which a ReLU can hide from the loss), and a learning rate that
+/// blows the weights up.
+#[test]
+fn a_diverging_run_stops_with_exit_1_and_saves_nothing() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("data/criteo_sample.csv")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Row 40 (in the second batch of 32) gets I2 = NaN.
+    let poisoned: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 41 {
+                let mut cells: Vec<&str> = l.split(',').collect();
+                cells[2] = "nan";
+                cells.join(",")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let data = dir.path().join("nan.csv");
+    std::fs::write(&data, poisoned.join("\n") + "\n").unwrap();
+    let cases: [(&str, Vec<String>); 2] = [
+        ("nan", vec!["--train_input_path".into(), data.to_str().unwrap().into()]),
+        (
+            "lr",
+            vec![
+                "--edit_config_json".into(),
+                r#"{"train_config.optimizer_config[1].adam_optimizer.learning_rate.constant_learning_rate.learning_rate": 1e30}"#.into(),
+            ],
+        ),
+    ];
+    for (name, extra) in cases {
+        let model_dir = dir.path().join(name);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let out = bundled_run(&model_dir, 40, &extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(" at step ") && stderr.contains("stopping before it is saved"),
+            "{name}: {stderr}"
+        );
+        eprintln!(
+            "{name}: {}",
+            stderr.lines().find(|l| l.starts_with("error")).unwrap_or("")
+        );
+        assert_eq!(latest_step(&model_dir), None, "{name}: a checkpoint was written");
+        assert!(!model_dir.join("export").exists(), "{name}: an export was written");
+    }
+}

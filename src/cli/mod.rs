@@ -195,6 +195,7 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
                 || err.downcast_ref::<UserError>().is_some()
                 || err.chain().any(|e| e.is::<crate::data::DataError>())
                 || err.chain().any(|e| e.is::<crate::checkpoint::Damaged>())
+                || err.chain().any(|e| e.is::<crate::train::step::Diverged>())
             {
                 ExitCode::from(1)
             } else {

@@ -140,6 +140,21 @@ impl Collection {
         sum[0]
     }
 
+    /// The name of a table whose rows touched in `grads` hold a non-finite
+    /// value (this rank's rows).
+    pub fn non_finite_rows(&self, grads: &[RowGrads]) -> Option<&str> {
+        self.tables
+            .par_iter()
+            .zip(grads)
+            .find_any(|(t, rg)| {
+                rg.rows.iter().any(|&r| {
+                    let l = t.sharding.local(r);
+                    !t.weights[l * t.dim..(l + 1) * t.dim].iter().all(|v| v.is_finite())
+                })
+            })
+            .map(|(t, _)| t.name.as_str())
+    }
+
     /// Applies each table's optimizer at global step `step` to its touched
     /// rows, gradients scaled by `scale` (clipping).
     pub fn apply(&mut self, grads: &[RowGrads], optimizers: &[OptimizerSpec], step: u64, scale: f32) {

@@ -23,6 +23,16 @@ pub struct Grads {
     pub bn_stats: Vec<BnStats>,
 }
 
+/// Training diverged: a loss, gradient or parameter stopped being finite.
+/// The step's update is not checkpointed or exported; a user error (the
+/// learning rate, the data), exit code 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} at step {step}; stopping before it is saved (lower the learning rate or check the input data)")]
+pub struct Diverged {
+    pub step: u64,
+    pub what: String,
+}
+
 /// What a training step reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepStats {
@@ -58,6 +68,22 @@ fn squared_norm(x: &[f32]) -> f64 {
 }
 
 impl Trainer {
+    /// The name of a dense parameter, or of a table with a touched row,
+    /// that holds a non-finite value.
+    fn non_finite_parameter(&self, row_grads: &[crate::embedding::RowGrads]) -> Option<String> {
+        let p = &self.model.params;
+        if !p.values.par_iter().all(|v| v.is_finite()) {
+            let s = p
+                .specs
+                .iter()
+                .find(|s| !p.values[s.range()].iter().all(|v| v.is_finite()))?;
+            return Some(format!("dense/{}", s.name));
+        }
+        self.embeddings
+            .non_finite_rows(row_grads)
+            .map(|t| format!("embedding/{t}"))
+    }
+
     /// Group input matrices (row-major `[batch, width]`) for a batch, from
     /// the embedding collection. With sharded tables this is a collective:
     /// every rank must call it.
@@ -179,11 +205,9 @@ impl Trainer {
                 gin.iter_mut().for_each(|g| *g *= share);
             }
         }
+        let diverged = |what: String| Diverged { step: self.step, what };
         if !loss_value.is_finite() {
-            anyhow::bail!(
-                "loss is {loss_value} at step {}; stopping (lower the learning rate or check the input data)",
-                self.step
-            );
+            return Err(diverged(format!("the loss is {loss_value}")).into());
         }
         let mut reg = 0.0f64; // identical on every rank
         let l2 = self.plan.l2_regularization;
@@ -217,6 +241,16 @@ impl Trainer {
         reg += emb_reg_loss[0];
         let sq: f64 = squared_norm(&dense_grad) + table_sq;
         let norm = sq.sqrt() as f32;
+        // A NaN can pass a ReLU (max(NaN, 0) is 0) and leave the loss
+        // finite; it still reaches the gradients.
+        if !norm.is_finite() || !reg.is_finite() {
+            let what = if norm.is_finite() {
+                "the regularization loss"
+            } else {
+                "the gradient norm"
+            };
+            return Err(diverged(format!("{what} is not finite")).into());
+        }
         let scale = match self.plan.gradient_clip_norm {
             Some(c) if norm > c => c / norm,
             _ => 1.0,
@@ -231,6 +265,9 @@ impl Trainer {
         dense_rule.apply_parallel(&mut self.model.params.values, &dense_grad, slots);
         self.embeddings
             .apply(&row_grads, &self.plan.optimizers, self.step, scale);
+        if let Some(name) = self.non_finite_parameter(&row_grads) {
+            return Err(diverged(format!("parameter `{name}` is not finite after the update")).into());
+        }
         update_bn_buffers(&mut self.model.buffers, bn_stats);
         if ranks > 1 && !self.model.buffers.values.is_empty() {
             // Moving averages saw each rank's own rows: keep replicas equal.
