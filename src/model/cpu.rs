@@ -217,8 +217,7 @@ impl<'a> Tape<'a> {
             Op::Dot { xs, dim, pairs } => (self.dot_fwd(xs, *dim, pairs), Saved::None),
             Op::Cross { x0, xl, w, b: bias } => {
                 let d = width;
-                let mut s = vec![0.0f32; b];
-                kernels::matmul(&mut s, self.value(*xl), false, p.slice(*w), false, (b, d, 1), false);
+                let s = kernels::row_dots(self.value(*xl), d, p.slice(*w));
                 let bias = p.slice(*bias);
                 let mut y = self.value(*xl).to_vec();
                 y.par_chunks_mut(d)
@@ -488,13 +487,13 @@ impl<'a> Tape<'a> {
                         .map(|(g, x)| g.iter().zip(x).map(|(a, b)| a * b).sum())
                         .collect();
                     kernels::add_col_sums(&dy, d, &mut dense[p.specs[*bias].range()]);
-                    kernels::matmul(&mut dense[p.specs[*w].range()], xlv, true, &ds, false, (d, b, 1), true);
+                    kernels::add_weighted_col_sums(xlv, d, &ds, &mut dense[p.specs[*w].range()]);
                     if needs[x0.0] {
-                        let dx0 = dy
-                            .chunks_exact(d)
+                        let mut dx0 = vec![0.0f32; b * d];
+                        dx0.par_chunks_mut(d)
+                            .zip(dy.par_chunks(d))
                             .zip(s)
-                            .flat_map(|(g, s)| g.iter().map(move |v| v * s))
-                            .collect();
+                            .for_each(|((o, g), s)| o.iter_mut().zip(g).for_each(|(o, g)| *o = g * s));
                         accumulate(&mut grads, needs, *x0, dx0);
                     }
                     if needs[xl.0] {
