@@ -409,3 +409,53 @@ fn a_diverging_run_stops_with_exit_1_and_saves_nothing() {
         assert!(!model_dir.join("export").exists(), "{name}: an export was written");
     }
 }
+
+/// A user's data problem is a user error: an id outside num_buckets or a
+/// label that is not a number exits 1 and names the feature or column.
+#[test]
+fn bad_values_in_the_data_exit_1_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |data: &std::path::Path, label_type: &str| {
+        format!(
+            r#"train_input_path: "{data}"
+model_dir: "{model}"
+train_config {{ optimizer_config {{ adam_optimizer {{ learning_rate {{ constant_learning_rate {{ learning_rate: 0.01 }} }} }} }} num_steps: 5 }}
+data_config {{ input_type: CSVInput batch_size: 4
+  input_fields {{ input_name: "label" input_type: {label_type} }}
+  input_fields {{ input_name: "c" input_type: STRING }}
+  label_fields: "label" }}
+feature_configs {{ input_names: "c" feature_type: IdFeature num_buckets: 10 embedding_dim: 4 }}
+model_config {{ model_class: "MultiTower"
+  feature_groups {{ group_name: "all" feature_names: ["c"] }}
+  multi_tower {{ towers {{ input: "all" dnn {{ hidden_units: [4] }} }} final_dnn {{ hidden_units: [2] }} }} }}
+"#,
+            data = data.display(),
+            model = dir.path().join("model").display()
+        )
+    };
+    for (name, label_type, rows, want) in [
+        (
+            "id",
+            "INT32",
+            "1,3\n0,12\n1,4\n0,5\n",
+            "id 12 is outside [0, num_buckets = 10)",
+        ),
+        ("label", "STRING", "1,3\nyes,2\n1,4\n0,5\n", "label column `label`"),
+    ] {
+        let data = dir.path().join(format!("{name}.csv"));
+        std::fs::write(&data, rows).unwrap();
+        let cfg = dir.path().join(format!("{name}.config"));
+        std::fs::write(&cfg, config(&data, label_type)).unwrap();
+        let _ = std::fs::remove_dir_all(dir.path().join("model"));
+        let out = train_eval()
+            .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(want) && stderr.contains("bad input data"),
+            "{name}: {stderr}"
+        );
+    }
+}

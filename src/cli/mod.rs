@@ -196,6 +196,7 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
                 || err.chain().any(|e| e.is::<crate::data::DataError>())
                 || err.chain().any(|e| e.is::<crate::checkpoint::Damaged>())
                 || err.chain().any(|e| e.is::<crate::train::step::Diverged>())
+                || err.chain().any(|e| e.is::<crate::features::EncodeError>())
             {
                 ExitCode::from(1)
             } else {

@@ -133,6 +133,11 @@ enum Enc {
 }
 
 /// Turns raw batches into model batches. Cheap to clone into reader threads.
+/// Input data the features cannot encode: a user error (exit code 1).
+#[derive(Debug, thiserror::Error)]
+#[error("bad input data: {0}")]
+pub struct EncodeError(pub String);
+
 #[derive(Debug, Clone)]
 pub struct Encoder {
     pub projection: Projection,
@@ -250,7 +255,15 @@ impl Encoder {
         }
     }
 
+    /// Encodes a batch of raw columns; a value the features cannot take
+    /// (an id outside num_buckets, a non-numeric label, ...) is an
+    /// `EncodeError`, the user's data problem.
     pub fn encode(&self, raw: &RawBatch) -> anyhow::Result<Batch> {
+        self.encode_columns(raw)
+            .map_err(|e| anyhow::Error::new(EncodeError(format!("{e:#}"))))
+    }
+
+    fn encode_columns(&self, raw: &RawBatch) -> anyhow::Result<Batch> {
         let n = raw.num_rows;
         let labels = self
             .label_cols
