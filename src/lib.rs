@@ -14,6 +14,7 @@ pub mod dist;
 pub mod embedding;
 pub mod export;
 pub mod features;
+pub mod inference;
 pub mod metrics;
 pub mod model;
 pub mod optim;

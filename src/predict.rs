@@ -13,13 +13,13 @@ use crate::config::typed::{InputFormat, TrainingPlan};
 use crate::data::{expand_paths, Column, StreamSpec};
 use crate::export::runtime::ExportedModel;
 use crate::features::{Batch, Encoder};
+use crate::inference::Bundle;
 use crate::model::TaskScores;
-use crate::train::Trainer;
 
 /// What scores the rows.
 pub enum Scorer {
-    /// Our own eval path on a restored checkpoint.
-    Checkpoint(Box<Trainer>),
+    /// The CPU executor on a checkpoint's weights.
+    Checkpoint(Box<Bundle>),
     /// The exported ONNX graph in an independent runtime.
     Export(Box<ExportedModel>),
 }
@@ -36,7 +36,7 @@ impl Scorer {
     /// regression).
     pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
         match self {
-            Scorer::Checkpoint(t) => Ok(t.score(batch)),
+            Scorer::Checkpoint(b) => Ok(b.score(batch)),
             Scorer::Export(e) => e.score(batch),
         }
     }

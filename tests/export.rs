@@ -8,7 +8,8 @@ use std::process::Command;
 
 use rustrec::config::{load_pipeline, typed::TrainingPlan};
 use rustrec::export::runtime::ExportedModel;
-use rustrec::export::{export_trainer, ExportRequest, EXTERNAL_MIN_BYTES};
+use rustrec::export::{export_bundle, ExportRequest, EXTERNAL_MIN_BYTES};
+use rustrec::inference::Bundle;
 use rustrec::train::Trainer;
 use rustrec::util::Rng;
 
@@ -201,8 +202,8 @@ fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
         let mut t = Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap();
         t.run().unwrap();
         let root = dir.path().join("export");
-        let exported = export_trainer(
-            &t,
+        let exported = export_bundle(
+            &Bundle::of(&t).unwrap(),
             &root,
             &ExportRequest {
                 config_text: &loaded.to_text(),

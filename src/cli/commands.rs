@@ -181,9 +181,8 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
             let loaded = load_pipeline(config, &overrides)?;
             let plan = TrainingPlan::from_config(&loaded.config)?;
             let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref(), "to score with")?;
-            let mut t = Trainer::new(plan).map_err(|e| UserError(format!("{e:#}")))?;
-            t.restore(&ckpt)?;
-            Scorer::Checkpoint(Box::new(t))
+            let bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(|e| UserError(format!("{e:#}")))?;
+            Scorer::Checkpoint(Box::new(bundle))
         }
         _ => return Err(UserError("pass exactly one of --saved_model_dir and --pipeline_config_path".into()).into()),
     };

@@ -15,11 +15,11 @@ pub mod spec;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::json;
 
 use crate::config::typed::TrainingPlan;
-use crate::train::Trainer;
+use crate::inference::Bundle;
 
 pub const MODEL_FILE: &str = "model.onnx";
 pub const DATA_FILE: &str = "model.onnx.data";
@@ -37,14 +37,11 @@ pub struct ExportRequest<'a> {
     pub external_min_bytes: usize,
 }
 
-/// Exports the trainer's current model (whole tables: a single-process
-/// trainer) into a new `<root>/<timestamp>/`; returns that directory.
-pub fn export_trainer(t: &Trainer, root: &Path, req: &ExportRequest) -> anyhow::Result<PathBuf> {
+/// Exports a model (an inference bundle: plan, graph, parameters, whole
+/// tables) into a new `<root>/<timestamp>/`; returns that directory.
+pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Result<PathBuf> {
     t.plan.export.check()?;
-    if t.embeddings.sharding.is_sharded() {
-        bail!("export needs whole tables; restore the checkpoint in a single process");
-    }
-    let tables: Vec<&[f32]> = t.embeddings.tables.iter().map(|tb| tb.weights.as_slice()).collect();
+    let tables = t.tables();
     let batch = match t.plan.export.batch_size {
         Some(b) => onnx::Dim::Fixed(b),
         None => onnx::Dim::Named("batch".into()),
@@ -100,17 +97,16 @@ pub fn export_trainer(t: &Trainer, root: &Path, req: &ExportRequest) -> anyhow::
     Ok(final_dir)
 }
 
-/// Restores `checkpoint` into a single-process trainer (re-sharding tables
-/// saved at any world size) and exports it.
+/// Restores the weights of `checkpoint` (tables saved at any world size
+/// come back whole) and exports them.
 pub fn export_checkpoint(
     plan: &TrainingPlan,
     checkpoint: &Path,
     root: &Path,
     req: &ExportRequest,
 ) -> anyhow::Result<PathBuf> {
-    let mut t = Trainer::new(plan.clone())?;
-    t.restore(checkpoint)?;
-    export_trainer(
+    let t = Bundle::restore(plan.clone(), checkpoint)?;
+    export_bundle(
         &t,
         root,
         &ExportRequest {

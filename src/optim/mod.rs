@@ -222,7 +222,7 @@ impl Rule {
 }
 
 /// Parameters of one flat buffer with their optimizer slots.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SlotState {
     pub slots: Vec<Vec<f32>>,
 }
