@@ -60,6 +60,11 @@ pub fn hash_str(s: &str) -> u64 {
 }
 
 pub fn hash_i64(v: i64) -> u64 {
+    with_decimal(v, hash_str)
+}
+
+/// `f` of the decimal text of `v`, without allocating.
+pub fn with_decimal(v: i64, f: impl Fn(&str) -> u64) -> u64 {
     let mut buf = [0u8; 24];
     let mut n = v.unsigned_abs();
     let mut i = buf.len();
@@ -75,7 +80,7 @@ pub fn hash_i64(v: i64) -> u64 {
         i -= 1;
         buf[i] = b'-';
     }
-    hash_str(std::str::from_utf8(&buf[i..]).expect("ascii digits"))
+    f(std::str::from_utf8(&buf[i..]).expect("ascii digits"))
 }
 
 /// A small, fast, seedable generator (splitmix64 stream). Not for cryptography.

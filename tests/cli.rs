@@ -459,3 +459,23 @@ model_config {{ model_class: "MultiTower"
         );
     }
 }
+
+/// Checkpoints of the first format were trained on FNV-1a ids; restoring
+/// one into the TensorFlow-hashed ids of now is refused with exit 1.
+#[test]
+fn checkpoints_of_the_fnv_hash_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bundled_run(dir.path(), 20, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest = dir.path().join("model.ckpt-20/manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains("rustrec-checkpoint-2"), "{text}");
+    std::fs::write(&manifest, text.replace("rustrec-checkpoint-2", "rustrec-checkpoint-1")).unwrap();
+    let out = bundled_run(dir.path(), 40, &["--continue_train"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("FNV-1a") && stderr.contains("train the model again"),
+        "{stderr}"
+    );
+}

@@ -452,6 +452,20 @@ fn damaged_export_dirs_give_clear_errors() {
         "{err}"
     );
 
+    // An export of the first feature-spec format hashed ids with FNV-1a:
+    // its tables answer other ids than TensorFlow's hash gives now.
+    let old_hash = copy("old_hash");
+    let spec_path = old_hash.join("assets/feature_spec.json");
+    let spec = std::fs::read_to_string(&spec_path).unwrap();
+    assert!(spec.contains("\"id_hash\": \"farmhash_fingerprint64\""), "{spec}");
+    std::fs::write(
+        &spec_path,
+        spec.replace("rustrec-feature-spec-2", "rustrec-feature-spec-1"),
+    )
+    .unwrap();
+    let err = predict(&old_hash);
+    assert!(err.contains("FNV-1a") && err.contains("train the model again"), "{err}");
+
     let no_config = copy("no_config");
     std::fs::remove_file(no_config.join("assets/pipeline.config")).unwrap();
     let err = predict(&no_config);

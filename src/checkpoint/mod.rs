@@ -17,7 +17,11 @@ use crate::embedding::Sharding;
 
 pub use safetensors::{read_file, write_file, TensorRef};
 
-pub const FORMAT: &str = "rustrec-checkpoint-1";
+pub const FORMAT: &str = "rustrec-checkpoint-2";
+/// Checkpoints of the first format were trained on ids hashed with FNV-1a;
+/// ids are now hashed as TensorFlow hashes them, so their rows would answer
+/// other ids.
+const FNV_FORMAT: &str = "rustrec-checkpoint-1";
 const STATE_FILE: &str = "checkpoint";
 
 /// A checkpoint that is missing a file, truncated or otherwise damaged: the
@@ -224,6 +228,15 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
     let text = fs::read_to_string(&mpath).map_err(|e| Damaged(format!("cannot read {}: {e}", mpath.display())))?;
     let m: Value =
         serde_json::from_str(&text).map_err(|e| Damaged(format!("{} is not valid JSON: {e}", mpath.display())))?;
+    if m["format"] == FNV_FORMAT {
+        return Err(Damaged(format!(
+            "{}: this checkpoint was trained on ids hashed with the FNV-1a hash of earlier versions; ids are \
+             now hashed as TensorFlow and EasyRec hash them (FarmHash Fingerprint64), so its embedding rows \
+             do not match them: train the model again",
+            mpath.display()
+        ))
+        .into());
+    }
     if m["format"] != FORMAT {
         bail!("{}: unknown checkpoint format {}", mpath.display(), m["format"]);
     }

@@ -47,6 +47,26 @@ pub fn resolve_export_dir(path: &Path) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Refuses exports whose feature spec this version cannot honour: those of
+/// the first format hashed ids with FNV-1a, so their tables answer other
+/// ids than the ones computed now.
+fn check_feature_spec(path: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{} is missing: not a complete export", path.display()))?;
+    let spec: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    match spec["format"].as_str() {
+        Some(super::spec::FORMAT) => Ok(()),
+        Some("rustrec-feature-spec-1") => bail!(
+            "{}: this export hashes ids with the FNV-1a hash of earlier versions; ids are now hashed as \
+             TensorFlow and EasyRec hash them (FarmHash Fingerprint64), so its tables do not match them: \
+             train the model again and export it",
+            path.display()
+        ),
+        other => bail!("{}: unknown feature spec format {other:?}", path.display()),
+    }
+}
+
 impl ExportedModel {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let dir = resolve_export_dir(path)?;
@@ -57,6 +77,7 @@ impl ExportedModel {
                 dir.display()
             );
         }
+        check_feature_spec(&dir.join("assets/feature_spec.json"))?;
         let loaded = load_pipeline(&config, &Overrides::default())
             .with_context(|| format!("reading the export's config {}", config.display()))?;
         let plan = TrainingPlan::from_config(&loaded.config)?;

@@ -6,9 +6,14 @@ use serde_json::{json, Value};
 use super::graph::{FeatureInput, InputKind};
 use crate::config::typed::{Bucketing, FeatureKind, TrainingPlan};
 
-const HASH: &str = "64-bit FNV-1a over the UTF-8 text (integers as their decimal text), then the splitmix64 \
-                    finalizer (z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb; \
-                    z ^= z >> 31); id = hash % buckets";
+/// The id hash, as TensorFlow's string_to_hash_bucket_fast computes it.
+pub const HASH_NAME: &str = "farmhash_fingerprint64";
+const HASH: &str = "FarmHash Fingerprint64 of the UTF-8 text (integers as their decimal text), as TensorFlow's \
+                    string_to_hash_bucket_fast; id = hash % buckets";
+/// The feature spec's format. Version 1 hashed ids with FNV-1a and
+/// splitmix64; its exports are refused (their tables were trained on other
+/// ids).
+pub const FORMAT: &str = "rustrec-feature-spec-2";
 
 fn buckets(b: &Bucketing) -> Value {
     match b {
@@ -79,7 +84,8 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
         })
         .collect();
     json!({
-        "format": "rustrec-feature-spec-1",
+        "format": FORMAT,
+        "id_hash": HASH_NAME,
         "model_class": format!("{:?}", plan.model),
         "outputs": plan.tasks.iter().flat_map(|t| [t.output(), t.score_name()]).collect::<Vec<_>>(),
         "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",

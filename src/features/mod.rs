@@ -1,13 +1,15 @@
 //! Feature encoding: raw columns -> dense values and jagged row ids, one
 //! entry per configured feature, plus labels (and the GAUC group key).
 
+mod fingerprint;
+
 use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
 use crate::config::typed::{Bucketing, FeatureKind, TrainingPlan};
 use crate::data::{Column, Projection, RawBatch};
-use crate::util::{hash_i64, hash_str};
+use crate::util::{hash_i64, hash_str, with_decimal};
 
 /// Ids of one feature for a batch: row `b` owns `ids[offsets[b]..offsets[b+1]]`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -36,6 +38,19 @@ pub struct Batch {
     pub features: Vec<Encoded>,
     /// Hashed `uid_field` per row, when a GAUC metric needs it.
     pub uids: Option<Vec<u64>>,
+}
+
+/// The bucket of a `hash_bucket_size` feature's value, exactly as
+/// TensorFlow's `string_to_hash_bucket_fast` (and so EasyRec) computes it:
+/// FarmHash Fingerprint64 of the UTF-8 text, modulo the buckets.
+pub fn hash_bucket_str(value: &str, buckets: u64) -> u64 {
+    fingerprint::fingerprint64(value.as_bytes()) % buckets
+}
+
+/// `hash_bucket_str` of an integer's decimal text (`tf.as_string`), so an
+/// id lands in the same bucket from an integer column and from text.
+pub fn hash_bucket_i64(value: i64, buckets: u64) -> u64 {
+    with_decimal(value, |s| fingerprint::fingerprint64(s.as_bytes())) % buckets
 }
 
 #[derive(Debug, Clone)]
@@ -76,7 +91,7 @@ impl Buckets {
 
     fn of_str(&self, s: &str, feature: &str) -> anyhow::Result<u64> {
         Ok(match self {
-            Buckets::Hash(n) => hash_str(s) % n,
+            Buckets::Hash(n) => hash_bucket_str(s, *n),
             Buckets::Identity(n) => {
                 let v: i64 = s
                     .trim()
@@ -90,7 +105,7 @@ impl Buckets {
 
     fn of_int(&self, v: i64, feature: &str) -> anyhow::Result<u64> {
         Ok(match self {
-            Buckets::Hash(n) => hash_i64(v) % n,
+            Buckets::Hash(n) => hash_bucket_i64(v, *n),
             Buckets::Identity(n) => self.identity(v, *n, feature)?,
             Buckets::Vocab(m) => m.get(&v.to_string()).copied().unwrap_or(m.len() as u64),
         })
