@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 
 use crate::checkpoint;
 use crate::config::typed::TrainingPlan;
@@ -37,19 +37,7 @@ impl Bundle {
         let enc = Encoder::for_inference(&plan)?;
         let mut model = Model::new(&plan, &enc, SEED)?;
         let (step, mut tensors) = checkpoint::load(dir)?;
-        let mut take = |name: String, shape: [usize; 2]| -> anyhow::Result<Vec<f32>> {
-            let t = tensors
-                .remove(&name)
-                .with_context(|| format!("checkpoint {} has no tensor `{name}`", dir.display()))?;
-            if t.shape != shape {
-                bail!(
-                    "checkpoint {}: tensor `{name}` has shape {:?}, the model needs {shape:?}",
-                    dir.display(),
-                    t.shape
-                );
-            }
-            Ok(t.data)
-        };
+        let mut take = |name: String, shape: [usize; 2]| checkpoint::take(&mut tensors, &name, &shape, dir);
         for store in [&mut model.params, &mut model.buffers] {
             let store: &mut ParamStore = store;
             for i in 0..store.specs.len() {

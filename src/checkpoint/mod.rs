@@ -44,6 +44,27 @@ pub struct Loaded {
     pub data: Vec<f32>,
 }
 
+/// Removes tensor `name` from the tensors of checkpoint `dir`, checking
+/// that it has the `shape` the model needs.
+pub fn take(
+    tensors: &mut BTreeMap<String, Loaded>,
+    name: &str,
+    shape: &[usize],
+    dir: &Path,
+) -> anyhow::Result<Vec<f32>> {
+    let t = tensors
+        .remove(name)
+        .with_context(|| format!("checkpoint {} has no tensor `{name}`", dir.display()))?;
+    if t.shape != shape {
+        bail!(
+            "checkpoint {}: tensor `{name}` has shape {:?}, the model needs {shape:?}",
+            dir.display(),
+            t.shape
+        );
+    }
+    Ok(t.data)
+}
+
 pub fn ckpt_name(step: u64) -> String {
     format!("model.ckpt-{step}")
 }

@@ -133,17 +133,8 @@ impl Trainer {
         let (step, mut tensors) = checkpoint::load(dir)?;
         let mut values: BTreeMap<String, Vec<f32>> = BTreeMap::new();
         for (name, shape) in self.variables(true) {
-            let t = tensors
-                .remove(&name)
-                .with_context(|| format!("checkpoint {} has no tensor `{name}`", dir.display()))?;
-            if t.shape != shape {
-                bail!(
-                    "checkpoint {}: tensor `{name}` has shape {:?}, the model needs {shape:?}",
-                    dir.display(),
-                    t.shape
-                );
-            }
-            values.insert(name, t.data);
+            let data = checkpoint::take(&mut tensors, &name, &shape, dir)?;
+            values.insert(name, data);
         }
         self.assign_values(values, true);
         self.step = step;
