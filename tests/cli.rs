@@ -410,8 +410,9 @@ fn a_diverging_run_stops_with_exit_1_and_saves_nothing() {
     }
 }
 
-/// A user's data problem is a user error: an id outside num_buckets or a
-/// label that is not a number exits 1 and names the feature or column.
+/// A user's data problem is a user error: an id outside num_buckets, a
+/// label that is not a number, or a classification label outside [0, 1]
+/// exits 1 and names the feature or column.
 #[test]
 fn bad_values_in_the_data_exit_1_naming_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -441,6 +442,12 @@ model_config {{ model_class: "MultiTower"
             "id 12 is outside [0, num_buckets = 10)",
         ),
         ("label", "STRING", "1,3\nyes,2\n1,4\n0,5\n", "label column `label`"),
+        (
+            "binary",
+            "INT32",
+            "1,3\n0,2\n2,4\n0,5\n",
+            "label column `label` holds 2, which is not in [0, 1]",
+        ),
     ] {
         let data = dir.path().join(format!("{name}.csv"));
         std::fs::write(&data, rows).unwrap();

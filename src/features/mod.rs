@@ -161,6 +161,9 @@ pub struct Encoder {
     /// One per label field; none when encoding for inference, where inputs
     /// may have no label.
     label_cols: Vec<usize>,
+    /// Per label field: a classification task trains on it, so its values
+    /// must lie in [0, 1].
+    binary_labels: Vec<bool>,
     uid_col: Option<usize>,
 }
 
@@ -249,6 +252,9 @@ impl Encoder {
             names: plan.features.iter().map(|f| f.name.clone()).collect(),
             encs,
             label_cols,
+            binary_labels: (0..plan.label_fields.len())
+                .map(|l| plan.tasks.iter().any(|t| t.label == l && t.classification()))
+                .collect(),
             uid_col,
         })
     }
@@ -293,6 +299,19 @@ impl Encoder {
                 ),
             })
             .collect::<anyhow::Result<Vec<Vec<f32>>>>()?;
+        for ((values, &c), _) in labels
+            .iter()
+            .zip(&self.label_cols)
+            .zip(&self.binary_labels)
+            .filter(|(_, b)| **b)
+        {
+            if let Some(v) = values.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+                bail!(
+                    "label column `{}` holds {v}, which is not in [0, 1] as a classification loss needs",
+                    self.projection.columns[c].name
+                );
+            }
+        }
         let features = self
             .encs
             .iter()
