@@ -312,6 +312,23 @@ fn predict_from_an_export_and_from_the_checkpoint_give_the_same_scores() {
     run_ok(c);
     let data = dir.path().join("data.csv");
     let (from_export, from_ckpt) = (dir.path().join("a.csv"), dir.path().join("b.parquet"));
+    // An output path that is one of predict's own inputs is refused, and
+    // the input is left as it was.
+    let before = std::fs::read(&data).unwrap();
+    let same_dir_spelling = dir.path().join(".").join("data.csv");
+    for (flag, source, out) in [
+        ("--saved_model_dir", &export_dir, &same_dir_spelling),
+        ("--pipeline_config_path", &cfg, &data),
+        ("--pipeline_config_path", &cfg, &cfg),
+    ] {
+        let mut c = bin("predict");
+        c.args([flag, source.to_str().unwrap()])
+            .args(["--input_path", data.to_str().unwrap()])
+            .args(["--output_path", out.to_str().unwrap()]);
+        let err = run_fails(c);
+        assert!(err.contains("one of the files predict reads"), "{err}");
+    }
+    assert_eq!(std::fs::read(&data).unwrap(), before, "the input was changed");
     let mut c = bin("predict");
     c.args(["--saved_model_dir", export_dir.to_str().unwrap()])
         .args(["--input_path", data.to_str().unwrap()])

@@ -1,7 +1,7 @@
 //! What each binary does once its flags are parsed.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use anyhow::Context;
@@ -156,9 +156,53 @@ fn checkpoint_to_use(plan: &TrainingPlan, path: Option<&str>, purpose: &str) -> 
     }
 }
 
+/// `path` made absolute with its parent resolved, so two spellings of one
+/// file compare equal (the file itself need not exist).
+fn resolved(path: &Path) -> PathBuf {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match (parent.canonicalize(), path.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// Refuses an output path that would overwrite what predict reads: an
+/// input file, the config, or a file of the export.
+fn check_predict_output(args: &PredictArgs) -> anyhow::Result<()> {
+    let out = resolved(&args.output_path);
+    let inputs = crate::data::expand_paths(&args.input_path).map_err(|e| UserError(format!("{e:#}")))?;
+    let read: Vec<PathBuf> = inputs
+        .iter()
+        .map(|p| resolved(p))
+        .chain(args.pipeline_config_path.iter().map(|p| resolved(p)))
+        .collect();
+    if read.contains(&out) {
+        return Err(UserError(format!(
+            "--output_path {} is one of the files predict reads; write the predictions elsewhere",
+            args.output_path.display()
+        ))
+        .into());
+    }
+    if let Some(dir) = args.saved_model_dir.as_ref().and_then(|d| d.canonicalize().ok()) {
+        if out.starts_with(&dir) {
+            return Err(UserError(format!(
+                "--output_path {} is inside the export {}; write the predictions elsewhere",
+                args.output_path.display(),
+                dir.display()
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
 pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
     use crate::predict::{PredictJob, Scorer};
     let (args, extend) = parse_with_extend_args::<PredictArgs>(args)?;
+    check_predict_output(&args)?;
     let scorer = match (&args.saved_model_dir, &args.pipeline_config_path) {
         (Some(dir), None) => {
             if !extend.is_empty() || args.edit_config_json.is_some() || args.checkpoint_path.is_some() {
