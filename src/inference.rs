@@ -26,10 +26,6 @@ pub struct Bundle {
     pub step: u64,
 }
 
-fn mean_combiners(plan: &TrainingPlan) -> Vec<bool> {
-    plan.features.iter().map(|f| f.mean_combiner).collect()
-}
-
 impl Bundle {
     /// The weights of checkpoint `dir` (optimizer slots are not read into
     /// the model; tables saved by any number of ranks come back whole).
@@ -58,7 +54,7 @@ impl Bundle {
                 sharding: Sharding::Replicated,
             });
         }
-        let embeddings = Collection::new(tables, Sharding::Replicated, mean_combiners(&plan));
+        let embeddings = Collection::new(tables, Sharding::Replicated, &plan.features);
         Ok(Bundle {
             plan,
             model,
@@ -89,24 +85,15 @@ impl Bundle {
         Ok(Bundle {
             plan: t.plan.clone(),
             model: t.model.clone(),
-            embeddings: Collection::new(tables, Sharding::Replicated, mean_combiners(&t.plan)),
+            embeddings: Collection::new(tables, Sharding::Replicated, &t.plan.features),
             step: t.step,
         })
     }
 
     /// Each task's scores of an encoded batch (in `plan.tasks` order).
     pub fn score(&self, batch: &Batch) -> Vec<TaskScores> {
-        let tasks = &self.plan.tasks;
-        if batch.size == 0 {
-            return tasks.iter().map(|t| TaskScores::from_logits(t, Vec::new())).collect();
-        }
         let inputs = self.embeddings.forward(&self.model.groups, batch, &Single);
-        let logits = self.model.logits(&inputs, batch.size, tasks);
-        tasks
-            .iter()
-            .zip(logits)
-            .map(|(t, l)| TaskScores::from_logits(t, l))
-            .collect()
+        self.model.scores(&inputs, batch.size, &self.plan.tasks)
     }
 
     /// Whole tables, indexed like `Model::tables`.

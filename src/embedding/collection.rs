@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 
 use super::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource, Sharding, Table};
-use crate::config::typed::OptimizerSpec;
+use crate::config::typed::{FeatureSpec, OptimizerSpec};
 use crate::dist::Communicator;
 use crate::features::{Batch, Encoded};
 use crate::model::GroupLayout;
@@ -26,11 +26,13 @@ pub struct Collection {
 }
 
 impl Collection {
-    pub fn new(tables: Vec<Table>, sharding: Sharding, mean_combiner: Vec<bool>) -> Self {
+    /// The collection of `tables`, pooling each of `features` with its
+    /// combiner.
+    pub fn new(tables: Vec<Table>, sharding: Sharding, features: &[FeatureSpec]) -> Self {
         Collection {
             tables,
             sharding,
-            mean: mean_combiner,
+            mean: features.iter().map(|f| f.mean_combiner).collect(),
         }
     }
 
@@ -146,12 +148,7 @@ impl Collection {
         self.tables
             .par_iter()
             .zip(grads)
-            .find_any(|(t, rg)| {
-                rg.rows.iter().any(|&r| {
-                    let l = t.sharding.local(r);
-                    !t.weights[l * t.dim..(l + 1) * t.dim].iter().all(|v| v.is_finite())
-                })
-            })
+            .find_any(|(t, rg)| rg.rows.iter().any(|&r| !t.row(r).iter().all(|v| v.is_finite())))
             .map(|(t, _)| t.name.as_str())
     }
 

@@ -239,12 +239,17 @@ impl Model {
         }
     }
 
-    /// Inference-mode logits of `b` rows for each task, on the CPU executor.
-    pub fn logits(&self, x: &[Vec<f32>], b: usize, tasks: &[Task]) -> Vec<Vec<f32>> {
+    /// Inference-mode logits and scores of `b` rows for each task, on the
+    /// CPU executor.
+    pub fn scores(&self, x: &[Vec<f32>], b: usize, tasks: &[Task]) -> Vec<TaskScores> {
+        if b == 0 {
+            return tasks.iter().map(|t| TaskScores::from_logits(t, Vec::new())).collect();
+        }
         let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
-        self.task_outputs(tasks)
-            .into_iter()
-            .map(|n| tape.value(n).to_vec())
+        tasks
+            .iter()
+            .zip(self.task_outputs(tasks))
+            .map(|(t, n)| TaskScores::from_logits(t, tape.value(n).to_vec()))
             .collect()
     }
 }

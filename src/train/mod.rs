@@ -95,13 +95,13 @@ impl Trainer {
                 )
             })
             .collect();
-        let mean = plan.features.iter().map(|f| f.mean_combiner).collect();
         let dense_state = SlotState::new(&plan.optimizers[assign.dense].kind, model.params.values.len());
+        let embeddings = Collection::new(tables, sharding, &plan.features);
         Ok(Trainer {
             plan,
             enc,
             model,
-            embeddings: Collection::new(tables, sharding, mean),
+            embeddings,
             dense_state,
             assign,
             step: 0,

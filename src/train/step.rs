@@ -286,17 +286,7 @@ impl Trainer {
     /// Each task's predictions for a batch (in `plan.tasks` order). With
     /// sharded tables this is a collective: every rank must call it.
     pub fn score(&self, batch: &Batch) -> Vec<TaskScores> {
-        let b = batch.size;
         let inputs = self.group_inputs(batch);
-        let tasks = &self.plan.tasks;
-        if b == 0 {
-            return tasks.iter().map(|t| TaskScores::from_logits(t, Vec::new())).collect();
-        }
-        let logits = self.model.logits(&inputs, b, tasks);
-        tasks
-            .iter()
-            .zip(logits)
-            .map(|(t, l)| TaskScores::from_logits(t, l))
-            .collect()
+        self.model.scores(&inputs, batch.size, &self.plan.tasks)
     }
 }
