@@ -30,6 +30,7 @@ impl Bundle {
     /// The weights of checkpoint `dir` (optimizer slots are not read into
     /// the model; tables saved by any number of ranks come back whole).
     pub fn restore(plan: TrainingPlan, dir: &Path) -> anyhow::Result<Self> {
+        plan.memory.check_here(1)?;
         let enc = Encoder::for_inference(&plan)?;
         let mut model = Model::new(&plan, &enc, SEED)?;
         let (step, mut tensors) = checkpoint::load(dir)?;

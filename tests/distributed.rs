@@ -341,3 +341,33 @@ fn ranks_read_their_own_files_and_stop_together_on_an_uneven_split() {
     );
     assert!(dir.join("model.ckpt-4").is_dir());
 }
+
+#[test]
+fn ranks_started_with_different_configs_refuse_to_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let dir = tmp.path().join("mismatch");
+    let ep = "EmbeddingParallelStrategy";
+    let same = train_args(&cfg, "DLRM", &dir, 10, 2, ep);
+    let mut other = same.clone();
+    other.push("--model_config.dlrm.top_dnn.hidden_units=[64,7,1]".into());
+    // One launch, two programs (MPMD): rank 0 and rank 1 disagree on a layer.
+    let out = mpirun()
+        .args(["-np", "1", env!("CARGO_BIN_EXE_train_eval")])
+        .args(&same)
+        .args([":", "-np", "1", env!("CARGO_BIN_EXE_train_eval")])
+        .args(&other)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ranks disagree on the effective pipeline config"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("[1]"), "{stderr}");
+    assert!(!stderr.contains("free()") && !stderr.contains("panicked"), "{stderr}");
+    // Nothing was written: no checkpoint, not even the config.
+    assert!(!dir.join("checkpoint").exists());
+    assert!(!dir.join("pipeline.config").exists());
+}

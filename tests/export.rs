@@ -135,7 +135,7 @@ fn write_data(path: &Path, rows: usize, seed: u64) {
         let c1 = rng.below(40);
         let c2 = rng.below(10);
         let d1 = rng.normal();
-        let label = ((c1 % 3 == 0) as u8 as f64 * 0.6 + 0.2 + 0.1 * d1 > rng.uniform()) as u8;
+        let label = (c1.is_multiple_of(3) as u8 as f64 * 0.6 + 0.2 + 0.1 * d1 > rng.uniform()) as u8;
         let tags = (0..rng.below(3))
             .map(|_| format!("t{}", rng.below(8)))
             .collect::<Vec<_>>()

@@ -231,12 +231,12 @@ fn write_data(path: &Path, rows: usize, seed: u64) {
         let c1 = rng.below(20);
         let c2 = rng.below(10);
         let d1 = rng.normal();
-        let label = ((c1 % 3 == 0) as u8 as f64 * 0.6 + 0.2 + 0.1 * d1 > rng.uniform()) as u8;
+        let label = (c1.is_multiple_of(3) as u8 as f64 * 0.6 + 0.2 + 0.1 * d1 > rng.uniform()) as u8;
         let tags = (0..=rng.below(3))
             .map(|_| format!("t{}", rng.below(8)))
             .collect::<Vec<_>>()
             .join("|");
-        let label2 = (label == 1 && c2 % 2 == 0) as u8;
+        let label2 = (label == 1 && c2.is_multiple_of(2)) as u8;
         s.push_str(&format!(
             "{label},{d1:.4},{:.4},u{c1},{c2},{tags},{label2}\n",
             rng.uniform()

@@ -3,6 +3,7 @@
 //! the latest, as TensorFlow's does. Everything is written under a temporary
 //! name and renamed into place, so a crash never leaves a half checkpoint.
 
+mod lock;
 pub mod safetensors;
 
 use std::collections::BTreeMap;
@@ -10,11 +11,12 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::embedding::Sharding;
 
+pub use lock::{lock_model_dir, ModelDirLock};
 pub use safetensors::{read_file, write_file, TensorRef};
 
 pub const FORMAT: &str = "rustrec-checkpoint-2";
@@ -24,18 +26,19 @@ pub const FORMAT: &str = "rustrec-checkpoint-2";
 const FNV_FORMAT: &str = "rustrec-checkpoint-1";
 const STATE_FILE: &str = "checkpoint";
 
-/// A checkpoint that is missing a file, truncated or otherwise damaged: the
-/// user's data is at fault, not the program.
+/// A checkpoint the user pointed at that cannot be used: missing, truncated
+/// or otherwise damaged, of another format, or not of this model. The
+/// user's files are at fault, not the program (exit 1).
 #[derive(Debug)]
-pub struct Damaged(pub String);
+pub struct Unusable(pub String);
 
-impl std::fmt::Display for Damaged {
+impl std::fmt::Display for Unusable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for Damaged {}
+impl std::error::Error for Unusable {}
 
 /// One named tensor loaded from a checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,13 +57,14 @@ pub fn take(
 ) -> anyhow::Result<Vec<f32>> {
     let t = tensors
         .remove(name)
-        .with_context(|| format!("checkpoint {} has no tensor `{name}`", dir.display()))?;
+        .ok_or_else(|| Unusable(format!("checkpoint {} has no tensor `{name}`", dir.display())))?;
     if t.shape != shape {
-        bail!(
+        return Err(Unusable(format!(
             "checkpoint {}: tensor `{name}` has shape {:?}, the model needs {shape:?}",
             dir.display(),
             t.shape
-        );
+        ))
+        .into());
     }
     Ok(t.data)
 }
@@ -100,6 +104,33 @@ pub fn stage(model_dir: &Path, step: u64) -> anyhow::Result<PathBuf> {
     }
     fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     Ok(tmp)
+}
+
+/// Removes what a killed or failed job left half written in `model_dir`:
+/// staged checkpoints and temporary files. Only the holder of the
+/// model_dir's lock may call it. Returns how many were removed.
+pub fn remove_stale_temporaries(model_dir: &Path) -> anyhow::Result<usize> {
+    let Ok(rd) = fs::read_dir(model_dir) else {
+        return Ok(0);
+    };
+    let mut removed = 0;
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let staged = name.starts_with(".model.ckpt-") && name.ends_with(".tmp");
+        let temp_file = name.contains(".tmp-") || name == ".pipeline.config.tmp";
+        if !(staged || temp_file) {
+            continue;
+        }
+        let p = e.path();
+        let r = if p.is_dir() {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_file(&p)
+        };
+        r.with_context(|| format!("cannot remove the stale temporary {}", p.display()))?;
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// Writes one file of a staged checkpoint (any rank may write its own).
@@ -237,20 +268,29 @@ pub fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
         if let Some(p) = latest(path)? {
             return Ok(p);
         }
-        bail!("{} holds no checkpoint", path.display());
+        return Err(Unusable(format!("{} holds no checkpoint", path.display())).into());
     }
-    bail!("checkpoint {} does not exist", path.display())
+    let mut index = path.as_os_str().to_owned();
+    index.push(".index");
+    if Path::new(&index).is_file() {
+        return Err(Unusable(format!(
+            "{} is a TensorFlow checkpoint; only checkpoints written by this trainer can be read",
+            path.display()
+        ))
+        .into());
+    }
+    Err(Unusable(format!("checkpoint {} does not exist", path.display())).into())
 }
 
 /// Reads and verifies a checkpoint: every file the manifest lists must have
 /// its recorded size and checksum.
 pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
     let mpath = dir.join("manifest.json");
-    let text = fs::read_to_string(&mpath).map_err(|e| Damaged(format!("cannot read {}: {e}", mpath.display())))?;
+    let text = fs::read_to_string(&mpath).map_err(|e| Unusable(format!("cannot read {}: {e}", mpath.display())))?;
     let m: Value =
-        serde_json::from_str(&text).map_err(|e| Damaged(format!("{} is not valid JSON: {e}", mpath.display())))?;
+        serde_json::from_str(&text).map_err(|e| Unusable(format!("{} is not valid JSON: {e}", mpath.display())))?;
     if m["format"] == FNV_FORMAT {
-        return Err(Damaged(format!(
+        return Err(Unusable(format!(
             "{}: this checkpoint was trained on ids hashed with the FNV-1a hash of earlier versions; ids are \
              now hashed as TensorFlow and EasyRec hash them (FarmHash Fingerprint64), so its embedding rows \
              do not match them: train the model again",
@@ -259,23 +299,28 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
         .into());
     }
     if m["format"] != FORMAT {
-        bail!("{}: unknown checkpoint format {}", mpath.display(), m["format"]);
+        return Err(Unusable(format!(
+            "{}: unknown checkpoint format {}",
+            mpath.display(),
+            m["format"]
+        ))
+        .into());
     }
     let step = m["global_step"]
         .as_u64()
-        .with_context(|| format!("{}: no global_step", mpath.display()))?;
+        .ok_or_else(|| Unusable(format!("{}: no global_step", mpath.display())))?;
     let mut out = BTreeMap::new();
     let mut shards: BTreeMap<String, Vec<(usize, usize, Loaded)>> = BTreeMap::new();
     let files = m["files"]
         .as_object()
-        .with_context(|| format!("{}: no file list", mpath.display()))?;
+        .ok_or_else(|| Unusable(format!("{}: no file list", mpath.display())))?;
     for (name, info) in files {
         let path = dir.join(name);
         let bytes =
-            fs::read(&path).map_err(|e| Damaged(format!("checkpoint file {} is missing: {e}", path.display())))?;
+            fs::read(&path).map_err(|e| Unusable(format!("checkpoint file {} is missing: {e}", path.display())))?;
         let want = info["bytes"].as_u64().unwrap_or(u64::MAX);
         if bytes.len() as u64 != want {
-            return Err(Damaged(format!(
+            return Err(Unusable(format!(
                 "checkpoint file {} is truncated or damaged: {} bytes, the manifest says {want}",
                 path.display(),
                 bytes.len()
@@ -284,7 +329,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
         }
         let sum = format!("{:016x}", safetensors::checksum(&bytes));
         if info["checksum"].as_str() != Some(sum.as_str()) {
-            return Err(Damaged(format!(
+            return Err(Unusable(format!(
                 "checkpoint file {} is damaged: its checksum does not match the manifest",
                 path.display()
             ))
@@ -293,7 +338,8 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
         let shard = info["shard"]
             .as_array()
             .and_then(|a| Some((a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize)));
-        for (tname, shape, data) in read_file(&bytes).with_context(|| format!("cannot parse {}", path.display()))? {
+        let parsed = read_file(&bytes).map_err(|e| Unusable(format!("cannot parse {}: {e:#}", path.display())))?;
+        for (tname, shape, data) in parsed {
             match shard {
                 None => {
                     out.insert(tname, Loaded { shape, data });
@@ -307,31 +353,47 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
     }
     // Tables written as one part per rank: put the rows back in global order.
     for (name, parts) in shards {
-        let dim = parts[0].2.shape.get(1).copied().unwrap_or(1);
-        let rows: usize = parts.iter().map(|p| p.2.shape[0]).sum();
-        let mut data = vec![0.0f32; rows * dim];
-        for (rank, size, part) in &parts {
-            if parts.len() != *size || part.shape.get(1).copied().unwrap_or(1) != dim {
-                return Err(Damaged(format!("{}: the parts of `{name}` do not fit together", dir.display())).into());
-            }
-            let sharding = Sharding::RowWise {
-                rank: *rank,
-                size: *size,
-            };
-            for (l, row) in part.data.chunks(dim).enumerate() {
-                let g = sharding.global(l) as usize;
-                data[g * dim..(g + 1) * dim].copy_from_slice(row);
-            }
-        }
-        out.insert(
-            name,
-            Loaded {
-                shape: vec![rows, dim],
-                data,
-            },
-        );
+        let whole = join_row_shards(&parts)
+            .ok_or_else(|| Unusable(format!("{}: the parts of `{name}` do not fit together", dir.display())))?;
+        out.insert(name, whole);
     }
     Ok((step, out))
+}
+
+/// Puts the row-wise parts of one table (rank, world size, rows) back in
+/// global row order; `None` when they are not one table's parts.
+fn join_row_shards(parts: &[(usize, usize, Loaded)]) -> Option<Loaded> {
+    let dim = parts.first()?.2.shape.get(1).copied().unwrap_or(1);
+    let mut rows = 0usize;
+    let mut seen = vec![false; parts.len()];
+    for (rank, size, part) in parts {
+        let (&r, tail) = part.shape.split_first()?;
+        if *size != parts.len() || tail.first().copied().unwrap_or(1) != dim || tail.len() > 1 {
+            return None;
+        }
+        if std::mem::replace(seen.get_mut(*rank)?, true) {
+            return None;
+        }
+        rows = rows.checked_add(r)?;
+    }
+    let mut data = vec![0.0f32; rows.checked_mul(dim)?];
+    for (rank, size, part) in parts {
+        let sharding = Sharding::RowWise {
+            rank: *rank,
+            size: *size,
+        };
+        if part.shape[0] != sharding.local_rows(rows) {
+            return None;
+        }
+        for (l, row) in part.data.chunks(dim.max(1)).enumerate() {
+            let g = usize::try_from(sharding.global(l)).ok()?;
+            data.get_mut(g * dim..(g + 1) * dim)?.copy_from_slice(row);
+        }
+    }
+    Some(Loaded {
+        shape: vec![rows, dim],
+        data,
+    })
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {

@@ -85,13 +85,23 @@ pub fn write_file(path: &Path, tensors: &[TensorRef<'_>]) -> anyhow::Result<(u64
 /// A tensor read back: (name, shape, values).
 pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
 
+/// Every size is checked against the file's own length before it is used,
+/// so a crafted header can neither overflow nor allocate beyond the file.
 pub fn read_file(bytes: &[u8]) -> anyhow::Result<Vec<NamedTensor>> {
-    if bytes.len() < 8 {
-        bail!("file too short for a safetensors header");
-    }
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let data = bytes.get(8 + n..).context("header runs past the end of the file")?;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).context("header is not JSON")?;
+    let (len, rest) = bytes
+        .split_first_chunk::<8>()
+        .context("file too short for a safetensors header")?;
+    let n = usize::try_from(u64::from_le_bytes(*len))
+        .ok()
+        .filter(|&n| n <= rest.len())
+        .with_context(|| {
+            format!(
+                "header length {} runs past the end of the file",
+                u64::from_le_bytes(*len)
+            )
+        })?;
+    let (head, data) = rest.split_at(n);
+    let header: Value = serde_json::from_slice(head).context("header is not JSON")?;
     let mut out = Vec::new();
     for (name, info) in header.as_object().context("header is not an object")? {
         if name == "__metadata__" {
@@ -104,14 +114,15 @@ pub fn read_file(bytes: &[u8]) -> anyhow::Result<Vec<NamedTensor>> {
         let off: [usize; 2] = serde_json::from_value(info["data_offsets"].clone()).context("bad data_offsets")?;
         let raw = data
             .get(off[0]..off[1])
-            .with_context(|| format!("tensor {name}: data past the end of the file"))?;
+            .with_context(|| format!("tensor {name}: data offsets {off:?} outside the file"))?;
+        let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        if count.and_then(|c| c.checked_mul(4)) != Some(raw.len()) {
+            bail!("tensor {name}: {} bytes of data for shape {shape:?}", raw.len());
+        }
         let values: Vec<f32> = raw
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect();
-        if values.len() != shape.iter().product::<usize>() {
-            bail!("tensor {name}: {} values for shape {shape:?}", values.len());
-        }
         out.push((name.clone(), shape, values));
     }
     Ok(out)

@@ -46,9 +46,21 @@ fn abort_on_error(comm: &dyn Communicator, result: anyhow::Result<()>) -> anyhow
 
 fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfig, resume: bool) -> anyhow::Result<()> {
     let model_dir = &plan.model_dir.clone();
+    agree_on_config(&*comm, loaded)?;
     // Built (and its export options checked) before anyone trains; rank 0 exports.
     let mut exporter =
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
+    let pre = dist::log_prefix(&*comm);
+    let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(|e| UserError(format!("{e:#}")))?;
+    // Rank 0 holds the model_dir's lock for the whole job; under the lock,
+    // whatever a dead job left half written can go.
+    let _lock = if comm.rank() == 0 {
+        let lock = checkpoint::lock_model_dir(model_dir)?;
+        checkpoint::remove_stale_temporaries(model_dir)?;
+        Some(lock)
+    } else {
+        None
+    };
     // Rank 0 may be writing the first checkpoint already when a slow rank
     // gets here, so only a fresh start looks, before anyone trains.
     if model_dir.join("checkpoint").exists() && !resume {
@@ -62,11 +74,11 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
     if comm.rank() == 0 {
         write_effective_config(loaded, model_dir)?;
     }
-    let pre = dist::log_prefix(&*comm);
-    let mut trainer = Trainer::with_comm(plan, comm).map_err(|e| UserError(format!("{e:#}")))?;
     if resume {
         if let Some(ckpt) = checkpoint::latest(model_dir)? {
-            trainer.restore(&ckpt)?;
+            trainer
+                .restore(&ckpt)
+                .map_err(|e| with_intact_predecessor(e, model_dir, &ckpt))?;
             eprintln!("{pre}resumed from {} at global step {}", ckpt.display(), trainer.step);
         }
     }
@@ -97,6 +109,51 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
     Ok(())
 }
 
+/// A latest checkpoint that cannot be restored: says which earlier one is
+/// intact, so the user knows what resuming would lose.
+fn with_intact_predecessor(err: anyhow::Error, model_dir: &Path, latest: &Path) -> anyhow::Error {
+    let Some(step) = checkpoint::step_of(latest) else {
+        return err;
+    };
+    let earlier = checkpoint::list(model_dir).unwrap_or_default();
+    let intact = earlier
+        .iter()
+        .rev()
+        .filter(|s| **s < step)
+        .map(|s| model_dir.join(checkpoint::ckpt_name(*s)))
+        .find(|p| checkpoint::load(p).is_ok());
+    match intact {
+        Some(p) => err.context(format!(
+            "cannot resume from {}; the earlier checkpoint {} is intact: move the damaged one out of \
+             model_dir to resume from it",
+            latest.display(),
+            p.display()
+        )),
+        None => err.context(format!(
+            "cannot resume from {}, and no earlier checkpoint is intact",
+            latest.display()
+        )),
+    }
+}
+
+/// Every rank must run the same effective config with the same binary:
+/// table shapes and buffer sizes follow from them.
+fn agree_on_config(comm: &dyn Communicator, loaded: &LoadedConfig) -> anyhow::Result<()> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let what = format!(
+        "{} {} {}\n{}",
+        env!("CARGO_PKG_NAME"),
+        env!("CARGO_PKG_VERSION"),
+        checkpoint::FORMAT,
+        loaded.to_text()
+    );
+    let digest = crate::features::fingerprint::fingerprint64(what.as_bytes());
+    dist::agree(comm, "the effective pipeline config (after flags and edits)", digest)?;
+    Ok(())
+}
+
 pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let (args, extend) = parse_with_extend_args::<EvalArgs>(args)?;
     let overrides = Overrides {
@@ -113,6 +170,7 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let eval_paths = plan.eval_paths.clone();
     let comm = dist::init()?;
     let run = || -> anyhow::Result<()> {
+        agree_on_config(&*comm, &loaded)?;
         let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(|e| UserError(format!("{e:#}")))?;
         trainer.restore(&ckpt)?;
         trainer.eval_and_report(&eval_paths, &model_dir.join(&args.eval_result_path))?;

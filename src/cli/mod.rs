@@ -177,9 +177,18 @@ impl ConfigArgs {
 
 /// Runs a binary: prints the whole error chain and maps errors to exit codes
 /// (0 ok, 1 user error, 2 internal error). Help and version go to stdout.
+/// A panic is a bug: its message is printed and the exit code is 2.
 pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitCode {
     crate::util::keep_freed_memory();
-    match run(std::env::args_os().collect()) {
+    let args = std::env::args_os().collect();
+    let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(args))) {
+        Ok(result) => result,
+        Err(_) => {
+            eprintln!("error: internal error (a bug in rustrec); please report it with the message above");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             if let Some(clap_err) = err.downcast_ref::<clap::Error>() {
@@ -191,17 +200,29 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
                 };
             }
             eprintln!("error: {err:#}");
-            if err.downcast_ref::<ConfigError>().is_some()
-                || err.downcast_ref::<UserError>().is_some()
-                || err.chain().any(|e| e.is::<crate::data::DataError>())
-                || err.chain().any(|e| e.is::<crate::checkpoint::Damaged>())
-                || err.chain().any(|e| e.is::<crate::train::step::Diverged>())
-                || err.chain().any(|e| e.is::<crate::features::EncodeError>())
-            {
-                ExitCode::from(1)
-            } else {
-                ExitCode::from(2)
-            }
+            ExitCode::from(exit_code(&err))
         }
+    }
+}
+
+/// The exit code of an error, from the kinds in its chain: the user's
+/// config, flags, data or checkpoint, a model that diverged, or the file
+/// system refusing (a missing file, no permission, a full disk) is exit 1;
+/// anything else is an internal error, exit 2.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    let users_fault = err.chain().any(|e| {
+        e.is::<ConfigError>()
+            || e.is::<UserError>()
+            || e.is::<crate::data::DataError>()
+            || e.is::<crate::checkpoint::Unusable>()
+            || e.is::<crate::train::step::Diverged>()
+            || e.is::<crate::features::EncodeError>()
+            || e.is::<crate::dist::Disagreement>()
+            || e.is::<std::io::Error>()
+    });
+    if users_fault {
+        1
+    } else {
+        2
     }
 }

@@ -47,11 +47,13 @@ pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
         path: path.to_path_buf(),
         source,
     })?;
+    // Editors on some systems start UTF-8 files with a byte order mark.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let file = path.display().to_string();
     let mut message = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
-        parse_json(&file, &text)?
+        parse_json(&file, text)?
     } else {
-        text_format::parse_text(&pipeline_descriptor(), &text).map_err(|e| ConfigError::Syntax {
+        text_format::parse_text(&pipeline_descriptor(), text).map_err(|e| ConfigError::Syntax {
             file,
             line: e.line,
             col: e.col,

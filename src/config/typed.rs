@@ -325,6 +325,9 @@ pub struct TrainingPlan {
     pub eval_interval_secs: u32,
     pub fine_tune: Option<FineTune>,
     pub export: super::export_plan::ExportPlan,
+    /// What the config will allocate, checked against the machine before
+    /// anything is.
+    pub memory: super::sizes::Claims,
 }
 
 /// `fine_tune_checkpoint` with its `fine_tune_ckpt_var_map` file.
@@ -396,6 +399,7 @@ impl TrainingPlan {
             return Err(ConfigError::unsupported("fg_json_path", "RTP feature generation"));
         }
         let train = cfg.train_config.clone().unwrap_or_default();
+        refuse_unhonoured(&train)?;
         let strategy = strategy(train.train_distribute())?;
         let checkpoints = match train.save_checkpoints_secs {
             Some(s) => CheckpointCadence::Secs(s),
@@ -500,6 +504,7 @@ impl TrainingPlan {
                     .map(PathBuf::from),
             });
         Ok(TrainingPlan {
+            memory: super::sizes::Claims::of(cfg)?,
             fields: model_plan::input_fields(&data)?,
             label_fields: data.label_fields.clone(),
             groups,
@@ -532,6 +537,51 @@ impl TrainingPlan {
             features,
         })
     }
+}
+
+/// train_config options that change what EasyRec does and that this
+/// trainer cannot do, refused by name when set. (TensorFlow's runtime
+/// hints, such as thread counts, `protocol` or `write_graph`, change no
+/// result and are accepted; the README lists them.)
+fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
+    let set: [(&str, &str, bool); 6] = [
+        ("is_profiling", "profiling", train.is_profiling()),
+        (
+            "incr_save_config",
+            "incremental saving",
+            train.incr_save_config.is_some(),
+        ),
+        (
+            "freeze_gradient",
+            "freezing variables",
+            !train.freeze_gradient.is_empty(),
+        ),
+        (
+            "force_restore_shape_compatible",
+            "restoring tensors of another shape",
+            train.force_restore_shape_compatible(),
+        ),
+        (
+            "summary_model_vars",
+            "summaries of every variable",
+            train.summary_model_vars(),
+        ),
+        (
+            "enable_oss_stop_signal",
+            "OSS stop signals",
+            train.enable_oss_stop_signal(),
+        ),
+    ];
+    if let Some((field, what, _)) = set.iter().find(|(_, _, on)| *on) {
+        return Err(ConfigError::unsupported(format!("train_config.{field}"), *what));
+    }
+    if train.dead_line.as_deref().is_some_and(|d| !d.is_empty()) {
+        return Err(ConfigError::unsupported(
+            "train_config.dead_line",
+            "a training deadline",
+        ));
+    }
+    Ok(())
 }
 
 fn strategy(s: proto::DistributionStrategy) -> Result<Strategy, ConfigError> {

@@ -293,11 +293,26 @@ fn check_features<'a>(
 fn check_model(model: &proto::EasyRecModel, feature_names: &HashSet<&str>) -> Result<(), ConfigError> {
     let all: Vec<String> = feature_names.iter().map(|s| s.to_string()).collect();
     for (g, group) in model.feature_groups.iter().enumerate() {
+        if group.feature_names.is_empty() && group.sequence_features.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("model_config.feature_groups[{g}]"),
+                format!("feature group `{}` lists no features", group.group_name()),
+            ));
+        }
         for (j, name) in group.feature_names.iter().enumerate() {
             if !feature_names.contains(name.as_str()) {
                 return Err(ConfigError::invalid(
                     format!("model_config.feature_groups[{g}].feature_names[{j}]"),
                     format!("no feature named `{name}`{}", suggest::did_you_mean(name, &all)),
+                ));
+            }
+            if let Some(first) = group.feature_names[..j].iter().position(|n| n == name) {
+                return Err(ConfigError::invalid(
+                    format!("model_config.feature_groups[{g}].feature_names[{j}]"),
+                    format!(
+                        "feature `{name}` is already listed in group `{}` (feature_names[{first}])",
+                        group.group_name()
+                    ),
                 ));
             }
         }

@@ -107,14 +107,15 @@ impl Iterator for CsvChunks {
             }
             let fields: Vec<&str> = line.split(self.separator.as_str()).collect();
             if fields.len() != self.num_fields {
-                return Some(Err(self.parse_error(
-                    "",
-                    format!(
+                return Some(Err(DataError::Row {
+                    file: self.path.clone(),
+                    location: format!("line {}", self.line_no),
+                    message: format!(
                         "{} fields, but data_config.input_fields declares {}",
                         fields.len(),
                         self.num_fields
                     ),
-                )));
+                }));
             }
             for ((col, spec), &pos) in columns.iter_mut().zip(&self.projection.columns).zip(&self.positions) {
                 let raw = fields[pos];

@@ -32,6 +32,13 @@ pub enum DataError {
         column: String,
         message: String,
     },
+    /// A row that is wrong as a whole (not one column's value).
+    #[error("{}: {location}: {message}", file.display())]
+    Row {
+        file: PathBuf,
+        location: String,
+        message: String,
+    },
     #[error("{}{}: not a readable Parquet file", path.display(), row_group.map(|r| format!(": row group {r}")).unwrap_or_default())]
     Parquet {
         path: PathBuf,
@@ -48,6 +55,11 @@ pub enum DataError {
     },
     #[error("no input files match `{0}`")]
     NoFiles(String),
+    #[error("input path `{pattern}` is not a valid glob pattern: {message}")]
+    BadPattern { pattern: String, message: String },
+    /// Input files that hold no rows at all.
+    #[error("the {purpose} input ({}) holds no rows", paths.join(", "))]
+    Empty { purpose: &'static str, paths: Vec<String> },
 }
 
 impl DataError {
@@ -107,18 +119,20 @@ impl Projection {
     }
 }
 
-/// Expands comma-separated paths with `*` / `?` in the file name into sorted files.
+/// Expands input paths into sorted files: a directory stands for the
+/// (non-hidden) files in it; `*`, `?`, `[...]` match within a name and `**`
+/// across directories, as in the `glob` crate (whose matcher does not
+/// backtrack exponentially on patterns like `*a*a*a*b`).
 pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
     let mut out = Vec::new();
     for p in paths {
         let path = Path::new(p);
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !name.contains(['*', '?']) {
+        if !p.contains(['*', '?', '[']) {
             if path.is_dir() {
                 let mut files: Vec<PathBuf> = std::fs::read_dir(path)
                     .map_err(|e| DataError::io(path, e))?
                     .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+                    .filter(|p| p.is_file() && !is_hidden(p))
                     .collect();
                 files.sort();
                 out.extend(files);
@@ -127,20 +141,24 @@ pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
             }
             continue;
         }
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| DataError::io(dir, e))?
-            .filter_map(|e| e.ok())
-            .filter(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| glob_match(name.as_bytes(), n.as_bytes()))
-            })
-            .map(|e| e.path())
-            .collect();
+        let options = glob::MatchOptions {
+            require_literal_leading_dot: true,
+            ..glob::MatchOptions::new()
+        };
+        let entries = glob::glob_with(p, options).map_err(|e| DataError::BadPattern {
+            pattern: p.clone(),
+            message: e.to_string(),
+        })?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let file = entry.map_err(|e| {
+                let path = e.path().to_owned();
+                DataError::io(&path, e.into())
+            })?;
+            if file.is_file() {
+                files.push(file);
+            }
+        }
         if files.is_empty() {
             return Err(DataError::NoFiles(p.clone()));
         }
@@ -150,14 +168,8 @@ pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
     Ok(out)
 }
 
-fn glob_match(pat: &[u8], s: &[u8]) -> bool {
-    match (pat.first(), s.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => glob_match(&pat[1..], s) || (!s.is_empty() && glob_match(pat, &s[1..])),
-        (Some(b'?'), Some(_)) => glob_match(&pat[1..], &s[1..]),
-        (Some(a), Some(b)) if a == b => glob_match(&pat[1..], &s[1..]),
-        _ => false,
-    }
+fn is_hidden(p: &Path) -> bool {
+    p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
 }
 
 /// One unit of reading: a CSV file or one Parquet row group.
@@ -363,9 +375,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn globs() {
-        assert!(glob_match(b"part-*.parquet", b"part-0001.parquet"));
-        assert!(!glob_match(b"part-*.parquet", b"part-0001.csv"));
-        assert!(glob_match(b"a?c", b"abc"));
+    fn globs_match_names_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for f in [
+            "part-0001.parquet",
+            "part-0002.parquet",
+            "part-0001.csv",
+            ".part-9.parquet",
+            "sub/deep/part-3.parquet",
+        ] {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, "x").unwrap();
+        }
+        let names = |pat: &str| -> Vec<String> {
+            expand_paths(&[root.join(pat).to_string_lossy().into_owned()])
+                .unwrap()
+                .iter()
+                .map(|p| p.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(names("part-*.parquet"), ["part-0001.parquet", "part-0002.parquet"]);
+        assert_eq!(names("part-000?.csv"), ["part-0001.csv"]);
+        assert_eq!(names("**/*.parquet").len(), 3, "{:?}", names("**/*.parquet"));
+        assert_eq!(
+            names("sub"),
+            Vec::<String>::new(),
+            "a directory lists only its own files"
+        );
+        let bad = expand_paths(&[root.join("a***b").to_string_lossy().into_owned()]).unwrap_err();
+        assert!(matches!(bad, DataError::BadPattern { .. }), "{bad}");
+    }
+
+    #[test]
+    fn pathological_globs_end_quickly() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a".repeat(200)), "x").unwrap();
+        let t = std::time::Instant::now();
+        let pat = dir.path().join("*a*a*a*a*a*a*a*a*b").to_string_lossy().into_owned();
+        assert!(matches!(expand_paths(&[pat]), Err(DataError::NoFiles(_))));
+        // A backtracking matcher takes minutes here; a linear one, microseconds.
+        assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
+        let stars = dir.path().join("*".repeat(200_000)).to_string_lossy().into_owned();
+        assert!(expand_paths(&[stars]).is_err());
     }
 }

@@ -85,3 +85,37 @@ pub fn log_prefix(comm: &dyn Communicator) -> String {
         String::new()
     }
 }
+
+/// Ranks that disagree with rank 0 on something every rank must share.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "ranks disagree on {what}: rank(s) {ranks:?} differ from rank 0; start every rank with the same \
+     config, flags and binary"
+)]
+pub struct Disagreement {
+    pub what: String,
+    pub ranks: Vec<usize>,
+}
+
+/// The start-up handshake: every rank hands in a digest of `what` and all
+/// of them learn whether the digests match. It must come before any
+/// collective whose buffer sizes follow from `what`: ranks with different
+/// configs would otherwise exchange buffers of different lengths.
+pub fn agree(comm: &dyn Communicator, what: &str, digest: u64) -> Result<(), Disagreement> {
+    let all = comm.all_gather_u64(&[digest]);
+    let first = all.first().and_then(|d| d.first()).copied();
+    let ranks: Vec<usize> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.first().copied() != first || d.len() != 1)
+        .map(|(r, _)| r)
+        .collect();
+    if ranks.is_empty() {
+        Ok(())
+    } else {
+        Err(Disagreement {
+            what: what.to_string(),
+            ranks,
+        })
+    }
+}

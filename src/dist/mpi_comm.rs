@@ -72,6 +72,16 @@ impl MpiComm {
     }
 }
 
+impl Drop for MpiComm {
+    /// A rank that panics takes the job down with it (exit 2, a bug)
+    /// instead of finalising MPI while the others wait in a collective.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.world.abort(2);
+        }
+    }
+}
+
 fn displacements(counts: &[Count]) -> Vec<Count> {
     counts
         .iter()

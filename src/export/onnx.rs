@@ -181,7 +181,7 @@ impl Graph {
             if t.raw_data.len() < external_min_bytes || t.raw_data.is_empty() {
                 continue;
             }
-            while external.len() % 64 != 0 {
+            while !external.len().is_multiple_of(64) {
                 external.push(0);
             }
             let offset = external.len();

@@ -1,7 +1,7 @@
 //! Feature encoding: raw columns -> dense values and jagged row ids, one
 //! entry per configured feature, plus labels (and the GAUC group key).
 
-mod fingerprint;
+pub mod fingerprint;
 
 use std::collections::HashMap;
 

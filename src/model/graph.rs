@@ -211,13 +211,13 @@ impl Graph {
 
     pub fn sum_blocks(&mut self, x: NodeId, n: usize) -> NodeId {
         let w = self.width(x);
-        assert!(n > 0 && w % n == 0, "sum over blocks");
+        assert!(n > 0 && w.is_multiple_of(n), "sum over blocks");
         self.push(Op::SumBlocks { x, n }, w / n)
     }
 
     pub fn fm(&mut self, x: NodeId, n: usize) -> NodeId {
         let w = self.width(x);
-        assert!(n > 0 && w % n == 0, "FM over blocks");
+        assert!(n > 0 && w.is_multiple_of(n), "FM over blocks");
         self.push(Op::Fm { x, n }, w / n)
     }
 
@@ -227,7 +227,7 @@ impl Graph {
 
     pub fn dot(&mut self, xs: &[NodeId], dim: usize, pairs: Vec<(usize, usize)>) -> NodeId {
         let total: usize = xs.iter().map(|x| self.width(*x)).sum();
-        assert!(dim > 0 && xs.iter().all(|x| self.width(*x) % dim == 0), "dot vectors");
+        assert!(dim > 0 && xs.iter().all(|x| self.width(*x).is_multiple_of(dim)), "dot vectors");
         let n = total / dim;
         assert!(pairs.iter().all(|&(i, j)| i < n && j < n), "dot pairs");
         let w = pairs.len();

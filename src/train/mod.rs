@@ -72,6 +72,8 @@ impl Trainer {
                 .into())
             }
         };
+        let shards = if sharding.is_sharded() { comm.size() } else { 1 };
+        plan.memory.check_here(shards)?;
         let uid = plan.tasks.iter().flat_map(|t| &t.metrics).find_map(|m| match m {
             Metric::Gauc { uid_field } => Some(uid_field.as_str()),
             _ => None,
@@ -204,6 +206,13 @@ impl Trainer {
                     loss_sum: loss[0],
                 };
             }
+        }
+        if st.first().is_some_and(|e| e.preds.is_empty()) {
+            return Err(crate::data::DataError::Empty {
+                purpose: "evaluation",
+                paths: paths.to_vec(),
+            }
+            .into());
         }
         Ok(st)
     }

@@ -90,7 +90,7 @@ impl Trainer {
                 b.set_position(self.step);
                 b.set_message(format!("loss {:.4}", st.loss));
             }
-            if self.step % p.log_step_count_steps as u64 == 0 {
+            if self.step.is_multiple_of(p.log_step_count_steps as u64) {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let line = format!(
                     "{pre}step {} lr {:.6} loss {:.5} samples/s {:.0}",
@@ -107,7 +107,7 @@ impl Trainer {
             }
             if let Some(w) = summaries
                 .as_mut()
-                .filter(|_| self.step % p.save_summary_steps as u64 == 0)
+                .filter(|_| self.step.is_multiple_of(p.save_summary_steps as u64))
             {
                 let secs = summary_window.0.elapsed().as_secs_f64().max(1e-9);
                 let steps_per_sec = (self.step - summary_window.1) as f64 / secs;
@@ -124,7 +124,7 @@ impl Trainer {
                 summary_window = (Instant::now(), self.step);
             }
             let due = match p.checkpoints {
-                CheckpointCadence::Steps(n) => n > 0 && self.step % n as u64 == 0,
+                CheckpointCadence::Steps(n) => n > 0 && self.step.is_multiple_of(n as u64),
                 CheckpointCadence::Secs(s) => last_save.0.elapsed().as_secs() >= s as u64,
             };
             if due {
@@ -142,6 +142,17 @@ impl Trainer {
         drop(summaries);
         if let Some(b) = bar {
             b.finish_and_clear();
+        }
+        let mut read = [samples as f64];
+        self.comm.all_reduce_sum(&mut read);
+        if read[0] == 0.0 && start_step == 0 && target.is_none_or(|t| t > 0) {
+            // Nothing was read on a fresh start: no checkpoint, export or
+            // metrics of an untrained model.
+            return Err(crate::data::DataError::Empty {
+                purpose: "training",
+                paths: p.train_paths.clone(),
+            }
+            .into());
         }
         let last_ckpt = match checkpoint::latest(&p.model_dir)? {
             Some(c) if last_save.1 == self.step => c,

@@ -85,11 +85,11 @@ impl Trainer {
             dir.join(format!(".{}.tmp", checkpoint::ckpt_name(self.step)))
         };
         self.comm.barrier();
-        let tables = self.table_tensors(true);
         let mut parts = Vec::new();
         let table_file = if self.embeddings.sharding.is_sharded() {
             // Every rank writes its own rows; rank 0 learns their checksums.
             let name = checkpoint::shard_file(rank, size);
+            let tables = self.table_tensors(true);
             let w = checkpoint::write_part(&tmp, &name, &tables, Some((rank, size))).with_context(context)?;
             let sums = self.comm.all_gather_u64(&[w.bytes, w.checksum]);
             for (r, s) in sums.iter().enumerate() {
@@ -105,27 +105,49 @@ impl Trainer {
             "embedding.safetensors".to_string()
         };
         if rank == 0 {
-            let dense = self.dense_tensors(true);
-            parts.push(checkpoint::write_part(&tmp, "dense.safetensors", &dense, None).with_context(context)?);
-            if !self.embeddings.sharding.is_sharded() {
-                parts.push(checkpoint::write_part(&tmp, &table_file, &tables, None).with_context(context)?);
+            // A failed write (a full disk) leaves no half checkpoint behind.
+            let written = self.write_rank0_parts(&tmp, parts, &table_file);
+            if let Err(e) = written {
+                std::fs::remove_dir_all(&tmp).ok();
+                return Err(e.context(context()));
             }
-            let mut names: Vec<(String, String, Vec<usize>)> = dense
-                .iter()
-                .map(|t| (t.name.clone(), "dense.safetensors".to_string(), t.shape.clone()))
-                .collect();
-            names.extend(
-                self.variables(true)
-                    .into_iter()
-                    .filter(|(n, _)| n.starts_with("embedding/"))
-                    .map(|(n, shape)| (n, table_file.clone(), shape)),
-            );
-            let keep = self.plan.keep_checkpoint_max as usize;
-            checkpoint::commit(dir, self.step, &tmp, &parts, &names, keep).with_context(context)?;
         }
         // The others only go on once the checkpoint is complete.
         self.comm.barrier();
         Ok(dir.join(checkpoint::ckpt_name(self.step)))
+    }
+
+    /// Rank 0's part of `save`: the dense file, whole tables when they are
+    /// not sharded, and the commit.
+    fn write_rank0_parts(
+        &self,
+        tmp: &Path,
+        mut parts: Vec<checkpoint::Written>,
+        table_file: &str,
+    ) -> anyhow::Result<()> {
+        let dense = self.dense_tensors(true);
+        parts.push(checkpoint::write_part(tmp, "dense.safetensors", &dense, None)?);
+        if !self.embeddings.sharding.is_sharded() {
+            parts.push(checkpoint::write_part(
+                tmp,
+                table_file,
+                &self.table_tensors(true),
+                None,
+            )?);
+        }
+        let mut names: Vec<(String, String, Vec<usize>)> = dense
+            .iter()
+            .map(|t| (t.name.clone(), "dense.safetensors".to_string(), t.shape.clone()))
+            .collect();
+        names.extend(
+            self.variables(true)
+                .into_iter()
+                .filter(|(n, _)| n.starts_with("embedding/"))
+                .map(|(n, shape)| (n, table_file.to_string(), shape)),
+        );
+        let keep = self.plan.keep_checkpoint_max as usize;
+        checkpoint::commit(&self.plan.model_dir, self.step, tmp, &parts, &names, keep)?;
+        Ok(())
     }
 
     /// Restores weights, slots and the global step (resuming training).
