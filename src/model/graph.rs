@@ -227,7 +227,10 @@ impl Graph {
 
     pub fn dot(&mut self, xs: &[NodeId], dim: usize, pairs: Vec<(usize, usize)>) -> NodeId {
         let total: usize = xs.iter().map(|x| self.width(*x)).sum();
-        assert!(dim > 0 && xs.iter().all(|x| self.width(*x).is_multiple_of(dim)), "dot vectors");
+        assert!(
+            dim > 0 && xs.iter().all(|x| self.width(*x).is_multiple_of(dim)),
+            "dot vectors"
+        );
         let n = total / dim;
         assert!(pairs.iter().all(|&(i, j)| i < n && j < n), "dot pairs");
         let w = pairs.len();
