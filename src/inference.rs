@@ -31,8 +31,8 @@ impl Bundle {
     /// the model; tables saved by any number of ranks come back whole).
     pub fn restore(plan: TrainingPlan, dir: &Path) -> anyhow::Result<Self> {
         plan.memory.check_here(1)?;
-        let enc = Encoder::for_inference(&plan)?;
-        let mut model = Model::new(&plan, &enc, SEED)?;
+        let enc = Encoder::for_inference(&plan).map_err(crate::config::ConfigError::unbuildable)?;
+        let mut model = Model::new(&plan, &enc, SEED).map_err(crate::config::ConfigError::unbuildable)?;
         let (step, mut tensors) = checkpoint::load(dir)?;
         let mut take = |name: String, shape: [usize; 2]| checkpoint::take(&mut tensors, &name, &shape, dir);
         for store in [&mut model.params, &mut model.buffers] {

@@ -15,6 +15,7 @@ pub mod embedding;
 pub mod export;
 pub mod features;
 pub mod inference;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod optim;

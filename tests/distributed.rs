@@ -95,6 +95,36 @@ fn parallel(ranks: usize, bin: &str, args: &[String]) -> Output {
         .unwrap()
 }
 
+/// Every line: `YYYY-MM-DDTHH:MM:SS.mmmZ LEVEL [rank r/N] message`, one
+/// line per record (two ranks' lines never spliced into one).
+fn assert_whole_timestamped_lines(stderr: &str) {
+    assert!(!stderr.is_empty());
+    for line in stderr.lines() {
+        let (ts, rest) = line.split_at_checked(24).unwrap_or((line, ""));
+        let shape_ok = ts.len() == 24
+            && ts.char_indices().all(|(i, c)| match i {
+                4 | 7 => c == '-',
+                10 => c == 'T',
+                13 | 16 => c == ':',
+                19 => c == '.',
+                23 => c == 'Z',
+                _ => c.is_ascii_digit(),
+            });
+        assert!(shape_ok, "line without a timestamp: {line:?}");
+        let rest = rest.trim_start();
+        assert!(
+            ["INFO", "WARN", "ERROR", "DEBUG"].iter().any(|l| rest.starts_with(l)),
+            "line without a level: {line:?}"
+        );
+        assert_eq!(line.matches("[rank ").count(), 1, "a spliced or unnamed line: {line:?}");
+        assert_eq!(
+            line.matches("Z INFO").count() + line.matches("Z WARN").count(),
+            1,
+            "{line:?}"
+        );
+    }
+}
+
 fn tensors(model_dir: &Path, step: u32) -> BTreeMap<String, Loaded> {
     load(&model_dir.join(format!("model.ckpt-{step}"))).unwrap().1
 }
@@ -197,7 +227,7 @@ fn train_on_four_ranks_continue_on_two_evaluate_on_one() {
     args.push("--continue_train".into());
     let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args);
     check(&out, "np=2 from step 10 to 20");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("[rank 1/2] resumed from"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[rank 0/2] resumed from"));
     assert!(dir.join("model.ckpt-20/embedding-00001-of-00002.safetensors").is_file());
     assert_close(&tensors(&reference, 20), &tensors(&dir, 20), "4 then 2 ranks");
 
@@ -331,14 +361,13 @@ fn ranks_read_their_own_files_and_stop_together_on_an_uneven_split() {
         stderr.contains("3 input splits over 2 ranks: each rank reads its own share"),
         "{stderr}"
     );
+    // Rank 0 speaks for the job (the job's samples/s); rank 1 stays quiet.
     assert!(
-        stderr.contains("[rank 1/2] trained 4 steps to global step 4"),
+        stderr.contains("[rank 0/2] trained 4 steps to global step 4") && stderr.contains("(the whole job)"),
         "{stderr}"
     );
-    assert!(
-        stderr.contains("[rank 0/2] trained 4 steps to global step 4"),
-        "{stderr}"
-    );
+    assert!(!stderr.contains("[rank 1/2]"), "{stderr}");
+    assert_whole_timestamped_lines(&stderr);
     assert!(dir.join("model.ckpt-4").is_dir());
 }
 

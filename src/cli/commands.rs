@@ -37,7 +37,7 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
 fn abort_on_error(comm: &dyn Communicator, result: anyhow::Result<()>) -> anyhow::Result<()> {
     if let Err(e) = &result {
         if comm.size() > 1 {
-            eprintln!("{}error: {e:#}", dist::log_prefix(comm));
+            crate::logging::write_line(&format!("{}error: {e:#}\n", crate::logging::rank_prefix()));
             comm.abort(1);
         }
     }
@@ -50,7 +50,6 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
     // Built (and its export options checked) before anyone trains; rank 0 exports.
     let mut exporter =
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
-    let pre = dist::log_prefix(&*comm);
     let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(|e| UserError(format!("{e:#}")))?;
     // Rank 0 holds the model_dir's lock for the whole job; under the lock,
     // whatever a dead job left half written can go.
@@ -79,16 +78,13 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
             trainer
                 .restore(&ckpt)
                 .map_err(|e| with_intact_predecessor(e, model_dir, &ckpt))?;
-            eprintln!("{pre}resumed from {} at global step {}", ckpt.display(), trainer.step);
+            log::info!("resumed from {} at global step {}", ckpt.display(), trainer.step);
         }
     }
     if trainer.step == 0 {
         if let Some(ft) = trainer.plan.fine_tune.clone() {
             let n = trainer.fine_tune(&ft.checkpoint, ft.var_map.as_deref())?;
-            eprintln!(
-                "{pre}fine-tuning: {n} variables restored from {}",
-                ft.checkpoint.display()
-            );
+            log::info!("fine-tuning: {n} variables restored from {}", ft.checkpoint.display());
         }
     }
     let summary = trainer.run_with(&mut |ckpt, metrics, last| {
@@ -98,13 +94,15 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
             .transpose()?
             .flatten()
         {
-            eprintln!("{pre}exported {}", dir.display());
+            log::info!("exported {}", dir.display());
         }
         Ok(())
     })?;
-    eprintln!(
-        "{pre}trained {} steps to global step {}, {:.0} samples/s",
-        summary.steps, trainer.step, summary.samples_per_sec
+    log::info!(
+        "trained {} steps to global step {}, {:.0} samples/s (the whole job)",
+        summary.steps,
+        trainer.step,
+        summary.samples_per_sec
     );
     Ok(())
 }
@@ -200,7 +198,7 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
         },
     )?;
     println!("{}", dir.display());
-    eprintln!("exported {} to {}", ckpt.display(), dir.display());
+    log::info!("exported {} to {}", ckpt.display(), dir.display());
     Ok(())
 }
 
@@ -295,7 +293,7 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
         batch_size: args.batch_size,
     };
     let rows = crate::predict::predict(&scorer, &job)?;
-    eprintln!("wrote {rows} predictions to {}", args.output_path.display());
+    log::info!("wrote {rows} predictions to {}", args.output_path.display());
     Ok(())
 }
 

@@ -180,11 +180,15 @@ impl ConfigArgs {
 /// A panic is a bug: its message is printed and the exit code is 2.
 pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitCode {
     crate::util::keep_freed_memory();
+    crate::logging::init();
     let args = std::env::args_os().collect();
     let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(args))) {
         Ok(result) => result,
         Err(_) => {
-            eprintln!("error: internal error (a bug in rustrec); please report it with the message above");
+            crate::logging::write_line(&format!(
+                "{}error: internal error (a bug in rustrec); please report it with the message above\n",
+                crate::logging::rank_prefix()
+            ));
             return ExitCode::from(2);
         }
     };
@@ -199,7 +203,7 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
                     ExitCode::SUCCESS
                 };
             }
-            eprintln!("error: {err:#}");
+            crate::logging::write_line(&format!("{}error: {err:#}\n", crate::logging::rank_prefix()));
             ExitCode::from(exit_code(&err))
         }
     }

@@ -49,12 +49,22 @@ pub enum ConfigError {
     /// Valid for EasyRec, but this trainer cannot do it.
     #[error("{path}: {what} is not supported by this trainer{hint}")]
     Unsupported { path: String, what: String, hint: String },
+    /// Each section is valid, but no model can be built from them together
+    /// (a sparse feature without embedding_dim in a deep group, DLRM's
+    /// bot_dnn not ending at the embedding width, ...).
+    #[error("{0}")]
+    Unbuildable(String),
     /// A `--edit_config_json` key or an extend argument that cannot be applied.
     #[error("cannot apply edit `{key}`: {message}")]
     Edit { key: String, message: String },
 }
 
 impl ConfigError {
+    /// The error of building features or a model from a valid config.
+    pub fn unbuildable(err: anyhow::Error) -> Self {
+        ConfigError::Unbuildable(format!("{err:#}"))
+    }
+
     pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
             path: path.into(),

@@ -667,7 +667,7 @@ fn optimizer(o: &proto::Optimizer, path: &str) -> Result<OptimizerSpec, ConfigEr
 /// first step diverge).
 fn check_rate_numbers(lr: &proto::LearningRate, path: &str) -> Result<(), ConfigError> {
     use prost::Message;
-    use prost_reflect::{DynamicMessage, ReflectMessage, Value};
+    use prost_reflect::{DynamicMessage, Value};
     let desc = super::schema()
         .get_message_by_name("protos.LearningRate")
         .expect("LearningRate is in the schema");

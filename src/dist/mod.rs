@@ -77,15 +77,6 @@ pub fn init() -> anyhow::Result<std::rc::Rc<dyn Communicator>> {
     }
 }
 
-/// A (rank, size) pair prefix for log lines: empty in a single process.
-pub fn log_prefix(comm: &dyn Communicator) -> String {
-    if comm.size() > 1 {
-        format!("[rank {}/{}] ", comm.rank(), comm.size())
-    } else {
-        String::new()
-    }
-}
-
 /// Ranks that disagree with rank 0 on something every rank must share.
 #[derive(Debug, thiserror::Error)]
 #[error(

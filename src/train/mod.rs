@@ -78,9 +78,9 @@ impl Trainer {
             Metric::Gauc { uid_field } => Some(uid_field.as_str()),
             _ => None,
         });
-        let enc = Encoder::new(&plan, uid)?;
+        let enc = Encoder::new(&plan, uid).map_err(ConfigError::unbuildable)?;
         let seed = SEED;
-        let model = Model::new(&plan, &enc, seed)?;
+        let model = Model::new(&plan, &enc, seed).map_err(ConfigError::unbuildable)?;
         let model_kind = plan.model;
         let assign = Assignment::new(model_kind, plan.optimizers.len());
         let tables = model
@@ -159,9 +159,8 @@ impl Trainer {
                 slice = (0, 1);
             }
             if rank == 0 {
-                eprintln!(
-                    "{}{splits} input splits over {size} ranks: {}",
-                    crate::dist::log_prefix(&*self.comm),
+                log::info!(
+                    "{splits} input splits over {size} ranks: {}",
                     if slice == (0, 1) {
                         "each rank reads its own share"
                     } else {

@@ -21,6 +21,7 @@ pub type AfterEval<'a> = dyn FnMut(&Path, &[(String, f64)], bool) -> anyhow::Res
 pub struct RunSummary {
     pub steps: u64,
     pub last_loss: f32,
+    /// Samples per second of the whole job (every rank's together).
     pub samples_per_sec: f64,
     pub metrics: Vec<(String, f64)>,
 }
@@ -37,24 +38,15 @@ impl Trainer {
     /// with empty metrics when there is no evaluation data): the exporters.
     pub fn run_with(&mut self, after_eval: &mut AfterEval) -> anyhow::Result<RunSummary> {
         let start_step = self.step;
-        let pre = crate::dist::log_prefix(&*self.comm);
         let p = self.plan.clone();
         let target = p.num_steps.map(u64::from);
+        self.log_banner(target);
         if target.is_some_and(|t| self.step >= t) {
-            eprintln!(
-                "{pre}global step {} already reached num_steps; nothing to train",
-                self.step
-            );
+            log::info!("global step {} already reached num_steps; nothing to train", self.step);
         }
         let lead = self.comm.rank() == 0;
-        let bar = (lead && std::io::stderr().is_terminal() && target.is_some()).then(|| {
-            let b = indicatif::ProgressBar::new(target.unwrap_or(0));
-            b.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}").expect("static template"),
-            );
-            b.set_position(self.step);
-            b
-        });
+        let bar = (lead && std::io::stderr().is_terminal()).then(|| progress_bar(target, self.step));
+        crate::logging::set_bar(bar.clone());
         let mut stream = self.stream(&p.train_paths, true, self.step)?;
         let t0 = Instant::now();
         let mut window = (Instant::now(), 0u64);
@@ -91,18 +83,32 @@ impl Trainer {
                 b.set_message(format!("loss {:.4}", st.loss));
             }
             if self.step.is_multiple_of(p.log_step_count_steps as u64) {
-                let secs = window.0.elapsed().as_secs_f64().max(1e-9);
-                let line = format!(
-                    "{pre}step {} lr {:.6} loss {:.5} samples/s {:.0}",
+                // Every rank is at this step: the job's rate is one sum.
+                let mut job = [window.1 as f64];
+                self.comm.all_reduce_sum(&mut job);
+                let rate = job[0] / window.0.elapsed().as_secs_f64().max(1e-9);
+                let elapsed = t0.elapsed().as_secs_f64();
+                let of = target.map(|t| format!("/{t}")).unwrap_or_default();
+                let eta = target
+                    .map(|t| {
+                        let per_step = elapsed / (self.step - start_step).max(1) as f64;
+                        format!(
+                            " eta {}",
+                            crate::logging::hms(per_step * t.saturating_sub(self.step) as f64)
+                        )
+                    })
+                    .unwrap_or_default();
+                log::info!(
+                    "step {}{of} loss {:.5} (data {:.5} + regularization {:.5}) lr {:.6} samples/s {:.0} \
+                     elapsed {}{eta}",
                     self.step,
-                    lr,
                     st.loss,
-                    window.1 as f64 / secs
+                    st.loss - st.reg_loss,
+                    st.reg_loss,
+                    lr,
+                    rate,
+                    crate::logging::hms(elapsed),
                 );
-                match &bar {
-                    Some(b) => b.println(line),
-                    None => eprintln!("{line}"),
-                }
                 window = (Instant::now(), 0);
             }
             if let Some(w) = summaries
@@ -130,7 +136,7 @@ impl Trainer {
             if due {
                 let path = self.save()?;
                 last_save = (Instant::now(), self.step);
-                eprintln!("{pre}saved {}", path.display());
+                log::info!("saved {}", path.display());
                 let throttled = last_eval.elapsed().as_secs() < p.eval_interval_secs as u64;
                 if !p.eval_paths.is_empty() && !throttled && target.is_none_or(|t| self.step < t) {
                     let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
@@ -140,6 +146,7 @@ impl Trainer {
             }
         }
         drop(summaries);
+        crate::logging::set_bar(None);
         if let Some(b) = bar {
             b.finish_and_clear();
         }
@@ -158,7 +165,7 @@ impl Trainer {
             Some(c) if last_save.1 == self.step => c,
             _ => {
                 let path = self.save()?;
-                eprintln!("{pre}saved {}", path.display());
+                log::info!("saved {}", path.display());
                 path
             }
         };
@@ -172,7 +179,7 @@ impl Trainer {
         Ok(RunSummary {
             steps: self.step - start_step,
             last_loss,
-            samples_per_sec: samples as f64 / secs,
+            samples_per_sec: read[0] / secs,
             metrics,
         })
     }
@@ -194,12 +201,7 @@ impl Trainer {
             .map(|(k, v)| format!("{k} = {v:.6}"))
             .collect::<Vec<_>>()
             .join(", ");
-        eprintln!(
-            "{}eval at step {} on {} examples: {line}",
-            crate::dist::log_prefix(&*self.comm),
-            self.step,
-            examples
-        );
+        log::info!("eval at step {} on {} examples: {line}", self.step, examples);
         if self.comm.rank() != 0 {
             return Ok(metrics); // every rank has the metrics; rank 0 writes them
         }
@@ -214,5 +216,80 @@ impl Trainer {
         let scalars: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         SummaryWriter::create(&dir)?.scalars(self.step, &scalars)?;
         Ok(metrics)
+    }
+}
+
+/// A bar to num_steps with elapsed time and ETA, or, when training by
+/// epochs, a spinner with the step count and elapsed time.
+fn progress_bar(target: Option<u64>, step: u64) -> indicatif::ProgressBar {
+    let (b, template) = match target {
+        Some(t) => (
+            indicatif::ProgressBar::new(t),
+            "{bar:40} {pos}/{len} steps {elapsed_precise} eta {eta_precise} {msg}",
+        ),
+        None => (
+            indicatif::ProgressBar::new_spinner(),
+            "{spinner} {pos} steps {elapsed_precise} {msg}",
+        ),
+    };
+    b.set_style(indicatif::ProgressStyle::with_template(template).expect("static template"));
+    b.set_position(step);
+    b
+}
+
+impl Trainer {
+    /// What is about to happen: inputs, features, tables and how long.
+    fn log_banner(&self, target: Option<u64>) {
+        let p = &self.plan;
+        let (rank_count, sharding) = (self.comm.size(), &self.embeddings.sharding);
+        log::info!(
+            "{:?} with {} task(s), {} process(es), tables {}",
+            p.model,
+            p.tasks.len(),
+            rank_count,
+            if sharding.is_sharded() {
+                "sharded row-wise"
+            } else {
+                "replicated"
+            }
+        );
+        log::info!("train input: {}", p.train_paths.join(", "));
+        if !p.eval_paths.is_empty() {
+            log::info!("eval input: {}", p.eval_paths.join(", "));
+        }
+        let tables = &self.embeddings.tables;
+        let floats: usize = tables.iter().map(|t| t.rows * t.dim).sum();
+        let mut listed: Vec<String> = tables
+            .iter()
+            .take(6)
+            .map(|t| format!("{} {}x{}", t.name, t.rows, t.dim))
+            .collect();
+        if tables.len() > listed.len() {
+            listed.push(format!("... {} more", tables.len() - listed.len()));
+        }
+        log::info!(
+            "{} features, {} dense parameters, {} tables of {:.1} MiB in all: {}",
+            p.features.len(),
+            self.model.params.values.len(),
+            tables.len(),
+            floats as f64 * 4.0 / (1u64 << 20) as f64,
+            listed.join(", ")
+        );
+        match target {
+            Some(t) => log::info!(
+                "Will train {} steps (global step {} to {t}), batch_size {} per process",
+                t.saturating_sub(self.step),
+                self.step,
+                p.batch_size
+            ),
+            None => log::info!(
+                "Will train until the input runs out ({}), batch_size {} per process",
+                match p.num_epochs {
+                    0 => "repeating it".to_string(),
+                    n => format!("{n} epoch(s)"),
+                },
+                p.batch_size
+            ),
+        }
     }
 }
