@@ -310,3 +310,51 @@ fn a_byte_order_mark_is_read_and_a_short_row_is_named() {
     );
     assert!(!msg.contains("column ``"), "{msg}");
 }
+
+#[test]
+fn non_finite_values_are_refused_alike_by_training_and_both_scoring_paths() {
+    let case = Case::new();
+    ok(&case.train(&[]));
+    let export_dir = case.dir.path().join("export");
+    ok(&case.run(
+        env!("CARGO_BIN_EXE_export"),
+        &["--export_dir", export_dir.to_str().unwrap()],
+    ));
+    for bad in ["nan", "inf", "-inf"] {
+        let data = case.dir.path().join(format!("{bad}.csv"));
+        std::fs::write(&data, format!("label,user,item,price\n1,u1,i1,1.5\n0,u2,i2,{bad}\n")).unwrap();
+        let fresh = case.dir.path().join(format!("model_{bad}"));
+        user_error(
+            &case.train(&[
+                "--model_dir",
+                fresh.to_str().unwrap(),
+                "--train_input_path",
+                data.to_str().unwrap(),
+            ]),
+            &["price", "not a finite number"],
+        );
+        assert!(!fresh.join("checkpoint").exists());
+        let out = case.dir.path().join("scores.csv");
+        let predict = |source: &[&str]| {
+            Command::new(env!("CARGO_BIN_EXE_predict"))
+                .args(source)
+                .args([
+                    "--input_path",
+                    data.to_str().unwrap(),
+                    "--output_path",
+                    out.to_str().unwrap(),
+                ])
+                .output()
+                .unwrap()
+        };
+        user_error(
+            &predict(&["--pipeline_config_path", case.cfg.to_str().unwrap()]),
+            &["price", "not a finite number"],
+        );
+        user_error(
+            &predict(&["--saved_model_dir", export_dir.to_str().unwrap()]),
+            &["price", "not a finite number"],
+        );
+        assert!(!out.exists());
+    }
+}

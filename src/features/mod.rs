@@ -299,6 +299,14 @@ impl Encoder {
                 ),
             })
             .collect::<anyhow::Result<Vec<Vec<f32>>>>()?;
+        for (values, &c) in labels.iter().zip(&self.label_cols) {
+            if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+                bail!(
+                    "label column `{}` holds {v}, which is not a finite number",
+                    self.projection.columns[c].name
+                );
+            }
+        }
         for ((values, &c), _) in labels
             .iter()
             .zip(&self.label_cols)
@@ -382,12 +390,19 @@ impl Value<'_> {
         }
     }
 
+    /// The value as a number. NaN and infinities are refused: they would
+    /// poison training, and each scoring path (checkpoint, ONNX runtime)
+    /// would carry them differently through bucketing and activations.
     fn number(&self) -> anyhow::Result<f64> {
-        Ok(match *self {
+        let x = match *self {
             Value::Int(v) => v as f64,
             Value::Float(v) => v,
             Value::Str(s) => s.trim().parse().with_context(|| format!("`{s}` is not a number"))?,
-        })
+        };
+        if !x.is_finite() {
+            bail!("{x} is not a finite number");
+        }
+        Ok(x)
     }
 
     fn text(&self) -> String {
