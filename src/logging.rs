@@ -37,17 +37,9 @@ impl Log for Logger {
     fn flush(&self) {}
 }
 
-/// (rank, size) as the MPI launcher tells its processes, else (0, 1).
-fn launch_rank() -> (usize, usize) {
-    let var = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok()?.parse::<usize>().ok());
-    let rank = var(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]).unwrap_or(0);
-    let size = var(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]).unwrap_or(1);
-    (rank, size)
-}
-
 /// `[rank r/N] ` under an MPI launcher, else empty.
 pub fn rank_prefix() -> String {
-    match launch_rank() {
+    match crate::dist::launch_layout() {
         (_, 1) => String::new(),
         (rank, size) => format!("[rank {rank}/{size}] "),
     }
@@ -55,7 +47,7 @@ pub fn rank_prefix() -> String {
 
 /// Installs the logger (once per process; later calls do nothing).
 pub fn init() {
-    let (rank, _) = launch_rank();
+    let (rank, _) = crate::dist::launch_layout();
     let default = if rank == 0 {
         LevelFilter::Info
     } else {

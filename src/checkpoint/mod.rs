@@ -117,6 +117,7 @@ pub fn remove_stale_temporaries(model_dir: &Path) -> anyhow::Result<usize> {
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let staged = name.starts_with(".model.ckpt-") && name.ends_with(".tmp");
+        // (`.pipeline.config.tmp`: the name earlier versions staged the config under.)
         let temp_file = name.contains(".tmp-") || name == ".pipeline.config.tmp";
         if !(staged || temp_file) {
             continue;

@@ -319,10 +319,5 @@ pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {
 /// Writes model_dir/pipeline.config atomically (temp file, then rename).
 pub fn write_effective_config(loaded: &LoadedConfig, model_dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(model_dir).with_context(|| format!("cannot create model_dir {}", model_dir.display()))?;
-    let target = model_dir.join("pipeline.config");
-    let tmp = model_dir.join(".pipeline.config.tmp");
-    std::fs::write(&tmp, loaded.to_text()).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &target)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), target.display()))?;
-    Ok(())
+    checkpoint::write_atomic(&model_dir.join("pipeline.config"), loaded.to_text().as_bytes())
 }

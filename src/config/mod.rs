@@ -6,6 +6,7 @@ pub mod export_plan;
 pub mod loader;
 pub mod model_plan;
 pub mod overrides;
+pub mod reflect;
 pub mod sizes;
 pub mod suggest;
 pub mod tasks;

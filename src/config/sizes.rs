@@ -4,9 +4,9 @@
 //! instead of ending in an allocation failure. The walk is over field names,
 //! so it covers every model's layers without knowing the models.
 
-use prost::Message;
 use prost_reflect::{DynamicMessage, ReflectMessage, Value};
 
+use super::reflect::{self, join};
 use super::ConfigError;
 
 /// One allocation a config asks for: the field that sizes it and its bytes.
@@ -28,8 +28,7 @@ pub struct Claims(Vec<Claim>);
 impl Claims {
     /// The allocations of `cfg`: tables, layer weights and per-batch buffers.
     pub fn of(cfg: &super::proto::EasyRecConfig) -> Result<Self, ConfigError> {
-        let msg = DynamicMessage::decode(super::pipeline_descriptor(), cfg.encode_to_vec().as_slice())
-            .map_err(|e| ConfigError::invalid("<root>", format!("internal transcoding error: {e}")))?;
+        let msg = reflect::dynamic(cfg, "protos.EasyRecConfig")?;
         let batch = cfg.data_config.as_ref().map_or(1, |d| d.batch_size()) as u128;
         let columns = cfg.data_config.as_ref().map_or(1, |d| d.input_fields.len().max(1)) as u128;
         let mut claims = vec![Claim {
@@ -39,7 +38,10 @@ impl Claims {
             table: false,
             shared: None,
         }];
-        walk(&msg, "", batch, &mut claims);
+        reflect::visit(&msg, "", &mut |m, path| {
+            claim(m, path, batch, &mut claims);
+            Ok::<(), ConfigError>(())
+        })?;
         // One claim per shared table: the largest of its features'.
         let mut seen: Vec<(String, usize)> = Vec::new();
         let mut unique: Vec<Claim> = Vec::new();
@@ -105,7 +107,9 @@ impl Claims {
     }
 }
 
-fn walk(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>) {
+/// The claims of one message: a table when it has rows, a DNN when it has
+/// hidden_units.
+fn claim(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>) {
     let get = |name: &str| -> Option<u128> {
         let fd = msg.descriptor().get_field_by_name(name)?;
         if !msg.has_field(&fd) {
@@ -119,13 +123,7 @@ fn walk(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>) 
             _ => None,
         }
     };
-    let at = |name: &str| {
-        if path.is_empty() {
-            name.to_string()
-        } else {
-            format!("{path}.{name}")
-        }
-    };
+    let at = |name: &str| join(path, name);
     // An embedding table: rows x embedding_dim floats.
     let dim = get("embedding_dim").unwrap_or(1).max(1);
     let shared = msg
@@ -170,23 +168,6 @@ fn walk(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>) 
                     shared: None,
                 });
             }
-        }
-    }
-    for fd in msg.descriptor().fields() {
-        if !msg.has_field(&fd) {
-            continue;
-        }
-        let here = at(fd.name());
-        match &*msg.get_field(&fd) {
-            Value::Message(m) => walk(m, &here, batch, claims),
-            Value::List(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    if let Value::Message(m) = item {
-                        walk(m, &format!("{here}[{i}]"), batch, claims);
-                    }
-                }
-            }
-            _ => {}
         }
     }
 }

@@ -666,53 +666,29 @@ fn optimizer(o: &proto::Optimizer, path: &str) -> Result<OptimizerSpec, ConfigEr
 /// non-negative (a negative rate climbs the loss; `nan` or `1e999` makes the
 /// first step diverge).
 fn check_rate_numbers(lr: &proto::LearningRate, path: &str) -> Result<(), ConfigError> {
-    use prost::Message;
-    use prost_reflect::{DynamicMessage, Value};
-    let desc = super::schema()
-        .get_message_by_name("protos.LearningRate")
-        .expect("LearningRate is in the schema");
-    let Ok(msg) = DynamicMessage::decode(desc, lr.encode_to_vec().as_slice()) else {
-        return Ok(());
-    };
-    for (schedule, value) in msg.fields() {
-        let Value::Message(inner) = value else { continue };
-        for (fd, v) in inner.fields() {
+    use prost_reflect::Value;
+    let msg = super::reflect::dynamic(lr, "protos.LearningRate")?;
+    super::reflect::visit(&msg, path, &mut |m, at| {
+        for (fd, v) in m.fields() {
             let (x, shown) = match v {
                 Value::F32(x) => (*x as f64, x.to_string()),
                 Value::F64(x) => (*x, x.to_string()),
                 _ => continue,
             };
             let name = fd.name();
-            let is_rate = name.contains("learning_rate") || name.ends_with("_lr");
-            let field = format!("{path}.{}.{name}", schedule.name());
+            let field = super::reflect::join(at, name);
             if !x.is_finite() {
                 return Err(ConfigError::invalid(field, format!("{shown} is not a finite number")));
             }
-            if is_rate && x < 0.0 {
+            if (name.contains("learning_rate") || name.ends_with("_lr")) && x < 0.0 {
                 return Err(ConfigError::invalid(
                     field,
                     format!("a learning rate cannot be negative ({shown})"),
                 ));
             }
         }
-        for item in inner.get_field_by_name("schedule").iter() {
-            if let Value::List(steps) = &**item {
-                for (i, st) in steps.iter().enumerate() {
-                    let rate = st
-                        .as_message()
-                        .and_then(|m| m.get_field_by_name("learning_rate"))
-                        .and_then(|v| v.as_f32());
-                    if let Some(r) = rate.filter(|r| !r.is_finite() || *r < 0.0) {
-                        return Err(ConfigError::invalid(
-                            format!("{path}.{}.schedule[{i}].learning_rate", schedule.name()),
-                            format!("{r} is not a finite, non-negative learning rate"),
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 fn schedule(lr: &proto::learning_rate::LearningRate, path: &str) -> Result<LrSchedule, ConfigError> {

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use prost_reflect::{Cardinality, DynamicMessage, Kind, ReflectMessage, Value};
+use prost_reflect::{Cardinality, DynamicMessage, ReflectMessage};
 
 use super::{proto, suggest, ConfigError};
 use proto::feature_config::FeatureType;
@@ -13,38 +13,20 @@ use proto::feature_config::FeatureType;
 /// (Required fields with a default behave as optional, as in EasyRec, which
 /// never checks initialization.)
 pub fn required_fields(msg: &DynamicMessage) -> Result<(), ConfigError> {
-    fn walk(msg: &DynamicMessage, path: &str) -> Result<(), ConfigError> {
-        let desc = msg.descriptor();
-        for fd in desc.fields() {
-            let here = if path.is_empty() {
-                fd.name().to_string()
-            } else {
-                format!("{path}.{}", fd.name())
-            };
+    super::reflect::visit(msg, "", &mut |m, path| {
+        for fd in m.descriptor().fields() {
             if fd.cardinality() == Cardinality::Required
                 && fd.field_descriptor_proto().default_value.is_none()
-                && !msg.has_field(&fd)
+                && !m.has_field(&fd)
             {
-                return Err(ConfigError::invalid(here, "required field is missing"));
-            }
-            if !matches!(fd.kind(), Kind::Message(_)) || !msg.has_field(&fd) {
-                continue;
-            }
-            match &*msg.get_field(&fd) {
-                Value::Message(m) => walk(m, &here)?,
-                Value::List(items) => {
-                    for (i, item) in items.iter().enumerate() {
-                        if let Value::Message(m) = item {
-                            walk(m, &format!("{here}[{i}]"))?;
-                        }
-                    }
-                }
-                _ => {}
+                return Err(ConfigError::invalid(
+                    super::reflect::join(path, fd.name()),
+                    "required field is missing",
+                ));
             }
         }
         Ok(())
-    }
-    walk(msg, "")
+    })
 }
 
 /// The features of a config: `feature_configs` when non-empty, else `feature_config.features`,

@@ -68,6 +68,15 @@ pub fn launched_by_mpi() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
+/// (rank, size) as the MPI launcher tells its processes, before MPI is
+/// initialised (for the logger); (0, 1) without a launcher.
+pub fn launch_layout() -> (usize, usize) {
+    let var = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok()?.parse::<usize>().ok());
+    let rank = var(&["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]).unwrap_or(0);
+    let size = var(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]).unwrap_or(1);
+    (rank, size)
+}
+
 /// The communicator for this process: MPI under `mpirun`, else `Single`.
 pub fn init() -> anyhow::Result<std::rc::Rc<dyn Communicator>> {
     if launched_by_mpi() {
