@@ -1,7 +1,8 @@
 //! Compiles protos/ with the pure-Rust `protox` compiler (no protoc needed),
 //! generates prost structs from the descriptors and keeps the encoded
 //! descriptor set so the config loader can reflect over the same schema.
-//! The ONNX schema is compiled the same way, for the exporter.
+//! The ONNX schema is compiled the same way, for the exporter, and the
+//! entries of TensorFlow's checkpoint index, for reading EasyRec's checkpoints.
 
 use std::path::PathBuf;
 
@@ -25,5 +26,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The ONNX model format, for `export` (vendored from the ONNX project, MIT).
     let onnx = protox::compile([proto_dir.join("onnx/onnx.proto")], [&proto_dir])?;
     prost_build::Config::new().out_dir(&out_dir).compile_fds(onnx)?;
+
+    // TensorFlow's checkpoint index entries, to read EasyRec's checkpoints.
+    let bundle = protox::compile([proto_dir.join("tensorflow/tensor_bundle.proto")], [&proto_dir])?;
+    prost_build::Config::new().out_dir(&out_dir).compile_fds(bundle)?;
     Ok(())
 }

@@ -26,6 +26,42 @@ pub struct Bundle {
     pub step: u64,
 }
 
+/// The weights of `model` in EasyRec checkpoint `prefix`, under this
+/// trainer's checkpoint names and shapes, with its global step. Every
+/// variable of the model must be there, and every weight of the checkpoint
+/// must have its place in the model: a checkpoint of another model is
+/// refused, never half used.
+fn easyrec_tensors(
+    plan: &TrainingPlan,
+    model: &Model,
+    prefix: &Path,
+) -> anyhow::Result<(u64, std::collections::BTreeMap<String, checkpoint::Loaded>)> {
+    let ckpt = checkpoint::tensorflow::TfCheckpoint::open(prefix)?;
+    let (values, unused) = crate::model::names::from_tensorflow(&ckpt, plan, model, false, &[])?;
+    crate::model::names::refuse_unused(&ckpt, &unused)?;
+    let shapes: std::collections::HashMap<String, Vec<usize>> = model
+        .params
+        .specs
+        .iter()
+        .chain(&model.buffers.specs)
+        .map(|s| (format!("dense/{}", s.name), vec![s.rows, s.cols]))
+        .chain(
+            model
+                .tables
+                .iter()
+                .map(|t| (format!("embedding/{}", t.name), vec![t.rows, t.dim])),
+        )
+        .collect();
+    let tensors = values
+        .into_iter()
+        .map(|(k, data)| {
+            let shape = shapes[&k].clone();
+            (k, checkpoint::Loaded { shape, data })
+        })
+        .collect();
+    Ok((ckpt.global_step()?.unwrap_or(0), tensors))
+}
+
 impl Bundle {
     /// The weights of checkpoint `dir` (optimizer slots are not read into
     /// the model; tables saved by any number of ranks come back whole).
@@ -33,7 +69,10 @@ impl Bundle {
         plan.memory.check_here(1)?;
         let enc = Encoder::for_inference(&plan).map_err(crate::config::ConfigError::unbuildable)?;
         let mut model = Model::new(&plan, &enc, SEED).map_err(crate::config::ConfigError::unbuildable)?;
-        let (step, mut tensors) = checkpoint::load(dir)?;
+        let (step, mut tensors) = match checkpoint::tensorflow::find(dir) {
+            Some(prefix) => easyrec_tensors(&plan, &model, &prefix)?,
+            None => checkpoint::load(dir)?,
+        };
         let mut take = |name: String, shape: [usize; 2]| checkpoint::take(&mut tensors, &name, &shape, dir);
         for store in [&mut model.params, &mut model.buffers] {
             let store: &mut ParamStore = store;
@@ -55,7 +94,7 @@ impl Bundle {
                 sharding: Sharding::Replicated,
             });
         }
-        let embeddings = Collection::new(tables, Sharding::Replicated, &plan.features);
+        let embeddings = Collection::new(tables, Sharding::Replicated);
         Ok(Bundle {
             plan,
             model,
@@ -86,7 +125,7 @@ impl Bundle {
         Ok(Bundle {
             plan: t.plan.clone(),
             model: t.model.clone(),
-            embeddings: Collection::new(tables, Sharding::Replicated, &t.plan.features),
+            embeddings: Collection::new(tables, Sharding::Replicated),
             step: t.step,
         })
     }

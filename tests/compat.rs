@@ -35,3 +35,297 @@ fn hashed_ids_match_tensorflow_buckets() {
         wrong.join("\n")
     );
 }
+
+// ---- EasyRec's checkpoints (shared `data/compat/easyrec_ckpt`) ----
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const FIXTURES: [&str; 7] = ["wide_and_deep", "deepfm", "dlrm", "dcn", "multi_tower", "mmoe", "dbmtl"];
+
+/// A writable copy of fixture `name` (its config names its files
+/// relative to the folder it runs in).
+fn fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let src = common::shared_dir().join("data/compat/easyrec_ckpt").join(name);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(name);
+    copy_dir(&src, &dir);
+    (tmp, dir)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dst = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dst);
+        } else {
+            std::fs::copy(&p, &dst).unwrap();
+            let mut perm = std::fs::metadata(&dst).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            std::fs::set_permissions(&dst, perm).unwrap();
+        }
+    }
+}
+
+fn run(bin: &str, dir: &Path, args: &[&str]) -> Output {
+    Command::new(bin).current_dir(dir).args(args).output().unwrap()
+}
+
+fn csv_rows(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap().split(',').map(str::to_string).collect();
+    (
+        header,
+        lines.map(|l| l.split(',').map(str::to_string).collect()).collect(),
+    )
+}
+
+fn column(path: &Path, name: &str) -> Vec<f64> {
+    let (h, rows) = csv_rows(path);
+    let c = h
+        .iter()
+        .position(|x| x == name)
+        .unwrap_or_else(|| panic!("{} has no column {name}", path.display()));
+    rows.iter().map(|r| r[c].parse().unwrap()).collect()
+}
+
+/// Exact (rank) AUC, ties counted half.
+fn rank_auc(labels: &[f64], scores: &[f64]) -> f64 {
+    let (mut pos, mut neg) = (0.0, 0.0);
+    let mut wins = 0.0;
+    for (i, &li) in labels.iter().enumerate() {
+        for (j, &lj) in labels.iter().enumerate() {
+            if li > 0.5 && lj < 0.5 {
+                wins += if scores[i] > scores[j] {
+                    1.0
+                } else if scores[i] == scores[j] {
+                    0.5
+                } else {
+                    0.0
+                };
+            }
+        }
+        if li > 0.5 {
+            pos += 1.0
+        } else {
+            neg += 1.0
+        }
+    }
+    wins / (pos * neg)
+}
+
+/// The task suffixes of a fixture's predictions (`""`, or `_ctr`, `_like`).
+fn tasks(predictions: &Path) -> Vec<String> {
+    let (h, _) = csv_rows(predictions);
+    h.iter()
+        .filter_map(|c| c.strip_prefix("probs").map(str::to_string))
+        .collect()
+}
+
+/// `predict` on EasyRec's checkpoint gives EasyRec's own probabilities
+/// for every eval row of every fixture model.
+#[test]
+fn predict_on_easyrec_checkpoints_reproduces_easyrec() {
+    for name in FIXTURES {
+        let (_tmp, dir) = fixture(name);
+        let o = run(
+            env!("CARGO_BIN_EXE_predict"),
+            &dir,
+            &[
+                "--pipeline_config_path",
+                "pipeline.config",
+                "--checkpoint_path",
+                "model/model.ckpt-100",
+                "--input_path",
+                "eval.csv",
+                "--output_path",
+                "ours.csv",
+            ],
+        );
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        let theirs = dir.join("easyrec_predictions.csv");
+        for t in tasks(&theirs) {
+            let want = column(&theirs, &format!("probs{t}"));
+            let got = column(&dir.join("ours.csv"), &format!("probs{t}"));
+            assert_eq!(got.len(), want.len(), "{name}{t}: rows");
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+            assert!(
+                worst < 1e-5,
+                "{name}{t}: probabilities differ from EasyRec's by up to {worst}"
+            );
+        }
+    }
+}
+
+/// `eval` on EasyRec's checkpoint gives the exact AUC of EasyRec's own
+/// predictions, and the global step EasyRec saved.
+#[test]
+fn eval_on_easyrec_checkpoints_gives_easyrec_auc() {
+    for name in FIXTURES {
+        let (_tmp, dir) = fixture(name);
+        let o = run(
+            env!("CARGO_BIN_EXE_eval"),
+            &dir,
+            &[
+                "--pipeline_config_path",
+                "pipeline.config",
+                "--checkpoint_path",
+                "model/model.ckpt-100",
+            ],
+        );
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        let result: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("model/eval_result.txt")).unwrap()).unwrap();
+        assert_eq!(result["global_step"], 100, "{name}");
+        let theirs = dir.join("easyrec_predictions.csv");
+        let (h, _) = csv_rows(&theirs);
+        for t in tasks(&theirs) {
+            let label = if t.is_empty() {
+                h[1].clone()
+            } else {
+                h[1 + tasks(&theirs).iter().position(|x| *x == t).unwrap()].clone()
+            };
+            let want = rank_auc(&column(&theirs, &label), &column(&theirs, &format!("probs{t}")));
+            let key = if t.is_empty() {
+                "auc".to_string()
+            } else {
+                format!("auc{t}")
+            };
+            let got = result[&key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{name}: no {key} in {result}"));
+            assert!(
+                (got - want).abs() < 1e-4,
+                "{name}: {key} {got}, EasyRec's predictions give {want}"
+            );
+        }
+    }
+}
+
+/// Fine-tuning from EasyRec's checkpoint starts where EasyRec stopped: one
+/// more step leaves the AUC near EasyRec's, far above a fresh model's.
+#[test]
+fn fine_tune_from_easyrec_checkpoint_continues_from_it() {
+    let (_tmp, dir) = fixture("dcn");
+    let prefix = dir.join("model/model.ckpt-100");
+    let o = run(
+        env!("CARGO_BIN_EXE_train_eval"),
+        &dir,
+        &[
+            "--pipeline_config_path",
+            "pipeline.config",
+            "--model_dir",
+            "tuned",
+            "--train_config.num_steps=1",
+            &format!("--train_config.fine_tune_checkpoint={}", prefix.display()),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(log.contains("variables restored from"), "{log}");
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tuned/eval_result.txt")).unwrap()).unwrap();
+    let theirs = dir.join("easyrec_predictions.csv");
+    let want = rank_auc(&column(&theirs, "clk"), &column(&theirs, "probs"));
+    let got = result["auc"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() < 0.01,
+        "after one step from EasyRec's weights: auc {got}, EasyRec's {want}"
+    );
+}
+
+/// A damaged TensorFlow checkpoint is the user's problem (exit 1), named.
+#[test]
+fn damaged_tensorflow_checkpoints_are_named() {
+    let (_tmp, dir) = fixture("dlrm");
+    let args = [
+        "--pipeline_config_path",
+        "pipeline.config",
+        "--checkpoint_path",
+        "model/model.ckpt-100",
+        "--input_path",
+        "eval.csv",
+        "--output_path",
+        "ours.csv",
+    ];
+    let data = dir.join("model/model.ckpt-100.data-00000-of-00001");
+    let bytes = std::fs::read(&data).unwrap();
+    std::fs::write(&data, &bytes[..bytes.len() / 2]).unwrap();
+    let o = run(env!("CARGO_BIN_EXE_predict"), &dir, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("model.ckpt-100.data-00000-of-00001") && err.contains("truncated"),
+        "{err}"
+    );
+    // A flipped byte inside a tensor fails its checksum.
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x40;
+    std::fs::write(&data, &flipped).unwrap();
+    let o = run(env!("CARGO_BIN_EXE_predict"), &dir, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("checksum"), "{err}");
+    std::fs::write(&data, &bytes).unwrap();
+    // Without its index the prefix is no checkpoint at all.
+    std::fs::remove_file(dir.join("model/model.ckpt-100.index")).unwrap();
+    let o = run(env!("CARGO_BIN_EXE_predict"), &dir, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("model/model.ckpt-100"), "{err}");
+}
+
+/// Another model's EasyRec checkpoint is refused, naming what does not fit.
+#[test]
+fn another_models_tensorflow_checkpoint_is_refused() {
+    let (_tmp, dir) = fixture("dcn");
+    let other = common::shared_dir().join("data/compat/easyrec_ckpt/mmoe/model/model.ckpt-100");
+    let o = run(
+        env!("CARGO_BIN_EXE_predict"),
+        &dir,
+        &[
+            "--pipeline_config_path",
+            "pipeline.config",
+            "--checkpoint_path",
+            other.to_str().unwrap(),
+            "--input_path",
+            "eval.csv",
+            "--output_path",
+            "ours.csv",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("lacks") && err.contains("cross_layer_0_w"), "{err}");
+}
+
+/// inspect_checkpoint lists an EasyRec checkpoint's variables as
+/// TensorFlow's list_variables does (the fixture's variables.txt).
+#[test]
+fn inspect_lists_tensorflow_variables() {
+    for name in FIXTURES {
+        let dir = common::shared_dir().join("data/compat/easyrec_ckpt").join(name);
+        let o = Command::new(env!("CARGO_BIN_EXE_inspect_checkpoint"))
+            .args(["--all_tensors", "--checkpoint_path"])
+            .arg(dir.join("model/model.ckpt-100"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        let got: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.contains('\t'))
+            .map(str::to_string)
+            .collect();
+        let want: Vec<String> = std::fs::read_to_string(dir.join("variables.txt"))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(got, want, "{name}");
+    }
+}

@@ -5,6 +5,7 @@
 
 mod lock;
 pub mod safetensors;
+pub mod tensorflow;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -260,25 +261,21 @@ pub fn latest(model_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
 }
 
 /// A checkpoint path as a user gives it: a checkpoint dir, or a model_dir
-/// (meaning its latest checkpoint).
+/// (meaning its latest checkpoint); or a TensorFlow (EasyRec) checkpoint:
+/// its prefix `.../model.ckpt-N`, or the model_dir whose `checkpoint` file
+/// names it (see `tensorflow::find`).
 pub fn resolve(path: &Path) -> anyhow::Result<PathBuf> {
     if path.join("manifest.json").is_file() {
         return Ok(path.to_path_buf());
     }
     if path.is_dir() {
-        if let Some(p) = latest(path)? {
+        if let Some(p) = latest(path)?.or_else(|| tensorflow::find(path)) {
             return Ok(p);
         }
         return Err(Unusable(format!("{} holds no checkpoint", path.display())).into());
     }
-    let mut index = path.as_os_str().to_owned();
-    index.push(".index");
-    if Path::new(&index).is_file() {
-        return Err(Unusable(format!(
-            "{} is a TensorFlow checkpoint; only checkpoints written by this trainer can be read",
-            path.display()
-        ))
-        .into());
+    if let Some(p) = tensorflow::find(path) {
+        return Ok(p);
     }
     Err(Unusable(format!("checkpoint {} does not exist", path.display())).into())
 }

@@ -300,6 +300,9 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
 pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {
     let args = InspectArgs::try_parse_from(args)?;
     let dir = checkpoint::resolve(Path::new(&args.checkpoint_path))?;
+    if let Some(prefix) = checkpoint::tensorflow::find(&dir) {
+        return inspect_tensorflow(&prefix, args.all_tensors);
+    }
     let (step, tensors) = checkpoint::load(&dir)?;
     println!("checkpoint {} (global step {step})", dir.display());
     let mut values = 0usize;
@@ -310,6 +313,34 @@ pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {
         }
         println!("{name} {:?}", t.shape);
         values += t.data.len();
+        shown += 1;
+    }
+    println!("{shown} variables, {values} values");
+    Ok(())
+}
+
+/// Lists an EasyRec (TensorFlow) checkpoint as TensorFlow's
+/// `list_variables` does, `name<TAB>dtype<TAB>shape`, after reading every
+/// listed tensor against its checksum.
+fn inspect_tensorflow(prefix: &Path, all: bool) -> anyhow::Result<()> {
+    let ckpt = checkpoint::tensorflow::TfCheckpoint::open(prefix)?;
+    let step = ckpt.global_step()?;
+    println!(
+        "TensorFlow checkpoint {} (global step {})",
+        prefix.display(),
+        step.map_or("unknown".into(), |s| s.to_string())
+    );
+    let mut values = 0usize;
+    let mut shown = 0usize;
+    for (name, e) in &ckpt.entries {
+        if !all && crate::model::names::is_training_state(name) {
+            continue;
+        }
+        if e.dtype_name() != "string" {
+            values += ckpt.read_f32(name)?.data.len();
+        }
+        let dims: Vec<String> = e.shape.iter().map(usize::to_string).collect();
+        println!("{name}\t{}\t[{}]", e.dtype_name(), dims.join(", "));
         shown += 1;
     }
     println!("{shown} variables, {values} values");

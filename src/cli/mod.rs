@@ -68,7 +68,8 @@ pub struct TrainEvalArgs {
 pub struct EvalArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Checkpoint to evaluate; default: the latest in model_dir.
+    /// Checkpoint to evaluate (ours, or EasyRec's `.../model.ckpt-N`); default:
+    /// the latest in model_dir.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: Option<String>,
     /// Overrides the evaluation input.
@@ -91,7 +92,8 @@ pub struct ExportArgs {
     /// Directory that receives <timestamp>/ with the exported model.
     #[arg(long, value_name = "DIR")]
     pub export_dir: PathBuf,
-    /// Checkpoint to export; default: the latest in model_dir.
+    /// Checkpoint to export (ours, or EasyRec's `.../model.ckpt-N`); default:
+    /// the latest in model_dir.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: Option<String>,
     /// Extra files copied into the export's assets.
@@ -118,7 +120,8 @@ pub struct PredictArgs {
     /// JSON object of config edits.
     #[arg(long, value_name = "JSON")]
     pub edit_config_json: Option<String>,
-    /// Checkpoint to score with; default: the latest in model_dir.
+    /// Checkpoint to score with (ours, or EasyRec's `.../model.ckpt-N`); default:
+    /// the latest in model_dir.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: Option<String>,
     /// Input files (Parquet or CSV as data_config says; globs allowed).
@@ -141,7 +144,8 @@ pub struct PredictArgs {
     about = "List a checkpoint's variables and shapes"
 )]
 pub struct InspectArgs {
-    /// A model.ckpt-N directory, or a model_dir (its latest checkpoint).
+    /// A model.ckpt-N directory, or a model_dir (its latest checkpoint); or
+    /// a TensorFlow (EasyRec) checkpoint prefix `.../model.ckpt-N`.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: String,
     /// Also list optimizer slots (accumulators, moments).

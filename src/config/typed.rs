@@ -287,6 +287,38 @@ pub struct FeatureSpec {
     pub init: EmbeddingInit,
 }
 
+impl FeatureSpec {
+    /// A RawFeature with embedding_dim and no boundaries: EasyRec weights
+    /// the rows of a `[raw_input_dim, embedding_dim]` table by its values.
+    pub fn projected(&self) -> bool {
+        matches!(&self.kind, FeatureKind::Raw { boundaries, .. } if boundaries.is_empty()) && self.embedding_dim > 0
+    }
+
+    /// Whether its ids come with weights: projected raw values, tags with
+    /// `kv_separator` or with a second (weight) input.
+    pub fn weighted_ids(&self) -> bool {
+        self.projected()
+            || matches!(&self.kind, FeatureKind::Tag { kv_separator, .. } if kv_separator.is_some() || self.inputs.len() > 1)
+    }
+
+    /// EasyRec's name of the feature column it becomes (TensorFlow's
+    /// feature-column name): what an input layer sorts its columns by and
+    /// names their tables after.
+    pub fn easyrec_column(&self) -> String {
+        let f = &self.name;
+        match &self.kind {
+            FeatureKind::Raw { boundaries, .. } if !boundaries.is_empty() => format!("{f}_bucketized_embedding"),
+            FeatureKind::Raw { .. } if self.embedding_dim > 0 => {
+                format!("{f}_weighted_by_{f}_raw_proj_val_embedding")
+            }
+            FeatureKind::Raw { .. } => f.clone(),
+            FeatureKind::Tag { .. } if self.inputs.len() > 1 => format!("{f}_weighted_by_{f}_w_embedding"),
+            _ if self.table != self.name => format!("{}_shared_embedding", self.table),
+            _ => format!("{f}_embedding"),
+        }
+    }
+}
+
 /// Everything training needs, checked for support.
 #[derive(Debug, Clone)]
 pub struct TrainingPlan {

@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 
 use super::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource, Sharding, Table};
-use crate::config::typed::{FeatureSpec, OptimizerSpec};
+use crate::config::typed::OptimizerSpec;
 use crate::dist::Communicator;
 use crate::features::{Batch, Encoded};
 use crate::model::GroupLayout;
@@ -20,20 +20,13 @@ use crate::optim::Rule;
 pub struct Collection {
     pub tables: Vec<Table>,
     pub sharding: Sharding,
-    /// Per feature (`TrainingPlan::features`): pooled by weighted mean
-    /// rather than sum.
-    mean: Vec<bool>,
 }
 
 impl Collection {
-    /// The collection of `tables`, pooling each of `features` with its
-    /// combiner.
-    pub fn new(tables: Vec<Table>, sharding: Sharding, features: &[FeatureSpec]) -> Self {
-        Collection {
-            tables,
-            sharding,
-            mean: features.iter().map(|f| f.mean_combiner).collect(),
-        }
+    /// The collection of `tables`; each group part pools with its own
+    /// combiner (`Part::mean`).
+    pub fn new(tables: Vec<Table>, sharding: Sharding) -> Self {
+        Collection { tables, sharding }
     }
 
     /// Group input matrices (row-major `[batch, width]`) for a batch:
@@ -60,7 +53,7 @@ impl Collection {
                                     Some(f) => &f[ti],
                                     None => &self.tables[ti],
                                 };
-                                pool_rows(src, j, self.mean[p.feature], out, g.width, p.col, first);
+                                pool_rows(src, j, p.mean, out, g.width, p.col, first);
                             }
                             (Encoded::Dense { dim, values }, None) => {
                                 for (k, row) in out.chunks_exact_mut(g.width).enumerate() {
@@ -123,7 +116,7 @@ impl Collection {
                     let Encoded::Sparse(j) = &batch.features[p.feature] else {
                         unreachable!("sparse part has jagged ids")
                     };
-                    scatter_grad(j, self.mean[p.feature], gin, g.width, p.col, p.dim, acc);
+                    scatter_grad(j, p.mean, gin, g.width, p.col, p.dim, acc);
                 }
             }
         });

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
-use crate::config::typed::{FeatureKind, LossKind, TrainingPlan};
+use crate::config::typed::{LossKind, TrainingPlan};
 use crate::model::graph::BN_EPS;
 use crate::model::{Model, Op, ParamStore};
 
@@ -52,13 +52,7 @@ pub fn feature_inputs(plan: &TrainingPlan, model: &Model) -> Vec<FeatureInput> {
             let kind = match dense {
                 Some(dim) => InputKind::Dense { dim },
                 None => InputKind::Ids {
-                    weighted: matches!(
-                        spec.kind,
-                        FeatureKind::Tag {
-                            kv_separator: Some(_),
-                            ..
-                        }
-                    ),
+                    weighted: spec.weighted_ids(),
                 },
             };
             FeatureInput {
@@ -103,6 +97,7 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         }
     }
     let mut table_names: HashMap<usize, String> = HashMap::new();
+    let variables = crate::model::names::table_variables(plan, model);
     let mut group_inputs = Vec::new();
     for g in &model.groups {
         let mut cols = Vec::new();
@@ -113,16 +108,9 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
                     let spec = &model.tables[t];
                     let table = table_names
                         .entry(t)
-                        .or_insert_with(|| {
-                            b.g.f32s(
-                                Some(&format!("{}/embedding_weights", spec.name)),
-                                &[spec.rows, spec.dim],
-                                tables[t],
-                            )
-                        })
+                        .or_insert_with(|| b.g.f32s(Some(&variables[t]), &[spec.rows, spec.dim], tables[t]))
                         .clone();
-                    let mean = plan.features[p.feature].mean_combiner;
-                    cols.push(b.pool(&masks[&p.feature], &table, mean));
+                    cols.push(b.pool(&masks[&p.feature], &table, p.mean));
                 }
             }
         }

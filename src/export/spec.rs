@@ -50,6 +50,13 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
                         names.push(format!("{}/weights", f.name));
                     }
                     let t = match kind {
+                        FeatureKind::Raw { dim, min_max, .. } if f.projected() => json!({
+                            "type": "raw_projection",
+                            "dim": dim,
+                            "separator": ",",
+                            "min_max": min_max.map(|(lo, hi)| json!({ "min": lo, "max": hi, "value": "(x - min) / (max - min)" })),
+                            "ids": "the k-th value weights row k of the table; values not above 0 are dropped",
+                        }),
                         FeatureKind::Raw { boundaries, .. } => json!({
                             "type": "boundaries",
                             "boundaries": boundaries,
@@ -64,6 +71,8 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
                             "type": "tags",
                             "separator": separator,
                             "kv_separator": kv_separator,
+                            "weights_column": f.inputs.get(1),
+                            "weights": "tags whose weight is not above 0 are dropped",
                             "each": buckets(b),
                         }),
                         FeatureKind::Combo { buckets: b } => json!({

@@ -131,6 +131,14 @@ enum Enc {
         col: usize,
         boundaries: Vec<f64>,
     },
+    /// A RawFeature with embedding_dim and no boundaries, as EasyRec builds
+    /// it: value `k` of the row weights row `k` of a `[dim, embedding_dim]`
+    /// table (`<name>_raw_proj_val`).
+    Projected {
+        col: usize,
+        dim: usize,
+        min_max: Option<(f64, f64)>,
+    },
     Id {
         col: usize,
         buckets: Buckets,
@@ -140,6 +148,9 @@ enum Enc {
         buckets: Buckets,
         separator: String,
         kv_separator: Option<String>,
+        /// A second input holding one weight per tag (EasyRec's
+        /// `<name>_w` weighted column).
+        weight_col: Option<usize>,
     },
     Combo {
         cols: Vec<usize>,
@@ -212,6 +223,12 @@ impl Encoder {
                             col: c,
                             boundaries: boundaries.clone(),
                         }
+                    } else if f.embedding_dim > 0 {
+                        Enc::Projected {
+                            col: c,
+                            dim: *dim as usize,
+                            min_max: *min_max,
+                        }
                     } else {
                         Enc::Dense {
                             col: c,
@@ -229,12 +246,24 @@ impl Encoder {
                     buckets,
                     separator,
                     kv_separator,
-                } => Enc::Tag {
-                    col: col(&mut projection, first, false)?,
-                    buckets: Buckets::new(buckets, &f.name)?,
-                    separator: separator.clone(),
-                    kv_separator: kv_separator.clone(),
-                },
+                } => {
+                    let weight_col = match f.inputs.get(1) {
+                        Some(_) if kv_separator.is_some() => bail!(
+                            "TagFeature `{}` has both kv_separator and a weight input (`{}`); give its weights one way",
+                            f.name,
+                            f.inputs[1]
+                        ),
+                        Some(w) => Some(col(&mut projection, w, false)?),
+                        None => None,
+                    };
+                    Enc::Tag {
+                        col: col(&mut projection, first, false)?,
+                        buckets: Buckets::new(buckets, &f.name)?,
+                        separator: separator.clone(),
+                        kv_separator: kv_separator.clone(),
+                        weight_col,
+                    }
+                }
                 FeatureKind::Combo { buckets } => Enc::Combo {
                     cols: f
                         .inputs
@@ -264,6 +293,7 @@ impl Encoder {
         match &self.encs[feature] {
             Enc::Dense { .. } => None,
             Enc::Bucketized { boundaries, .. } => Some(boundaries.len() as u64 + 1),
+            Enc::Projected { dim, .. } => Some(*dim as u64),
             Enc::Id { buckets, .. } | Enc::Tag { buckets, .. } | Enc::Combo { buckets, .. } => Some(buckets.rows()),
         }
     }
@@ -458,6 +488,31 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                 j.offsets.push(j.ids.len() as u32);
             }
         }
+        Enc::Projected { col, dim, min_max } => {
+            let mut weights = Vec::with_capacity(n * dim);
+            for r in 0..n {
+                let mut k = 0u64;
+                for_each_value(&raw.columns[*col], r, Some(","), &mut |v| {
+                    let mut x = v.number()?;
+                    if let Some((lo, hi)) = min_max {
+                        x = if hi > lo { (x - lo) / (hi - lo) } else { 0.0 };
+                    }
+                    // TensorFlow's safe embedding lookup drops entries whose
+                    // weight is not positive, so such a value adds nothing.
+                    if x > 0.0 {
+                        j.ids.push(k);
+                        weights.push(x as f32);
+                    }
+                    k += 1;
+                    Ok(())
+                })?;
+                if k != *dim as u64 && !(k == 0 && *dim == 1) {
+                    bail!("row {r} has {k} values, raw_input_dim is {dim}");
+                }
+                j.offsets.push(j.ids.len() as u32);
+            }
+            j.weights = Some(weights);
+        }
         Enc::Id { col, buckets } => {
             for r in 0..n {
                 for_each_value(&raw.columns[*col], r, None, &mut |v| {
@@ -472,6 +527,44 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             buckets,
             separator,
             kv_separator,
+            weight_col: Some(wc),
+        } => {
+            let mut weights = Vec::with_capacity(n);
+            let mut ws: Vec<f32> = Vec::new();
+            for r in 0..n {
+                ws.clear();
+                for_each_value(&raw.columns[*wc], r, Some(separator), &mut |v| {
+                    ws.push(v.number()? as f32);
+                    Ok(())
+                })?;
+                let mut k = 0usize;
+                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+                    let w = *ws
+                        .get(k)
+                        .with_context(|| format!("row {r} has more tags than weights ({})", ws.len()))?;
+                    k += 1;
+                    // Dropped as TensorFlow's safe embedding lookup drops
+                    // entries whose weight is not positive.
+                    if w > 0.0 {
+                        j.ids.push(v.bucket(buckets, "")?);
+                        weights.push(w);
+                    }
+                    Ok(())
+                })?;
+                if k != ws.len() {
+                    bail!("row {r} has {k} tags but {} weights", ws.len());
+                }
+                j.offsets.push(j.ids.len() as u32);
+            }
+            debug_assert!(kv_separator.is_none());
+            j.weights = Some(weights);
+        }
+        Enc::Tag {
+            col,
+            buckets,
+            separator,
+            kv_separator,
+            weight_col: None,
         } => {
             let mut weights = kv_separator.as_ref().map(|_| Vec::with_capacity(n));
             for r in 0..n {
@@ -483,8 +576,11 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                                 .trim()
                                 .parse()
                                 .with_context(|| format!("weight `{wt}` of tag `{k}` is not a number"))?;
-                            j.ids.push(buckets.of_str(k, "")?);
-                            w.push(wt);
+                            // Not positive: dropped, as TensorFlow's safe lookup does.
+                            if wt > 0.0 {
+                                j.ids.push(buckets.of_str(k, "")?);
+                                w.push(wt);
+                            }
                         }
                         (_, w, v) => {
                             j.ids.push(v.bucket(buckets, "")?);

@@ -75,6 +75,54 @@ pub fn embedded_first(arch: &Arch) -> bool {
     matches!(arch, Arch::DeepFm { .. })
 }
 
+/// Whether `arch` reads its group `name` as EasyRec's input-layer tensor,
+/// whose columns TensorFlow orders by feature-column name
+/// (`FeatureSpec::easyrec_column`). Wide groups, WideAndDeep's deep side
+/// and DLRM's sparse group read EasyRec's per-feature list instead, in
+/// `feature_names` order.
+pub fn columns_by_name(arch: &Arch, name: &str, wide: bool) -> bool {
+    match arch {
+        _ if wide => false,
+        Arch::WideAndDeep { .. } => false,
+        Arch::Dlrm { .. } => name != "sparse",
+        _ => true,
+    }
+}
+
+/// The groups in the order EasyRec's model calls its input layer on them:
+/// each call opens a variable scope, `input_layer`, `input_layer_1`, ...,
+/// that holds the tables of that group. Groups the model does not read
+/// come last.
+pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
+    let named = |names: &[&str]| -> Vec<usize> {
+        names
+            .iter()
+            .filter_map(|n| groups.iter().position(|g| g.name == *n && !g.wide))
+            .collect()
+    };
+    let mut order: Vec<usize> = match arch {
+        Arch::WideAndDeep { .. } | Arch::DeepFm { .. } => {
+            let wide = (0..groups.len()).filter(|&i| groups[i].wide);
+            wide.chain((0..groups.len()).filter(|&i| !groups[i].wide)).collect()
+        }
+        Arch::Dlrm { .. } => named(&["sparse", "dense"]),
+        Arch::Dcn {
+            deep_input,
+            cross_input,
+            ..
+        } => named(&[deep_input.as_str(), cross_input.as_str()]),
+        Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
+        Arch::Mmoe { .. } | Arch::Dbmtl { .. } => named(&["all"]),
+    };
+    order.dedup();
+    for i in 0..groups.len() {
+        if !order.contains(&i) {
+            order.push(i);
+        }
+    }
+    order
+}
+
 struct Builder<'a> {
     groups: &'a [GroupLayout],
     /// Each group's input node.
@@ -151,7 +199,7 @@ impl Builder<'_> {
         } else {
             None
         };
-        let h = s.dnn(g, x, "dnn", dnn);
+        let h = s.dnn(g, x, "deep_feature", dnn);
         Ok(match final_dnn {
             Some(f) => {
                 let w = wide.unwrap_or_else(|| g.zeros(h, wide_dim));
@@ -163,7 +211,8 @@ impl Builder<'_> {
                 if wide_dim != 1 {
                     bail!("{model} without final_dnn needs wide_output_dim: 1 for one logit");
                 }
-                let o = s.dense(g, h, "deep_output", 1, Activation::Linear);
+                let out = if fm { "deep_logits" } else { "deep_out" };
+                let o = s.dense(g, h, out, 1, Activation::Linear);
                 let fm_sum = fm_out.map(|f| g.row_sum(f));
                 let terms: Vec<NodeId> = [wide, Some(o), fm_sum].into_iter().flatten().collect();
                 // The wide side first, as EasyRec adds them.
@@ -206,10 +255,12 @@ impl Builder<'_> {
                 let off = usize::from(!itself);
                 let pairs = (0..n).flat_map(|i| (i + off..n).map(move |j| (i, j))).collect();
                 let inter = g.dot(&[d, self.xs[sparse]], dim, pairs);
+                // EasyRec's order: the interactions, the sparse embeddings,
+                // then (arch_with_dense_feature) the bottom output.
                 if with_dense {
-                    g.concat(&[d, inter])
+                    g.concat(&[inter, self.xs[sparse], d])
                 } else {
-                    inter
+                    g.concat(&[inter, self.xs[sparse]])
                 }
             }
         };
@@ -227,22 +278,30 @@ impl Builder<'_> {
     ) -> anyhow::Result<NodeId> {
         let deep_group = self.group(deep_input, "DCN deep_tower")?;
         let cross_group = self.group(cross_input, "DCN cross_tower")?;
-        let h = s.dnn(g, self.xs[deep_group], "deep_tower", deep);
+        let h = s.dnn(g, self.xs[deep_group], "dnn", deep);
         let x0 = self.xs[cross_group];
         let d = g.width(x0);
         let mut xl = x0;
+        // EasyRec's cross variables: `tf.get_variable` of shape [d] with its
+        // default (Glorot uniform) initializer, the bias included, and no
+        // regularizer.
         for i in 0..cross_num {
             let w = s.params.add(
-                &format!("cross/layer_{i}/kernel"),
+                &format!("cross_layer_{i}_w"),
                 d,
                 1,
-                Init::GlorotUniform,
-                true,
+                Init::GlorotUniformVector,
+                false,
                 s.rng,
             );
-            let b = s
-                .params
-                .add(&format!("cross/layer_{i}/bias"), 1, d, Init::Zeros, false, s.rng);
+            let b = s.params.add(
+                &format!("cross_layer_{i}_b"),
+                1,
+                d,
+                Init::GlorotUniformVector,
+                false,
+                s.rng,
+            );
             xl = g.cross(x0, xl, w, b);
         }
         let c = g.concat(&[h, xl]);
@@ -263,7 +322,9 @@ impl Builder<'_> {
         let mut outs = Vec::new();
         for (name, spec) in towers {
             let gi = self.group(name, "MultiTower")?;
-            outs.push(s.dnn(g, self.xs[gi], &format!("{name}_tower"), spec));
+            // EasyRec batch-normalises every tower's input, whatever use_bn says.
+            let x = s.batch_norm(g, self.xs[gi], &format!("{name}_fea_bn"), Activation::Linear);
+            outs.push(s.dnn(g, x, &format!("{name}_dnn"), spec));
         }
         let c = g.concat(&outs);
         let top = s.dnn(g, c, "final_dnn", final_dnn);

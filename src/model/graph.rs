@@ -322,7 +322,8 @@ impl Scope<'_> {
     }
 
     /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation ->
-    /// dropout, layers named `name/dnn_i`. No layers pass `x` through.
+    /// dropout, layers named `name/dnn_i` (`name/dnn_i/bn`), as EasyRec
+    /// names its variables. No layers pass `x` through.
     pub fn dnn(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> NodeId {
         let mut x = x;
         for (i, &units) in spec.hidden_units.iter().enumerate() {
@@ -330,7 +331,7 @@ impl Scope<'_> {
             let l = LinearParams::new(self.params, &lname, g.width(x), units, true, self.rng);
             x = if spec.use_bn {
                 let z = g.linear(x, self.params, l.w, l.b, Activation::Linear);
-                self.batch_norm(g, z, &format!("{lname}/batch_norm"), spec.activation)
+                self.batch_norm(g, z, &format!("{lname}/bn"), spec.activation)
             } else {
                 g.linear(x, self.params, l.w, l.b, spec.activation)
             };

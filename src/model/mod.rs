@@ -8,6 +8,7 @@ pub mod builders;
 pub mod cpu;
 pub mod graph;
 pub mod kernels;
+pub mod names;
 #[cfg(test)]
 mod op_tests;
 pub mod params;
@@ -30,10 +31,14 @@ pub struct Part {
     pub dim: usize,
     /// Embedding table it is pooled from; `None` for raw values.
     pub table: Option<usize>,
+    /// Pooled by weighted mean rather than sum: the feature's combiner,
+    /// except in wide groups, which EasyRec always sums.
+    pub mean: bool,
 }
 
-/// A feature group as the model sees it: `[batch, width]`, sparse parts first
-/// in wide groups and in DeepFM, config order otherwise.
+/// A feature group as the model sees it: `[batch, width]`, its columns in
+/// EasyRec's order (`builders::columns_by_name`), sparse parts first in wide
+/// groups and in DeepFM.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupLayout {
     pub name: String,
@@ -95,6 +100,7 @@ impl Model {
                         col: 0,
                         dim: enc.dense_dim(fi).expect("dense feature has a width"),
                         table: None,
+                        mean: false,
                     },
                     Some(rows) => {
                         let (name, dim) = if g.wide {
@@ -150,10 +156,16 @@ impl Model {
                             col: 0,
                             dim,
                             table: Some(t),
+                            mean: f.mean_combiner && !g.wide,
                         }
                     }
                 };
                 parts.push(part);
+            }
+            // Columns in the order EasyRec's input layer puts them, so its
+            // kernels line up row for row with ours.
+            if builders::columns_by_name(&plan.arch, &g.name, g.wide) {
+                parts.sort_by_cached_key(|p| plan.features[p.feature].easyrec_column());
             }
             // Wide groups and DeepFM's groups put embedded features first: the
             // FM part reads them as one `[batch, n, dim]` block.

@@ -37,6 +37,9 @@ pub enum Init {
     Ones,
     /// Glorot (Xavier) uniform, TensorFlow's default kernel initializer.
     GlorotUniform,
+    /// Glorot uniform of a 1-D TensorFlow variable of `n` values (fan in =
+    /// fan out = n), whatever 2-D shape it is stored in here.
+    GlorotUniformVector,
 }
 
 /// Named 2-D parameters in one buffer.
@@ -55,6 +58,11 @@ impl ParamStore {
             Init::Ones => self.values.resize(offset + rows * cols, 1.0),
             Init::GlorotUniform => {
                 let limit = (6.0 / (rows + cols) as f64).sqrt();
+                self.values
+                    .extend((0..rows * cols).map(|_| ((rng.uniform() * 2.0 - 1.0) * limit) as f32));
+            }
+            Init::GlorotUniformVector => {
+                let limit = (3.0 / (rows * cols).max(1) as f64).sqrt();
                 self.values
                     .extend((0..rows * cols).map(|_| ((rng.uniform() * 2.0 - 1.0) * limit) as f32));
             }

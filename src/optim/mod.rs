@@ -72,6 +72,22 @@ pub fn slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
     }
 }
 
+/// TensorFlow's names of the same slots, in `slot_names` order, as its
+/// optimizers save them (`<variable>/Adam`, `<variable>/Adam_1`, ...);
+/// empty where TensorFlow's optimizer keeps other state.
+pub fn tf_slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
+    match kind {
+        OptimizerKind::Momentum { momentum } if *momentum == 0.0 => &[],
+        OptimizerKind::Momentum { .. } => &["Momentum"],
+        OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } => &["Adam", "Adam_1"],
+        OptimizerKind::Adagrad { .. } => &["Adagrad"],
+        OptimizerKind::Ftrl { .. } => &["Ftrl", "Ftrl_1"],
+        OptimizerKind::RmsProp { momentum, .. } if *momentum == 0.0 => &["RMSProp"],
+        OptimizerKind::RmsProp { .. } => &["RMSProp", "RMSProp_1"],
+        OptimizerKind::AdamW { .. } => &[],
+    }
+}
+
 /// Whether a checkpoint variable name (`.../<slot>`) names an optimizer slot.
 pub fn is_slot_name(name: &str) -> bool {
     let last = name.rsplit('/').next().unwrap_or(name);

@@ -98,7 +98,7 @@ impl Trainer {
             })
             .collect();
         let dense_state = SlotState::new(&plan.optimizers[assign.dense].kind, model.params.values.len());
-        let embeddings = Collection::new(tables, sharding, &plan.features);
+        let embeddings = Collection::new(tables, sharding);
         Ok(Trainer {
             plan,
             enc,

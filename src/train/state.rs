@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 
 use super::Trainer;
+use crate::checkpoint::tensorflow::TfCheckpoint;
 use crate::checkpoint::{self, Loaded, TensorRef};
-use crate::optim::slot_names;
+use crate::model::names;
+use crate::optim::{slot_names, tf_slot_names};
 
 impl Trainer {
     /// Dense parameters (with their optimizer slots when `slots`) and buffers.
@@ -150,8 +152,12 @@ impl Trainer {
         Ok(())
     }
 
-    /// Restores weights, slots and the global step (resuming training).
+    /// Restores weights, slots and the global step (resuming training),
+    /// from this trainer's checkpoint or from EasyRec's (TensorFlow's).
     pub fn restore(&mut self, dir: &Path) -> anyhow::Result<()> {
+        if let Some(prefix) = checkpoint::tensorflow::find(dir) {
+            return self.restore_tensorflow(&prefix);
+        }
         let (step, mut tensors) = checkpoint::load(dir)?;
         let mut values: BTreeMap<String, Vec<f32>> = BTreeMap::new();
         for (name, shape) in self.variables(true) {
@@ -160,6 +166,64 @@ impl Trainer {
         }
         self.assign_values(values, true);
         self.step = step;
+        Ok(())
+    }
+
+    /// Restores an EasyRec checkpoint: every weight, the optimizer slots
+    /// TensorFlow saved under its names for this trainer's optimizers
+    /// (others start afresh), and the global step.
+    fn restore_tensorflow(&mut self, prefix: &Path) -> anyhow::Result<()> {
+        let ckpt = TfCheckpoint::open(prefix)?;
+        let (mut values, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, false, &[])?;
+        names::refuse_unused(&ckpt, &unused)?;
+        let mut slots: Vec<(String, String, usize)> = Vec::new();
+        let dense_kind = &self.plan.optimizers[self.assign.dense].kind;
+        for s in &self.model.params.specs {
+            for (ours, tf) in slot_names(dense_kind).iter().zip(tf_slot_names(dense_kind)) {
+                slots.push((format!("dense/{}/{ours}", s.name), format!("{}/{tf}", s.name), s.len()));
+            }
+        }
+        let vars = names::table_variables(&self.plan, &self.model);
+        for (t, var) in self.model.tables.iter().zip(&vars) {
+            let optimizer = self
+                .embeddings
+                .tables
+                .iter()
+                .find(|x| x.name == t.name)
+                .map_or(0, |x| x.optimizer);
+            let kind = &self.plan.optimizers[optimizer].kind;
+            for (ours, tf) in slot_names(kind).iter().zip(tf_slot_names(kind)) {
+                slots.push((
+                    format!("embedding/{}/{ours}", t.name),
+                    format!("{var}/{tf}"),
+                    t.rows * t.dim,
+                ));
+            }
+        }
+        let mut missing = 0;
+        for (key, var, len) in slots {
+            if !ckpt.entries.contains_key(&var) {
+                missing += 1;
+                continue;
+            }
+            let l = ckpt.read_f32(&var)?;
+            if l.data.len() != len {
+                bail!(checkpoint::Unusable(format!(
+                    "TensorFlow checkpoint {}: optimizer slot `{var}` has shape {:?}, which does not fit its variable",
+                    prefix.display(),
+                    l.shape
+                )));
+            }
+            values.insert(key, l.data);
+        }
+        if missing > 0 {
+            log::warn!(
+                "{}: {missing} optimizer slot(s) of this trainer's optimizers are not in the checkpoint; they start from zero",
+                prefix.display()
+            );
+        }
+        self.assign_values(values, true);
+        self.step = ckpt.global_step()?.unwrap_or(0);
         Ok(())
     }
 
@@ -207,11 +271,27 @@ impl Trainer {
     /// are not. Returns how many tensors were restored.
     pub fn fine_tune(&mut self, path: &Path, var_map: Option<&Path>) -> anyhow::Result<usize> {
         let dir = checkpoint::resolve(path)?;
-        let (_, tensors) = checkpoint::load(&dir)?;
         let renames = match var_map {
             Some(p) => parse_var_map(p)?,
             None => Vec::new(),
         };
+        if let Some(prefix) = checkpoint::tensorflow::find(&dir) {
+            // EasyRec's checkpoint: variables (and the var map) by EasyRec's names.
+            let ckpt = TfCheckpoint::open(&prefix)?;
+            let (values, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, true, &renames)?;
+            if !unused.is_empty() {
+                log::warn!(
+                    "fine_tune_checkpoint {}: {} weight(s) have no place in this model and are not used: {}",
+                    prefix.display(),
+                    unused.len(),
+                    unused.join(", ")
+                );
+            }
+            let n = values.len();
+            self.assign_values(values, false);
+            return Ok(n);
+        }
+        let (_, tensors) = checkpoint::load(&dir)?;
         let mut values = BTreeMap::new();
         for (name, shape) in self.variables(false) {
             let src = renames

@@ -1,0 +1,393 @@
+//! Reading TensorFlow checkpoints (the "V2" tensor bundle EasyRec saves)
+//! without TensorFlow: `PREFIX.index` is a LevelDB-style sorted table whose
+//! values are `BundleEntryProto` records (dtype, shape, shard, offset, size,
+//! CRC32C), and `PREFIX.data-NNNNN-of-MMMMM` hold the tensors' little-endian
+//! bytes. Every block and every tensor is checked against its CRC32C, so a
+//! damaged file is an error naming it, never wrong weights.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use super::Unusable;
+
+#[allow(clippy::all, clippy::pedantic)]
+mod proto {
+    include!(concat!(env!("OUT_DIR"), "/tensorflow.rs"));
+}
+
+use proto::{BundleEntryProto, BundleHeaderProto};
+
+/// The table footer's magic number (LevelDB's, which TensorFlow's table keeps).
+const TABLE_MAGIC: u64 = 0xdb47_7524_8b80_fb57;
+const FOOTER_LEN: usize = 48;
+/// Bytes after each block: its compression type and masked CRC32C.
+const TRAILER_LEN: usize = 5;
+
+/// TensorFlow's `DataType` values this reader turns into numbers.
+const DT_FLOAT: i32 = 1;
+const DT_DOUBLE: i32 = 2;
+const DT_INT32: i32 = 3;
+const DT_INT64: i32 = 9;
+
+/// One tensor's record in the index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub dtype: i32,
+    pub shape: Vec<usize>,
+    shard: usize,
+    offset: u64,
+    size: u64,
+    crc: u32,
+    /// Saved in slices (a partitioned variable saved under its full name).
+    sliced: bool,
+}
+
+impl Entry {
+    /// TensorFlow's name of the entry's type.
+    pub fn dtype_name(&self) -> String {
+        match self.dtype {
+            DT_FLOAT => "float32".into(),
+            DT_DOUBLE => "float64".into(),
+            DT_INT32 => "int32".into(),
+            DT_INT64 => "int64".into(),
+            7 => "string".into(),
+            n => format!("dtype {n}"),
+        }
+    }
+}
+
+/// An opened TensorFlow checkpoint: its index read and checked, its data
+/// files read on demand.
+#[derive(Debug)]
+pub struct TfCheckpoint {
+    prefix: PathBuf,
+    num_shards: usize,
+    pub entries: BTreeMap<String, Entry>,
+}
+
+/// The checkpoint prefix `path` means, if it is a TensorFlow checkpoint:
+/// a prefix whose `.index` exists, or a directory whose `checkpoint` state
+/// file names one.
+pub fn find(path: &Path) -> Option<PathBuf> {
+    if index_of(path).is_file() {
+        return Some(path.to_path_buf());
+    }
+    if path.is_dir() {
+        let text = fs::read_to_string(path.join("checkpoint")).ok()?;
+        for line in text.lines() {
+            if let Some(rest) = line.trim().strip_prefix("model_checkpoint_path:") {
+                let name = Path::new(rest.trim().trim_matches('"'));
+                let p = if name.is_absolute() {
+                    name.to_path_buf()
+                } else {
+                    path.join(name)
+                };
+                if index_of(&p).is_file() {
+                    return Some(p);
+                }
+            }
+        }
+    }
+    None
+}
+
+fn index_of(prefix: &Path) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(".index");
+    PathBuf::from(s)
+}
+
+fn data_file(prefix: &Path, shard: usize, num_shards: usize) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(format!(".data-{shard:05}-of-{num_shards:05}"));
+    PathBuf::from(s)
+}
+
+/// LevelDB's CRC masking, which TensorFlow applies to stored checksums.
+fn unmask(masked: u32) -> u32 {
+    let rot = masked.wrapping_sub(0xa282_ead8);
+    rot.rotate_left(15)
+}
+
+fn varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *buf.get(*pos)?;
+        *pos += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The `(offset, size)` a block handle encodes.
+fn handle(buf: &[u8], pos: &mut usize) -> Option<(usize, usize)> {
+    let off = usize::try_from(varint(buf, pos)?).ok()?;
+    let size = usize::try_from(varint(buf, pos)?).ok()?;
+    Some((off, size))
+}
+
+/// The key/value pairs of one table block.
+fn block_entries(block: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let n = block.len();
+    let restarts = u32::from_le_bytes(block.get(n.checked_sub(4)?..)?.try_into().ok()?) as usize;
+    let end = n.checked_sub(4)?.checked_sub(restarts.checked_mul(4)?)?;
+    let mut out = Vec::new();
+    let mut key: Vec<u8> = Vec::new();
+    let mut pos = 0;
+    while pos < end {
+        let shared = usize::try_from(varint(block, &mut pos)?).ok()?;
+        let own = usize::try_from(varint(block, &mut pos)?).ok()?;
+        let vlen = usize::try_from(varint(block, &mut pos)?).ok()?;
+        if shared > key.len() {
+            return None;
+        }
+        key.truncate(shared);
+        key.extend_from_slice(block.get(pos..pos.checked_add(own)?)?);
+        pos += own;
+        let value = block.get(pos..pos.checked_add(vlen)?)?.to_vec();
+        pos += vlen;
+        out.push((key.clone(), value));
+    }
+    (pos == end).then_some(out)
+}
+
+impl TfCheckpoint {
+    /// Reads and checks the index of checkpoint `prefix`.
+    pub fn open(prefix: &Path) -> Result<Self, Unusable> {
+        let path = index_of(prefix);
+        let bytes = fs::read(&path).map_err(|e| {
+            Unusable(format!(
+                "TensorFlow checkpoint {}: cannot read its index {}: {e}",
+                prefix.display(),
+                path.display()
+            ))
+        })?;
+        let bad = |what: &str| {
+            Unusable(format!(
+                "TensorFlow checkpoint index {} is damaged: {what}",
+                path.display()
+            ))
+        };
+        let footer = bytes
+            .len()
+            .checked_sub(FOOTER_LEN)
+            .map(|at| &bytes[at..])
+            .ok_or_else(|| bad("shorter than a table footer"))?;
+        let magic = u64::from_le_bytes(footer[FOOTER_LEN - 8..].try_into().expect("8 bytes"));
+        if magic != TABLE_MAGIC {
+            return Err(bad("no table footer (truncated, or not a checkpoint index)"));
+        }
+        let mut pos = 0;
+        let _meta = handle(footer, &mut pos).ok_or_else(|| bad("unreadable footer"))?;
+        let index = handle(footer, &mut pos).ok_or_else(|| bad("unreadable footer"))?;
+        let read_block = |(off, size): (usize, usize)| -> Result<Vec<u8>, Unusable> {
+            let end = off
+                .checked_add(size)
+                .and_then(|e| e.checked_add(TRAILER_LEN))
+                .filter(|e| *e <= bytes.len())
+                .ok_or_else(|| bad("a block lies past the end of the file"))?;
+            let (body, trailer) = bytes[off..end].split_at(size);
+            let stored = unmask(u32::from_le_bytes(trailer[1..5].try_into().expect("4 bytes")));
+            let crc = crc32c::crc32c_append(crc32c::crc32c(body), &trailer[..1]);
+            if crc != stored {
+                return Err(bad(&format!("the block at byte {off} fails its checksum")));
+            }
+            match trailer[0] {
+                0 => Ok(body.to_vec()),
+                1 => snap::raw::Decoder::new()
+                    .decompress_vec(body)
+                    .map_err(|e| bad(&format!("the block at byte {off} does not decompress: {e}"))),
+                t => Err(bad(&format!("the block at byte {off} has unknown compression {t}"))),
+            }
+        };
+        let index_block = read_block(index)?;
+        let mut header = None;
+        let mut entries = BTreeMap::new();
+        for (_, h) in block_entries(&index_block).ok_or_else(|| bad("unreadable index block"))? {
+            let mut p = 0;
+            let h = handle(&h, &mut p).ok_or_else(|| bad("unreadable block handle"))?;
+            let block = read_block(h)?;
+            for (key, value) in block_entries(&block).ok_or_else(|| bad("unreadable data block"))? {
+                if key.is_empty() {
+                    header = Some(BundleHeaderProto::decode(value.as_slice()).map_err(|e| bad(&e.to_string()))?);
+                    continue;
+                }
+                // Slices of partitioned variables are stored under binary
+                // keys next to their full name's entry, which says so.
+                let Ok(name) = String::from_utf8(key) else { continue };
+                let e = BundleEntryProto::decode(value.as_slice()).map_err(|e| bad(&format!("entry `{name}`: {e}")))?;
+                let shape = e
+                    .shape
+                    .as_ref()
+                    .map(|s| s.dim.iter().map(|d| usize::try_from(d.size).unwrap_or(0)).collect())
+                    .unwrap_or_default();
+                entries.insert(
+                    name,
+                    Entry {
+                        dtype: e.dtype,
+                        shape,
+                        shard: usize::try_from(e.shard_id).unwrap_or(usize::MAX),
+                        offset: u64::try_from(e.offset).unwrap_or(u64::MAX),
+                        size: u64::try_from(e.size).unwrap_or(u64::MAX),
+                        crc: unmask(e.crc32c),
+                        sliced: !e.slices.is_empty(),
+                    },
+                );
+            }
+        }
+        let header = header.ok_or_else(|| bad("no bundle header"))?;
+        if header.endianness != 0 {
+            return Err(bad("big-endian checkpoints are not supported"));
+        }
+        let num_shards = usize::try_from(header.num_shards).map_err(|_| bad("negative shard count"))?;
+        Ok(TfCheckpoint {
+            prefix: prefix.to_path_buf(),
+            num_shards,
+            entries,
+        })
+    }
+
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    /// The raw bytes of tensor `name`, checked against the index's CRC.
+    fn bytes(&self, name: &str) -> Result<(&Entry, Vec<u8>), Unusable> {
+        let e = self.entries.get(name).ok_or_else(|| {
+            Unusable(format!(
+                "TensorFlow checkpoint {} has no variable `{name}`",
+                self.prefix.display()
+            ))
+        })?;
+        if e.sliced {
+            return Err(Unusable(format!(
+                "TensorFlow checkpoint {}: `{name}` is saved in slices (a partitioned variable saved whole), \
+                 which this reader does not assemble",
+                self.prefix.display()
+            )));
+        }
+        if e.shard >= self.num_shards {
+            return Err(Unusable(format!(
+                "TensorFlow checkpoint {}: `{name}` names data shard {} of {}",
+                self.prefix.display(),
+                e.shard,
+                self.num_shards
+            )));
+        }
+        let path = data_file(&self.prefix, e.shard, self.num_shards);
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = fs::File::open(&path)
+            .map_err(|err| Unusable(format!("TensorFlow checkpoint data file {}: {err}", path.display())))?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let end = e.offset.saturating_add(e.size);
+        if end > len {
+            return Err(Unusable(format!(
+                "TensorFlow checkpoint data file {} is truncated: `{name}` lies at bytes {}..{end}, the file has {len}",
+                path.display(),
+                e.offset
+            )));
+        }
+        let mut buf = vec![0u8; usize::try_from(e.size).expect("fits: below the file length")];
+        f.seek(SeekFrom::Start(e.offset))
+            .and_then(|_| f.read_exact(&mut buf))
+            .map_err(|err| Unusable(format!("TensorFlow checkpoint data file {}: {err}", path.display())))?;
+        if crc32c::crc32c(&buf) != e.crc {
+            return Err(Unusable(format!(
+                "TensorFlow checkpoint data file {} is damaged: `{name}` fails its checksum",
+                path.display()
+            )));
+        }
+        Ok((e, buf))
+    }
+
+    /// Tensor `name` as f32 values (float64 and integers converted).
+    pub fn read_f32(&self, name: &str) -> Result<super::Loaded, Unusable> {
+        let (e, buf) = self.bytes(name)?;
+        let width = match e.dtype {
+            DT_FLOAT | DT_INT32 => 4,
+            DT_DOUBLE | DT_INT64 => 8,
+            _ => {
+                return Err(Unusable(format!(
+                    "TensorFlow checkpoint {}: `{name}` is of type {}, not a number",
+                    self.prefix.display(),
+                    e.dtype_name()
+                )))
+            }
+        };
+        let count: usize = e.shape.iter().product();
+        if buf.len() != count * width {
+            return Err(Unusable(format!(
+                "TensorFlow checkpoint {}: `{name}` holds {} bytes for shape {:?}",
+                self.prefix.display(),
+                buf.len(),
+                e.shape
+            )));
+        }
+        let data = buf
+            .chunks_exact(width)
+            .map(|c| match e.dtype {
+                DT_FLOAT => f32::from_le_bytes(c.try_into().expect("4 bytes")),
+                DT_INT32 => i32::from_le_bytes(c.try_into().expect("4 bytes")) as f32,
+                DT_DOUBLE => f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32,
+                _ => i64::from_le_bytes(c.try_into().expect("8 bytes")) as f32,
+            })
+            .collect();
+        Ok(super::Loaded {
+            shape: e.shape.clone(),
+            data,
+        })
+    }
+
+    /// The `global_step` variable, if the checkpoint has one.
+    pub fn global_step(&self) -> Result<Option<u64>, Unusable> {
+        let Some(e) = self.entries.get("global_step") else {
+            return Ok(None);
+        };
+        if e.dtype != DT_INT64 || !e.shape.is_empty() {
+            return Ok(None);
+        }
+        let (_, buf) = self.bytes("global_step")?;
+        let v = i64::from_le_bytes(buf.as_slice().try_into().map_err(|_| {
+            Unusable(format!(
+                "TensorFlow checkpoint {}: global_step is not 8 bytes",
+                self.prefix.display()
+            ))
+        })?);
+        Ok(u64::try_from(v).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masking_round_trips() {
+        let crc = 0x1234_5678u32;
+        let masked = (crc.rotate_right(15)).wrapping_add(0xa282_ead8);
+        assert_eq!(unmask(masked), crc);
+    }
+
+    #[test]
+    fn block_entries_share_key_prefixes() {
+        // Two entries, "ab"->"1" and "ac"->"2" (one shared byte), one restart.
+        let mut b = vec![0, 2, 1, b'a', b'b', b'1', 1, 1, 1, b'c', b'2'];
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        let e = block_entries(&b).unwrap();
+        assert_eq!(
+            e,
+            vec![(b"ab".to_vec(), b"1".to_vec()), (b"ac".to_vec(), b"2".to_vec())]
+        );
+        // A shared length past the previous key is refused, not a panic.
+        let mut bad = vec![5, 1, 0, b'x'];
+        bad.extend_from_slice(&0u32.to_le_bytes());
+        assert!(block_entries(&bad).is_none());
+    }
+}

@@ -1,0 +1,190 @@
+//! EasyRec's names for a model's variables, and reading a model's weights
+//! from a checkpoint EasyRec (TensorFlow) saved.
+//!
+//! Dense parameters already carry EasyRec's names (`deep_feature/dnn_0/kernel`,
+//! `dnn/dnn_1/bn/moving_mean`, `cross_layer_0_w`, ...: the builders name
+//! them so). Tables are named after the input-layer scope of the first
+//! group that reads them and their feature column:
+//! `input_layer_1/user_id_embedding/embedding_weights`. TensorFlow stores
+//! vectors (biases, batch-norm parameters, cross weights) as `[n]` where
+//! the parameter store keeps `[1, n]` or `[n, 1]`; the values are laid out
+//! alike, so shapes are compared without their unit dimensions.
+
+use std::collections::BTreeMap;
+
+use super::{builders, Model};
+use crate::checkpoint::tensorflow::TfCheckpoint;
+use crate::checkpoint::{Loaded, Unusable};
+use crate::config::typed::TrainingPlan;
+
+/// The input-layer variable scope of the `k`-th call.
+fn scope(k: usize) -> String {
+    if k == 0 {
+        "input_layer".into()
+    } else {
+        format!("input_layer_{k}")
+    }
+}
+
+/// EasyRec's variable name of each of `model`'s tables (as indexed in
+/// `Model::tables`).
+pub fn table_variables(plan: &TrainingPlan, model: &Model) -> Vec<String> {
+    let order = builders::input_layer_order(&plan.arch, &model.groups);
+    (0..model.tables.len())
+        .map(|t| {
+            let found = order.iter().enumerate().find_map(|(k, &gi)| {
+                model.groups[gi]
+                    .parts
+                    .iter()
+                    .find(|p| p.table == Some(t))
+                    .map(|p| (k, p.feature))
+            });
+            match found {
+                Some((k, fi)) => {
+                    let f = &plan.features[fi];
+                    // A shared table (embedding_name) is a variable of its own name.
+                    let column = if f.table != f.name {
+                        f.table.clone()
+                    } else {
+                        f.easyrec_column()
+                    };
+                    format!("{}/{column}/embedding_weights", scope(k))
+                }
+                None => format!("{}/embedding_weights", model.tables[t].name),
+            }
+        })
+        .collect()
+}
+
+/// Whether a TensorFlow variable is optimizer or training state rather
+/// than a weight of the model: Adam's and Adagrad's slots, the beta powers,
+/// the global step, moving averages of the weights.
+pub fn is_training_state(name: &str) -> bool {
+    const SLOTS: [&str; 10] = [
+        "Adam",
+        "Adam_1",
+        "Adagrad",
+        "Momentum",
+        "Ftrl",
+        "Ftrl_1",
+        "RMSProp",
+        "RMSProp_1",
+        "AdamAsync",
+        "AdamAsync_1",
+    ];
+    let last = name.rsplit('/').next().unwrap_or(name);
+    SLOTS.contains(&last)
+        || matches!(name, "global_step" | "beta1_power" | "beta2_power")
+        || name.contains("ExponentialMovingAverage")
+}
+
+fn squeezed(shape: &[usize]) -> Vec<usize> {
+    shape.iter().copied().filter(|&d| d != 1).collect()
+}
+
+/// Variable `name`, or its partitions `name/part_0`, `name/part_1`, ...
+/// joined along the first dimension. `None` when there is neither.
+fn read_variable(ckpt: &TfCheckpoint, name: &str, used: &mut Vec<String>) -> Result<Option<Loaded>, Unusable> {
+    if ckpt.entries.contains_key(name) {
+        used.push(name.to_string());
+        return ckpt.read_f32(name).map(Some);
+    }
+    let mut parts = Vec::new();
+    while let Some(p) = Some(format!("{name}/part_{}", parts.len())).filter(|p| ckpt.entries.contains_key(p)) {
+        parts.push(ckpt.read_f32(&p)?);
+        used.push(p);
+    }
+    let Some(first) = parts.first() else {
+        return Ok(None);
+    };
+    let tail = first.shape.get(1..).unwrap_or_default().to_vec();
+    if parts.iter().any(|p| p.shape.is_empty() || p.shape[1..] != tail[..]) {
+        return Err(Unusable(format!(
+            "TensorFlow checkpoint {}: the partitions of `{name}` do not fit together",
+            ckpt.prefix().display()
+        )));
+    }
+    let rows = parts.iter().map(|p| p.shape[0]).sum();
+    let mut shape = vec![rows];
+    shape.extend(tail);
+    Ok(Some(Loaded {
+        shape,
+        data: parts.into_iter().flat_map(|p| p.data).collect(),
+    }))
+}
+
+/// Weights keyed by this trainer's checkpoint names, and the names of the
+/// checkpoint's weights left unused.
+pub type Imported = (BTreeMap<String, Vec<f32>>, Vec<String>);
+
+/// The weights of `model` from EasyRec checkpoint `ckpt`, keyed as this
+/// trainer's checkpoints key them (`dense/<name>`, `embedding/<table>`).
+/// With `partial` (fine-tuning), variables the checkpoint lacks are left
+/// out; otherwise they are an error. Returns the values and the names of
+/// the checkpoint's weights the model has no place for.
+///
+/// `renames` (fine_tune_ckpt_var_map) reads a model variable, by its EasyRec
+/// name, from another checkpoint variable.
+pub fn from_tensorflow(
+    ckpt: &TfCheckpoint,
+    plan: &TrainingPlan,
+    model: &Model,
+    partial: bool,
+    renames: &[(String, String)],
+) -> Result<Imported, Unusable> {
+    let mut wanted: Vec<(String, String, Vec<usize>)> = Vec::new();
+    for s in model.params.specs.iter().chain(&model.buffers.specs) {
+        wanted.push((format!("dense/{}", s.name), s.name.clone(), vec![s.rows, s.cols]));
+    }
+    for (t, var) in model.tables.iter().zip(table_variables(plan, model)) {
+        wanted.push((format!("embedding/{}", t.name), var, vec![t.rows, t.dim]));
+    }
+    let mut used = Vec::new();
+    let mut missing = Vec::new();
+    let mut out = BTreeMap::new();
+    for (key, var, shape) in wanted {
+        let var = renames.iter().find(|(m, _)| *m == var).map_or(var, |(_, c)| c.clone());
+        match read_variable(ckpt, &var, &mut used)? {
+            None => missing.push(format!("{var} {shape:?}")),
+            Some(l) if squeezed(&l.shape) != squeezed(&shape) => {
+                return Err(Unusable(format!(
+                    "TensorFlow checkpoint {}: `{var}` has shape {:?}, the model needs {shape:?}",
+                    ckpt.prefix().display(),
+                    l.shape
+                )))
+            }
+            Some(l) => {
+                out.insert(key, l.data);
+            }
+        }
+    }
+    if !missing.is_empty() && !partial {
+        return Err(Unusable(format!(
+            "TensorFlow checkpoint {} lacks {} variable(s) of this model: {}",
+            ckpt.prefix().display(),
+            missing.len(),
+            missing.join(", ")
+        )));
+    }
+    let unused = ckpt
+        .entries
+        .keys()
+        .filter(|n| !used.contains(n) && !is_training_state(n))
+        .cloned()
+        .collect();
+    Ok((out, unused))
+}
+
+/// Refuses a checkpoint with weights the model has no place for: it is
+/// another model's, and using part of it would be silently wrong.
+pub fn refuse_unused(ckpt: &TfCheckpoint, unused: &[String]) -> Result<(), Unusable> {
+    if unused.is_empty() {
+        return Ok(());
+    }
+    Err(Unusable(format!(
+        "TensorFlow checkpoint {} holds {} weight(s) this model has no place for (is it another model's?): {}",
+        ckpt.prefix().display(),
+        unused.len(),
+        unused.join(", ")
+    )))
+}
