@@ -12,7 +12,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build test demo ml100k bench lint fmt clean
+.PHONY: deps build test demo ml100k bench parity lint fmt clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -74,6 +74,25 @@ bench: deps $(VENV)/torch-installed
 	@echo "== the same global batch on 2 MPI ranks with 1 thread each (tables sharded)"
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  mpirun --oversubscribe --bind-to none -np 2 $(CARGO_TARGET_DIR)/release/bench --threads 1 --distributed
+
+# EasyRec itself (pai-easy-rec 0.7.1 on TensorFlow 2.12, about 600 MB) for
+# `make parity`, in its own virtual environment; it needs Python 3.11 or
+# older. sitecustomize.py adds the shims 0.7.1 needs on Python 3.11 and
+# numpy 1.24 (collections.Iterator, np.object, ...).
+EASYREC_VENV := .venv-easyrec
+EASYREC_PYTHON ?= $(shell command -v python3.11 || command -v python3)
+$(EASYREC_VENV)/easyrec-installed:
+	$(EASYREC_PYTHON) -m venv $(EASYREC_VENV) || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-venv && $(EASYREC_PYTHON) -m venv $(EASYREC_VENV); }
+	$(EASYREC_VENV)/bin/pip install --quiet "tensorflow-cpu==2.12.1"
+	$(EASYREC_VENV)/bin/pip install --quiet pai-easy-rec==0.7.1
+	$(EASYREC_VENV)/bin/pip install --quiet numpy==1.24.3 pandas==2.0.3 "matplotlib<3.9" "contourpy<1.3" pyarrow==16.1.0
+	cp bench/parity/sitecustomize.py $$($(EASYREC_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/
+	$(EASYREC_VENV)/bin/python -c "import easy_rec" && touch $@
+
+# Quality beside EasyRec: the four MovieLens-100k configs of bench/parity
+# trained by both (EasyRec three times), all scored with exact metrics.
+parity: build data/ml100k/train.csv $(EASYREC_VENV)/easyrec-installed
+	python3 bench/parity.py --bin $(BIN) --python $(EASYREC_VENV)/bin/python
 
 lint:
 	$(CARGO) fmt --check

@@ -13,7 +13,7 @@ use crate::config::typed::TrainingPlan;
 use crate::dist::Single;
 use crate::embedding::{Collection, Sharding, Table};
 use crate::features::{Batch, Encoder};
-use crate::model::{Model, ParamStore, TaskScores};
+use crate::model::{names, Model, ParamStore, TaskScores};
 use crate::optim::SlotState;
 use crate::train::{Trainer, SEED};
 
@@ -26,8 +26,8 @@ pub struct Bundle {
     pub step: u64,
 }
 
-/// The weights of `model` in EasyRec checkpoint `prefix`, under this
-/// trainer's checkpoint names and shapes, with its global step. Every
+/// The weights of `model` in EasyRec checkpoint `prefix`, under the names
+/// and shapes this trainer's checkpoints use, with its global step. Every
 /// variable of the model must be there, and every weight of the checkpoint
 /// must have its place in the model: a checkpoint of another model is
 /// refused, never half used.
@@ -37,19 +37,19 @@ fn easyrec_tensors(
     prefix: &Path,
 ) -> anyhow::Result<(u64, std::collections::BTreeMap<String, checkpoint::Loaded>)> {
     let ckpt = checkpoint::tensorflow::TfCheckpoint::open(prefix)?;
-    let (values, unused) = crate::model::names::from_tensorflow(&ckpt, plan, model, false, &[])?;
-    crate::model::names::refuse_unused(&ckpt, &unused)?;
+    let (values, unused) = names::from_tensorflow(&ckpt, plan, model, false, &[])?;
+    names::refuse_unused(&ckpt, &unused)?;
     let shapes: std::collections::HashMap<String, Vec<usize>> = model
         .params
         .specs
         .iter()
         .chain(&model.buffers.specs)
-        .map(|s| (format!("dense/{}", s.name), vec![s.rows, s.cols]))
+        .map(|s| (s.name.clone(), names::variable_shape(s)))
         .chain(
-            model
-                .tables
-                .iter()
-                .map(|t| (format!("embedding/{}", t.name), vec![t.rows, t.dim])),
+            names::table_variables(plan, model)
+                .into_iter()
+                .zip(&model.tables)
+                .map(|(v, t)| (v, vec![t.rows, t.dim])),
         )
         .collect();
     let tensors = values
@@ -73,22 +73,22 @@ impl Bundle {
             Some(prefix) => easyrec_tensors(&plan, &model, &prefix)?,
             None => checkpoint::load(dir)?,
         };
-        let mut take = |name: String, shape: [usize; 2]| checkpoint::take(&mut tensors, &name, &shape, dir);
+        let mut take = |name: &str, shape: &[usize]| checkpoint::take(&mut tensors, name, shape, dir);
         for store in [&mut model.params, &mut model.buffers] {
             let store: &mut ParamStore = store;
             for i in 0..store.specs.len() {
                 let s = &store.specs[i];
-                let v = take(format!("dense/{}", s.name), [s.rows, s.cols])?;
+                let v = take(&s.name, &names::variable_shape(s))?;
                 store.slice_mut(i).copy_from_slice(&v);
             }
         }
         let mut tables = Vec::new();
-        for t in &model.tables {
+        for (t, var) in model.tables.iter().zip(names::table_variables(&plan, &model)) {
             tables.push(Table {
                 name: t.name.clone(),
                 rows: t.rows,
                 dim: t.dim,
-                weights: take(format!("embedding/{}", t.name), [t.rows, t.dim])?,
+                weights: take(&var, &[t.rows, t.dim])?,
                 state: SlotState::default(),
                 optimizer: 0,
                 sharding: Sharding::Replicated,

@@ -244,12 +244,12 @@ fn inspect_checkpoint_lists_variables_and_summaries_are_written() {
     assert!(text.contains("(global step 20)"), "{text}");
     assert!(
         text.lines()
-            .any(|l| l.starts_with("embedding/") && l.ends_with(", 16]")),
+            .any(|l| l.starts_with("input_layer/") && l.contains("/embedding_weights [") && l.ends_with(", 16]")),
         "{text}"
     );
-    assert!(text.lines().any(|l| l.starts_with("dense/")), "{text}");
-    assert!(!text.contains("/accumulator"), "{text}");
-    assert!(inspect(&["--all_tensors"]).contains("/accumulator"));
+    assert!(text.lines().any(|l| l.starts_with("bot_dnn/dnn_0/kernel ")), "{text}");
+    assert!(!text.contains("/Adagrad"), "{text}");
+    assert!(inspect(&["--all_tensors"]).contains("/Adagrad"));
 
     let events = |sub: &std::path::Path| -> Vec<rustrec::summary::Event> {
         let file = std::fs::read_dir(sub)
@@ -289,6 +289,9 @@ fn inspect_checkpoint_lists_variables_and_summaries_are_written() {
 
 #[test]
 fn fine_tune_checkpoint_copies_weights_renames_by_var_map_and_checks_shapes() {
+    // EasyRec's names: DLRM's sparse group is its first input layer.
+    const C1: &str = "input_layer/C1_embedding/embedding_weights";
+    const C2: &str = "input_layer/C2_embedding/embedding_weights";
     let base = tempfile::tempdir().unwrap();
     assert!(bundled_run(base.path(), 20, &[]).status.success());
     let (_, src) = rustrec::checkpoint::load(&base.path().join("model.ckpt-20")).unwrap();
@@ -297,7 +300,7 @@ fn fine_tune_checkpoint_copies_weights_renames_by_var_map_and_checks_shapes() {
     let map = tuned.path().join("var_map.txt");
     std::fs::write(
         &map,
-        "# model variable, checkpoint variable\nembedding/C1 embedding/C2\n",
+        "# model variable, checkpoint variable\ninput_layer/C1_embedding/embedding_weights input_layer/C2_embedding/embedding_weights\n",
     )
     .unwrap();
     let model_dir = tuned.path().join("model");
@@ -319,25 +322,21 @@ fn fine_tune_checkpoint_copies_weights_renames_by_var_map_and_checks_shapes() {
         if rustrec::optim::is_slot_name(name) {
             continue;
         }
-        let want = if name == "embedding/C1" {
-            &src["embedding/C2"]
-        } else {
-            &src[name]
-        };
+        let want = if name == C1 { &src[C2] } else { &src[name] };
         assert!(t.data == want.data, "{name} was not copied from the checkpoint");
     }
-    assert!(got["embedding/C1"].data != src["embedding/C1"].data);
+    assert!(got[C1].data != src[C1].data);
     // Optimizer slots start fresh (Adagrad accumulators at their initial value).
-    let acc = got.iter().find(|(n, _)| n.ends_with("/accumulator")).unwrap().1;
+    let acc = got.iter().find(|(n, _)| n.ends_with("/Adagrad")).unwrap().1;
     assert!(acc.data.iter().all(|v| (*v - 0.1).abs() < 1e-7));
 
     // A mapping onto a tensor of another shape is refused with both names.
     let other = src
         .iter()
-        .find(|(n, t)| n.starts_with("dense/") && t.shape != src["embedding/C1"].shape)
+        .find(|(n, t)| !n.starts_with("input_layer/") && t.shape != src[C1].shape)
         .unwrap()
         .0;
-    std::fs::write(&map, format!("embedding/C1 {other}\n")).unwrap();
+    std::fs::write(&map, format!("{C1} {other}\n")).unwrap();
     let bad_dir = tuned.path().join("bad");
     let out = bundled_run(
         &bad_dir,
@@ -351,7 +350,7 @@ fn fine_tune_checkpoint_copies_weights_renames_by_var_map_and_checks_shapes() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains(&format!("`{other}` has shape")) && stderr.contains("`embedding/C1` needs"),
+        stderr.contains(&format!("`{other}` has shape")) && stderr.contains(&format!("`{C1}` needs")),
         "{stderr}"
     );
 }
@@ -470,22 +469,28 @@ model_config {{ model_class: "MultiTower"
     }
 }
 
-/// Checkpoints of the first format were trained on FNV-1a ids; restoring
-/// one into the TensorFlow-hashed ids of now is refused with exit 1.
+/// Checkpoints of the first format were trained on FNV-1a ids, those of
+/// the second laid columns out in config order under other names;
+/// restoring either is refused with exit 1.
 #[test]
-fn checkpoints_of_the_fnv_hash_are_refused() {
+fn checkpoints_of_earlier_formats_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = bundled_run(dir.path(), 20, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let manifest = dir.path().join("model.ckpt-20/manifest.json");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    assert!(text.contains("rustrec-checkpoint-2"), "{text}");
-    std::fs::write(&manifest, text.replace("rustrec-checkpoint-2", "rustrec-checkpoint-1")).unwrap();
-    let out = bundled_run(dir.path(), 40, &["--continue_train"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("FNV-1a") && stderr.contains("train the model again"),
-        "{stderr}"
-    );
+    assert!(text.contains("rustrec-checkpoint-3"), "{text}");
+    for (old, why) in [
+        ("rustrec-checkpoint-1", "FNV-1a"),
+        ("rustrec-checkpoint-2", "EasyRec's order"),
+    ] {
+        std::fs::write(&manifest, text.replace("rustrec-checkpoint-3", old)).unwrap();
+        let out = bundled_run(dir.path(), 40, &["--continue_train"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains("train the model again"),
+            "{stderr}"
+        );
+    }
 }

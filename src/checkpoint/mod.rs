@@ -20,7 +20,10 @@ use crate::embedding::Sharding;
 pub use lock::{lock_model_dir, ModelDirLock};
 pub use safetensors::{read_file, write_file, TensorRef};
 
-pub const FORMAT: &str = "rustrec-checkpoint-2";
+pub const FORMAT: &str = "rustrec-checkpoint-3";
+/// Checkpoints of the second format named variables otherwise and laid
+/// out feature-group columns in config order, not in EasyRec's order.
+const CONFIG_ORDER_FORMAT: &str = "rustrec-checkpoint-2";
 /// Checkpoints of the first format were trained on ids hashed with FNV-1a;
 /// ids are now hashed as TensorFlow hashes them, so their rows would answer
 /// other ids.
@@ -292,6 +295,15 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
             "{}: this checkpoint was trained on ids hashed with the FNV-1a hash of earlier versions; ids are \
              now hashed as TensorFlow and EasyRec hash them (FarmHash Fingerprint64), so its embedding rows \
              do not match them: train the model again",
+            mpath.display()
+        ))
+        .into());
+    }
+    if m["format"] == CONFIG_ORDER_FORMAT {
+        return Err(Unusable(format!(
+            "{}: this checkpoint was written by an earlier version, which named variables otherwise and \
+             ordered a feature group's columns as the config lists them; models now compute as EasyRec does \
+             (its variable names, EasyRec's order of columns), so these weights do not fit them: train the model again",
             mpath.display()
         ))
         .into());

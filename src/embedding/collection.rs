@@ -137,12 +137,11 @@ impl Collection {
 
     /// The name of a table whose rows touched in `grads` hold a non-finite
     /// value (this rank's rows).
-    pub fn non_finite_rows(&self, grads: &[RowGrads]) -> Option<&str> {
+    pub fn non_finite_table(&self, grads: &[RowGrads]) -> Option<usize> {
         self.tables
             .par_iter()
             .zip(grads)
-            .find_any(|(t, rg)| rg.rows.iter().any(|&r| !t.row(r).iter().all(|v| v.is_finite())))
-            .map(|(t, _)| t.name.as_str())
+            .position_any(|(t, rg)| rg.rows.iter().any(|&r| !t.row(r).iter().all(|v| v.is_finite())))
     }
 
     /// Applies each table's optimizer at global step `step` to its touched

@@ -19,11 +19,11 @@ fn buckets(b: &Bucketing) -> Value {
     match b {
         Bucketing::Hash(n) => json!({ "type": "hash", "buckets": n, "hash": HASH }),
         Bucketing::Identity(n) => json!({ "type": "identity", "num_buckets": n }),
-        Bucketing::Vocab(v) => json!({ "type": "vocab", "vocab": v, "oov_id": v.len() }),
+        Bucketing::Vocab(v) => json!({ "type": "vocab", "vocab": v, "oov_id": 0 }),
         Bucketing::VocabFile(p) => json!({
             "type": "vocab_file",
             "vocab_file": p.file_name().map(|n| n.to_string_lossy().to_string()),
-            "note": "one value per non-empty line, trimmed; id = line index, unknown values get the id after the last",
+            "note": "one value per non-empty line, trimmed; id = line index, unknown values get id 0",
         }),
     }
 }

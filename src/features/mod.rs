@@ -57,7 +57,8 @@ pub fn hash_bucket_i64(value: i64, buckets: u64) -> u64 {
 enum Buckets {
     Hash(u64),
     Identity(u64),
-    /// Known values -> index; anything else -> the out-of-vocabulary row `len`.
+    /// Known values -> index; anything else -> row 0, as EasyRec's
+    /// vocabulary columns do (`default_value=0`, no out-of-vocabulary row).
     Vocab(HashMap<String, u64>),
 }
 
@@ -85,7 +86,7 @@ impl Buckets {
     fn rows(&self) -> u64 {
         match self {
             Buckets::Hash(n) | Buckets::Identity(n) => *n,
-            Buckets::Vocab(m) => m.len() as u64 + 1,
+            Buckets::Vocab(m) => (m.len() as u64).max(1),
         }
     }
 
@@ -99,7 +100,7 @@ impl Buckets {
                     .with_context(|| format!("feature `{feature}`: `{s}` is not an integer id (num_buckets is set)"))?;
                 self.identity(v, *n, feature)?
             }
-            Buckets::Vocab(m) => m.get(s).copied().unwrap_or(m.len() as u64),
+            Buckets::Vocab(m) => m.get(s).copied().unwrap_or(0),
         })
     }
 
@@ -107,7 +108,7 @@ impl Buckets {
         Ok(match self {
             Buckets::Hash(n) => hash_bucket_i64(v, *n),
             Buckets::Identity(n) => self.identity(v, *n, feature)?,
-            Buckets::Vocab(m) => m.get(&v.to_string()).copied().unwrap_or(m.len() as u64),
+            Buckets::Vocab(m) => m.get(&v.to_string()).copied().unwrap_or(0),
         })
     }
 

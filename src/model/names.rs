@@ -12,10 +12,11 @@
 
 use std::collections::BTreeMap;
 
-use super::{builders, Model};
+use super::{builders, Model, ParamSpec};
 use crate::checkpoint::tensorflow::TfCheckpoint;
 use crate::checkpoint::{Loaded, Unusable};
-use crate::config::typed::TrainingPlan;
+use crate::config::typed::{OptimizerKind, TrainingPlan};
+use crate::optim::{slot_names, tf_slot_names};
 
 /// The input-layer variable scope of the `k`-th call.
 fn scope(k: usize) -> String {
@@ -54,6 +55,29 @@ pub fn table_variables(plan: &TrainingPlan, model: &Model) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// The shape TensorFlow gives a dense parameter: kernels are matrices,
+/// other parameters of one row or column (biases, batch-norm parameters
+/// and statistics, cross weights) are vectors.
+pub fn variable_shape(spec: &ParamSpec) -> Vec<usize> {
+    if spec.name.ends_with("kernel") || (spec.rows > 1 && spec.cols > 1) {
+        vec![spec.rows, spec.cols]
+    } else {
+        vec![spec.rows * spec.cols]
+    }
+}
+
+/// The checkpoint name of optimizer slot `k` of variable `var`: TensorFlow's
+/// (`<var>/Adam`, `<var>/Adam_1`, `<var>/Adagrad`, ...) where its optimizer
+/// has the same state, else `<var>/<slot>`.
+pub fn slot_variable(var: &str, kind: &OptimizerKind, k: usize) -> String {
+    let name = tf_slot_names(kind)
+        .get(k)
+        .or(slot_names(kind).get(k))
+        .copied()
+        .unwrap_or("slot");
+    format!("{var}/{name}")
 }
 
 /// Whether a TensorFlow variable is optimizer or training state rather
@@ -113,12 +137,12 @@ fn read_variable(ckpt: &TfCheckpoint, name: &str, used: &mut Vec<String>) -> Res
     }))
 }
 
-/// Weights keyed by this trainer's checkpoint names, and the names of the
+/// Weights keyed by their names in the model, and the names of the
 /// checkpoint's weights left unused.
 pub type Imported = (BTreeMap<String, Vec<f32>>, Vec<String>);
 
-/// The weights of `model` from EasyRec checkpoint `ckpt`, keyed as this
-/// trainer's checkpoints key them (`dense/<name>`, `embedding/<table>`).
+/// The weights of `model` from EasyRec checkpoint `ckpt`, keyed by their
+/// names in the model (which checkpoints of this trainer use too).
 /// With `partial` (fine-tuning), variables the checkpoint lacks are left
 /// out; otherwise they are an error. Returns the values and the names of
 /// the checkpoint's weights the model has no place for.
@@ -134,10 +158,10 @@ pub fn from_tensorflow(
 ) -> Result<Imported, Unusable> {
     let mut wanted: Vec<(String, String, Vec<usize>)> = Vec::new();
     for s in model.params.specs.iter().chain(&model.buffers.specs) {
-        wanted.push((format!("dense/{}", s.name), s.name.clone(), vec![s.rows, s.cols]));
+        wanted.push((s.name.clone(), s.name.clone(), variable_shape(s)));
     }
     for (t, var) in model.tables.iter().zip(table_variables(plan, model)) {
-        wanted.push((format!("embedding/{}", t.name), var, vec![t.rows, t.dim]));
+        wanted.push((var.clone(), var, vec![t.rows, t.dim]));
     }
     let mut used = Vec::new();
     let mut missing = Vec::new();

@@ -91,7 +91,23 @@ pub fn tf_slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
 /// Whether a checkpoint variable name (`.../<slot>`) names an optimizer slot.
 pub fn is_slot_name(name: &str) -> bool {
     let last = name.rsplit('/').next().unwrap_or(name);
-    ["momentum", "m", "v", "accumulator", "linear", "ms"].contains(&last)
+    [
+        "momentum",
+        "m",
+        "v",
+        "accumulator",
+        "linear",
+        "ms",
+        "Adam",
+        "Adam_1",
+        "Adagrad",
+        "Momentum",
+        "Ftrl",
+        "Ftrl_1",
+        "RMSProp",
+        "RMSProp_1",
+    ]
+    .contains(&last)
 }
 
 /// A configured optimizer at one step: the rule and its learning rate.

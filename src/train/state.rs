@@ -10,63 +10,58 @@ use super::Trainer;
 use crate::checkpoint::tensorflow::TfCheckpoint;
 use crate::checkpoint::{self, Loaded, TensorRef};
 use crate::model::names;
-use crate::optim::{slot_names, tf_slot_names};
+use crate::optim::slot_names;
 
 impl Trainer {
-    /// Dense parameters (with their optimizer slots when `slots`) and buffers.
+    /// Dense parameters (with their optimizer slots when `slots`) and
+    /// buffers, under EasyRec's names and TensorFlow's shapes.
     fn dense_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
-        let names = if slots {
-            slot_names(&self.plan.optimizers[self.assign.dense].kind)
-        } else {
-            &[]
-        };
+        let kind = &self.plan.optimizers[self.assign.dense].kind;
         let mut out = Vec::new();
         for s in &self.model.params.specs {
+            let shape = names::variable_shape(s);
             out.push(TensorRef::new(
-                format!("dense/{}", s.name),
-                vec![s.rows, s.cols],
+                s.name.clone(),
+                shape.clone(),
                 &self.model.params.values[s.range()],
             ));
-            for (slot, sname) in self.dense_state.slots.iter().zip(names) {
-                out.push(TensorRef::new(
-                    format!("dense/{}/{sname}", s.name),
-                    vec![s.rows, s.cols],
-                    &slot[s.range()],
-                ));
+            if slots {
+                for (k, slot) in self.dense_state.slots.iter().enumerate() {
+                    out.push(TensorRef::new(
+                        names::slot_variable(&s.name, kind, k),
+                        shape.clone(),
+                        &slot[s.range()],
+                    ));
+                }
             }
         }
         for s in &self.model.buffers.specs {
             out.push(TensorRef::new(
-                format!("dense/{}", s.name),
-                vec![s.rows, s.cols],
+                s.name.clone(),
+                names::variable_shape(s),
                 &self.model.buffers.values[s.range()],
             ));
         }
         out
     }
 
+    /// EasyRec's variable name of each table (indexed like the collection's).
+    fn table_variables(&self) -> Vec<String> {
+        names::table_variables(&self.plan, &self.model)
+    }
+
     /// This rank's rows of every table (with their optimizer slots when
     /// `slots`): the whole tables unless they are sharded.
     fn table_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
         let mut out = Vec::new();
-        for t in &self.embeddings.tables {
+        for (t, var) in self.embeddings.tables.iter().zip(self.table_variables()) {
             let shape = vec![t.weights.len() / t.dim.max(1), t.dim];
-            out.push(TensorRef::new(
-                format!("embedding/{}", t.name),
-                shape.clone(),
-                &t.weights,
-            ));
-            let names = if slots {
-                slot_names(&self.plan.optimizers[t.optimizer].kind)
-            } else {
-                &[]
-            };
-            for (slot, sname) in t.state.slots.iter().zip(names) {
-                out.push(TensorRef::new(
-                    format!("embedding/{}/{sname}", t.name),
-                    shape.clone(),
-                    slot,
-                ));
+            out.push(TensorRef::new(var.clone(), shape.clone(), &t.weights));
+            if slots {
+                let kind = &self.plan.optimizers[t.optimizer].kind;
+                for (k, slot) in t.state.slots.iter().enumerate() {
+                    out.push(TensorRef::new(names::slot_variable(&var, kind, k), shape.clone(), slot));
+                }
             }
         }
         out
@@ -141,10 +136,11 @@ impl Trainer {
             .iter()
             .map(|t| (t.name.clone(), "dense.safetensors".to_string(), t.shape.clone()))
             .collect();
+        let dense_count = names.len();
         names.extend(
             self.variables(true)
                 .into_iter()
-                .filter(|(n, _)| n.starts_with("embedding/"))
+                .skip(dense_count)
                 .map(|(n, shape)| (n, table_file.to_string(), shape)),
         );
         let keep = self.plan.keep_checkpoint_max as usize;
@@ -176,45 +172,27 @@ impl Trainer {
         let ckpt = TfCheckpoint::open(prefix)?;
         let (mut values, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, false, &[])?;
         names::refuse_unused(&ckpt, &unused)?;
-        let mut slots: Vec<(String, String, usize)> = Vec::new();
-        let dense_kind = &self.plan.optimizers[self.assign.dense].kind;
-        for s in &self.model.params.specs {
-            for (ours, tf) in slot_names(dense_kind).iter().zip(tf_slot_names(dense_kind)) {
-                slots.push((format!("dense/{}/{ours}", s.name), format!("{}/{tf}", s.name), s.len()));
-            }
-        }
-        let vars = names::table_variables(&self.plan, &self.model);
-        for (t, var) in self.model.tables.iter().zip(&vars) {
-            let optimizer = self
-                .embeddings
-                .tables
-                .iter()
-                .find(|x| x.name == t.name)
-                .map_or(0, |x| x.optimizer);
-            let kind = &self.plan.optimizers[optimizer].kind;
-            for (ours, tf) in slot_names(kind).iter().zip(tf_slot_names(kind)) {
-                slots.push((
-                    format!("embedding/{}/{ours}", t.name),
-                    format!("{var}/{tf}"),
-                    t.rows * t.dim,
-                ));
-            }
-        }
+        // Slots carry TensorFlow's names where its optimizer keeps the same
+        // state, so they are read by the names this trainer saves them under.
+        let weights: Vec<(String, Vec<usize>)> = self.variables(false);
         let mut missing = 0;
-        for (key, var, len) in slots {
-            if !ckpt.entries.contains_key(&var) {
+        for (name, shape) in self.variables(true) {
+            if weights.iter().any(|(w, _)| *w == name) {
+                continue;
+            }
+            if !ckpt.entries.contains_key(&name) {
                 missing += 1;
                 continue;
             }
-            let l = ckpt.read_f32(&var)?;
-            if l.data.len() != len {
+            let l = ckpt.read_f32(&name)?;
+            if l.data.len() != shape.iter().product::<usize>() {
                 bail!(checkpoint::Unusable(format!(
-                    "TensorFlow checkpoint {}: optimizer slot `{var}` has shape {:?}, which does not fit its variable",
+                    "TensorFlow checkpoint {}: optimizer slot `{name}` has shape {:?}, which does not fit its variable",
                     prefix.display(),
                     l.shape
                 )));
             }
-            values.insert(key, l.data);
+            values.insert(name, l.data);
         }
         if missing > 0 {
             log::warn!(
@@ -229,35 +207,36 @@ impl Trainer {
 
     /// Copies tensors into place by name; with `slots`, optimizer state too.
     fn assign_values(&mut self, mut values: BTreeMap<String, Vec<f32>>, slots: bool) {
-        let dense_slots = slot_names(&self.plan.optimizers[self.assign.dense].kind);
+        let dense_kind = self.plan.optimizers[self.assign.dense].kind.clone();
         for s in self.model.params.specs.clone() {
-            if let Some(v) = values.remove(&format!("dense/{}", s.name)) {
+            if let Some(v) = values.remove(&s.name) {
                 self.model.params.values[s.range()].copy_from_slice(&v);
             }
             if slots {
-                for (k, sname) in dense_slots.iter().enumerate() {
-                    if let Some(v) = values.remove(&format!("dense/{}/{sname}", s.name)) {
+                for k in 0..self.dense_state.slots.len() {
+                    if let Some(v) = values.remove(&names::slot_variable(&s.name, &dense_kind, k)) {
                         self.dense_state.slots[k][s.range()].copy_from_slice(&v);
                     }
                 }
             }
         }
         for s in self.model.buffers.specs.clone() {
-            if let Some(v) = values.remove(&format!("dense/{}", s.name)) {
+            if let Some(v) = values.remove(&s.name) {
                 self.model.buffers.values[s.range()].copy_from_slice(&v);
             }
         }
-        for t in &mut self.embeddings.tables {
+        let vars = self.table_variables();
+        for (t, var) in self.embeddings.tables.iter_mut().zip(vars) {
             // A whole table, of which a sharded one keeps its own rows.
             let (sharding, dim) = (t.sharding, t.dim);
             let mine = |v: Vec<f32>| -> Vec<f32> { sharding.own_rows(&v, dim) };
-            if let Some(v) = values.remove(&format!("embedding/{}", t.name)) {
+            if let Some(v) = values.remove(&var) {
                 t.weights = mine(v);
             }
             if slots {
-                let names = slot_names(&self.plan.optimizers[t.optimizer].kind);
-                for (k, sname) in names.iter().enumerate() {
-                    if let Some(v) = values.remove(&format!("embedding/{}/{sname}", t.name)) {
+                let kind = &self.plan.optimizers[t.optimizer].kind;
+                for k in 0..t.state.slots.len() {
+                    if let Some(v) = values.remove(&names::slot_variable(&var, kind, k)) {
                         t.state.slots[k] = mine(v);
                     }
                 }
@@ -323,11 +302,12 @@ impl Trainer {
             .into_iter()
             .map(|t| (t.name, t.shape))
             .collect();
-        for t in &self.embeddings.tables {
-            out.push((format!("embedding/{}", t.name), vec![t.rows, t.dim]));
+        for (t, var) in self.embeddings.tables.iter().zip(self.table_variables()) {
+            out.push((var.clone(), vec![t.rows, t.dim]));
             if slots {
-                for sname in slot_names(&self.plan.optimizers[t.optimizer].kind) {
-                    out.push((format!("embedding/{}/{sname}", t.name), vec![t.rows, t.dim]));
+                let kind = &self.plan.optimizers[t.optimizer].kind;
+                for k in 0..slot_names(kind).len() {
+                    out.push((names::slot_variable(&var, kind, k), vec![t.rows, t.dim]));
                 }
             }
         }

@@ -77,11 +77,12 @@ impl Trainer {
                 .specs
                 .iter()
                 .find(|s| !p.values[s.range()].iter().all(|v| v.is_finite()))?;
-            return Some(format!("dense/{}", s.name));
+            return Some(s.name.clone());
         }
-        self.embeddings
-            .non_finite_rows(row_grads)
-            .map(|t| format!("embedding/{t}"))
+        let t = self.embeddings.non_finite_table(row_grads)?;
+        crate::model::names::table_variables(&self.plan, &self.model)
+            .into_iter()
+            .nth(t)
     }
 
     /// Group input matrices (row-major `[batch, width]`) for a batch, from
