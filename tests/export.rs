@@ -477,11 +477,22 @@ fn damaged_export_dirs_give_clear_errors() {
     assert!(spec.contains("\"id_hash\": \"farmhash_fingerprint64\""), "{spec}");
     std::fs::write(
         &spec_path,
-        spec.replace("rustrec-feature-spec-2", "rustrec-feature-spec-1"),
+        spec.replace("rustrec-feature-spec-3", "rustrec-feature-spec-1"),
     )
     .unwrap();
     let err = predict(&old_hash);
     assert!(err.contains("FNV-1a") && err.contains("train the model again"), "{err}");
+    // One of the second format encoded features otherwise than EasyRec.
+    std::fs::write(
+        &spec_path,
+        spec.replace("rustrec-feature-spec-3", "rustrec-feature-spec-2"),
+    )
+    .unwrap();
+    let err = predict(&old_hash);
+    assert!(
+        err.contains("otherwise than EasyRec") && err.contains("train the model again"),
+        "{err}"
+    );
 
     let no_config = copy("no_config");
     std::fs::remove_file(no_config.join("assets/pipeline.config")).unwrap();

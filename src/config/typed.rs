@@ -259,7 +259,9 @@ pub enum FeatureKind {
 /// How an embedding table's rows start (FeatureConfig.initializer).
 #[derive(Debug, Clone, PartialEq)]
 pub enum EmbeddingInit {
-    /// TensorFlow's embedding_column default: truncated normal, stddev 1/sqrt(dim).
+    /// EasyRec's embedding_column default: truncated normal, stddev
+    /// 0.01/sqrt(dim) (its feature_column compat module; TensorFlow's own
+    /// is 1/sqrt(dim)).
     Default,
     TruncatedNormal {
         mean: f32,

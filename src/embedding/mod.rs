@@ -35,15 +35,15 @@ pub struct Table {
 
 /// Deterministic initial value of row `row` of a `[rows, out.len()]` table,
 /// seeded per row so any sharding of the table initialises identical rows.
-/// The default is TensorFlow's embedding_column one: truncated normal with
-/// stddev 1/sqrt(dim).
+/// The default is EasyRec's embedding_column one: truncated normal with
+/// stddev 0.01/sqrt(dim) (a hundredth of TensorFlow's own default).
 pub fn init_row(seed: u64, table: &str, rows: usize, row: u64, init: &EmbeddingInit, out: &mut [f32]) {
     let mut rng = Rng::new(seed ^ mix64(crate::util::hash_str(table) ^ mix64(row)));
     let dim = out.len() as f64;
     match init {
         EmbeddingInit::Default => out
             .iter_mut()
-            .for_each(|x| *x = (rng.truncated_normal() / dim.sqrt()) as f32),
+            .for_each(|x| *x = (rng.truncated_normal() * 0.01 / dim.sqrt()) as f32),
         EmbeddingInit::TruncatedNormal { mean, stddev } => out
             .iter_mut()
             .for_each(|x| *x = mean + (rng.truncated_normal() * *stddev as f64) as f32),
@@ -320,9 +320,9 @@ mod tests {
             init_row(2, "u", rows, 0, init, &mut v);
             (v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
         };
-        // default: stddev 1/sqrt(dim) before truncation (0.88 of it after)
+        // default: stddev 0.01/sqrt(dim) before truncation (0.88 of it after)
         let d = std(&EmbeddingInit::Default, 1);
-        assert!((d / (1.0 / (20_000f64).sqrt()) - 0.88).abs() < 0.03, "{d}");
+        assert!((d / (0.01 / (20_000f64).sqrt()) - 0.88).abs() < 0.03, "{d}");
         // Glorot normal over [rows, dim]: sqrt(2 / (rows + dim)) after truncation
         let g = std(&EmbeddingInit::GlorotNormal, 30_000);
         assert!((g / (2.0 / 50_000f64).sqrt() - 1.0).abs() < 0.03, "{g}");

@@ -49,7 +49,8 @@ pub fn resolve_export_dir(path: &Path) -> anyhow::Result<PathBuf> {
 
 /// Refuses exports whose feature spec this version cannot honour: those of
 /// the first format hashed ids with FNV-1a, so their tables answer other
-/// ids than the ones computed now.
+/// ids than the ones computed now; those of the second encode features
+/// otherwise than EasyRec does, as this version does.
 fn check_feature_spec(path: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{} is missing: not a complete export", path.display()))?;
@@ -61,6 +62,12 @@ fn check_feature_spec(path: &Path) -> anyhow::Result<()> {
             "{}: this export hashes ids with the FNV-1a hash of earlier versions; ids are now hashed as \
              TensorFlow and EasyRec hash them (FarmHash Fingerprint64), so its tables do not match them: \
              train the model again and export it",
+            path.display()
+        ),
+        Some("rustrec-feature-spec-2") => bail!(
+            "{}: this export was written by an earlier version, which encoded some features otherwise than \
+             EasyRec (vocabulary misses, raw features with embedding_dim, tag weights) and ordered a group's \
+             columns as the config lists them: train the model again and export it",
             path.display()
         ),
         other => bail!("{}: unknown feature spec format {other:?}", path.display()),

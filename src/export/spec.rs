@@ -11,9 +11,10 @@ pub const HASH_NAME: &str = "farmhash_fingerprint64";
 const HASH: &str = "FarmHash Fingerprint64 of the UTF-8 text (integers as their decimal text), as TensorFlow's \
                     string_to_hash_bucket_fast; id = hash % buckets";
 /// The feature spec's format. Version 1 hashed ids with FNV-1a and
-/// splitmix64; its exports are refused (their tables were trained on other
-/// ids).
-pub const FORMAT: &str = "rustrec-feature-spec-2";
+/// splitmix64; version 2 encoded vocabulary misses, raw features with
+/// embedding_dim and tag weights otherwise than EasyRec. Exports of either
+/// are refused (their graphs expect other inputs and ids).
+pub const FORMAT: &str = "rustrec-feature-spec-3";
 
 fn buckets(b: &Bucketing) -> Value {
     match b {
