@@ -329,3 +329,25 @@ fn inspect_lists_tensorflow_variables() {
         assert_eq!(got, want, "{name}");
     }
 }
+
+/// A partitioned variable TensorFlow saved whole (its slices under binary
+/// keys, made with TensorFlow itself) comes back whole and in place.
+#[test]
+fn partitioned_tensorflow_variables_are_put_together() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tf_partitioned");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ckpt = rustrec::checkpoint::tensorflow::TfCheckpoint::open(&dir.join("model.ckpt-7")).unwrap();
+    let got = ckpt.read_f32(want["variable"].as_str().unwrap()).unwrap();
+    assert_eq!(got.shape, vec![200, 2]);
+    assert_eq!(ckpt.global_step().unwrap(), Some(7));
+    let values: Vec<f32> = want["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().parse::<f32>().unwrap())
+        .collect();
+    assert_eq!(got.data, values);
+    let ones = ckpt.read_f32("dense/kernel").unwrap();
+    assert_eq!((ones.shape, ones.data), (vec![4, 2], vec![1.0; 8]));
+}

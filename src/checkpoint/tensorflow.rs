@@ -3,7 +3,9 @@
 //! values are `BundleEntryProto` records (dtype, shape, shard, offset, size,
 //! CRC32C), and `PREFIX.data-NNNNN-of-MMMMM` hold the tensors' little-endian
 //! bytes. Every block and every tensor is checked against its CRC32C, so a
-//! damaged file is an error naming it, never wrong weights.
+//! damaged file is an error naming it, never wrong weights. Partitioned
+//! variables saved whole (their slices under OrderedCode keys) are put
+//! back together.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -41,8 +43,10 @@ pub struct Entry {
     offset: u64,
     size: u64,
     crc: u32,
-    /// Saved in slices (a partitioned variable saved under its full name).
-    sliced: bool,
+    /// A partitioned variable saved under its full name: the extents
+    /// `(start, length)` of its slices (`length` -1: the whole dimension),
+    /// each stored under a key `slice_key` builds.
+    slices: Vec<Vec<(i64, i64)>>,
 }
 
 impl Entry {
@@ -66,6 +70,8 @@ pub struct TfCheckpoint {
     prefix: PathBuf,
     num_shards: usize,
     pub entries: BTreeMap<String, Entry>,
+    /// The slices of partitioned variables, by their binary keys.
+    slice_entries: BTreeMap<Vec<u8>, Entry>,
 }
 
 /// The checkpoint prefix `path` means, if it is a TensorFlow checkpoint:
@@ -209,6 +215,7 @@ impl TfCheckpoint {
         let index_block = read_block(index)?;
         let mut header = None;
         let mut entries = BTreeMap::new();
+        let mut slice_entries = BTreeMap::new();
         for (_, h) in block_entries(&index_block).ok_or_else(|| bad("unreadable index block"))? {
             let mut p = 0;
             let h = handle(&h, &mut p).ok_or_else(|| bad("unreadable block handle"))?;
@@ -218,27 +225,48 @@ impl TfCheckpoint {
                     header = Some(BundleHeaderProto::decode(value.as_slice()).map_err(|e| bad(&e.to_string()))?);
                     continue;
                 }
-                // Slices of partitioned variables are stored under binary
-                // keys next to their full name's entry, which says so.
-                let Ok(name) = String::from_utf8(key) else { continue };
-                let e = BundleEntryProto::decode(value.as_slice()).map_err(|e| bad(&format!("entry `{name}`: {e}")))?;
+                let e = BundleEntryProto::decode(value.as_slice())
+                    .map_err(|e| bad(&format!("entry {}: {e}", String::from_utf8_lossy(&key))))?;
                 let shape = e
                     .shape
                     .as_ref()
                     .map(|s| s.dim.iter().map(|d| usize::try_from(d.size).unwrap_or(0)).collect())
                     .unwrap_or_default();
-                entries.insert(
-                    name,
-                    Entry {
-                        dtype: e.dtype,
-                        shape,
-                        shard: usize::try_from(e.shard_id).unwrap_or(usize::MAX),
-                        offset: u64::try_from(e.offset).unwrap_or(u64::MAX),
-                        size: u64::try_from(e.size).unwrap_or(u64::MAX),
-                        crc: unmask(e.crc32c),
-                        sliced: !e.slices.is_empty(),
-                    },
-                );
+                let slices = e
+                    .slices
+                    .iter()
+                    .map(|sl| {
+                        sl.extent
+                            .iter()
+                            .map(|x| match x.has_length {
+                                Some(proto::tensor_slice_proto::extent::HasLength::Length(l)) => (x.start, l),
+                                None => (0, -1),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let entry = Entry {
+                    dtype: e.dtype,
+                    shape,
+                    shard: usize::try_from(e.shard_id).unwrap_or(usize::MAX),
+                    offset: u64::try_from(e.offset).unwrap_or(u64::MAX),
+                    size: u64::try_from(e.size).unwrap_or(u64::MAX),
+                    crc: unmask(e.crc32c),
+                    slices,
+                };
+                // Slices of partitioned variables are stored under binary
+                // keys (starting with a zero byte) beside their full name.
+                match String::from_utf8(key) {
+                    Ok(name) if !name.starts_with('\0') => {
+                        entries.insert(name, entry);
+                    }
+                    Ok(name) => {
+                        slice_entries.insert(name.into_bytes(), entry);
+                    }
+                    Err(e) => {
+                        slice_entries.insert(e.into_bytes(), entry);
+                    }
+                }
             }
         }
         let header = header.ok_or_else(|| bad("no bundle header"))?;
@@ -250,6 +278,7 @@ impl TfCheckpoint {
             prefix: prefix.to_path_buf(),
             num_shards,
             entries,
+            slice_entries,
         })
     }
 
@@ -257,21 +286,19 @@ impl TfCheckpoint {
         &self.prefix
     }
 
-    /// The raw bytes of tensor `name`, checked against the index's CRC.
-    fn bytes(&self, name: &str) -> Result<(&Entry, Vec<u8>), Unusable> {
-        let e = self.entries.get(name).ok_or_else(|| {
+    fn entry(&self, name: &str) -> Result<&Entry, Unusable> {
+        self.entries.get(name).ok_or_else(|| {
             Unusable(format!(
                 "TensorFlow checkpoint {} has no variable `{name}`",
                 self.prefix.display()
             ))
-        })?;
-        if e.sliced {
-            return Err(Unusable(format!(
-                "TensorFlow checkpoint {}: `{name}` is saved in slices (a partitioned variable saved whole), \
-                 which this reader does not assemble",
-                self.prefix.display()
-            )));
-        }
+        })
+    }
+
+    /// The raw bytes of entry `e` (called `name` in errors), checked
+    /// against the index's CRC.
+    fn bytes(&self, e: &Entry, name: &str) -> Result<Vec<u8>, Unusable> {
+        use std::io::{Read, Seek, SeekFrom};
         if e.shard >= self.num_shards {
             return Err(Unusable(format!(
                 "TensorFlow checkpoint {}: `{name}` names data shard {} of {}",
@@ -281,7 +308,6 @@ impl TfCheckpoint {
             )));
         }
         let path = data_file(&self.prefix, e.shard, self.num_shards);
-        use std::io::{Read, Seek, SeekFrom};
         let mut f = fs::File::open(&path)
             .map_err(|err| Unusable(format!("TensorFlow checkpoint data file {}: {err}", path.display())))?;
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -303,12 +329,11 @@ impl TfCheckpoint {
                 path.display()
             )));
         }
-        Ok((e, buf))
+        Ok(buf)
     }
 
-    /// Tensor `name` as f32 values (float64 and integers converted).
-    pub fn read_f32(&self, name: &str) -> Result<super::Loaded, Unusable> {
-        let (e, buf) = self.bytes(name)?;
+    /// The values of entry `e` as f32 (float64 and integers converted).
+    fn values(&self, e: &Entry, name: &str) -> Result<Vec<f32>, Unusable> {
         let width = match e.dtype {
             DT_FLOAT | DT_INT32 => 4,
             DT_DOUBLE | DT_INT64 => 8,
@@ -320,6 +345,7 @@ impl TfCheckpoint {
                 )))
             }
         };
+        let buf = self.bytes(e, name)?;
         let count: usize = e.shape.iter().product();
         if buf.len() != count * width {
             return Err(Unusable(format!(
@@ -329,7 +355,7 @@ impl TfCheckpoint {
                 e.shape
             )));
         }
-        let data = buf
+        Ok(buf
             .chunks_exact(width)
             .map(|c| match e.dtype {
                 DT_FLOAT => f32::from_le_bytes(c.try_into().expect("4 bytes")),
@@ -337,7 +363,85 @@ impl TfCheckpoint {
                 DT_DOUBLE => f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32,
                 _ => i64::from_le_bytes(c.try_into().expect("8 bytes")) as f32,
             })
-            .collect();
+            .collect())
+    }
+
+    /// A partitioned variable put together from its slices.
+    fn assemble(&self, e: &Entry, name: &str) -> Result<Vec<f32>, Unusable> {
+        let bad = |what: String| {
+            Unusable(format!(
+                "TensorFlow checkpoint {}: `{name}` {what}",
+                self.prefix.display()
+            ))
+        };
+        let shape = &e.shape;
+        let mut out = vec![0.0f32; shape.iter().product()];
+        let mut covered = 0usize;
+        for extents in &e.slices {
+            if extents.len() != shape.len() {
+                return Err(bad(format!(
+                    "has a slice of rank {} for shape {shape:?}",
+                    extents.len()
+                )));
+            }
+            // Each dimension's range; a full extent is the whole dimension.
+            let mut ranges = Vec::new();
+            for (&(start, len), &dim) in extents.iter().zip(shape) {
+                let (s, l) = if len < 0 {
+                    (0, dim)
+                } else {
+                    (usize::try_from(start).unwrap_or(usize::MAX), len as usize)
+                };
+                if s.checked_add(l).is_none_or(|end| end > dim) {
+                    return Err(bad(format!("has a slice outside shape {shape:?}")));
+                }
+                ranges.push((s, l));
+            }
+            let part = self
+                .slice_entries
+                .get(&slice_key(name, extents))
+                .ok_or_else(|| bad("lacks one of its slices".into()))?;
+            let lens: Vec<usize> = ranges.iter().map(|r| r.1).collect();
+            if part.shape != lens {
+                return Err(bad(format!(
+                    "has a slice of shape {:?} where {lens:?} belongs",
+                    part.shape
+                )));
+            }
+            let values = self.values(part, name)?;
+            // Row-major walk over the slice, placing each value.
+            let mut idx = vec![0usize; lens.len()];
+            for v in values {
+                let mut flat = 0usize;
+                for ((i, (s, _)), dim) in idx.iter().zip(&ranges).zip(shape) {
+                    flat = flat * dim + s + i;
+                }
+                out[flat] = v;
+                for d in (0..idx.len()).rev() {
+                    idx[d] += 1;
+                    if idx[d] < lens[d] {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+            covered += lens.iter().product::<usize>();
+        }
+        if covered != out.len() {
+            return Err(bad(format!("has slices covering {covered} of {} values", out.len())));
+        }
+        Ok(out)
+    }
+
+    /// Tensor `name` as f32 values (float64 and integers converted); a
+    /// partitioned variable saved in slices comes back whole.
+    pub fn read_f32(&self, name: &str) -> Result<super::Loaded, Unusable> {
+        let e = self.entry(name)?;
+        let data = if e.slices.is_empty() {
+            self.values(e, name)?
+        } else {
+            self.assemble(e, name)?
+        };
         Ok(super::Loaded {
             shape: e.shape.clone(),
             data,
@@ -352,7 +456,7 @@ impl TfCheckpoint {
         if e.dtype != DT_INT64 || !e.shape.is_empty() {
             return Ok(None);
         }
-        let (_, buf) = self.bytes("global_step")?;
+        let buf = self.bytes(e, "global_step")?;
         let v = i64::from_le_bytes(buf.as_slice().try_into().map_err(|_| {
             Unusable(format!(
                 "TensorFlow checkpoint {}: global_step is not 8 bytes",
@@ -361,6 +465,68 @@ impl TfCheckpoint {
         })?);
         Ok(u64::try_from(v).ok())
     }
+}
+
+/// TensorFlow's key of one slice of a partitioned variable
+/// (`checkpoint::EncodeTensorNameSlice`): OrderedCode of 0, the name, the
+/// rank, then each extent's start and length (-1 for a whole dimension).
+fn slice_key(name: &str, extents: &[(i64, i64)]) -> Vec<u8> {
+    let mut k = Vec::new();
+    ordered_num(&mut k, 0);
+    for &b in name.as_bytes() {
+        match b {
+            0x00 => k.extend_from_slice(&[0x00, 0xff]),
+            0xff => k.extend_from_slice(&[0xff, 0x00]),
+            b => k.push(b),
+        }
+    }
+    k.extend_from_slice(&[0x00, 0x01]);
+    ordered_num(&mut k, extents.len() as u64);
+    for &(start, len) in extents {
+        let (start, len) = if len < 0 { (0, -1) } else { (start, len) };
+        ordered_signed(&mut k, start);
+        ordered_signed(&mut k, len);
+    }
+    k
+}
+
+/// OrderedCode's WriteNumIncreasing: the byte count, then big-endian bytes.
+fn ordered_num(k: &mut Vec<u8>, v: u64) {
+    let bytes = v.to_be_bytes();
+    let skip = bytes.iter().take_while(|b| **b == 0).count();
+    k.push((8 - skip) as u8);
+    k.extend_from_slice(&bytes[skip..]);
+}
+
+/// OrderedCode's WriteSignedNumIncreasing: a length-prefixed,
+/// sign-extended big-endian encoding whose first bits give the length.
+fn ordered_signed(k: &mut Vec<u8>, v: i64) {
+    const HEADER: [[u8; 2]; 11] = [
+        [0, 0],
+        [0x80, 0],
+        [0xc0, 0],
+        [0xe0, 0],
+        [0xf0, 0],
+        [0xf8, 0],
+        [0xfc, 0],
+        [0xfe, 0],
+        [0xff, 0],
+        [0xff, 0x80],
+        [0xff, 0xc0],
+    ];
+    let x = if v < 0 { !v as u64 } else { v as u64 };
+    if x < 64 {
+        k.push(HEADER[1][0] ^ (v as u8));
+        return;
+    }
+    let bits = 64 - x.leading_zeros() as usize;
+    let len = (bits + 7) / 7;
+    let mut buf = [if v < 0 { 0xff } else { 0x00 }; 10];
+    buf[2..].copy_from_slice(&v.to_be_bytes());
+    let begin = 10 - len;
+    buf[begin] ^= HEADER[len][0];
+    buf[begin + 1] ^= HEADER[len][1];
+    k.extend_from_slice(&buf[begin..]);
 }
 
 #[cfg(test)]
@@ -372,6 +538,30 @@ mod tests {
         let crc = 0x1234_5678u32;
         let masked = (crc.rotate_right(15)).wrapping_add(0xa282_ead8);
         assert_eq!(unmask(masked), crc);
+    }
+
+    /// OrderedCode's signed encoding at its length boundaries (the
+    /// partitioned fixture in tests/compat.rs checks two-byte values against
+    /// keys TensorFlow wrote).
+    #[test]
+    fn ordered_signed_numbers() {
+        let enc = |v: i64| {
+            let mut k = Vec::new();
+            ordered_signed(&mut k, v);
+            k
+        };
+        assert_eq!(enc(0), [0x80]);
+        assert_eq!(enc(-1), [0x7f]);
+        assert_eq!(enc(63), [0xbf]);
+        assert_eq!(enc(-64), [0x40]);
+        assert_eq!(enc(64), [0xc0, 0x40]);
+        assert_eq!(enc(-65), [0x3f, 0xbf]);
+        assert_eq!(enc(8191), [0xdf, 0xff]);
+        assert_eq!(enc(8192), [0xe0, 0x20, 0x00]);
+        let mut k = Vec::new();
+        ordered_num(&mut k, 0);
+        ordered_num(&mut k, 258);
+        assert_eq!(k, [0x00, 0x02, 0x01, 0x02]);
     }
 
     #[test]
