@@ -126,6 +126,20 @@ fn tasks(predictions: &Path) -> Vec<String> {
         .collect()
 }
 
+/// predict's arguments: score eval.csv into ours.csv with `ckpt`.
+fn predict_args(ckpt: &str) -> [&str; 8] {
+    [
+        "--pipeline_config_path",
+        "pipeline.config",
+        "--checkpoint_path",
+        ckpt,
+        "--input_path",
+        "eval.csv",
+        "--output_path",
+        "ours.csv",
+    ]
+}
+
 /// `predict` on EasyRec's checkpoint gives EasyRec's own probabilities
 /// for every eval row of every fixture model.
 #[test]
@@ -135,16 +149,7 @@ fn predict_on_easyrec_checkpoints_reproduces_easyrec() {
         let o = run(
             env!("CARGO_BIN_EXE_predict"),
             &dir,
-            &[
-                "--pipeline_config_path",
-                "pipeline.config",
-                "--checkpoint_path",
-                "model/model.ckpt-100",
-                "--input_path",
-                "eval.csv",
-                "--output_path",
-                "ours.csv",
-            ],
+            &predict_args("model/model.ckpt-100"),
         );
         assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
         let theirs = dir.join("easyrec_predictions.csv");
@@ -242,16 +247,7 @@ fn fine_tune_from_easyrec_checkpoint_continues_from_it() {
 #[test]
 fn damaged_tensorflow_checkpoints_are_named() {
     let (_tmp, dir) = fixture("dlrm");
-    let args = [
-        "--pipeline_config_path",
-        "pipeline.config",
-        "--checkpoint_path",
-        "model/model.ckpt-100",
-        "--input_path",
-        "eval.csv",
-        "--output_path",
-        "ours.csv",
-    ];
+    let args = predict_args("model/model.ckpt-100");
     let data = dir.join("model/model.ckpt-100.data-00000-of-00001");
     let bytes = std::fs::read(&data).unwrap();
     std::fs::write(&data, &bytes[..bytes.len() / 2]).unwrap();
@@ -287,16 +283,7 @@ fn another_models_tensorflow_checkpoint_is_refused() {
     let o = run(
         env!("CARGO_BIN_EXE_predict"),
         &dir,
-        &[
-            "--pipeline_config_path",
-            "pipeline.config",
-            "--checkpoint_path",
-            other.to_str().unwrap(),
-            "--input_path",
-            "eval.csv",
-            "--output_path",
-            "ours.csv",
-        ],
+        &predict_args(other.to_str().unwrap()),
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");

@@ -84,20 +84,8 @@ pub fn slot_variable(var: &str, kind: &OptimizerKind, k: usize) -> String {
 /// than a weight of the model: Adam's and Adagrad's slots, the beta powers,
 /// the global step, moving averages of the weights.
 pub fn is_training_state(name: &str) -> bool {
-    const SLOTS: [&str; 10] = [
-        "Adam",
-        "Adam_1",
-        "Adagrad",
-        "Momentum",
-        "Ftrl",
-        "Ftrl_1",
-        "RMSProp",
-        "RMSProp_1",
-        "AdamAsync",
-        "AdamAsync_1",
-    ];
     let last = name.rsplit('/').next().unwrap_or(name);
-    SLOTS.contains(&last)
+    crate::optim::TF_SLOTS.contains(&last)
         || matches!(name, "global_step" | "beta1_power" | "beta2_power")
         || name.contains("ExponentialMovingAverage")
 }

@@ -88,26 +88,26 @@ pub fn tf_slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
     }
 }
 
-/// Whether a checkpoint variable name (`.../<slot>`) names an optimizer slot.
+/// The slot names TensorFlow's optimizers save (the last part of
+/// `<variable>/<slot>`).
+pub const TF_SLOTS: [&str; 10] = [
+    "Adam",
+    "Adam_1",
+    "Adagrad",
+    "Momentum",
+    "Ftrl",
+    "Ftrl_1",
+    "RMSProp",
+    "RMSProp_1",
+    "AdamAsync",
+    "AdamAsync_1",
+];
+
+/// Whether a checkpoint variable name (`.../<slot>`) names an optimizer
+/// slot: TensorFlow's name for it, or ours where TensorFlow has none.
 pub fn is_slot_name(name: &str) -> bool {
     let last = name.rsplit('/').next().unwrap_or(name);
-    [
-        "momentum",
-        "m",
-        "v",
-        "accumulator",
-        "linear",
-        "ms",
-        "Adam",
-        "Adam_1",
-        "Adagrad",
-        "Momentum",
-        "Ftrl",
-        "Ftrl_1",
-        "RMSProp",
-        "RMSProp_1",
-    ]
-    .contains(&last)
+    ["momentum", "m", "v", "accumulator", "linear", "ms"].contains(&last) || TF_SLOTS.contains(&last)
 }
 
 /// A configured optimizer at one step: the rule and its learning rate.
