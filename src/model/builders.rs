@@ -306,7 +306,7 @@ impl Builder<'_> {
         }
         let c = g.concat(&[h, xl]);
         let top = s.dnn(g, c, "final_dnn", final_dnn);
-        Ok(s.dense(g, top, "output", 1, Activation::Linear))
+        Ok(s.unregularized_output(g, top, "output"))
     }
 
     fn multi_tower(
@@ -328,7 +328,7 @@ impl Builder<'_> {
         }
         let c = g.concat(&outs);
         let top = s.dnn(g, c, "final_dnn", final_dnn);
-        Ok(s.dense(g, top, "output", 1, Activation::Linear))
+        Ok(s.unregularized_output(g, top, "output"))
     }
 }
 

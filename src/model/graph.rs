@@ -299,9 +299,11 @@ pub struct LinearParams {
 }
 
 impl LinearParams {
-    pub fn new(p: &mut ParamStore, name: &str, d_in: usize, d_out: usize, bias: bool, rng: &mut Rng) -> Self {
-        let w = p.add(&format!("{name}/kernel"), d_in, d_out, Init::GlorotUniform, true, rng);
-        let b = bias.then(|| p.add(&format!("{name}/bias"), 1, d_out, Init::Zeros, false, rng));
+    /// Kernel and bias of a dense layer; with `l2`, the kernel takes part in
+    /// l2_regularization (EasyRec's `kernel_regularizer`).
+    pub fn new(p: &mut ParamStore, name: &str, d_in: usize, d_out: usize, l2: bool, rng: &mut Rng) -> Self {
+        let w = p.add(&format!("{name}/kernel"), d_in, d_out, Init::GlorotUniform, l2, rng);
+        let b = Some(p.add(&format!("{name}/bias"), 1, d_out, Init::Zeros, false, rng));
         LinearParams { w, b }
     }
 }
@@ -319,6 +321,13 @@ impl Scope<'_> {
     pub fn dense(&mut self, g: &mut Graph, x: NodeId, name: &str, units: usize, act: Activation) -> NodeId {
         let l = LinearParams::new(self.params, name, g.width(x), units, true, self.rng);
         g.linear(x, self.params, l.w, l.b, act)
+    }
+
+    /// The one-logit output layer `name` whose kernel EasyRec leaves out
+    /// of l2_regularization (MultiTower's and DCN's `output`).
+    pub fn unregularized_output(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
+        let l = LinearParams::new(self.params, name, g.width(x), 1, false, self.rng);
+        g.linear(x, self.params, l.w, l.b, Activation::Linear)
     }
 
     /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation ->
