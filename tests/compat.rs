@@ -36,6 +36,54 @@ fn hashed_ids_match_tensorflow_buckets() {
     );
 }
 
+/// ComboFeature ids are TensorFlow's crossed-column hashes (vectors
+/// computed with TensorFlow's SparseCrossHashed in tests/data).
+#[test]
+fn combo_crosses_match_tensorflow() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tf_cross_hashes.json");
+    let facts: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = facts["cases"].as_array().unwrap();
+    assert!(cases.len() >= 7);
+    for c in cases {
+        let parts: Vec<Vec<String>> = c["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+                    .collect()
+            })
+            .collect();
+        let n = c["num_buckets"].as_u64().unwrap();
+        let mut got = Vec::new();
+        rustrec::features::cross(&parts, n, "", &mut got);
+        got.sort_unstable();
+        let want: Vec<u64> = c["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(got, want, "{parts:?} mod {n}");
+        // The whole 64-bit hash, as TensorFlow reports it without buckets.
+        let mut raw = Vec::new();
+        rustrec::features::cross(&parts, u64::MAX, "", &mut raw);
+        let mut raw: Vec<String> = raw.iter().map(|h| (h % (i64::MAX as u64)).to_string()).collect();
+        raw.sort();
+        let mut want: Vec<String> = c["hashes_mod_int64_max"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        want.sort();
+        assert_eq!(raw, want, "{parts:?}");
+    }
+}
+
 // ---- EasyRec's checkpoints (shared `data/compat/easyrec_ckpt`) ----
 
 use std::path::{Path, PathBuf};

@@ -150,12 +150,16 @@ fn supported_sample_configs_train_on_generated_data_of_their_schema() {
         // 64 rows do not need them, so hashing is capped at 10k buckets.
         for f in &mut plan.features {
             use rustrec::config::typed::{Bucketing, FeatureKind};
-            if let FeatureKind::Id { buckets } | FeatureKind::Tag { buckets, .. } | FeatureKind::Combo { buckets } =
-                &mut f.kind
-            {
-                if let Bucketing::Hash(n) = buckets {
-                    *n = (*n).min(10_000);
+            match &mut f.kind {
+                FeatureKind::Id {
+                    buckets: Bucketing::Hash(n),
                 }
+                | FeatureKind::Tag {
+                    buckets: Bucketing::Hash(n),
+                    ..
+                }
+                | FeatureKind::Combo { buckets: n, .. } => *n = (*n).min(10_000),
+                _ => {}
             }
         }
         rustrec::datagen::generate_for_plan(&plan, 64, 1, &train).unwrap();

@@ -251,8 +251,14 @@ pub enum FeatureKind {
         min_max: Option<(f64, f64)>,
         boundaries: Vec<f64>,
     },
+    /// EasyRec's ComboFeature: the cross of its inputs' values (each input
+    /// split by its `combo_input_seps` entry, if any), hashed as
+    /// TensorFlow's crossed column does; with `combo_join_sep`, the values
+    /// joined by it and hashed as text.
     Combo {
-        buckets: Bucketing,
+        buckets: u64,
+        join_sep: String,
+        input_seps: Vec<String>,
     },
 }
 
@@ -864,9 +870,35 @@ fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigEr
                 boundaries: f.boundaries.clone(),
             }
         }
-        FeatureType::ComboFeature => FeatureKind::Combo {
-            buckets: need_buckets()?,
-        },
+        FeatureType::ComboFeature => {
+            if f.input_names.len() < 2 {
+                return Err(ConfigError::invalid(
+                    format!("{path}.input_names"),
+                    format!("ComboFeature `{name}` crosses at least two inputs"),
+                ));
+            }
+            let Some(Bucketing::Hash(buckets)) = buckets(f) else {
+                return Err(ConfigError::invalid(
+                    path,
+                    format!("ComboFeature `{name}` needs hash_bucket_size, as EasyRec hashes its crosses"),
+                ));
+            };
+            if !f.combo_input_seps.is_empty() && f.combo_input_seps.len() != f.input_names.len() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.combo_input_seps"),
+                    format!(
+                        "needs one separator per input ({}), got {}",
+                        f.input_names.len(),
+                        f.combo_input_seps.len()
+                    ),
+                ));
+            }
+            FeatureKind::Combo {
+                buckets,
+                join_sep: f.combo_join_sep().to_string(),
+                input_seps: f.combo_input_seps.clone(),
+            }
+        }
         other => {
             return Err(ConfigError::unsupported(
                 format!("{path}.feature_type"),

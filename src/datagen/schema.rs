@@ -84,7 +84,8 @@ fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell
                 return Cell::Float(v[0]);
             }
         }
-        Some(FeatureKind::Id { buckets } | FeatureKind::Combo { buckets }) => match (ty, buckets) {
+        Some(FeatureKind::Combo { buckets, .. }) => Some(token(rng, &Bucketing::Hash(*buckets))),
+        Some(FeatureKind::Id { buckets }) => match (ty, buckets) {
             (ColumnType::Int, Bucketing::Identity(n)) => return Cell::Int(rng.below((*n).max(1)) as i64),
             (ColumnType::Str, b) => Some(token(rng, b)),
             _ => None,

@@ -76,11 +76,23 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
                             "weights": "tags whose weight is not above 0 are dropped",
                             "each": buckets(b),
                         }),
-                        FeatureKind::Combo { buckets: b } => json!({
+                        FeatureKind::Combo {
+                            buckets: n,
+                            join_sep,
+                            input_seps,
+                        } => json!({
                             "type": "combo",
-                            "value_separator": "|",
-                            "join": "cartesian product of the columns' values, joined with `_`",
-                            "each": buckets(b),
+                            "input_separators": input_seps,
+                            "join_separator": join_sep,
+                            "buckets": n,
+                            "cross": if join_sep.is_empty() {
+                                "per element of the cartesian product of the columns' values: h = 0xDECAFCAFFE, \
+                                 then h = FingerprintCat64(h, Fingerprint64(value)) per column; id = h % buckets \
+                                 (TensorFlow's SparseCrossHashed)"
+                            } else {
+                                "per element of the cartesian product: the values joined by join_separator; \
+                                 id = Fingerprint64(text) % buckets"
+                            },
                         }),
                     };
                     (names, t)

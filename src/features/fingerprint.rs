@@ -118,6 +118,18 @@ fn weak_hash_len32_with_seeds(s: &[u8], at: usize, mut a: u64, mut b: u64) -> (u
     (a.wrapping_add(z), b.wrapping_add(c))
 }
 
+/// TensorFlow's `FingerprintCat64`: combines two fingerprints, as its
+/// crossed columns (`SparseCrossHashed`) chain the values of a cross.
+pub fn fingerprint_cat64(fp1: u64, fp2: u64) -> u64 {
+    const MUL: u64 = 0xc6a4_a793_5bd1_e995;
+    let shift_mix = |v: u64| v ^ (v >> 47);
+    let mut r = fp1 ^ MUL;
+    r ^= shift_mix(fp2.wrapping_mul(MUL)).wrapping_mul(MUL);
+    r = r.wrapping_mul(MUL);
+    r = shift_mix(r).wrapping_mul(MUL);
+    shift_mix(r)
+}
+
 /// FarmHash Fingerprint64 of `s`.
 pub fn fingerprint64(s: &[u8]) -> u64 {
     let len = s.len();

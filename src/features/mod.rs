@@ -155,7 +155,10 @@ enum Enc {
     },
     Combo {
         cols: Vec<usize>,
-        buckets: Buckets,
+        buckets: u64,
+        join_sep: String,
+        /// Per input, the separator splitting its values ("" or none: one value).
+        input_seps: Vec<String>,
     },
 }
 
@@ -265,13 +268,19 @@ impl Encoder {
                         weight_col,
                     }
                 }
-                FeatureKind::Combo { buckets } => Enc::Combo {
+                FeatureKind::Combo {
+                    buckets,
+                    join_sep,
+                    input_seps,
+                } => Enc::Combo {
                     cols: f
                         .inputs
                         .iter()
                         .map(|i| col(&mut projection, i, false))
                         .collect::<anyhow::Result<_>>()?,
-                    buckets: Buckets::new(buckets, &f.name)?,
+                    buckets: *buckets,
+                    join_sep: join_sep.clone(),
+                    input_seps: input_seps.clone(),
                 },
             };
             encs.push(enc);
@@ -295,7 +304,8 @@ impl Encoder {
             Enc::Dense { .. } => None,
             Enc::Bucketized { boundaries, .. } => Some(boundaries.len() as u64 + 1),
             Enc::Projected { dim, .. } => Some(*dim as u64),
-            Enc::Id { buckets, .. } | Enc::Tag { buckets, .. } | Enc::Combo { buckets, .. } => Some(buckets.rows()),
+            Enc::Id { buckets, .. } | Enc::Tag { buckets, .. } => Some(buckets.rows()),
+            Enc::Combo { buckets, .. } => Some(*buckets),
         }
     }
 
@@ -369,6 +379,43 @@ impl Encoder {
             features,
             uids,
         })
+    }
+}
+
+/// The ids of the cross of `parts` (each input's values), as EasyRec's
+/// ComboFeature computes them: per element of the cartesian product,
+/// TensorFlow's crossed-column hash (`SparseCrossHashed`: FingerprintCat64
+/// over the values' Fingerprint64, from its default key), or with
+/// `join_sep` the Fingerprint64 of the values joined by it.
+pub fn cross(parts: &[Vec<String>], buckets: u64, join_sep: &str, out: &mut Vec<u64>) {
+    const HASH_KEY: u64 = 0x00DE_CAFC_AFFE;
+    if parts.iter().any(Vec::is_empty) {
+        return;
+    }
+    let mut idx = vec![0usize; parts.len()];
+    loop {
+        let id = if join_sep.is_empty() {
+            idx.iter().zip(parts).fold(HASH_KEY, |h, (&k, p)| {
+                fingerprint::fingerprint_cat64(h, fingerprint::fingerprint64(p[k].as_bytes()))
+            }) % buckets
+        } else {
+            let text: Vec<&str> = idx.iter().zip(parts).map(|(&k, p)| p[k].as_str()).collect();
+            fingerprint::fingerprint64(text.join(join_sep).as_bytes()) % buckets
+        };
+        out.push(id);
+        // Next element: the last input varies fastest.
+        let mut d = parts.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < parts[d].len() {
+                break;
+            }
+            idx[d] = 0;
+        }
     }
 }
 
@@ -596,30 +643,23 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             }
             j.weights = weights;
         }
-        Enc::Combo { cols, buckets } => {
+        Enc::Combo {
+            cols,
+            buckets,
+            join_sep,
+            input_seps,
+        } => {
             let mut parts: Vec<Vec<String>> = vec![Vec::new(); cols.len()];
             for r in 0..n {
-                for (p, c) in parts.iter_mut().zip(cols) {
+                for (i, (p, c)) in parts.iter_mut().zip(cols).enumerate() {
                     p.clear();
-                    for_each_value(&raw.columns[*c], r, Some("|"), &mut |v| {
+                    let sep = input_seps.get(i).map(String::as_str).filter(|s| !s.is_empty());
+                    for_each_value(&raw.columns[*c], r, sep, &mut |v| {
                         p.push(v.text());
                         Ok(())
                     })?;
                 }
-                // Cartesian product of the inputs' values, joined with "_".
-                let mut acc: Vec<String> = vec![String::new()];
-                for (i, p) in parts.iter().enumerate() {
-                    let mut next = Vec::with_capacity(acc.len() * p.len());
-                    for a in &acc {
-                        for v in p {
-                            next.push(if i == 0 { v.clone() } else { format!("{a}_{v}") });
-                        }
-                    }
-                    acc = next;
-                }
-                for s in &acc {
-                    j.ids.push(buckets.of_str(s, "")?);
-                }
+                cross(&parts, *buckets, join_sep, &mut j.ids);
                 j.offsets.push(j.ids.len() as u32);
             }
         }
