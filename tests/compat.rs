@@ -291,6 +291,33 @@ fn fine_tune_from_easyrec_checkpoint_continues_from_it() {
     );
 }
 
+/// `--continue_train` in EasyRec's model_dir goes on from EasyRec's
+/// checkpoint (its step and Adam slots), not from scratch.
+#[test]
+fn continue_train_resumes_from_easyrec_checkpoint() {
+    let (_tmp, dir) = fixture("wide_and_deep");
+    let o = run(
+        env!("CARGO_BIN_EXE_train_eval"),
+        &dir,
+        &[
+            "--pipeline_config_path",
+            "pipeline.config",
+            "--continue_train",
+            "--train_config.num_steps=102",
+        ],
+    );
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(
+        log.contains("resumed from") && log.contains("at global step 100"),
+        "{log}"
+    );
+    assert!(!log.contains("optimizer slot"), "every Adam slot is read: {log}");
+    // Our checkpoint at step 102 beside EasyRec's untouched files.
+    assert!(dir.join("model/model.ckpt-102/manifest.json").is_file());
+    assert!(dir.join("model/model.ckpt-100.index").is_file());
+}
+
 /// A damaged TensorFlow checkpoint is the user's problem (exit 1), named.
 #[test]
 fn damaged_tensorflow_checkpoints_are_named() {

@@ -74,7 +74,9 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
         write_effective_config(loaded, model_dir)?;
     }
     if resume {
-        if let Some(ckpt) = checkpoint::latest(model_dir)? {
+        // Ours, else an EasyRec (TensorFlow) checkpoint the model_dir's state
+        // file names: training goes on from its weights, slots and step.
+        if let Some(ckpt) = checkpoint::latest(model_dir)?.or_else(|| checkpoint::tensorflow::find(model_dir)) {
             trainer
                 .restore(&ckpt)
                 .map_err(|e| with_intact_predecessor(e, model_dir, &ckpt))?;
