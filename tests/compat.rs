@@ -234,6 +234,14 @@ fn eval_on_easyrec_checkpoints_gives_easyrec_auc() {
         let result: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("model/eval_result.txt")).unwrap()).unwrap();
         assert_eq!(result["global_step"], 100, "{name}");
+        // EasyRec's eval loss: the mean of the 32-row batches' mean losses.
+        let easyrec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("easyrec_eval.json")).unwrap()).unwrap();
+        let (got, want) = (
+            result["loss"].as_f64().unwrap(),
+            easyrec["metrics"]["loss"].as_f64().unwrap(),
+        );
+        assert!((got - want).abs() < 1e-5, "{name}: loss {got}, EasyRec's {want}");
         let theirs = dir.join("easyrec_predictions.csv");
         let (h, _) = csv_rows(&theirs);
         for t in tasks(&theirs) {

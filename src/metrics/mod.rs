@@ -67,6 +67,10 @@ pub struct EvalState {
     pub labels: Vec<f32>,
     pub uids: Vec<u64>,
     pub loss_sum: f64,
+    /// Each evaluation batch's mean loss: EasyRec's `loss` is their
+    /// unweighted mean (TensorFlow's streaming mean over batches), so a
+    /// short last batch counts as much as a full one.
+    pub batch_losses: Vec<f64>,
 }
 
 impl EvalState {
@@ -75,12 +79,23 @@ impl EvalState {
         self.labels.extend(other.labels);
         self.uids.extend(other.uids);
         self.loss_sum += other.loss_sum;
+        self.batch_losses.extend(other.batch_losses);
+    }
+
+    /// EasyRec's eval `loss`: the mean of the batches' mean losses (the
+    /// per-row mean when no batches were recorded).
+    pub fn loss(&self) -> f64 {
+        if self.batch_losses.is_empty() {
+            self.loss_sum / self.preds.len().max(1) as f64
+        } else {
+            self.batch_losses.iter().sum::<f64>() / self.batch_losses.len() as f64
+        }
     }
 
     /// `loss` plus each configured metric, in order; classification adds logloss.
     pub fn report(&self, metrics: &[Metric], classification: bool) -> Vec<(String, f64)> {
         let n = self.preds.len().max(1) as f64;
-        let mut out = vec![("loss".to_string(), self.loss_sum / n)];
+        let mut out = vec![("loss".to_string(), self.loss())];
         if classification {
             out.push(("logloss".into(), logloss(&self.preds, &self.labels)));
         }
@@ -128,13 +143,8 @@ pub fn report_tasks(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> 
     if let ([t], [st]) = (tasks, states) {
         return st.report(&t.metrics, t.classification());
     }
-    let n = states.first().map_or(0, |s| s.preds.len()).max(1) as f64;
-    let total: f64 = tasks
-        .iter()
-        .zip(states)
-        .map(|(t, s)| t.weight as f64 * s.loss_sum)
-        .sum();
-    let mut out = vec![("loss".to_string(), total / n)];
+    let total: f64 = tasks.iter().zip(states).map(|(t, s)| t.weight as f64 * s.loss()).sum();
+    let mut out = vec![("loss".to_string(), total)];
     for (t, st) in tasks.iter().zip(states) {
         let suffix = t.suffix();
         out.extend(

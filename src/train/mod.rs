@@ -184,12 +184,13 @@ impl Trainer {
             let batch = batch.context("reading evaluation data")?;
             let scores = self.score(&batch);
             for ((e, t), s) in st.iter_mut().zip(tasks).zip(scores) {
-                let loss_sum = kernels::loss_value(t.loss, &s.logits, &batch.labels[t.label]) * batch.size as f64;
+                let mean = kernels::loss_value(t.loss, &s.logits, &batch.labels[t.label]);
                 e.merge(EvalState {
                     preds: s.scores,
                     labels: batch.labels[t.label].clone(),
                     uids: batch.uids.clone().unwrap_or_default(),
-                    loss_sum,
+                    loss_sum: mean * batch.size as f64,
+                    batch_losses: vec![mean],
                 });
             }
         }
@@ -198,11 +199,19 @@ impl Trainer {
             for e in &mut st {
                 let mut loss = [e.loss_sum];
                 self.comm.all_reduce_sum(&mut loss);
+                let bits: Vec<u64> = e.batch_losses.iter().map(|x| x.to_bits()).collect();
                 *e = EvalState {
                     preds: self.comm.all_gather_f32(&e.preds).concat(),
                     labels: self.comm.all_gather_f32(&e.labels).concat(),
                     uids: self.comm.all_gather_u64(&e.uids).concat(),
                     loss_sum: loss[0],
+                    batch_losses: self
+                        .comm
+                        .all_gather_u64(&bits)
+                        .concat()
+                        .into_iter()
+                        .map(f64::from_bits)
+                        .collect(),
                 };
             }
         }
