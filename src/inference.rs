@@ -37,28 +37,8 @@ fn easyrec_tensors(
     prefix: &Path,
 ) -> anyhow::Result<(u64, std::collections::BTreeMap<String, checkpoint::Loaded>)> {
     let ckpt = checkpoint::tensorflow::TfCheckpoint::open(prefix)?;
-    let (values, unused) = names::from_tensorflow(&ckpt, plan, model, false, &[])?;
+    let (tensors, unused) = names::from_tensorflow(&ckpt, plan, model, false, &[])?;
     names::refuse_unused(&ckpt, &unused)?;
-    let shapes: std::collections::HashMap<String, Vec<usize>> = model
-        .params
-        .specs
-        .iter()
-        .chain(&model.buffers.specs)
-        .map(|s| (s.name.clone(), names::variable_shape(s)))
-        .chain(
-            names::table_variables(plan, model)
-                .into_iter()
-                .zip(&model.tables)
-                .map(|(v, t)| (v, vec![t.rows, t.dim])),
-        )
-        .collect();
-    let tensors = values
-        .into_iter()
-        .map(|(k, data)| {
-            let shape = shapes[&k].clone();
-            (k, checkpoint::Loaded { shape, data })
-        })
-        .collect();
     Ok((ckpt.global_step()?.unwrap_or(0), tensors))
 }
 

@@ -316,9 +316,7 @@ impl FeatureSpec {
         let f = &self.name;
         match &self.kind {
             FeatureKind::Raw { boundaries, .. } if !boundaries.is_empty() => format!("{f}_bucketized_embedding"),
-            FeatureKind::Raw { .. } if self.embedding_dim > 0 => {
-                format!("{f}_weighted_by_{f}_raw_proj_val_embedding")
-            }
+            _ if self.projected() => format!("{f}_weighted_by_{f}_raw_proj_val_embedding"),
             FeatureKind::Raw { .. } => f.clone(),
             FeatureKind::Tag { .. } if self.inputs.len() > 1 => format!("{f}_weighted_by_{f}_w_embedding"),
             _ if self.table != self.name => format!("{}_shared_embedding", self.table),

@@ -492,6 +492,15 @@ impl Value<'_> {
     }
 }
 
+/// A raw value mapped to [0, 1] by its feature's min_val / max_val, when set.
+fn scaled(x: f64, min_max: Option<(f64, f64)>) -> f64 {
+    match min_max {
+        Some((lo, hi)) if hi > lo => (x - lo) / (hi - lo),
+        Some(_) => 0.0,
+        None => x,
+    }
+}
+
 fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
     let mut j = Jagged {
         ids: Vec::with_capacity(n),
@@ -510,10 +519,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             for r in 0..n {
                 let start = values.len();
                 for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
-                    let mut x = v.number()?;
-                    if let Some((lo, hi)) = min_max {
-                        x = if hi > lo { (x - lo) / (hi - lo) } else { 0.0 };
-                    }
+                    let x = scaled(v.number()?, *min_max);
                     values.push(x as f32);
                     Ok(())
                 })?;
@@ -541,10 +547,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             for r in 0..n {
                 let mut k = 0u64;
                 for_each_value(&raw.columns[*col], r, Some(","), &mut |v| {
-                    let mut x = v.number()?;
-                    if let Some((lo, hi)) = min_max {
-                        x = if hi > lo { (x - lo) / (hi - lo) } else { 0.0 };
-                    }
+                    let x = scaled(v.number()?, *min_max);
                     // TensorFlow's safe embedding lookup drops entries whose
                     // weight is not positive, so such a value adds nothing.
                     if x > 0.0 {

@@ -10,7 +10,7 @@
 //! the parameter store keeps `[1, n]` or `[n, 1]`; the values are laid out
 //! alike, so shapes are compared without their unit dimensions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::{builders, Model, ParamSpec};
 use crate::checkpoint::tensorflow::TfCheckpoint;
@@ -96,15 +96,15 @@ fn squeezed(shape: &[usize]) -> Vec<usize> {
 
 /// Variable `name`, or its partitions `name/part_0`, `name/part_1`, ...
 /// joined along the first dimension. `None` when there is neither.
-fn read_variable(ckpt: &TfCheckpoint, name: &str, used: &mut Vec<String>) -> Result<Option<Loaded>, Unusable> {
+fn read_variable(ckpt: &TfCheckpoint, name: &str, used: &mut HashSet<String>) -> Result<Option<Loaded>, Unusable> {
     if ckpt.entries.contains_key(name) {
-        used.push(name.to_string());
+        used.insert(name.to_string());
         return ckpt.read_f32(name).map(Some);
     }
     let mut parts = Vec::new();
     while let Some(p) = Some(format!("{name}/part_{}", parts.len())).filter(|p| ckpt.entries.contains_key(p)) {
         parts.push(ckpt.read_f32(&p)?);
-        used.push(p);
+        used.insert(p);
     }
     let Some(first) = parts.first() else {
         return Ok(None);
@@ -125,9 +125,9 @@ fn read_variable(ckpt: &TfCheckpoint, name: &str, used: &mut Vec<String>) -> Res
     }))
 }
 
-/// Weights keyed by their names in the model, and the names of the
-/// checkpoint's weights left unused.
-pub type Imported = (BTreeMap<String, Vec<f32>>, Vec<String>);
+/// Weights keyed by their names in the model, in the model's shapes, and
+/// the names of the checkpoint's weights left unused.
+pub type Imported = (BTreeMap<String, Loaded>, Vec<String>);
 
 /// The weights of `model` from EasyRec checkpoint `ckpt`, keyed by their
 /// names in the model (which checkpoints of this trainer use too).
@@ -144,19 +144,19 @@ pub fn from_tensorflow(
     partial: bool,
     renames: &[(String, String)],
 ) -> Result<Imported, Unusable> {
-    let mut wanted: Vec<(String, String, Vec<usize>)> = Vec::new();
+    let mut wanted: Vec<(String, Vec<usize>)> = Vec::new();
     for s in model.params.specs.iter().chain(&model.buffers.specs) {
-        wanted.push((s.name.clone(), s.name.clone(), variable_shape(s)));
+        wanted.push((s.name.clone(), variable_shape(s)));
     }
     for (t, var) in model.tables.iter().zip(table_variables(plan, model)) {
-        wanted.push((var.clone(), var, vec![t.rows, t.dim]));
+        wanted.push((var, vec![t.rows, t.dim]));
     }
-    let mut used = Vec::new();
+    let mut used = HashSet::new();
     let mut missing = Vec::new();
     let mut out = BTreeMap::new();
-    for (key, var, shape) in wanted {
-        let var = renames.iter().find(|(m, _)| *m == var).map_or(var, |(_, c)| c.clone());
-        match read_variable(ckpt, &var, &mut used)? {
+    for (name, shape) in wanted {
+        let var = renames.iter().find(|(m, _)| *m == name).map_or(&name, |(_, c)| c);
+        match read_variable(ckpt, var, &mut used)? {
             None => missing.push(format!("{var} {shape:?}")),
             Some(l) if squeezed(&l.shape) != squeezed(&shape) => {
                 return Err(Unusable(format!(
@@ -166,7 +166,7 @@ pub fn from_tensorflow(
                 )))
             }
             Some(l) => {
-                out.insert(key, l.data);
+                out.insert(name, Loaded { shape, data: l.data });
             }
         }
     }
@@ -181,7 +181,7 @@ pub fn from_tensorflow(
     let unused = ckpt
         .entries
         .keys()
-        .filter(|n| !used.contains(n) && !is_training_state(n))
+        .filter(|n| !used.contains(n.as_str()) && !is_training_state(n))
         .cloned()
         .collect();
     Ok((out, unused))

@@ -136,11 +136,9 @@ impl Trainer {
             .iter()
             .map(|t| (t.name.clone(), "dense.safetensors".to_string(), t.shape.clone()))
             .collect();
-        let dense_count = names.len();
         names.extend(
-            self.variables(true)
+            self.table_variable_shapes(true)
                 .into_iter()
-                .skip(dense_count)
                 .map(|(n, shape)| (n, table_file.to_string(), shape)),
         );
         let keep = self.plan.keep_checkpoint_max as usize;
@@ -170,14 +168,14 @@ impl Trainer {
     /// (others start afresh), and the global step.
     fn restore_tensorflow(&mut self, prefix: &Path) -> anyhow::Result<()> {
         let ckpt = TfCheckpoint::open(prefix)?;
-        let (mut values, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, false, &[])?;
+        let (weights, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, false, &[])?;
         names::refuse_unused(&ckpt, &unused)?;
+        let mut values: BTreeMap<String, Vec<f32>> = weights.into_iter().map(|(k, l)| (k, l.data)).collect();
         // Slots carry TensorFlow's names where its optimizer keeps the same
         // state, so they are read by the names this trainer saves them under.
-        let weights: Vec<(String, Vec<usize>)> = self.variables(false);
         let mut missing = 0;
         for (name, shape) in self.variables(true) {
-            if weights.iter().any(|(w, _)| *w == name) {
+            if values.contains_key(&name) {
                 continue;
             }
             if !ckpt.entries.contains_key(&name) {
@@ -257,7 +255,7 @@ impl Trainer {
         if let Some(prefix) = checkpoint::tensorflow::find(&dir) {
             // EasyRec's checkpoint: variables (and the var map) by EasyRec's names.
             let ckpt = TfCheckpoint::open(&prefix)?;
-            let (values, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, true, &renames)?;
+            let (weights, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, true, &renames)?;
             if !unused.is_empty() {
                 log::warn!(
                     "fine_tune_checkpoint {}: {} weight(s) have no place in this model and are not used: {}",
@@ -266,8 +264,8 @@ impl Trainer {
                     unused.join(", ")
                 );
             }
-            let n = values.len();
-            self.assign_values(values, false);
+            let n = weights.len();
+            self.assign_values(weights.into_iter().map(|(k, l)| (k, l.data)).collect(), false);
             return Ok(n);
         }
         let (_, tensors) = checkpoint::load(&dir)?;
@@ -302,6 +300,13 @@ impl Trainer {
             .into_iter()
             .map(|t| (t.name, t.shape))
             .collect();
+        out.extend(self.table_variable_shapes(slots));
+        out
+    }
+
+    /// Names and whole shapes of the tables (and their slots when `slots`).
+    fn table_variable_shapes(&self, slots: bool) -> Vec<(String, Vec<usize>)> {
+        let mut out = Vec::new();
         for (t, var) in self.embeddings.tables.iter().zip(self.table_variables()) {
             out.push((var.clone(), vec![t.rows, t.dim]));
             if slots {
