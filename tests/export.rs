@@ -504,6 +504,30 @@ fn damaged_export_dirs_give_clear_errors() {
     let err = predict(&no_data);
     assert!(err.contains("cannot load ONNX model"), "{err}");
 
+    // export_info.json records each model file's size and CRC-32C: one
+    // flipped byte of the tables' external data is caught before scoring.
+    let flipped = copy("flipped");
+    std::fs::copy(
+        good.join("assets/export_info.json"),
+        flipped.join("assets/export_info.json"),
+    )
+    .unwrap();
+    let info = std::fs::read_to_string(flipped.join("assets/export_info.json")).unwrap();
+    assert!(info.contains("\"model.onnx.data\"") && info.contains("crc32c"), "{info}");
+    let mut data = std::fs::read(flipped.join("model.onnx.data")).unwrap();
+    let at = data.len() / 3;
+    data[at] ^= 0x10;
+    std::fs::write(flipped.join("model.onnx.data"), &data).unwrap();
+    let err = predict(&flipped);
+    assert!(
+        err.contains("model.onnx.data is damaged") && err.contains("export the checkpoint again"),
+        "{err}"
+    );
+    data[at] ^= 0x10;
+    std::fs::write(flipped.join("model.onnx.data"), &data[..data.len() - 8]).unwrap();
+    assert!(predict(&flipped).contains("model.onnx.data is damaged"));
+    std::fs::write(flipped.join("model.onnx.data"), &data).unwrap();
+
     // The file is still whole after all those failures, and still scores.
     let mut c = bin("predict");
     c.args(["--saved_model_dir", good.to_str().unwrap()])

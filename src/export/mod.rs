@@ -59,7 +59,7 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
     let result = (|| -> anyhow::Result<()> {
         let assets = tmp.join("assets");
         std::fs::create_dir_all(&assets).with_context(|| format!("cannot create {}", assets.display()))?;
-        graph.write(&tmp, DATA_FILE, req.external_min_bytes)?;
+        let files = graph.write(&tmp, DATA_FILE, req.external_min_bytes)?;
         let write = |name: &str, text: String| -> anyhow::Result<()> {
             let p = assets.join(name);
             std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))
@@ -77,6 +77,7 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
                 "global_step": t.step,
                 "checkpoint": req.checkpoint.map(|c| c.display().to_string()),
                 "metrics": metrics,
+                "files": files_record(&files),
             }))?,
         )?;
         for f in req.asset_files {
@@ -95,6 +96,48 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
         return Err(e);
     }
     Ok(final_dir)
+}
+
+/// `export_info.json`'s record of the model's files: name -> size and CRC-32C.
+fn files_record(files: &[onnx::WrittenFile]) -> serde_json::Value {
+    files
+        .iter()
+        .map(|f| (f.name.clone(), json!({"bytes": f.bytes, "crc32c": format!("{:08x}", f.crc32c)})))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Checks the model's files of the export in `dir` against the sizes and
+/// CRC-32C its `export_info.json` records (exports written before the record
+/// existed carry none and are taken as they are).
+pub fn verify_files(dir: &Path) -> anyhow::Result<()> {
+    let info_path = dir.join("assets/export_info.json");
+    let Ok(text) = std::fs::read_to_string(&info_path) else {
+        return Ok(());
+    };
+    let info: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", info_path.display()))?;
+    let Some(files) = info.get("files").and_then(|f| f.as_object()) else {
+        return Ok(());
+    };
+    for (name, want) in files {
+        let path = dir.join(name);
+        let (Some(bytes), Some(crc)) = (want["bytes"].as_u64(), want["crc32c"].as_str()) else {
+            anyhow::bail!("{}: the record of `{name}` lacks its bytes or crc32c", info_path.display());
+        };
+        let data = std::fs::read(&path)
+            .with_context(|| format!("{} is missing or unreadable: not a complete export", path.display()))?;
+        let got = format!("{:08x}", crc32c::crc32c(&data));
+        if data.len() as u64 != bytes || got != crc {
+            anyhow::bail!(
+                "{} is damaged: {} bytes with CRC-32C {got}, but the export wrote {bytes} bytes with CRC-32C {crc}; \
+                 export the checkpoint again",
+                path.display(),
+                data.len()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Restores the weights of `checkpoint` (tables saved at any world size

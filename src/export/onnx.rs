@@ -174,8 +174,9 @@ impl Graph {
 
     /// The model, with every initializer of at least `external_min_bytes`
     /// moved into `dir/<data_file>` (ONNX external data, 64-byte aligned).
-    /// Writes `dir/model.onnx`; returns the bytes written in all.
-    pub fn write(mut self, dir: &Path, data_file: &str, external_min_bytes: usize) -> anyhow::Result<u64> {
+    /// Writes `dir/model.onnx`; returns each file written with its size and
+    /// CRC-32C, for the export's record of what it holds.
+    pub fn write(mut self, dir: &Path, data_file: &str, external_min_bytes: usize) -> anyhow::Result<Vec<WrittenFile>> {
         let mut external: Vec<u8> = Vec::new();
         for t in &mut self.inits {
             if t.raw_data.len() < external_min_bytes || t.raw_data.is_empty() {
@@ -219,14 +220,34 @@ impl Graph {
             ..Default::default()
         };
         let bytes = model.encode_to_vec();
-        let mut total = bytes.len() as u64;
+        let mut written = Vec::new();
         if !external.is_empty() {
             let p = dir.join(data_file);
             std::fs::write(&p, &external).with_context(|| format!("cannot write {}", p.display()))?;
-            total += external.len() as u64;
+            written.push(WrittenFile::of(data_file, &external));
         }
         let p = dir.join("model.onnx");
-        std::fs::write(&p, bytes).with_context(|| format!("cannot write {}", p.display()))?;
-        Ok(total)
+        std::fs::write(&p, &bytes).with_context(|| format!("cannot write {}", p.display()))?;
+        written.push(WrittenFile::of("model.onnx", &bytes));
+        Ok(written)
+    }
+}
+
+/// A file of an export: its name, size and CRC-32C (as checkpoints carry
+/// theirs), so a loader can tell a damaged or truncated file from a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenFile {
+    pub name: String,
+    pub bytes: u64,
+    pub crc32c: u32,
+}
+
+impl WrittenFile {
+    fn of(name: &str, data: &[u8]) -> Self {
+        WrittenFile {
+            name: name.to_string(),
+            bytes: data.len() as u64,
+            crc32c: crc32c::crc32c(data),
+        }
     }
 }

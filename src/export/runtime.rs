@@ -89,6 +89,7 @@ impl ExportedModel {
             .with_context(|| format!("reading the export's config {}", config.display()))?;
         let plan = TrainingPlan::from_config(&loaded.config)?;
         let enc = Encoder::for_inference(&plan)?;
+        super::verify_files(&dir)?;
         let model_path = dir.join(MODEL_FILE);
         let model = tract_onnx::onnx()
             .model_for_path(&model_path)
