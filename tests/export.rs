@@ -513,7 +513,10 @@ fn damaged_export_dirs_give_clear_errors() {
     )
     .unwrap();
     let info = std::fs::read_to_string(flipped.join("assets/export_info.json")).unwrap();
-    assert!(info.contains("\"model.onnx.data\"") && info.contains("crc32c"), "{info}");
+    assert!(
+        info.contains("\"model.onnx.data\"") && info.contains("crc32c"),
+        "{info}"
+    );
     let mut data = std::fs::read(flipped.join("model.onnx.data")).unwrap();
     let at = data.len() / 3;
     data[at] ^= 0x10;

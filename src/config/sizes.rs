@@ -21,13 +21,22 @@ struct Claim {
     shared: Option<String>,
 }
 
+/// Slot vectors the optimizers keep beside each value: per table row (its
+/// table's optimizer) and per dense weight (the dense optimizer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Slots {
+    pub tables: usize,
+    pub dense: usize,
+}
+
 /// What a config will allocate, by the field that sizes each part.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Claims(Vec<Claim>);
 
 impl Claims {
-    /// The allocations of `cfg`: tables, layer weights and per-batch buffers.
-    pub fn of(cfg: &super::proto::EasyRecConfig) -> Result<Self, ConfigError> {
+    /// The allocations of `cfg`: tables and layer weights with their
+    /// optimizer slots (and a dense weight's gradient), and per-batch buffers.
+    pub fn of(cfg: &super::proto::EasyRecConfig, slots: Slots) -> Result<Self, ConfigError> {
         let msg = reflect::dynamic(cfg, "protos.EasyRecConfig")?;
         let batch = cfg.data_config.as_ref().map_or(1, |d| d.batch_size()) as u128;
         let columns = cfg.data_config.as_ref().map_or(1, |d| d.input_fields.len().max(1)) as u128;
@@ -39,7 +48,7 @@ impl Claims {
             shared: None,
         }];
         reflect::visit(&msg, "", &mut |m, path| {
-            claim(m, path, batch, &mut claims);
+            claim(m, path, batch, slots, &mut claims);
             Ok::<(), ConfigError>(())
         })?;
         // One claim per shared table: the largest of its features'.
@@ -109,7 +118,7 @@ impl Claims {
 
 /// The claims of one message: a table when it has rows, a DNN when it has
 /// hidden_units.
-fn claim(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>) {
+fn claim(msg: &DynamicMessage, path: &str, batch: u128, slots: Slots, claims: &mut Vec<Claim>) {
     let get = |name: &str| -> Option<u128> {
         let fd = msg.descriptor().get_field_by_name(name)?;
         if !msg.has_field(&fd) {
@@ -124,7 +133,14 @@ fn claim(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>)
         }
     };
     let at = |name: &str| join(path, name);
-    // An embedding table: rows x embedding_dim floats.
+    // An embedding table: rows x embedding_dim floats, and as many again
+    // per optimizer slot (row gradients are sparse: one batch's rows).
+    let with_slots = |n: usize| match n {
+        0 => String::new(),
+        1 => " with its optimizer slot".to_string(),
+        n => format!(" with its {n} optimizer slots"),
+    };
+    let table_copies = 1 + slots.tables as u128;
     let dim = get("embedding_dim").unwrap_or(1).max(1);
     let shared = msg
         .get_field_by_name("embedding_name")
@@ -134,8 +150,8 @@ fn claim(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>)
         if let Some(rows) = get(rows_field) {
             claims.push(Claim {
                 field: at(rows_field),
-                what: format!("an embedding table of {rows} rows x {dim}"),
-                bytes: rows * dim * 4,
+                what: format!("an embedding table of {rows} rows x {dim}{}", with_slots(slots.tables)),
+                bytes: rows * dim * 4 * table_copies,
                 table: true,
                 shared: shared.clone(),
             });
@@ -150,8 +166,11 @@ fn claim(msg: &DynamicMessage, path: &str, batch: u128, claims: &mut Vec<Claim>)
                 let field = format!("{}[{i}]", at("hidden_units"));
                 claims.push(Claim {
                     field: field.clone(),
-                    what: format!("the weights of a layer of {u} units"),
-                    bytes: u * fan_in * 4,
+                    what: format!(
+                        "the weights of a layer of {u} units, their gradient{}",
+                        with_slots(slots.dense)
+                    ),
+                    bytes: u * fan_in * 4 * (2 + slots.dense as u128),
                     table: false,
                     shared: None,
                 });
@@ -203,7 +222,7 @@ mod tests {
                                         hash_bucket_size: 4000000000000 } }
             "#,
         );
-        let claims = Claims::of(&cfg).unwrap();
+        let claims = Claims::of(&cfg, Slots::default()).unwrap();
         let err = claims.check(8 << 30, 1).unwrap_err().to_string();
         assert!(
             err.starts_with("feature_config.features[0].hash_bucket_size: "),
@@ -229,10 +248,18 @@ mod tests {
             feature("b"),
             feature("c")
         ));
-        let claims = Claims::of(&cfg).unwrap();
+        let claims = Claims::of(&cfg, Slots::default()).unwrap();
         // 10M x 32 floats is 1.2 GiB once, not three times.
         claims.check(2 << 30, 1).unwrap();
         assert!(claims.check(1 << 30, 1).is_err());
+        // Adam keeps two slots per row: the same table needs three times that.
+        let adam = Claims::of(&cfg, Slots { tables: 2, dense: 2 }).unwrap();
+        let err = adam.check(2 << 30, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("10000000 rows x 32 with its 2 optimizer slots need 3.6 GiB"),
+            "{err}"
+        );
+        adam.check(4 << 30, 1).unwrap();
     }
 
     #[test]
@@ -243,11 +270,19 @@ mod tests {
             model_config { dlrm { top_dnn { hidden_units: [64, 4000000000] } } }
             "#,
         );
-        let err = Claims::of(&cfg).unwrap().check(8 << 30, 1).unwrap_err().to_string();
+        let err = Claims::of(&cfg, Slots::default())
+            .unwrap()
+            .check(8 << 30, 1)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("model_config.dlrm.top_dnn.hidden_units[1]: "), "{err}");
         let cfg =
             config(r#"data_config { batch_size: 4294967295 input_fields { input_name: "a" input_type: STRING } }"#);
-        let err = Claims::of(&cfg).unwrap().check(8 << 30, 1).unwrap_err().to_string();
+        let err = Claims::of(&cfg, Slots::default())
+            .unwrap()
+            .check(8 << 30, 1)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("data_config.batch_size: "), "{err}");
     }
 }

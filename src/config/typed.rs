@@ -542,7 +542,7 @@ impl TrainingPlan {
                     .map(PathBuf::from),
             });
         Ok(TrainingPlan {
-            memory: super::sizes::Claims::of(cfg)?,
+            memory: super::sizes::Claims::of(cfg, optimizer_slots(kind, &optimizers))?,
             fields: model_plan::input_fields(&data)?,
             label_fields: data.label_fields.clone(),
             groups,
@@ -635,6 +635,16 @@ fn strategy(s: proto::DistributionStrategy) -> Result<Strategy, ConfigError> {
             what: format!("{} (parameter-server / asynchronous training)", s.as_str_name()),
             hint: " yet; use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy".into(),
         }),
+    }
+}
+
+/// Slot vectors the optimizers keep per table row and per dense weight.
+fn optimizer_slots(kind: ModelKind, optimizers: &[OptimizerSpec]) -> super::sizes::Slots {
+    let assign = crate::optim::Assignment::new(kind, optimizers.len());
+    let slots = |i: usize| optimizers.get(i).map_or(0, |o| crate::optim::slot_inits(&o.kind).len());
+    super::sizes::Slots {
+        tables: slots(assign.wide_tables).max(slots(assign.deep_tables)),
+        dense: slots(assign.dense),
     }
 }
 

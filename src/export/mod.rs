@@ -102,7 +102,12 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
 fn files_record(files: &[onnx::WrittenFile]) -> serde_json::Value {
     files
         .iter()
-        .map(|f| (f.name.clone(), json!({"bytes": f.bytes, "crc32c": format!("{:08x}", f.crc32c)})))
+        .map(|f| {
+            (
+                f.name.clone(),
+                json!({"bytes": f.bytes, "crc32c": format!("{:08x}", f.crc32c)}),
+            )
+        })
         .collect::<serde_json::Map<_, _>>()
         .into()
 }
@@ -123,7 +128,10 @@ pub fn verify_files(dir: &Path) -> anyhow::Result<()> {
     for (name, want) in files {
         let path = dir.join(name);
         let (Some(bytes), Some(crc)) = (want["bytes"].as_u64(), want["crc32c"].as_str()) else {
-            anyhow::bail!("{}: the record of `{name}` lacks its bytes or crc32c", info_path.display());
+            anyhow::bail!(
+                "{}: the record of `{name}` lacks its bytes or crc32c",
+                info_path.display()
+            );
         };
         let data = std::fs::read(&path)
             .with_context(|| format!("{} is missing or unreadable: not a complete export", path.display()))?;
