@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use rustrec::config::{load_pipeline, typed::TrainingPlan};
+use rustrec::features::{Batch, Encoded};
 use rustrec::train::Trainer;
 use rustrec::util::Rng;
 
@@ -449,4 +450,50 @@ fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
             assert_eq!(a.preds, b.preds, "{model}");
         }
     }
+}
+
+/// `--skip_nonfinite_batches`: a batch whose gradient is not finite (an
+/// infinite raw value, which the readers refuse but a bad batch can hold)
+/// leaves every parameter as it was and moves the step on, while the
+/// allowance lasts; the next one stops training naming the allowance.
+#[test]
+fn batches_with_non_finite_gradients_are_skipped_while_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer(dir.path(), "WideAndDeep");
+    let batches: Vec<Batch> = t
+        .stream(&t.plan.train_paths.clone(), true, 0)
+        .unwrap()
+        .take(3)
+        .map(Result::unwrap)
+        .collect();
+    let poison = |b: &Batch| {
+        let mut b = b.clone();
+        let dense = b.features.iter_mut().find_map(|f| match f {
+            Encoded::Dense { values, .. } => Some(values),
+            _ => None,
+        });
+        dense.expect("a raw feature")[0] = f32::INFINITY;
+        b
+    };
+    // Allowed none (the default), the first bad batch stops training.
+    let err = t.train_step(&poison(&batches[0])).unwrap_err();
+    assert!(err.is::<rustrec::train::step::Diverged>(), "{err:#}");
+    assert_eq!(t.step, 0);
+
+    t.skip_nonfinite_batches = 1;
+    t.train_step(&batches[0]).unwrap();
+    let params = t.model.params.values.clone();
+    let st = t.train_step(&poison(&batches[1])).unwrap();
+    assert!(st.skipped && st.loss.is_nan());
+    assert_eq!((t.step, t.skipped_batches), (2, 1));
+    assert_eq!(t.model.params.values, params, "a skipped batch changed the weights");
+    let st = t.train_step(&batches[2]).unwrap();
+    assert!(!st.skipped && st.loss.is_finite());
+    assert_ne!(t.model.params.values, params);
+    let err = t.train_step(&poison(&batches[0])).unwrap_err().to_string();
+    assert!(
+        err.contains("at step 3")
+            && err.contains("1 batches skipped already, as many as --skip_nonfinite_batches allows"),
+        "{err}"
+    );
 }

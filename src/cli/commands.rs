@@ -29,7 +29,19 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
     }
     let plan = TrainingPlan::from_config(&loaded.config)?;
     let comm = dist::init()?;
-    abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, args.continue_train))
+    let options = TrainOptions {
+        resume: args.continue_train,
+        skip_nonfinite_batches: args.skip_nonfinite_batches,
+    };
+    abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, options))
+}
+
+/// What train_eval's flags ask of a run besides the config.
+struct TrainOptions {
+    /// `--continue_train`.
+    resume: bool,
+    /// `--skip_nonfinite_batches`.
+    skip_nonfinite_batches: u64,
 }
 
 /// Under mpirun a failing rank ends the whole job at once, naming itself;
@@ -44,13 +56,20 @@ fn abort_on_error(comm: &dyn Communicator, result: anyhow::Result<()>) -> anyhow
     result
 }
 
-fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfig, resume: bool) -> anyhow::Result<()> {
+fn train_on(
+    comm: Rc<dyn Communicator>,
+    plan: TrainingPlan,
+    loaded: &LoadedConfig,
+    opts: TrainOptions,
+) -> anyhow::Result<()> {
+    let resume = opts.resume;
     let model_dir = &plan.model_dir.clone();
     agree_on_config(&*comm, loaded)?;
     // Built (and its export options checked) before anyone trains; rank 0 exports.
     let mut exporter =
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
     let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(|e| UserError(format!("{e:#}")))?;
+    trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
     // Rank 0 holds the model_dir's lock for the whole job; under the lock,
     // whatever a dead job left half written can go.
     let _lock = if comm.rank() == 0 {
@@ -106,6 +125,12 @@ fn train_on(comm: Rc<dyn Communicator>, plan: TrainingPlan, loaded: &LoadedConfi
         trainer.step,
         summary.samples_per_sec
     );
+    if trainer.skipped_batches > 0 {
+        log::warn!(
+            "{} of those batches were skipped: their loss or gradient was not finite",
+            trainer.skipped_batches
+        );
+    }
     Ok(())
 }
 

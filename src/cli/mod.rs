@@ -54,6 +54,10 @@ pub struct TrainEvalArgs {
     /// Checkpoint (or directory: its latest checkpoint) to initialise from.
     #[arg(long, value_name = "PATH")]
     pub fine_tune_checkpoint: Option<String>,
+    /// Skip up to N batches whose loss or gradient is not finite (their update is
+    /// dropped, with a warning naming the step) before stopping; 0 stops at the first.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub skip_nonfinite_batches: u64,
     /// Print the effective config (after all overrides) as text proto and exit.
     #[arg(long)]
     pub print_config: bool,

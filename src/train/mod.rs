@@ -38,6 +38,11 @@ pub struct Trainer {
     pub assign: Assignment,
     /// Global step: batches trained so far.
     pub step: u64,
+    /// Batches with a non-finite loss or gradient that may be skipped (their
+    /// update not applied) before training stops; 0 stops at the first.
+    pub skip_nonfinite_batches: u64,
+    /// Batches skipped so far in this run.
+    pub skipped_batches: u64,
     pub seed: u64,
     /// Where burn's reference executor runs (tests' oracle).
     pub reference_device: Device,
@@ -107,6 +112,8 @@ impl Trainer {
             dense_state,
             assign,
             step: 0,
+            skip_nonfinite_batches: 0,
+            skipped_batches: 0,
             seed,
             reference_device: Device::flex().autodiff(),
             comm,

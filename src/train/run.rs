@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context;
 use serde_json::json;
 
-use super::Trainer;
+use super::{StepStats, Trainer};
 use crate::checkpoint;
 use crate::config::typed::CheckpointCadence;
 use crate::summary::SummaryWriter;
@@ -52,6 +52,12 @@ impl Trainer {
         let mut window = (Instant::now(), 0u64);
         let mut samples = 0u64;
         let mut last_loss = f32::NAN;
+        let mut last = StepStats {
+            loss: f32::NAN,
+            reg_loss: f32::NAN,
+            grad_norm: f32::NAN,
+            skipped: true,
+        };
         let mut last_save = (Instant::now(), self.step);
         let mut last_eval = Instant::now();
         let mut summaries = if p.save_summary_steps > 0 && lead {
@@ -74,10 +80,16 @@ impl Trainer {
             };
             let batch = batch.context("reading training data")?;
             let lr = p.optimizers[self.assign.dense].lr.at(self.step);
-            let st = self.train_step(&batch)?;
+            let step_stats = self.train_step(&batch)?;
             samples += batch.size as u64;
             window.1 += batch.size as u64;
-            last_loss = st.loss;
+            // A skipped batch has no loss: logs and summaries show the last
+            // trained one's.
+            if !step_stats.skipped {
+                last = step_stats;
+                last_loss = last.loss;
+            }
+            let st = last;
             if let Some(b) = &bar {
                 b.set_position(self.step);
                 b.set_message(format!("loss {:.4}", st.loss));
@@ -113,7 +125,7 @@ impl Trainer {
             }
             if let Some(w) = summaries
                 .as_mut()
-                .filter(|_| self.step.is_multiple_of(p.save_summary_steps as u64))
+                .filter(|_| !step_stats.skipped && self.step.is_multiple_of(p.save_summary_steps as u64))
             {
                 let secs = summary_window.0.elapsed().as_secs_f64().max(1e-9);
                 let steps_per_sec = (self.step - summary_window.1) as f64 / secs;

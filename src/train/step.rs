@@ -39,6 +39,9 @@ pub struct StepStats {
     pub loss: f32,
     pub reg_loss: f32,
     pub grad_norm: f32,
+    /// The batch's loss or gradient was not finite and its update was not
+    /// applied (`Trainer::skip_nonfinite_batches`).
+    pub skipped: bool,
 }
 
 fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, track: bool) -> Vec<Tensor<2>> {
@@ -208,7 +211,7 @@ impl Trainer {
         }
         let diverged = |what: String| Diverged { step: self.step, what };
         if !loss_value.is_finite() {
-            return Err(diverged(format!("the loss is {loss_value}")).into());
+            return self.skip_or_stop(format!("the loss is {loss_value}"));
         }
         let mut reg = 0.0f64; // identical on every rank
         let l2 = self.plan.l2_regularization;
@@ -250,7 +253,7 @@ impl Trainer {
             } else {
                 "the gradient norm"
             };
-            return Err(diverged(format!("{what} is not finite")).into());
+            return self.skip_or_stop(format!("{what} is not finite"));
         }
         let scale = match self.plan.gradient_clip_norm {
             Some(c) if norm > c => c / norm,
@@ -281,6 +284,43 @@ impl Trainer {
             loss: loss_value + reg as f32,
             reg_loss: reg as f32,
             grad_norm: norm,
+            skipped: false,
+        })
+    }
+
+    /// A batch whose loss or gradient is not finite (`what`), seen alike by
+    /// every rank (both are all-reduced): while `skip_nonfinite_batches`
+    /// allows, its update is dropped and the global step moves past it;
+    /// otherwise training stops with `Diverged`. A parameter that turns
+    /// non-finite after an update always stops: it cannot be taken back.
+    fn skip_or_stop(&mut self, what: String) -> anyhow::Result<StepStats> {
+        let step = self.step;
+        if self.skipped_batches >= self.skip_nonfinite_batches {
+            let what = if self.skip_nonfinite_batches > 0 {
+                format!(
+                    "{what} ({} batches skipped already, as many as --skip_nonfinite_batches allows)",
+                    self.skipped_batches
+                )
+            } else {
+                what
+            };
+            return Err(Diverged { step, what }.into());
+        }
+        self.skipped_batches += 1;
+        if self.comm.rank() == 0 {
+            log::warn!(
+                "{what} at step {step}: batch skipped, its update not applied ({} of at most {} by \
+                 --skip_nonfinite_batches)",
+                self.skipped_batches,
+                self.skip_nonfinite_batches
+            );
+        }
+        self.step += 1;
+        Ok(StepStats {
+            loss: f32::NAN,
+            reg_loss: f32::NAN,
+            grad_norm: f32::NAN,
+            skipped: true,
         })
     }
 
