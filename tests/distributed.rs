@@ -400,3 +400,60 @@ fn ranks_started_with_different_configs_refuse_to_start() {
     assert!(!dir.join("checkpoint").exists());
     assert!(!dir.join("pipeline.config").exists());
 }
+
+#[test]
+fn a_second_job_in_a_running_jobs_model_dir_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let dir = tmp.path().join("shared_dir");
+    let ep = "EmbeddingParallelStrategy";
+    let mut args = train_args(&cfg, "DLRM", &dir, 100_000_000, 2, ep);
+    args.push("--data_config.num_epochs=0".into());
+    let mut first = mpirun()
+        .args(["-np", "2", env!("CARGO_BIN_EXE_train_eval")])
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while rustrec::checkpoint::latest(&dir).ok().flatten().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first job wrote no checkpoint"
+        );
+        assert!(first.try_wait().unwrap().is_none(), "the first job ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let config_before = std::fs::read(dir.join("pipeline.config")).unwrap();
+
+    // The same job again, resuming, and a fresh one with another layer: both
+    // are kept out while the first holds the model_dir.
+    let mut resume = args.clone();
+    resume.push("--continue_train".into());
+    let mut other = resume.clone();
+    other.push("--model_config.dlrm.top_dnn.hidden_units=[64,7,1]".into());
+    for second in [&resume, &other] {
+        let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), second);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("in use by another training job"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let still_running = first.try_wait().unwrap().is_none();
+    // mpirun passes SIGTERM on to its ranks.
+    Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status()
+        .unwrap();
+    first.wait().unwrap();
+    assert!(still_running, "the first job ended before the others tried");
+
+    // The first job's config and every checkpoint it left are whole.
+    assert_eq!(std::fs::read(dir.join("pipeline.config")).unwrap(), config_before);
+    let steps = rustrec::checkpoint::list(&dir).unwrap();
+    assert!(!steps.is_empty());
+    for step in steps {
+        load(&dir.join(format!("model.ckpt-{step}"))).unwrap_or_else(|e| panic!("model.ckpt-{step}: {e:#}"));
+    }
+}
