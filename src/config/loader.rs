@@ -61,6 +61,7 @@ pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
         })?
     };
     expand_input_fields(&mut message)?;
+    expand_feature_names(&mut message)?;
     Ok(message)
 }
 
@@ -127,6 +128,52 @@ fn expand_input_fields(message: &mut DynamicMessage) -> Result<(), ConfigError> 
     Ok(())
 }
 
+/// A feature group's `feature_names` entry `f[1-3]` stands for f1, f2, f3,
+/// always (EasyRec's FeatureGroup expands them without a flag).
+fn expand_feature_names(message: &mut DynamicMessage) -> Result<(), ConfigError> {
+    let desc = message.descriptor();
+    let model_fd = desc.get_field_by_name("model_config").expect("schema field");
+    if !message.has_field(&model_fd) {
+        return Ok(());
+    }
+    let Value::Message(model) = message.get_field_mut(&model_fd) else {
+        return Ok(());
+    };
+    let groups_fd = model
+        .descriptor()
+        .get_field_by_name("feature_groups")
+        .expect("schema field");
+    let Value::List(groups) = model.get_field_mut(&groups_fd) else {
+        return Ok(());
+    };
+    for (g, group) in groups.iter_mut().enumerate() {
+        let Value::Message(group) = group else { continue };
+        let names_fd = group
+            .descriptor()
+            .get_field_by_name("feature_names")
+            .expect("schema field");
+        let Value::List(names) = group.get_field_mut(&names_fd) else {
+            continue;
+        };
+        let mut out = Vec::with_capacity(names.len());
+        for (i, name) in names.drain(..).enumerate() {
+            let text = name.as_str().unwrap_or_default().to_string();
+            match expand_range(&text) {
+                Some(Ok(expanded)) => out.extend(expanded.into_iter().map(Value::String)),
+                Some(Err(msg)) => {
+                    return Err(ConfigError::invalid(
+                        format!("model_config.feature_groups[{g}].feature_names[{i}]"),
+                        msg,
+                    ))
+                }
+                None => out.push(name),
+            }
+        }
+        *names = out;
+    }
+    Ok(())
+}
+
 /// `c[1-26]` -> Some(Ok([c1..c26])); names without a range -> None.
 fn expand_range(name: &str) -> Option<Result<Vec<String>, String>> {
     let open = name.find('[')?;
@@ -158,5 +205,22 @@ mod tests {
         assert_eq!(expand_range("x[2-2]_y").unwrap().unwrap(), vec!["x2_y"]);
         assert!(expand_range("plain").is_none());
         assert!(expand_range("c[3-1]").unwrap().is_err());
+    }
+
+    #[test]
+    fn feature_group_names_expand_without_a_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.config");
+        std::fs::write(
+            &path,
+            r#"model_config { feature_groups { group_name: "all" feature_names: ["field[1-3]", "other"] } }"#,
+        )
+        .unwrap();
+        let msg = read_pipeline_file(&path).unwrap();
+        let text = render_text(&msg);
+        assert!(
+            text.contains(r#"feature_names: ["field1", "field2", "field3", "other"]"#),
+            "{text}"
+        );
     }
 }
