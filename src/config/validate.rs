@@ -9,24 +9,44 @@ use prost_reflect::{Cardinality, DynamicMessage, ReflectMessage};
 use super::{proto, suggest, ConfigError};
 use proto::feature_config::FeatureType;
 
-/// proto2 `required` fields that declare no default must be present.
-/// (Required fields with a default behave as optional, as in EasyRec, which
-/// never checks initialization.)
+/// proto2 `required` fields. EasyRec never checks that they are set: an
+/// absent one reads as its type's default (the enum's first value, 0, "",
+/// an empty message), and so it does here, with a warning naming it. Only
+/// the pipeline's own `model_dir` and `model_config` must be present: without
+/// them there is nowhere to write and nothing to train.
 pub fn required_fields(msg: &DynamicMessage) -> Result<(), ConfigError> {
     super::reflect::visit(msg, "", &mut |m, path| {
         for fd in m.descriptor().fields() {
-            if fd.cardinality() == Cardinality::Required
-                && fd.field_descriptor_proto().default_value.is_none()
-                && !m.has_field(&fd)
+            if fd.cardinality() != Cardinality::Required
+                || fd.field_descriptor_proto().default_value.is_some()
+                || m.has_field(&fd)
             {
-                return Err(ConfigError::invalid(
-                    super::reflect::join(path, fd.name()),
-                    "required field is missing",
-                ));
+                continue;
             }
+            let at = super::reflect::join(path, fd.name());
+            if path.is_empty() {
+                return Err(ConfigError::invalid(at, "required field is missing"));
+            }
+            log::warn!(
+                "{at}: required field is missing; EasyRec does not check it and reads its default ({}), \
+                 and so does this trainer",
+                default_text(&fd)
+            );
         }
         Ok(())
     })
+}
+
+/// How an absent field's default reads, for the warning.
+fn default_text(fd: &prost_reflect::FieldDescriptor) -> String {
+    use prost_reflect::Kind;
+    match fd.kind() {
+        Kind::Enum(e) => e.values().next().map_or_else(|| "0".into(), |v| v.name().to_string()),
+        Kind::Message(_) => "an empty message".into(),
+        Kind::String => "\"\"".into(),
+        Kind::Bool => "false".into(),
+        _ => "0".into(),
+    }
 }
 
 /// The features of a config: `feature_configs` when non-empty, else `feature_config.features`,
