@@ -2,31 +2,116 @@
 //! EasyRec's schema but not in ours, so users get "not supported" rather
 //! than "unknown field" for them.
 
-/// EasyRec fields this trainer's schema leaves out on purpose.
-const EASYREC_ONLY_FIELDS: &[&str] = &[
-    // model_config oneof members for models not implemented here
-    "cmbf",
-    "uniter",
-    "multi_tower_recall",
-    "dssm",
-    "mind",
-    "dropoutnet",
-    "metric_learning",
-    "pdn",
-    "dssm_senet",
-    "dat",
-    "esmm",
-    "dbmtl",
-    "simple_multi_task",
-    "ple",
-    "rocket_launching",
-    "variational_dropout",
-    // backbone layers needing TensorFlow-specific parameters
-    "st_params",
-    "din",
-    "bst",
-    "seq_aug",
+/// Fields of EasyRec's schema that ours leaves out, by message (EasyRec's
+/// protos at the commit its model-zoo configs come from, compared message by
+/// message). A message EasyRec has and we do not is only reached through one
+/// of these fields, so every field of EasyRec's schema is either ours or
+/// named here as not supported: no EasyRec config meets "unknown field".
+const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
+    (
+        "protos.EasyRecModel",
+        &[
+            "cmbf",
+            "dat",
+            "dropoutnet",
+            "dssm",
+            "dssm_senet",
+            "esmm",
+            "metric_learning",
+            "mind",
+            "multi_tower_recall",
+            "pdn",
+            "ple",
+            "rocket_launching",
+            "simple_multi_task",
+            "uniter",
+            "variational_dropout",
+        ],
+    ),
+    ("protos.DBMTL", &["bottom_cmbf", "bottom_uniter"]),
+    (
+        "protos.TaskTower",
+        &["task_space_indicator_name", "task_space_indicator_value"],
+    ),
+    (
+        "protos.BayesTaskTower",
+        &["task_space_indicator_name", "task_space_indicator_value"],
+    ),
+    (
+        "protos.KerasLayer",
+        &[
+            "aitm",
+            "attention",
+            "bst",
+            "cin",
+            "din",
+            "dot_product",
+            "gate",
+            "multi_head_attention",
+            "nary_dis_embedding",
+            "overlap",
+            "seq_aug",
+            "st_params",
+            "text_encoder",
+            "transformer",
+        ],
+    ),
+    (
+        "protos.Loss",
+        &[
+            "listwise_distill_loss",
+            "listwise_rank_loss",
+            "pairwise_hinge_loss",
+            "ziln_loss",
+        ],
+    ),
+    (
+        "protos.KD",
+        &[
+            "binary_focal_loss",
+            "circle_loss",
+            "f1_reweighted_loss",
+            "jrc_loss",
+            "listwise_distill_loss",
+            "listwise_rank_loss",
+            "multi_simi_loss",
+            "pairwise_focal_loss",
+            "pairwise_hinge_loss",
+            "pairwise_logistic_loss",
+            "pairwise_loss",
+            "softmax_loss",
+        ],
+    ),
+    ("protos.PairwiseLogisticLoss", &["use_label_margin"]),
 ];
+
+/// Enum values of EasyRec's schema that ours leaves out, by enum.
+const EASYREC_ONLY_ENUM_VALUES: &[(&str, &[&str])] = &[
+    (
+        "protos.LossType",
+        &[
+            "BINARY_CROSS_ENTROPY_LOSS",
+            "KL_DIVERGENCE_LOSS",
+            "LISTWISE_DISTILL_LOSS",
+            "LISTWISE_RANK_LOSS",
+            "PAIRWISE_HINGE_LOSS",
+            "ZILN_LOSS",
+        ],
+    ),
+    ("protos.Similarity", &["EUCLID"]),
+];
+
+fn easyrec_only(table: &[(&str, &[&str])], owner: &str, name: &str) -> bool {
+    table.iter().any(|(o, names)| *o == owner && names.contains(&name))
+}
+
+/// The error text for an enum value that EasyRec's enum has and ours does
+/// not, or None for a value EasyRec does not know either.
+pub fn easyrec_only_enum_value(value: &str, field: &str, enum_type: &str) -> Option<String> {
+    easyrec_only(EASYREC_ONLY_ENUM_VALUES, enum_type, value).then(|| {
+        format!("`{field}: {value}` is an EasyRec option (enum {enum_type}) that is not supported by this trainer")
+    })
+}
 
 /// Edit distance between two short names.
 pub fn levenshtein(a: &str, b: &str) -> usize {
@@ -68,7 +153,7 @@ pub fn unknown_field_message(name: &str, path: &[String], message_type: &str, ca
     } else {
         format!("{}.{name}", path.join("."))
     };
-    if EASYREC_ONLY_FIELDS.contains(&name) {
+    if easyrec_only(EASYREC_ONLY_FIELDS, message_type, name) {
         return format!("`{full}` is an EasyRec option that is not supported by this trainer");
     }
     let place = if path.is_empty() {
@@ -91,6 +176,26 @@ mod tests {
         assert_eq!(levenshtein("num_step", "num_steps"), 1);
         assert_eq!(levenshtein("", "abc"), 3);
         assert_eq!(levenshtein("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn easyrec_options_are_named_by_their_message() {
+        let path = vec![
+            "model_config".to_string(),
+            "backbone".into(),
+            "blocks".into(),
+            "keras_layer".into(),
+        ];
+        let m = unknown_field_message("cin", &path, "protos.KerasLayer", &[]);
+        assert_eq!(
+            m,
+            "`model_config.backbone.blocks.keras_layer.cin` is an EasyRec option that is not supported by this trainer"
+        );
+        // The same name in another message is not EasyRec's.
+        let m = unknown_field_message("cin", &["train_config".to_string()], "protos.TrainConfig", &[]);
+        assert!(m.starts_with("unknown field `cin`"), "{m}");
+        assert!(easyrec_only_enum_value("ZILN_LOSS", "loss_type", "protos.LossType").is_some());
+        assert!(easyrec_only_enum_value("ZILN", "loss_type", "protos.LossType").is_none());
     }
 
     #[test]

@@ -525,6 +525,9 @@ pub fn scalar_from_str(fd: &FieldDescriptor, text: &str, text_rules: bool) -> Re
                     return Ok(Value::EnumNumber(n));
                 }
             }
+            if let Some(msg) = suggest::easyrec_only_enum_value(text, name, e.full_name()) {
+                return Err(msg);
+            }
             let names: Vec<String> = e.values().map(|v| v.name().to_string()).collect();
             let hint = suggest::did_you_mean(text, &names);
             let stop = if hint.is_empty() { "." } else { "" };
