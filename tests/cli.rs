@@ -494,3 +494,100 @@ fn checkpoints_of_earlier_formats_are_refused() {
         );
     }
 }
+
+/// A raw feature of `raw_input_dim` > 1 holds its values in one column split
+/// by the feature's `separator` ("|" unless set), as EasyRec parses it; as a
+/// dense input and projected onto a table (`embedding_dim`).
+#[test]
+fn multi_value_raw_features_split_by_their_separator() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("vec.csv");
+    let mut rows = String::new();
+    for r in 0..32 {
+        let x = [r % 3, (r + 1) % 4, r % 5].map(|v| format!("{:.1}", v as f32 / 4.0));
+        rows.push_str(&format!("{},{},{}\n", r % 2, x.join("|"), x.join(";")));
+    }
+    std::fs::write(&data, rows).unwrap();
+    let cfg = dir.path().join("vec.config");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"train_input_path: "{data}"
+eval_input_path: "{data}"
+model_dir: "{model}"
+train_config {{ optimizer_config {{ adam_optimizer {{ learning_rate {{ constant_learning_rate {{ learning_rate: 0.01 }} }} }} }} num_steps: 4 }}
+eval_config {{ metrics_set {{ auc {{}} }} }}
+data_config {{ input_type: CSVInput batch_size: 8
+  input_fields {{ input_name: "label" input_type: INT32 }}
+  input_fields {{ input_name: "v" input_type: STRING }}
+  input_fields {{ input_name: "w" input_type: STRING }}
+  label_fields: "label" }}
+feature_configs {{ input_names: "v" feature_type: RawFeature raw_input_dim: 3 }}
+feature_configs {{ input_names: "w" feature_type: RawFeature raw_input_dim: 3 separator: ";" embedding_dim: 4 }}
+model_config {{ model_class: "MultiTower"
+  feature_groups {{ group_name: "all" feature_names: ["v", "w"] }}
+  multi_tower {{ towers {{ input: "all" dnn {{ hidden_units: [4] }} }} final_dnn {{ hidden_units: [2] }} }} }}
+"#,
+            data = data.display(),
+            model = dir.path().join("model").display()
+        ),
+    )
+    .unwrap();
+    let out = train_eval()
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Values split otherwise count wrong, naming the feature's dimension.
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "1,0.1|0.2,0.1;0.2;0.3\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--input_path", bad.to_str().unwrap()])
+        .args(["--output_path", dir.path().join("out.csv").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("has 2 values, raw_input_dim is 3"), "{stderr}");
+    // And a value holding another separator is no number.
+    std::fs::write(&bad, "1,0.1|0.2|0.3,0.1|0.2|0.3\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_predict"))
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--input_path", bad.to_str().unwrap()])
+        .args(["--output_path", dir.path().join("out.csv").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("feature `w`: `0.1|0.2|0.3` is not a number"),
+        "{stderr}"
+    );
+
+    // The export scores the good rows; one that recorded another split for
+    // `v` (as earlier versions wrote ",") is refused rather than misread.
+    let export = dir.path().join("model/export/final");
+    let predict_export = || {
+        Command::new(env!("CARGO_BIN_EXE_predict"))
+            .args(["--saved_model_dir", export.to_str().unwrap()])
+            .args(["--input_path", data.to_str().unwrap()])
+            .args(["--output_path", dir.path().join("scores.csv").to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = predict_export();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let exported = rustrec::export::list_exports(&export).unwrap().pop().unwrap();
+    let spec_path = exported.join("assets/feature_spec.json");
+    let spec = std::fs::read_to_string(&spec_path).unwrap();
+    assert!(spec.contains(r#""separator": "|""#), "{spec}");
+    std::fs::write(&spec_path, spec.replace(r#""separator": "|""#, r#""separator": ",""#)).unwrap();
+    std::fs::remove_file(dir.path().join("scores.csv")).unwrap();
+    let out = predict_export();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("feature `v` was exported splitting its 3 values by `,`"),
+        "{stderr}"
+    );
+}

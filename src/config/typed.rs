@@ -250,6 +250,9 @@ pub enum FeatureKind {
         dim: u32,
         min_max: Option<(f64, f64)>,
         boundaries: Vec<f64>,
+        /// Splits a value of `raw_input_dim` > 1 (EasyRec's feature
+        /// `separator`, "|" unless set).
+        separator: String,
     },
     /// EasyRec's ComboFeature: the cross of its inputs' values (each input
     /// split by its `combo_input_seps` entry, if any), hashed as
@@ -876,6 +879,7 @@ fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigEr
                 dim: f.raw_input_dim(),
                 min_max,
                 boundaries: f.boundaries.clone(),
+                separator: f.separator().to_string(),
             }
         }
         FeatureType::ComboFeature => {

@@ -70,14 +70,19 @@ fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell
             }
             Some(s)
         }
-        Some(FeatureKind::Raw { dim, min_max, .. }) => {
+        Some(FeatureKind::Raw {
+            dim,
+            min_max,
+            separator,
+            ..
+        }) => {
             let (lo, hi) = min_max.unwrap_or((0.0, 10.0));
             let mut v: Vec<f64> = (0..*dim).map(|_| lo + (hi - lo) * rng.uniform()).collect();
             if ty == ColumnType::Int {
                 v.iter_mut().for_each(|x| *x = x.floor());
             }
             if *dim > 1 || ty == ColumnType::Str {
-                Some(v.iter().map(|x| format!("{x:.4}")).collect::<Vec<_>>().join(","))
+                Some(v.iter().map(|x| format!("{x:.4}")).collect::<Vec<_>>().join(separator))
             } else if ty == ColumnType::Int {
                 return Cell::Int(v[0] as i64);
             } else {

@@ -74,6 +74,36 @@ fn check_feature_spec(path: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// Exports of this feature-spec format written before raw values of
+/// `raw_input_dim` > 1 were split by the feature's `separator` (as EasyRec
+/// splits them) recorded ","; such an export would now read its rows
+/// otherwise than it was trained, so it is refused.
+fn check_raw_separators(path: &Path, plan: &TrainingPlan) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let spec: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    for f in spec["features"].as_array().into_iter().flatten() {
+        let t = &f["transform"];
+        let (Some(name), Some(dim), Some(sep)) = (f["name"].as_str(), t["dim"].as_u64(), t["separator"].as_str())
+        else {
+            continue;
+        };
+        let now = plan.features.iter().find_map(|p| match &p.kind {
+            crate::config::typed::FeatureKind::Raw { separator, .. } if p.name == name => Some(separator.as_str()),
+            _ => None,
+        });
+        if dim > 1 && now.is_some_and(|now| now != sep) {
+            bail!(
+                "{}: feature `{name}` was exported splitting its {dim} values by `{sep}`, but its config's separator \
+                 is `{}` (EasyRec's rule, which this version follows): export the checkpoint again",
+                path.display(),
+                now.unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
 impl ExportedModel {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let dir = resolve_export_dir(path)?;
@@ -88,6 +118,7 @@ impl ExportedModel {
         let loaded = load_pipeline(&config, &Overrides::default())
             .with_context(|| format!("reading the export's config {}", config.display()))?;
         let plan = TrainingPlan::from_config(&loaded.config)?;
+        check_raw_separators(&dir.join("assets/feature_spec.json"), &plan)?;
         let enc = Encoder::for_inference(&plan)?;
         super::verify_files(&dir)?;
         let model_path = dir.join(MODEL_FILE);

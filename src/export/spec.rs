@@ -36,12 +36,17 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
             let f = &plan.features[fi.feature];
             let mut v = json!({ "name": f.name, "columns": f.inputs });
             let (graph_inputs, transform) = match (&fi.kind, &f.kind) {
-                (InputKind::Dense { dim }, FeatureKind::Raw { min_max, .. }) => (
+                (
+                    InputKind::Dense { dim },
+                    FeatureKind::Raw {
+                        min_max, separator, ..
+                    },
+                ) => (
                     vec![f.name.clone()],
                     json!({
                         "type": "raw",
                         "dim": dim,
-                        "separator": ",",
+                        "separator": separator,
                         "min_max": min_max.map(|(lo, hi)| json!({ "min": lo, "max": hi, "value": "(x - min) / (max - min)" })),
                     }),
                 ),
@@ -51,10 +56,15 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
                         names.push(format!("{}/weights", f.name));
                     }
                     let t = match kind {
-                        FeatureKind::Raw { dim, min_max, .. } if f.projected() => json!({
+                        FeatureKind::Raw {
+                            dim,
+                            min_max,
+                            separator,
+                            ..
+                        } if f.projected() => json!({
                             "type": "raw_projection",
                             "dim": dim,
-                            "separator": ",",
+                            "separator": separator,
                             "min_max": min_max.map(|(lo, hi)| json!({ "min": lo, "max": hi, "value": "(x - min) / (max - min)" })),
                             "ids": "the k-th value weights row k of the table; values not above 0 are dropped",
                         }),

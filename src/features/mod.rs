@@ -139,6 +139,7 @@ enum Enc {
         col: usize,
         dim: usize,
         min_max: Option<(f64, f64)>,
+        separator: String,
     },
     Id {
         col: usize,
@@ -217,6 +218,7 @@ impl Encoder {
                     dim,
                     min_max,
                     boundaries,
+                    separator,
                 } => {
                     let c = col(&mut projection, first, false)?;
                     if !boundaries.is_empty() {
@@ -232,13 +234,14 @@ impl Encoder {
                             col: c,
                             dim: *dim as usize,
                             min_max: *min_max,
+                            separator: separator.clone(),
                         }
                     } else {
                         Enc::Dense {
                             col: c,
                             dim: *dim as usize,
                             min_max: *min_max,
-                            separator: ",".into(),
+                            separator: separator.clone(),
                         }
                     }
                 }
@@ -542,11 +545,16 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                 j.offsets.push(j.ids.len() as u32);
             }
         }
-        Enc::Projected { col, dim, min_max } => {
+        Enc::Projected {
+            col,
+            dim,
+            min_max,
+            separator,
+        } => {
             let mut weights = Vec::with_capacity(n * dim);
             for r in 0..n {
                 let mut k = 0u64;
-                for_each_value(&raw.columns[*col], r, Some(","), &mut |v| {
+                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
                     let x = scaled(v.number()?, *min_max);
                     // TensorFlow's safe embedding lookup drops entries whose
                     // weight is not positive, so such a value adds nothing.
