@@ -436,9 +436,6 @@ impl TrainingPlan {
         if data.sampler.is_some() {
             return Err(ConfigError::unsupported("data_config", "negative sampling"));
         }
-        if cfg.fg_json_path.as_deref().is_some_and(|p| !p.is_empty()) {
-            return Err(ConfigError::unsupported("fg_json_path", "RTP feature generation"));
-        }
         let train = cfg.train_config.clone().unwrap_or_default();
         refuse_unhonoured(&train)?;
         let strategy = strategy(train.train_distribute())?;

@@ -1,0 +1,306 @@
+//! EasyRec's configs as users wrote them (the shared samples and `zoo/`,
+//! nearly every config of EasyRec's repository): each one, on generated rows
+//! of its own schema, trains a few steps, evaluates and exports, and its
+//! export scores like the checkpoint; or it is refused before anything runs
+//! with a "not supported" message naming one option. The test prints the
+//! counts and what refuses the rest, by option.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rustrec::config::typed::{Bucketing, FeatureKind, InputFormat, TrainingPlan};
+use rustrec::config::{load_pipeline, Overrides};
+use rustrec::export::runtime::ExportedModel;
+use rustrec::export::{export_bundle, ExportRequest, EXTERNAL_MIN_BYTES};
+use rustrec::inference::Bundle;
+use rustrec::train::Trainer;
+
+/// Hashed tables are capped at this many rows: a few steps on 64 rows do
+/// not need EasyRec's 1e8-row tables.
+const TABLE_CAP: u64 = 10_000;
+
+/// Inputs that are services, not files: refused by name, and outside the
+/// share of file-input configs that must train.
+const SERVICE_INPUTS: &[&str] = &[
+    "OdpsInput",
+    "OdpsInputV2",
+    "OdpsInputV3",
+    "OdpsRTPInput",
+    "OdpsRTPInputV2",
+    "DataHubInput",
+    "KafkaInput",
+    "HiveInput",
+    "HiveRTPInput",
+    "HiveParquetInput",
+];
+
+/// The configs that train, evaluate and export today: a regression that
+/// stops one of them fails here (add to it as the zoo's coverage grows).
+const PASSING: &[&str] = &[
+    "dcn_on_taobao.config",
+    "dlrm_on_criteo_parquet.config",
+    "dlrm_on_criteo_parquet_ep_v2.config",
+    "examples_deepfm_on_criteo.config",
+    "examples_dlrm_on_criteo.config",
+    "mmoe_on_taobao.config",
+    "wide_and_deep_on_avazau_ctr.config",
+    "wide_and_deep_two_opti.config",
+    "zoo/dbmtl_mmoe_on_taobao.config",
+    "zoo/dbmtl_on_taobao_test_feature_config.config",
+    "zoo/dcn_on_taobao.config",
+    "zoo/deepfm_combo_on_avazu_adamw_ctr.config",
+    "zoo/deepfm_combo_on_avazu_reg.config",
+    "zoo/deepfm_combo_on_avazu_sigmoid_l2.config",
+    "zoo/deepfm_vocab_list_on_avazu_ctr.config",
+    "zoo/deepfm_vocab_list_on_taobao.config",
+    "zoo/deepfm_with_embed.config",
+    "zoo/dlrm_on_criteo_parquet.config",
+    "zoo/dlrm_on_criteo_parquet_ep_v2.config",
+    "zoo/examples_configs__deepfm_on_criteo.config",
+    "zoo/examples_configs__dlrm_on_criteo.config",
+    "zoo/kv_tag.config",
+    "zoo/mmoe_on_taobao.config",
+    "zoo/mmoe_on_taobao_deprecated.config",
+    "zoo/multi_tower_mirrored_strategy_on_taobao.config",
+    "zoo/multi_tower_with_embed.config",
+    "zoo/rtp.config",
+    "zoo/wide_and_deep_on_avazau_ctr.config",
+    "zoo/wide_and_deep_two_opti.config",
+];
+
+/// What a config file is, read as written (before any override).
+enum Kind {
+    /// Reads a service (ODPS, Kafka, ...).
+    Service,
+    /// A fragment that other tools complete (HPO search spaces, RTP
+    /// feature-generation model parts): no data_config, no features (nor a
+    /// feature-generation file) or no model.
+    Fragment,
+    /// A whole pipeline config reading files.
+    Files,
+}
+
+fn kind_of(path: &Path) -> Kind {
+    let Ok(msg) = rustrec::config::loader::read_pipeline_file(path) else {
+        return Kind::Files;
+    };
+    let text = rustrec::config::loader::render_text(&msg);
+    let has = |section: &str| text.lines().any(|l| l.starts_with(section));
+    let features = has("feature_config") || has("feature_configs") || has("fg_json_path");
+    if !has("data_config") || !features || !has("model_config") {
+        return Kind::Fragment;
+    }
+    let service = text.lines().any(|l| {
+        l.trim()
+            .strip_prefix("input_type: ")
+            .is_some_and(|v| SERVICE_INPUTS.contains(&v))
+    });
+    if service {
+        Kind::Service
+    } else {
+        Kind::Files
+    }
+}
+
+enum Outcome {
+    /// Trained, evaluated, exported, and the export scores like eval.
+    Passed,
+    /// Refused before training with a "not supported" message.
+    Refused(String),
+    /// Anything else: a failure of ours.
+    Failed(String),
+}
+
+fn configs() -> Vec<PathBuf> {
+    let mut all = common::easyrec_configs();
+    let zoo = common::shared_dir().join("easyrec_configs/zoo");
+    let mut more: Vec<PathBuf> = std::fs::read_dir(&zoo)
+        .map(|rd| rd.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    more.retain(|p| p.extension().is_some_and(|e| e == "config"));
+    more.sort();
+    all.extend(more);
+    all
+}
+
+/// The option a "not supported" message names (the text before its first
+/// `: `), so refusals can be counted by option.
+fn option_of(msg: &str) -> String {
+    let first = msg.lines().next().unwrap_or(msg);
+    // A parse error (`file:line:col: `...` is an EasyRec option ...`) names
+    // the option between backticks.
+    if first.contains(".config:") || first.contains(".json:") {
+        let named = first.split('`').nth(1).unwrap_or(first);
+        let named: String = named
+            .split('.')
+            .map(|p| p.split('[').next().unwrap_or(p))
+            .collect::<Vec<_>>()
+            .join(".");
+        return format!("{named}: not in this trainer's schema");
+    }
+    let (path, rest) = first.split_once(": ").unwrap_or((first, ""));
+    let what = rest.split(" is not supported").next().unwrap_or(rest);
+    // Indices and file positions would split one option into many.
+    let path: String = path
+        .split('.')
+        .map(|p| p.split('[').next().unwrap_or(p))
+        .collect::<Vec<_>>()
+        .join(".");
+    format!("{path}: {what}")
+}
+
+fn cap_tables(plan: &mut TrainingPlan) {
+    for f in &mut plan.features {
+        match &mut f.kind {
+            FeatureKind::Id {
+                buckets: Bucketing::Hash(n),
+            }
+            | FeatureKind::Tag {
+                buckets: Bucketing::Hash(n),
+                ..
+            }
+            | FeatureKind::Combo { buckets: n, .. } => *n = (*n).min(TABLE_CAP),
+            _ => {}
+        }
+    }
+}
+
+fn try_config(path: &Path, dir: &Path) -> Outcome {
+    let ext = if path.to_string_lossy().contains("parquet") {
+        "parquet"
+    } else {
+        "csv"
+    };
+    let (train, eval) = (dir.join(format!("train.{ext}")), dir.join(format!("eval.{ext}")));
+    let overrides = Overrides {
+        model_dir: Some(dir.join("model").to_str().unwrap().to_string()),
+        train_input_path: vec![train.to_str().unwrap().to_string()],
+        eval_input_path: vec![eval.to_str().unwrap().to_string()],
+        extend_args: vec![
+            ("train_config.num_steps".into(), "3".into()),
+            ("data_config.batch_size".into(), "16".into()),
+            ("data_config.eval_batch_size".into(), "16".into()),
+        ],
+        ..Overrides::default()
+    };
+    let refused_or_failed = |e: anyhow::Error| {
+        let msg = format!("{e:#}");
+        if msg.contains("not supported") {
+            Outcome::Refused(msg)
+        } else {
+            Outcome::Failed(msg)
+        }
+    };
+    let loaded = match load_pipeline(path, &overrides) {
+        Ok(l) => l,
+        Err(e) => return refused_or_failed(e.into()),
+    };
+    let mut plan = match TrainingPlan::from_config(&loaded.config) {
+        Ok(p) => p,
+        Err(e) => return refused_or_failed(e.into()),
+    };
+    if !matches!(plan.format, InputFormat::Csv { .. } | InputFormat::Parquet { .. }) {
+        return Outcome::Failed("a plan for an input that is not a file".into());
+    }
+    cap_tables(&mut plan);
+    let run = || -> anyhow::Result<()> {
+        rustrec::datagen::generate_for_plan(&plan, 64, 1, &train)?;
+        rustrec::datagen::generate_for_plan(&plan, 48, 2, &eval)?;
+        let mut trainer = Trainer::new(plan.clone())?;
+        let summary = trainer.run()?;
+        anyhow::ensure!(trainer.step == 3, "trained to step {}, not 3", trainer.step);
+        anyhow::ensure!(summary.last_loss.is_finite(), "loss {}", summary.last_loss);
+        anyhow::ensure!(!summary.metrics.is_empty(), "no eval metrics");
+        let root = dir.join("export");
+        export_bundle(
+            &Bundle::of(&trainer)?,
+            &root,
+            &ExportRequest {
+                config_text: &loaded.to_text(),
+                asset_files: &[],
+                metrics: &summary.metrics,
+                checkpoint: None,
+                external_min_bytes: EXTERNAL_MIN_BYTES,
+            },
+        )?;
+        let exported = ExportedModel::load(&root)?;
+        let batch = trainer.stream(&plan.eval_paths, false, 0)?.next().expect("eval rows")?;
+        let ours = trainer.score(&batch);
+        let theirs = exported.score(&batch)?;
+        for (o, e) in ours.iter().zip(&theirs) {
+            for (a, b) in o.scores.iter().zip(&e.scores) {
+                anyhow::ensure!((a - b).abs() <= 1e-4, "export scores {b}, eval {a}");
+            }
+        }
+        Ok(())
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(())) => Outcome::Passed,
+        Ok(Err(e)) => refused_or_failed(e),
+        Err(p) => Outcome::Failed(format!(
+            "panicked: {}",
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+#[test]
+fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
+    let mut passed = Vec::new();
+    let mut refused: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut failed = Vec::new();
+    let (mut services, mut fragments, mut files) = (0, Vec::new(), 0);
+    let all = configs();
+    for path in &all {
+        let name = path
+            .strip_prefix(common::shared_dir().join("easyrec_configs"))
+            .unwrap()
+            .display()
+            .to_string();
+        match kind_of(path) {
+            Kind::Fragment => {
+                fragments.push(name);
+                continue;
+            }
+            Kind::Service => services += 1,
+            Kind::Files => files += 1,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        match try_config(path, dir.path()) {
+            Outcome::Passed => passed.push(name),
+            Outcome::Refused(msg) => refused.entry(option_of(&msg)).or_default().push(name),
+            Outcome::Failed(msg) => failed.push((name, msg)),
+        }
+    }
+    let mut by_count: Vec<(&String, &Vec<String>)> = refused.iter().collect();
+    by_count.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
+    eprintln!(
+        "{} configs ({} fragments of configs skipped: {fragments:?}); of {files} reading files, {} ({:.0}%) train, \
+         evaluate and export; {services} read services; {} refused by name; {} fail",
+        all.len(),
+        fragments.len(),
+        passed.len(),
+        100.0 * passed.len() as f64 / files.max(1) as f64,
+        refused.values().map(Vec::len).sum::<usize>(),
+        failed.len()
+    );
+    for (option, names) in &by_count {
+        eprintln!("  refused {:3}: {option} (e.g. {})", names.len(), names[0]);
+    }
+    for (name, msg) in &failed {
+        eprintln!("  FAILED {name}: {}", msg.lines().next().unwrap_or(""));
+    }
+    eprintln!("passed: {passed:?}");
+    assert!(
+        failed.is_empty(),
+        "{} configs neither train, evaluate and export nor are refused by name (see above)",
+        failed.len()
+    );
+    let lost: Vec<&&str> = PASSING.iter().filter(|p| !passed.iter().any(|n| n == *p)).collect();
+    assert!(lost.is_empty(), "these configs passed before and do not now: {lost:?}");
+}
