@@ -89,12 +89,32 @@ fn combo_crosses_match_tensorflow() {
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FIXTURES: [&str; 7] = ["wide_and_deep", "deepfm", "dlrm", "dcn", "multi_tower", "mmoe", "dbmtl"];
+const FIXTURES: [&str; 8] = [
+    "wide_and_deep",
+    "deepfm",
+    "fm",
+    "dlrm",
+    "dcn",
+    "multi_tower",
+    "mmoe",
+    "dbmtl",
+];
+
+/// Where fixture `name` lives: the shared set, or this repository's
+/// `tests/data/easyrec_<name>` for those made here the same way.
+fn fixture_dir(name: &str) -> PathBuf {
+    let own = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/easyrec_{name}"));
+    if own.is_dir() {
+        own
+    } else {
+        common::shared_dir().join("data/compat/easyrec_ckpt").join(name)
+    }
+}
 
 /// A writable copy of fixture `name` (its config names its files
 /// relative to the folder it runs in).
 fn fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let src = common::shared_dir().join("data/compat/easyrec_ckpt").join(name);
+    let src = fixture_dir(name);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(name);
     copy_dir(&src, &dir);
@@ -378,7 +398,7 @@ fn another_models_tensorflow_checkpoint_is_refused() {
 #[test]
 fn inspect_lists_tensorflow_variables() {
     for name in FIXTURES {
-        let dir = common::shared_dir().join("data/compat/easyrec_ckpt").join(name);
+        let dir = fixture_dir(name);
         let o = Command::new(env!("CARGO_BIN_EXE_inspect_checkpoint"))
             .args(["--all_tensors", "--checkpoint_path"])
             .arg(dir.join("model/model.ckpt-100"))

@@ -94,6 +94,13 @@ const MODELS: &[(&str, &str)] = &[
   deepfm { wide_output_dim: 2 dnn { hidden_units: [8] } final_dnn { hidden_units: [4] use_bn: true } } }"#,
     ),
     (
+        "FM",
+        r#"model_config { model_class: "FM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3"] wide_deep: DEEP }
+  fm { } }"#,
+    ),
+    (
         "DCN",
         r#"model_config { model_class: "DCN"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }

@@ -88,6 +88,12 @@ fn model_block(name: &str) -> &'static str {
           task_towers { tower_name: "cvr" dnn { hidden_units: [6] } relation_tower_names: ["ctr"]
                         relation_dnn { hidden_units: [4] } weight: 2.0 } } }"#
         }
+        "FM" => {
+            r#"model_config { model_class: "FM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3"] wide_deep: DEEP }
+  fm { } }"#
+        }
         other => panic!("no block for {other}"),
     }
 }
@@ -95,7 +101,7 @@ fn model_block(name: &str) -> &'static str {
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 16] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 17] = [
     (
         "WideAndDeep, raw value in the wide group",
         r#"model_config { model_class: "WideAndDeep"
@@ -179,6 +185,13 @@ const EXECUTOR_VARIANTS: [(&str, &str); 16] = [
   feature_groups { group_name: "deep" feature_names: ["d2", "c1", "c3", "d1"] wide_deep: DEEP }
   deepfm { wide_output_dim: 3 dnn { hidden_units: [8, 4] dropout_ratio: [0.2, 0.1] use_bn: false }
            final_dnn { hidden_units: [5] activation: "tanh" } } }"#,
+    ),
+    (
+        "FM with a raw value in the wide group",
+        r#"model_config { model_class: "FM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c3", "c1", "c2"] wide_deep: DEEP }
+  fm { } }"#,
     ),
     (
         "DCN with batch norm",
@@ -277,7 +290,16 @@ fn close(numeric: f64, analytic: f64) -> bool {
 
 #[test]
 fn dense_gradients_of_every_model_match_finite_differences() {
-    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower", "MMoE", "DBMTL"] {
+    for model in [
+        "WideAndDeep",
+        "DLRM",
+        "DeepFM",
+        "FM",
+        "DCN",
+        "MultiTower",
+        "MMoE",
+        "DBMTL",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
         let batch = t
@@ -423,7 +445,16 @@ fn cpu_executor_matches_burns_reference() {
 
 #[test]
 fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
-    for model in ["WideAndDeep", "DLRM", "DeepFM", "DCN", "MultiTower", "MMoE", "DBMTL"] {
+    for model in [
+        "WideAndDeep",
+        "DLRM",
+        "DeepFM",
+        "FM",
+        "DCN",
+        "MultiTower",
+        "MMoE",
+        "DBMTL",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
         let paths = t.plan.train_paths.clone();

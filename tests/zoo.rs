@@ -60,6 +60,7 @@ const PASSING: &[&str] = &[
     "zoo/dlrm_on_criteo_parquet_ep_v2.config",
     "zoo/examples_configs__deepfm_on_criteo.config",
     "zoo/examples_configs__dlrm_on_criteo.config",
+    "zoo/fm_on_taobao.config",
     "zoo/kv_tag.config",
     "zoo/mmoe_on_taobao.config",
     "zoo/mmoe_on_taobao_deprecated.config",
@@ -69,6 +70,15 @@ const PASSING: &[&str] = &[
     "zoo/wide_and_deep_on_avazau_ctr.config",
     "zoo/wide_and_deep_two_opti.config",
 ];
+
+/// Configs of EasyRec's repository that EasyRec itself cannot run, with
+/// what our error must say about them.
+const BROKEN_IN_EASYREC: &[(&str, &str)] = &[(
+    // FM stacks the deep group's embeddings (tf.stack): raw features
+    // embedded to 10 and ids to 16 dimensions cannot stack in EasyRec either.
+    "zoo/examples_configs__fm_on_criteo.config",
+    "FM: every embedded feature of group `deep` needs the same embedding_dim",
+)];
 
 /// What a config file is, read as written (before any override).
 enum Kind {
@@ -254,7 +264,7 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
     let mut passed = Vec::new();
     let mut refused: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut failed = Vec::new();
-    let (mut services, mut fragments, mut files) = (0, Vec::new(), 0);
+    let (mut services, mut fragments, mut files, mut broken) = (0, Vec::new(), 0, 0);
     let all = configs();
     for path in &all {
         let name = path
@@ -274,14 +284,20 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
         match try_config(path, dir.path()) {
             Outcome::Passed => passed.push(name),
             Outcome::Refused(msg) => refused.entry(option_of(&msg)).or_default().push(name),
-            Outcome::Failed(msg) => failed.push((name, msg)),
+            Outcome::Failed(msg) => match BROKEN_IN_EASYREC.iter().find(|(n, _)| *n == name) {
+                Some((_, want)) => {
+                    assert!(msg.contains(want), "{name}: {msg}");
+                    broken += 1;
+                }
+                None => failed.push((name, msg)),
+            },
         }
     }
     let mut by_count: Vec<(&String, &Vec<String>)> = refused.iter().collect();
     by_count.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
     eprintln!(
         "{} configs ({} fragments of configs skipped: {fragments:?}); of {files} reading files, {} ({:.0}%) train, \
-         evaluate and export; {services} read services; {} refused by name; {} fail",
+         evaluate and export; {services} read services; {} refused by name; {broken} fail in EasyRec too; {} fail",
         all.len(),
         fragments.len(),
         passed.len(),

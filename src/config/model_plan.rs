@@ -71,6 +71,9 @@ pub enum Arch {
         dnn: DnnSpec,
         final_dnn: Option<DnnSpec>,
     },
+    /// EasyRec's FM: the wide side's sum, the FM term over the `deep`
+    /// group's embeddings summed, and `fm_bias`.
+    Fm,
     Dcn {
         deep_input: String,
         deep: DnnSpec,
@@ -313,6 +316,14 @@ fn single_task_arch(
                 },
                 d.l2_regularization(),
             )
+        }
+        Some(M::Fm(f)) => {
+            if f.use_variant() {
+                // EasyRec's FM model builds its FM term with the classic layer,
+                // which has no variant: the field only reaches backbone FM blocks.
+                log::warn!("{m}.fm.use_variant: EasyRec's FM model does not read it, and neither does this trainer");
+            }
+            (Arch::Fm, f.l2_regularization())
         }
         Some(M::Deepfm(d)) => (
             Arch::DeepFm {

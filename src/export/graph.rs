@@ -380,6 +380,10 @@ impl Builder<'_> {
                     let lw = graph.width(*like);
                     self.zeros(&v[like.0], lw, width)
                 }
+                Op::Bias { x, b } => {
+                    let b = self.param(*b);
+                    self.g.op("Add", &[&v[x.0], &b])
+                }
             };
             v.push(y);
         }

@@ -28,6 +28,7 @@ pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::
             dnn,
             final_dnn,
         } => b.wide_and_deep(g_, scope, *wide_output_dim, dnn, final_dnn.as_ref(), true)?,
+        Arch::Fm => b.fm(g_, scope)?,
         Arch::Dlrm {
             bot,
             top,
@@ -65,6 +66,7 @@ pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::
 pub fn wide_dim(arch: &Arch) -> Option<usize> {
     match arch {
         Arch::WideAndDeep { wide_output_dim, .. } | Arch::DeepFm { wide_output_dim, .. } => Some(*wide_output_dim),
+        Arch::Fm => Some(1),
         _ => None,
     }
 }
@@ -72,7 +74,7 @@ pub fn wide_dim(arch: &Arch) -> Option<usize> {
 /// Whether the architecture reads the embedded features of every group as
 /// one leading block (DeepFM's FM part), so groups put them first.
 pub fn embedded_first(arch: &Arch) -> bool {
-    matches!(arch, Arch::DeepFm { .. })
+    matches!(arch, Arch::DeepFm { .. } | Arch::Fm)
 }
 
 /// Whether `arch` reads its group `name` as EasyRec's input-layer tensor,
@@ -101,7 +103,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
             .collect()
     };
     let mut order: Vec<usize> = match arch {
-        Arch::WideAndDeep { .. } | Arch::DeepFm { .. } => {
+        Arch::WideAndDeep { .. } | Arch::DeepFm { .. } | Arch::Fm => {
             let wide = (0..groups.len()).filter(|&i| groups[i].wide);
             wide.chain((0..groups.len()).filter(|&i| !groups[i].wide)).collect()
         }
@@ -193,7 +195,7 @@ impl Builder<'_> {
         let deep = self.deep_group(model)?;
         let x = self.xs[deep];
         let fm_out = if fm {
-            let (n, d) = fm_parts(&self.groups[deep])?;
+            let (n, d) = fm_parts(&self.groups[deep], model)?;
             let v = g.slice(x, 0, n * d);
             Some(g.fm(v, n))
         } else {
@@ -219,6 +221,21 @@ impl Builder<'_> {
                 g.add(&terms)
             }
         })
+    }
+
+    /// EasyRec's FM model: `wide_feature` (the wide side, one column) plus
+    /// the FM term over the `deep` group's embeddings summed over its
+    /// columns, plus `fm_bias`.
+    fn fm(&self, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+        let deep = self.deep_group("FM")?;
+        let (n, d) = fm_parts(&self.groups[deep], "FM")?;
+        let v = g.slice(self.xs[deep], 0, n * d);
+        let pairwise = g.fm(v, n);
+        let fm_sum = g.row_sum(pairwise);
+        let wide = self.wide(g, s, 1).unwrap_or_else(|| g.zeros(fm_sum, 1));
+        let sum = g.add(&[wide, fm_sum]);
+        let bias = s.params.add("fm_bias", 1, 1, Init::Zeros, false, s.rng);
+        Ok(g.bias(sum, bias))
     }
 
     fn dlrm(
@@ -426,14 +443,14 @@ impl Builder<'_> {
 
 /// The FM features of a deep group: its leading run of embedded parts of
 /// one dimension, as `(count, dim)`.
-fn fm_parts(g: &GroupLayout) -> anyhow::Result<(usize, usize)> {
+fn fm_parts(g: &GroupLayout, model: &str) -> anyhow::Result<(usize, usize)> {
     let sparse: Vec<_> = g.sparse_parts().collect();
     let Some(first) = sparse.first() else {
-        bail!("DeepFM: group `{}` has no embedded features for the FM part", g.name)
+        bail!("{model}: group `{}` has no embedded features for the FM part", g.name)
     };
     if sparse.iter().any(|p| p.dim != first.dim) {
         bail!(
-            "DeepFM: every embedded feature of group `{}` needs the same embedding_dim",
+            "{model}: every embedded feature of group `{}` needs the same embedding_dim",
             g.name
         );
     }

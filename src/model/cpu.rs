@@ -259,6 +259,13 @@ impl<'a> Tape<'a> {
                 (y, Saved::None)
             }
             Op::Zeros { .. } => (vec![0.0f32; b * width], Saved::None),
+            Op::Bias { x, b: bias } => {
+                let bias = p.slice(*bias);
+                let mut y = self.value(*x).to_vec();
+                y.par_chunks_mut(width)
+                    .for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+                (y, Saved::None)
+            }
         }
     }
 
@@ -542,6 +549,10 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::Zeros { .. } => {}
+                Op::Bias { x, b: bias } => {
+                    kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bias].range()]);
+                    accumulate(&mut grads, needs, *x, dy);
+                }
             }
         }
         // Every group input gets a gradient, zeros where none flowed.

@@ -103,6 +103,11 @@ pub enum Op {
     Zeros {
         like: NodeId,
     },
+    /// `x + b`, `b` being a parameter of `width(x)` values added to every row.
+    Bias {
+        x: NodeId,
+        b: usize,
+    },
 }
 
 impl Op {
@@ -118,6 +123,7 @@ impl Op {
             | Op::SumBlocks { x, .. }
             | Op::Fm { x, .. }
             | Op::RowSum { x }
+            | Op::Bias { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
             Op::Mul(a, b) => vec![*a, *b],
@@ -219,6 +225,11 @@ impl Graph {
         let w = self.width(x);
         assert!(n > 0 && w.is_multiple_of(n), "FM over blocks");
         self.push(Op::Fm { x, n }, w / n)
+    }
+
+    pub fn bias(&mut self, x: NodeId, b: usize) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::Bias { x, b }, w)
     }
 
     pub fn row_sum(&mut self, x: NodeId) -> NodeId {

@@ -115,6 +115,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 (s.clone() * s - sq).mul_scalar(0.5)
             }
             Op::RowSum { x } => v[x.0].clone().sum_dim(1),
+            Op::Bias { x, b: bias } => v[x.0].clone() + ctx.p[*bias].clone().reshape([1, width]),
             Op::Dot { xs, dim, pairs } => {
                 let all = Tensor::cat(xs.iter().map(|x| v[x.0].clone()).collect(), 1);
                 let n = all.dims()[1] / dim;
