@@ -437,6 +437,12 @@ impl TrainingPlan {
         if data.sampler.is_some() {
             return Err(ConfigError::unsupported("data_config", "negative sampling"));
         }
+        if data.sample_weight.as_deref().is_some_and(|w| !w.is_empty()) {
+            return Err(ConfigError::unsupported(
+                "data_config.sample_weight",
+                "per-sample weights of the loss",
+            ));
+        }
         let train = cfg.train_config.clone().unwrap_or_default();
         refuse_unhonoured(&train)?;
         let strategy = strategy(train.train_distribute())?;
