@@ -414,9 +414,9 @@ fn exporters_keep_what_export_config_says() {
     let mut c = bin("train_eval");
     c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
         .args(["--model_dir", packed.to_str().unwrap()])
-        .args(["--export_config.multi_placeholder=false"]);
+        .args(["--export_config.export_features=true"]);
     let err = run_fails(c);
-    assert!(err.contains("export_config.multi_placeholder"), "{err}");
+    assert!(err.contains("export_config.export_features"), "{err}");
     assert!(!packed.join("checkpoint").exists());
 
     let none_dir = dir.path().join("none");
@@ -425,7 +425,7 @@ fn exporters_keep_what_export_config_says() {
         .args(["--model_dir", none_dir.to_str().unwrap()])
         .args([
             "--export_config.exporter_type=none",
-            "--export_config.multi_placeholder=false",
+            "--export_config.export_features=true",
         ]);
     run_ok(c);
     assert!(!none_dir.join("export").exists());
@@ -544,4 +544,76 @@ fn damaged_export_dirs_give_clear_errors() {
         .args(["--input_path", dir.path().join("data.csv").to_str().unwrap()])
         .args(["--output_path", dir.path().join("ok.csv").to_str().unwrap()]);
     run_ok(c);
+}
+
+/// `export_config.multi_placeholder: false`: the export records one packed
+/// string per row (the features' input fields joined by the separator, as
+/// EasyRec's `features` placeholder), and scoring such rows gives the
+/// scores of the same rows read from the data file.
+#[test]
+fn a_packed_serving_input_scores_like_the_rows_it_packs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "WideAndDeep", "export_config { multi_placeholder: false }");
+    let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+    let mut t = Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap();
+    t.run().unwrap();
+    let export = |name: &str, t: &Trainer, text: &str| {
+        let root = dir.path().join(name);
+        export_bundle(
+            &Bundle::of(t).unwrap(),
+            &root,
+            &ExportRequest {
+                config_text: text,
+                asset_files: &[],
+                metrics: &[],
+                checkpoint: None,
+                external_min_bytes: EXTERNAL_MIN_BYTES,
+            },
+        )
+        .unwrap();
+        ExportedModel::load(&root).unwrap()
+    };
+    let packed = export("packed", &t, &loaded.to_text());
+    let layout = packed.packed.clone().expect("a packed serving input");
+    assert_eq!(layout.separator, ",");
+    assert_eq!(layout.fields, ["d1", "d2", "c1", "c2", "c3", "c4"]);
+
+    let batch = t
+        .stream(&t.plan.eval_paths.clone(), false, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let text = std::fs::read_to_string(dir.path().join("data.csv")).unwrap();
+    // The data's columns are label, d1..c4, label2: a packed row drops the labels.
+    let rows: Vec<String> = text
+        .lines()
+        .take(batch.size)
+        .map(|l| l.split(',').skip(1).take(6).collect::<Vec<_>>().join(","))
+        .collect();
+    let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+    let want = packed.score(&batch).unwrap();
+    let got = packed.score_packed(&rows).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(
+            g.scores, w.scores,
+            "packed rows score otherwise than the same rows read from the file"
+        );
+    }
+    // A row with a field missing is named; an export with one input per
+    // feature takes no packed rows.
+    let err = packed.score_packed(&["0.1,0.2,u1,3,a|b"]).unwrap_err().to_string();
+    assert!(
+        err.contains("5 fields, but data_config.input_fields declares 6"),
+        "{err}"
+    );
+    t.plan.export.packed_input = false;
+    let plain_text = loaded
+        .to_text()
+        .replace("multi_placeholder: false", "multi_placeholder: true");
+    let plain = export("plain", &t, &plain_text);
+    assert!(plain.packed.is_none());
+    let err = plain.score_packed(&rows).unwrap_err().to_string();
+    assert!(err.contains("takes one input per feature"), "{err}");
 }

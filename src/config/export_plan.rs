@@ -23,6 +23,10 @@ pub struct ExportPlan {
     /// Fixed batch dimension of the graph inputs; `None` = any batch size.
     pub batch_size: Option<usize>,
     pub asset_files: Vec<String>,
+    /// `multi_placeholder: false`: serving sends one string per row, the
+    /// model's input fields joined by the data separator (EasyRec's single
+    /// `features` placeholder), instead of one input per feature.
+    pub packed_input: bool,
     /// An export option this exporter cannot honour (field, what it asks
     /// for). Configs that set one still load and train with exporter_type
     /// "none"; exporting reports it (see `check`).
@@ -51,6 +55,7 @@ impl Default for ExportPlan {
             exports_to_keep: 1,
             batch_size: None,
             asset_files: Vec::new(),
+            packed_input: false,
             unsupported: None,
         }
     }
@@ -62,11 +67,6 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
     };
     let unsupported = [
         (e.enable_early_stop(), "enable_early_stop", "early stopping"),
-        (
-            !e.multi_placeholder(),
-            "multi_placeholder",
-            "one packed string input for all features",
-        ),
         (
             e.multi_value_fields.is_some(),
             "multi_value_fields",
@@ -115,6 +115,7 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
         exports_to_keep: e.exports_to_keep() as usize,
         batch_size: usize::try_from(e.batch_size()).ok().filter(|b| *b > 0),
         asset_files: e.asset_files.clone(),
+        packed_input: !e.multi_placeholder(),
         unsupported,
     })
 }

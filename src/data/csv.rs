@@ -2,17 +2,21 @@
 //! `data_config.separator`; empty values take the field's default.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Cursor};
 use std::path::{Path, PathBuf};
 
 use super::column::{Column, RawBatch, StrColumn};
 use super::{DataError, Projection};
 use crate::config::model_plan::ColumnType;
 
+/// Lines of CSV text: a file's, or text in memory.
+type Lines = Box<dyn Iterator<Item = std::io::Result<String>> + Send>;
+
 /// Reads a CSV file in chunks of `chunk_rows` rows.
 pub struct CsvChunks {
+    /// The file, or what the rows in memory are, for messages.
     path: PathBuf,
-    lines: std::io::Lines<BufReader<File>>,
+    lines: Lines,
     line_no: usize,
     separator: String,
     num_fields: usize,
@@ -32,7 +36,42 @@ impl CsvChunks {
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-        let mut lines = BufReader::with_capacity(1 << 20, file).lines();
+        let lines: Lines = Box::new(BufReader::with_capacity(1 << 20, file).lines());
+        Self::over(path, lines, separator, with_header, field_names, projection, chunk_rows)
+    }
+
+    /// Rows held in memory (`name` stands for them in messages), one per
+    /// line, without a header: e.g. the packed `features` strings a serving
+    /// request carries when `export_config.multi_placeholder` is false.
+    pub fn from_text(
+        name: &str,
+        text: String,
+        separator: &str,
+        field_names: &[String],
+        projection: &Projection,
+        chunk_rows: usize,
+    ) -> Result<Self, DataError> {
+        let lines: Lines = Box::new(Cursor::new(text).lines());
+        Self::over(
+            Path::new(name),
+            lines,
+            separator,
+            false,
+            field_names,
+            projection,
+            chunk_rows,
+        )
+    }
+
+    fn over(
+        path: &Path,
+        mut lines: Lines,
+        separator: &str,
+        with_header: bool,
+        field_names: &[String],
+        projection: &Projection,
+        chunk_rows: usize,
+    ) -> Result<Self, DataError> {
         let mut line_no = 0;
         if with_header {
             line_no += 1;

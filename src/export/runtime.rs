@@ -22,10 +22,19 @@ enum Source {
     Dense(usize),
 }
 
+/// A packed serving row's layout (`export_config.multi_placeholder: false`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedInput {
+    pub separator: String,
+    pub fields: Vec<String>,
+}
+
 pub struct ExportedModel {
     pub dir: PathBuf,
     pub plan: TrainingPlan,
     pub enc: Encoder,
+    /// Set when the export takes one packed string per row.
+    pub packed: Option<PackedInput>,
     sources: Vec<Source>,
     runnable: Arc<TypedRunnableModel>,
 }
@@ -104,6 +113,26 @@ fn check_raw_separators(path: &Path, plan: &TrainingPlan) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The packed serving layout the feature spec records, if any.
+fn packed_input(path: &Path) -> anyhow::Result<Option<PackedInput>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let spec: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let s = &spec["serving_input"];
+    if s["kind"].as_str() != Some("packed") {
+        return Ok(None);
+    }
+    let fields = s["fields"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .with_context(|| format!("{}: serving_input lacks its fields", path.display()))?;
+    let separator = s["separator"]
+        .as_str()
+        .with_context(|| format!("{}: serving_input lacks its separator", path.display()))?
+        .to_string();
+    Ok(Some(PackedInput { separator, fields }))
+}
+
 impl ExportedModel {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let dir = resolve_export_dir(path)?;
@@ -119,6 +148,7 @@ impl ExportedModel {
             .with_context(|| format!("reading the export's config {}", config.display()))?;
         let plan = TrainingPlan::from_config(&loaded.config)?;
         check_raw_separators(&dir.join("assets/feature_spec.json"), &plan)?;
+        let packed = packed_input(&dir.join("assets/feature_spec.json"))?;
         let enc = Encoder::for_inference(&plan)?;
         super::verify_files(&dir)?;
         let model_path = dir.join(MODEL_FILE);
@@ -157,9 +187,47 @@ impl ExportedModel {
             dir,
             plan,
             enc,
+            packed,
             sources,
             runnable,
         })
+    }
+
+    /// Each task's scores of packed rows, as a server receives them from
+    /// EasyRec's clients when `export_config.multi_placeholder` is false:
+    /// per row one string, the input fields of `packed.fields` joined by
+    /// `packed.separator`. Refused for an export with one input per feature.
+    pub fn score_packed(&self, rows: &[&str]) -> anyhow::Result<Vec<TaskScores>> {
+        let Some(p) = &self.packed else {
+            bail!(
+                "{} takes one input per feature (export_config.multi_placeholder is true), not packed rows",
+                self.dir.display()
+            );
+        };
+        if let Some((i, _)) = rows.iter().enumerate().find(|(_, r)| r.contains('\n')) {
+            bail!("packed row {i} holds a line break");
+        }
+        let text = rows.join("\n") + "\n";
+        let mut chunks = crate::data::csv::CsvChunks::from_text(
+            "packed features",
+            text,
+            &p.separator,
+            &p.fields,
+            &self.enc.projection,
+            rows.len().max(1),
+        )?;
+        let raw = match chunks.next() {
+            Some(r) => r?,
+            None => bail!("no packed rows to score"),
+        };
+        if raw.num_rows != rows.len() {
+            bail!(
+                "{} packed rows given, {} read: an empty row has no fields",
+                rows.len(),
+                raw.num_rows
+            );
+        }
+        self.score(&self.enc.encode(&raw)?)
     }
 
     /// Each task's scores of an encoded batch (in `plan.tasks` order):

@@ -16,6 +16,54 @@ const HASH: &str = "FarmHash Fingerprint64 of the UTF-8 text (integers as their 
 /// are refused (their graphs expect other inputs and ids).
 pub const FORMAT: &str = "rustrec-feature-spec-3";
 
+/// The input fields a packed serving row holds, in `input_fields` order:
+/// those the features read and GAUC's uid fields, as EasyRec's single
+/// `features` placeholder takes them (labels left out).
+pub fn packed_fields(plan: &TrainingPlan) -> Vec<String> {
+    let uid_fields: Vec<&str> = plan
+        .tasks
+        .iter()
+        .flat_map(|t| &t.metrics)
+        .filter_map(|m| match m {
+            crate::config::model_plan::Metric::Gauc { uid_field } => Some(uid_field.as_str()),
+            _ => None,
+        })
+        .collect();
+    plan.fields
+        .iter()
+        .map(|f| f.name.as_str())
+        .filter(|name| plan.features.iter().any(|f| f.inputs.iter().any(|i| i == name)) || uid_fields.contains(name))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The separator of a packed serving row: the CSV separator the model was
+/// trained on ("," for Parquet input, EasyRec's default).
+pub fn packed_separator(plan: &TrainingPlan) -> String {
+    match &plan.format {
+        crate::config::typed::InputFormat::Csv { separator, .. } if !separator.is_empty() => separator.clone(),
+        _ => ",".into(),
+    }
+}
+
+/// How a serving request carries a row: one input per feature (the graph's
+/// inputs after the transforms below), or with `multi_placeholder: false`
+/// one `features` string per row that a server splits into fields first.
+fn serving_input(plan: &TrainingPlan) -> Value {
+    if plan.export.packed_input {
+        json!({
+            "kind": "packed",
+            "placeholder": "features",
+            "separator": packed_separator(plan),
+            "fields": packed_fields(plan),
+            "note": "one string per row: these input fields' values joined by the separator, as in the \
+                     training data; then each feature's transform as below",
+        })
+    } else {
+        json!({ "kind": "per_feature" })
+    }
+}
+
 fn buckets(b: &Bucketing) -> Value {
     match b {
         Bucketing::Hash(n) => json!({ "type": "hash", "buckets": n, "hash": HASH }),
@@ -122,5 +170,6 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
         "outputs": plan.tasks.iter().flat_map(|t| [t.output(), t.score_name()]).collect::<Vec<_>>(),
         "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",
         "features": features,
+        "serving_input": serving_input(plan),
     })
 }
