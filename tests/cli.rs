@@ -540,25 +540,21 @@ model_config {{ model_class: "MultiTower"
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Values split otherwise count wrong, naming the feature's dimension.
     let bad = dir.path().join("bad.csv");
-    std::fs::write(&bad, "1,0.1|0.2,0.1;0.2;0.3\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_predict"))
-        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
-        .args(["--input_path", bad.to_str().unwrap()])
-        .args(["--output_path", dir.path().join("out.csv").to_str().unwrap()])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let predict_row = |row: &str| {
+        std::fs::write(&bad, row).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_predict"))
+            .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+            .args(["--input_path", bad.to_str().unwrap()])
+            .args(["--output_path", dir.path().join("out.csv").to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = predict_row("1,0.1|0.2,0.1;0.2;0.3\n");
     assert!(stderr.contains("has 2 values, raw_input_dim is 3"), "{stderr}");
     // And a value holding another separator is no number.
-    std::fs::write(&bad, "1,0.1|0.2|0.3,0.1|0.2|0.3\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_predict"))
-        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
-        .args(["--input_path", bad.to_str().unwrap()])
-        .args(["--output_path", dir.path().join("out.csv").to_str().unwrap()])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = predict_row("1,0.1|0.2|0.3,0.1|0.2|0.3\n");
     assert!(
         stderr.contains("feature `w`: `0.1|0.2|0.3` is not a number"),
         "{stderr}"

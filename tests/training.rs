@@ -282,6 +282,18 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
     Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap()
 }
 
+/// Every model class, each with its `model_block`.
+const MODELS: [&str; 8] = [
+    "WideAndDeep",
+    "DLRM",
+    "DeepFM",
+    "FM",
+    "DCN",
+    "MultiTower",
+    "MMoE",
+    "DBMTL",
+];
+
 /// Central differences in f64 of an f32 loss; loose enough for f32 noise,
 /// tight enough to catch a wrong or missing gradient term.
 fn close(numeric: f64, analytic: f64) -> bool {
@@ -290,16 +302,7 @@ fn close(numeric: f64, analytic: f64) -> bool {
 
 #[test]
 fn dense_gradients_of_every_model_match_finite_differences() {
-    for model in [
-        "WideAndDeep",
-        "DLRM",
-        "DeepFM",
-        "FM",
-        "DCN",
-        "MultiTower",
-        "MMoE",
-        "DBMTL",
-    ] {
+    for model in MODELS {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
         let batch = t
@@ -445,16 +448,7 @@ fn cpu_executor_matches_burns_reference() {
 
 #[test]
 fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
-    for model in [
-        "WideAndDeep",
-        "DLRM",
-        "DeepFM",
-        "FM",
-        "DCN",
-        "MultiTower",
-        "MMoE",
-        "DBMTL",
-    ] {
+    for model in MODELS {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
         let paths = t.plan.train_paths.clone();
