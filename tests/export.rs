@@ -605,7 +605,7 @@ fn a_packed_serving_input_scores_like_the_rows_it_packs() {
     // feature takes no packed rows.
     let err = packed.score_packed(&["0.1,0.2,u1,3,a|b"]).unwrap_err().to_string();
     assert!(
-        err.contains("5 fields, but data_config.input_fields declares 6"),
+        err.contains("5 fields, but the export's packed serving layout declares 6"),
         "{err}"
     );
     t.plan.export.packed_input = false;

@@ -12,6 +12,14 @@ use crate::config::model_plan::ColumnType;
 /// Lines of CSV text: a file's, or text in memory.
 type Lines = Box<dyn Iterator<Item = std::io::Result<String>> + Send>;
 
+/// How a row's fields are laid out.
+struct Layout<'a> {
+    separator: &'a str,
+    with_header: bool,
+    field_names: &'a [String],
+    declared_by: &'static str,
+}
+
 /// Reads a CSV file in chunks of `chunk_rows` rows.
 pub struct CsvChunks {
     /// The file, or what the rows in memory are, for messages.
@@ -20,6 +28,8 @@ pub struct CsvChunks {
     line_no: usize,
     separator: String,
     num_fields: usize,
+    /// What declares the fields, for a row with another count.
+    declared_by: &'static str,
     projection: Projection,
     /// Position of each projected column among the file's fields.
     positions: Vec<usize>,
@@ -37,7 +47,13 @@ impl CsvChunks {
     ) -> Result<Self, DataError> {
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
         let lines: Lines = Box::new(BufReader::with_capacity(1 << 20, file).lines());
-        Self::over(path, lines, separator, with_header, field_names, projection, chunk_rows)
+        let layout = Layout {
+            separator,
+            with_header,
+            field_names,
+            declared_by: "data_config.input_fields",
+        };
+        Self::over(path, lines, layout, projection, chunk_rows)
     }
 
     /// Rows held in memory (`name` stands for them in messages), one per
@@ -52,26 +68,28 @@ impl CsvChunks {
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
         let lines: Lines = Box::new(Cursor::new(text).lines());
-        Self::over(
-            Path::new(name),
-            lines,
+        let layout = Layout {
             separator,
-            false,
+            with_header: false,
             field_names,
-            projection,
-            chunk_rows,
-        )
+            declared_by: "the export's packed serving layout",
+        };
+        Self::over(Path::new(name), lines, layout, projection, chunk_rows)
     }
 
     fn over(
         path: &Path,
         mut lines: Lines,
-        separator: &str,
-        with_header: bool,
-        field_names: &[String],
+        layout: Layout,
         projection: &Projection,
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
+        let Layout {
+            separator,
+            with_header,
+            field_names,
+            declared_by,
+        } = layout;
         let mut line_no = 0;
         if with_header {
             line_no += 1;
@@ -102,6 +120,7 @@ impl CsvChunks {
                 separator.into()
             },
             num_fields: field_names.len(),
+            declared_by,
             projection: projection.clone(),
             positions,
             chunk_rows,
@@ -150,8 +169,9 @@ impl Iterator for CsvChunks {
                     file: self.path.clone(),
                     location: format!("line {}", self.line_no),
                     message: format!(
-                        "{} fields, but data_config.input_fields declares {}",
+                        "{} fields, but {} declares {}",
                         fields.len(),
+                        self.declared_by,
                         self.num_fields
                     ),
                 }));
