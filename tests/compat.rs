@@ -89,7 +89,7 @@ fn combo_crosses_match_tensorflow() {
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     "wide_and_deep",
     "deepfm",
     "fm",
@@ -98,6 +98,7 @@ const FIXTURES: [&str; 8] = [
     "multi_tower",
     "mmoe",
     "dbmtl",
+    "multi_loss",
 ];
 
 /// Where fixture `name` lives: the shared set, or this repository's

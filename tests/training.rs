@@ -101,7 +101,7 @@ fn model_block(name: &str) -> &'static str {
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 17] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 18] = [
     (
         "WideAndDeep, raw value in the wide group",
         r#"model_config { model_class: "WideAndDeep"
@@ -218,6 +218,18 @@ const EXECUTOR_VARIANTS: [(&str, &str); 17] = [
   multi_tower { towers { input: "user" dnn { hidden_units: [4] dropout_ratio: [0.3] } }
                 towers { input: "item" dnn { hidden_units: [4] use_bn: false activation: "tanh" } }
                 final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "MultiTower trained on F1-reweighted and pairwise losses",
+        r#"model_config { model_class: "MultiTower"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "c3", "d2"] }
+  losses { loss_type: F1_REWEIGHTED_LOSS weight: 0.7 f1_reweighted_loss { f1_beta_square: 2.25 label_smoothing: 0.1 } }
+  losses { loss_type: PAIR_WISE_LOSS weight: 1.3 pairwise_loss { margin: 0.2 temperature: 0.5 } }
+  losses { loss_type: CLASSIFICATION weight: 0.5 }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] use_bn: false } }
+                towers { input: "item" dnn { hidden_units: [4] use_bn: false } }
+                final_dnn { hidden_units: [4] use_bn: false } } }"#,
     ),
     (
         "MMoE with dropout and experts of their own config",

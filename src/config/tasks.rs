@@ -16,7 +16,108 @@ pub struct Task {
     pub label: usize,
     pub weight: f32,
     pub loss: LossKind,
+    /// `model_config.losses`: when given, EasyRec trains on their weighted
+    /// sum instead of `loss`'s (which still decides the scores' kind).
+    pub terms: Vec<LossTerm>,
     pub metrics: Vec<Metric>,
+}
+
+/// One entry of `model_config.losses`, times its `weight`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossTerm {
+    pub kind: LossTermKind,
+    pub weight: f32,
+}
+
+/// The batch losses EasyRec can list, as its `loss_builder` computes them
+/// on the task's logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossTermKind {
+    /// Sigmoid cross entropy, the mean over the batch.
+    CrossEntropy,
+    /// `f1_reweight_sigmoid_cross_entropy`: negatives weighted by
+    /// `Σp / (β²·P − P + Σp)`, the weights differentiated too.
+    F1Reweighted { beta_square: f32, label_smoothing: f32 },
+    /// The deprecated `pairwise_loss`: for every pair with a greater label,
+    /// the cross entropy of `(z_i − z_j)/T − margin` against 1, the mean
+    /// over pairs (0 without pairs).
+    PairWise { margin: f32, temperature: f32 },
+}
+
+/// `model_config.losses` of a single-task model, checked: EasyRec's Fixed
+/// weighting of the loss types built here, or a refusal naming the entry.
+pub fn loss_terms(model: &proto::EasyRecModel, output: LossKind) -> Result<Vec<LossTerm>, ConfigError> {
+    use proto::easy_rec_model::LossWeightStrategy;
+    use proto::loss::LossParam;
+    if model.losses.is_empty() {
+        return Ok(Vec::new());
+    }
+    if model.loss_weight_strategy() != LossWeightStrategy::Fixed {
+        return Err(ConfigError::unsupported(
+            "model_config.loss_weight_strategy",
+            format!("{} loss weighting", model.loss_weight_strategy().as_str_name()),
+        ));
+    }
+    if output != LossKind::BinaryClassification {
+        return Err(ConfigError::unsupported(
+            "model_config.losses",
+            "extra losses of a regression model",
+        ));
+    }
+    let mut terms = Vec::new();
+    for (i, l) in model.losses.iter().enumerate() {
+        let path = format!("model_config.losses[{i}]");
+        let kind = match (l.loss_type(), &l.loss_param) {
+            (proto::LossType::Classification, None) => LossTermKind::CrossEntropy,
+            (proto::LossType::F1ReweightedLoss, None) => LossTermKind::F1Reweighted {
+                beta_square: 1.0,
+                label_smoothing: 0.0,
+            },
+            (proto::LossType::F1ReweightedLoss, Some(LossParam::F1ReweightedLoss(p))) => LossTermKind::F1Reweighted {
+                beta_square: p.f1_beta_square,
+                label_smoothing: p.label_smoothing,
+            },
+            (proto::LossType::PairWiseLoss, None) => LossTermKind::PairWise {
+                margin: 0.0,
+                temperature: 1.0,
+            },
+            (proto::LossType::PairWiseLoss, Some(LossParam::PairwiseLoss(p))) => {
+                if p.session_name.as_deref().is_some_and(|s| !s.is_empty()) {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.pairwise_loss.session_name"),
+                        "pairs within sessions",
+                    ));
+                }
+                if p.temperature() == 0.0 {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.pairwise_loss.temperature"),
+                        "must not be 0",
+                    ));
+                }
+                LossTermKind::PairWise {
+                    margin: p.margin,
+                    temperature: p.temperature(),
+                }
+            }
+            (t, None) => {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.loss_type"),
+                    format!("loss {} in a losses list", t.as_str_name()),
+                ))
+            }
+            (t, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    format!("{path}.loss_type"),
+                    format!("{} does not take the parameters given with it", t.as_str_name()),
+                ))
+            }
+        };
+        terms.push(LossTerm {
+            kind,
+            weight: l.weight(),
+        });
+    }
+    Ok(terms)
 }
 
 impl Task {
@@ -205,6 +306,7 @@ pub fn task_towers(
             relations,
         });
         tasks.push(Task {
+            terms: Vec::new(),
             name: t.name.to_string(),
             label,
             weight: t.weight,

@@ -476,16 +476,10 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, DCN, MultiTower, MMoE, DBMTL)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MMoE, DBMTL)".into(),
                 })
             }
         };
-        if !model.losses.is_empty() {
-            return Err(ConfigError::unsupported(
-                "model_config.losses",
-                "a list of extra losses",
-            ));
-        }
         if !model.kd.is_empty() {
             return Err(ConfigError::unsupported("model_config.kd", "knowledge distillation"));
         }
@@ -514,6 +508,13 @@ impl TrainingPlan {
         let tasks = match multi {
             // A tower without metrics_set takes eval_config's.
             Some(mut tasks) => {
+                if !model.losses.is_empty() {
+                    // Multi-task models take losses per task tower.
+                    return Err(ConfigError::unsupported(
+                        "model_config.losses",
+                        "a model-level losses list on a multi-task model",
+                    ));
+                }
                 let eval_metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
                 for t in tasks.iter_mut().filter(|t| t.metrics.is_empty()) {
                     t.metrics = eval_metrics.clone();
@@ -532,11 +533,13 @@ impl TrainingPlan {
                     })?,
                     None => 0,
                 };
+                let loss = loss_kind(model.loss_type(), model.num_class(), "model_config")?;
                 vec![Task {
                     name: String::new(),
                     label,
                     weight: 1.0,
-                    loss: loss_kind(model.loss_type(), model.num_class(), "model_config")?,
+                    loss,
+                    terms: super::tasks::loss_terms(model, loss)?,
                     metrics: model_plan::metrics(cfg.eval_config.as_ref())?,
                 }]
             }

@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::graph::BN_EPS;
 use crate::config::model_plan::Activation;
+use crate::config::tasks::{LossTermKind, Task};
 use crate::config::typed::LossKind;
 use crate::util::Rng;
 
@@ -385,7 +386,171 @@ pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f3
     ((total / logits.len().max(1) as f64) as f32, grad)
 }
 
-/// Mean loss of `logits` against `labels` (evaluation).
-pub fn loss_value(kind: LossKind, logits: &[f32], labels: &[f32]) -> f64 {
-    loss_grad(kind, logits, labels).0 as f64
+/// A task's batch loss and its gradient with respect to each logit: its
+/// `loss_type`'s mean loss, or with `model_config.losses` their weighted sum.
+pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32]) -> (f32, Vec<f32>) {
+    if task.terms.is_empty() {
+        return loss_grad(task.loss, logits, labels);
+    }
+    let mut total = 0.0f64;
+    let mut grad = vec![0.0f32; logits.len()];
+    for term in &task.terms {
+        let (l, g) = match term.kind {
+            LossTermKind::CrossEntropy => loss_grad(LossKind::BinaryClassification, logits, labels),
+            LossTermKind::F1Reweighted {
+                beta_square,
+                label_smoothing,
+            } => f1_reweighted(logits, labels, beta_square, label_smoothing),
+            LossTermKind::PairWise { margin, temperature } => pairwise(logits, labels, margin, temperature),
+        };
+        total += term.weight as f64 * l as f64;
+        grad.iter_mut().zip(&g).for_each(|(a, b)| *a += term.weight * b);
+    }
+    (total as f32, grad)
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// log(1 + exp(x)), stable.
+fn softplus(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+/// EasyRec's `f1_reweight_sigmoid_cross_entropy` (mean over the batch):
+/// positives weigh 1, the rest `w = Σp / (β²·P − P + Σp + 1e-8)`, `P` the
+/// positives and `p` the probabilities, so `w` moves with every logit.
+/// `dL/dz_k = (w_k (p_k − y'_k) + S · (β²P − P + ε)/D² · p_k(1 − p_k)) / B`
+/// with `S` the negatives' summed cross entropy and `D` w's denominator.
+fn f1_reweighted(logits: &[f32], labels: &[f32], beta_square: f32, smoothing: f32) -> (f32, Vec<f32>) {
+    let b = logits.len().max(1) as f64;
+    let eps = 1e-8f64;
+    let (beta2, ls) = (beta_square as f64, smoothing as f64);
+    let p: Vec<f64> = logits.iter().map(|&z| sigmoid(z as f64)).collect();
+    let pos = labels.iter().map(|&y| y as f64).sum::<f64>();
+    let tp: f64 = p.iter().sum();
+    let c = beta2 * pos - pos + eps;
+    let d = c + tp;
+    let neg_w = tp / d;
+    let smooth = |y: f64| y * (1.0 - ls) + 0.5 * ls;
+    let ce = |z: f64, y: f64| softplus(z) - smooth(y) * z;
+    let mut total = 0.0f64;
+    let mut s_neg = 0.0f64;
+    for (&z, &y) in logits.iter().zip(labels) {
+        let (z, y) = (z as f64, y as f64);
+        let e = ce(z, y);
+        if y == 1.0 {
+            total += e;
+        } else {
+            total += neg_w * e;
+            s_neg += e;
+        }
+    }
+    let dw = c / (d * d);
+    let grad = logits
+        .iter()
+        .zip(labels)
+        .zip(&p)
+        .map(|((_, &y), &pk)| {
+            let y = y as f64;
+            let w = if y == 1.0 { 1.0 } else { neg_w };
+            ((w * (pk - smooth(y)) + s_neg * dw * pk * (1.0 - pk)) / b) as f32
+        })
+        .collect();
+    ((total / b) as f32, grad)
+}
+
+/// EasyRec's (deprecated) `pairwise_loss`: over every pair `i, j` with
+/// `y_i > y_j`, `softplus(−x)` with `x = (z_i − z_j)/T − margin`, the mean
+/// over pairs; 0 when the batch has none.
+fn pairwise(logits: &[f32], labels: &[f32], margin: f32, temperature: f32) -> (f32, Vec<f32>) {
+    let t = temperature as f64;
+    let mut grad = vec![0.0f64; logits.len()];
+    let (mut total, mut pairs) = (0.0f64, 0u64);
+    for (i, (&zi, &yi)) in logits.iter().zip(labels).enumerate() {
+        for (j, (&zj, &yj)) in logits.iter().zip(labels).enumerate() {
+            if yi > yj {
+                let x = (zi as f64 - zj as f64) / t - margin as f64;
+                total += softplus(-x);
+                let g = (sigmoid(x) - 1.0) / t;
+                grad[i] += g;
+                grad[j] -= g;
+                pairs += 1;
+            }
+        }
+    }
+    if pairs == 0 {
+        return (0.0, vec![0.0; logits.len()]);
+    }
+    let n = pairs as f64;
+    ((total / n) as f32, grad.iter().map(|g| (g / n) as f32).collect())
+}
+
+/// A task's batch loss (evaluation).
+pub fn loss_value(task: &Task, logits: &[f32], labels: &[f32]) -> f64 {
+    task_loss_grad(task, logits, labels).0 as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(terms: Vec<LossTermKind>) -> Task {
+        Task {
+            name: String::new(),
+            label: 0,
+            weight: 1.0,
+            loss: LossKind::BinaryClassification,
+            terms: terms
+                .into_iter()
+                .map(|kind| crate::config::tasks::LossTerm { kind, weight: 1.5 })
+                .collect(),
+            metrics: Vec::new(),
+        }
+    }
+
+    /// Central differences of each term's loss agree with its gradient.
+    #[test]
+    fn listed_losses_have_their_finite_difference_gradients() {
+        let logits = [0.3f32, -1.2, 2.0, 0.0, -0.4, 1.1];
+        let labels = [1.0f32, 0.0, 1.0, 0.0, 0.0, 1.0];
+        for kind in [
+            LossTermKind::F1Reweighted {
+                beta_square: 2.25,
+                label_smoothing: 0.1,
+            },
+            LossTermKind::PairWise {
+                margin: 0.3,
+                temperature: 0.7,
+            },
+        ] {
+            let t = task(vec![kind]);
+            let (_, g) = task_loss_grad(&t, &logits, &labels);
+            for k in 0..logits.len() {
+                let eps = 1e-3f32;
+                let mut up = logits;
+                up[k] += eps;
+                let mut down = logits;
+                down[k] -= eps;
+                let numeric = (task_loss_grad(&t, &up, &labels).0 - task_loss_grad(&t, &down, &labels).0) / (2.0 * eps);
+                assert!(
+                    (numeric - g[k]).abs() < 2e-3,
+                    "{kind:?} logit {k}: numeric {numeric}, analytic {}",
+                    g[k]
+                );
+            }
+        }
+    }
+
+    /// A batch without a pair of different labels has no pairwise loss.
+    #[test]
+    fn a_batch_without_pairs_has_no_pairwise_loss() {
+        let t = task(vec![LossTermKind::PairWise {
+            margin: 0.0,
+            temperature: 1.0,
+        }]);
+        let (l, g) = task_loss_grad(&t, &[0.5, -0.5], &[1.0, 1.0]);
+        assert_eq!((l, g), (0.0, vec![0.0, 0.0]));
+    }
 }

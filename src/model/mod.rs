@@ -233,7 +233,7 @@ impl Model {
         let mut loss = 0.0f32;
         let mut seeds = Vec::new();
         for (t, out) in tasks.iter().zip(self.task_outputs(tasks)) {
-            let (l, mut dl) = kernels::loss_grad(t.loss, tape.value(out), &labels[t.label]);
+            let (l, mut dl) = kernels::task_loss_grad(t, tape.value(out), &labels[t.label]);
             loss += t.weight * l;
             if t.weight != 1.0 {
                 dl.iter_mut().for_each(|g| *g *= t.weight);

@@ -8,6 +8,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use super::graph::{BnStats, Graph, Op, BN_EPS};
 use super::params::{to_vec, ParamStore};
 use crate::config::model_plan::Activation;
+use crate::config::tasks::{LossTermKind, Task};
 use crate::config::typed::LossKind;
 use crate::util::Rng;
 
@@ -166,6 +167,79 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
             (d.clone() * d).mean()
         }
     }
+}
+
+/// A cross entropy whose gradient is `p − y` exactly (see `loss_of`):
+/// `softplus(z) − y·z` per element, `y` a constant.
+fn sigmoid_ce(z: Tensor<2>, y: Tensor<2>) -> Tensor<2> {
+    let value = z.clone().clamp_min(0.0) - z.clone() * y.clone() + z.clone().abs().neg().exp().log1p();
+    let slope = (sigmoid(z.clone()) - y).detach();
+    let linear = z * slope;
+    linear.clone() + (value - linear).detach()
+}
+
+/// A task's batch loss on the reference executor, the oracle of
+/// `kernels::task_loss_grad`: its `loss_type`'s, or the weighted sum of
+/// `model_config.losses` (`label_values` are the labels' numbers).
+pub fn task_loss_of(task: &Task, logits: Tensor<2>, labels: Tensor<2>, label_values: &[f32]) -> Tensor<1> {
+    if task.terms.is_empty() {
+        return loss_of(task.loss, logits, labels);
+    }
+    let device = logits.device();
+    let b = label_values.len();
+    let column = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device);
+    let mut total: Option<Tensor<1>> = None;
+    for term in &task.terms {
+        let l = match term.kind {
+            LossTermKind::CrossEntropy => loss_of(LossKind::BinaryClassification, logits.clone(), labels.clone()),
+            LossTermKind::F1Reweighted {
+                beta_square,
+                label_smoothing,
+            } => {
+                let pos: f32 = label_values.iter().sum();
+                let is_pos: Vec<f32> = label_values.iter().map(|&y| f32::from(u8::from(y == 1.0))).collect();
+                let smoothed: Vec<f32> = label_values
+                    .iter()
+                    .map(|&y| y * (1.0 - label_smoothing) + 0.5 * label_smoothing)
+                    .collect();
+                let tp = sigmoid(logits.clone()).sum().reshape([1, 1]);
+                let denom = tp.clone().add_scalar(beta_square * pos - pos + 1e-8);
+                let neg_w = tp / denom; // [1, 1]
+                let is_pos = column(is_pos);
+                let w = is_pos.clone() + (is_pos.neg().add_scalar(1.0)) * neg_w;
+                (w * sigmoid_ce(logits.clone(), column(smoothed)))
+                    .sum()
+                    .div_scalar(b.max(1) as f32)
+            }
+            LossTermKind::PairWise { margin, temperature } => {
+                let mut mask = vec![0.0f32; b * b];
+                let mut pairs = 0usize;
+                for (i, yi) in label_values.iter().enumerate() {
+                    for (j, yj) in label_values.iter().enumerate() {
+                        if yi > yj {
+                            mask[i * b + j] = 1.0;
+                            pairs += 1;
+                        }
+                    }
+                }
+                if pairs == 0 {
+                    logits.clone().sum().mul_scalar(0.0)
+                } else {
+                    let z = logits.clone().div_scalar(temperature);
+                    let x = (z.clone() - z.swap_dims(0, 1)).sub_scalar(margin); // [b, b]
+                    let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, b]), &device);
+                    let ones = Tensor::<2>::from_data(TensorData::new(vec![1.0f32; b * b], [b, b]), &device);
+                    (sigmoid_ce(x, ones) * mask).sum().div_scalar(pairs as f32)
+                }
+            }
+        }
+        .mul_scalar(term.weight);
+        total = Some(match total {
+            Some(t) => t + l,
+            None => l,
+        });
+    }
+    total.expect("a losses list has an entry")
 }
 
 #[cfg(test)]

@@ -191,7 +191,7 @@ impl Trainer {
             let batch = batch.context("reading evaluation data")?;
             let scores = self.score(&batch);
             for ((e, t), s) in st.iter_mut().zip(tasks).zip(scores) {
-                let mean = kernels::loss_value(t.loss, &s.logits, &batch.labels[t.label]);
+                let mean = kernels::loss_value(t, &s.logits, &batch.labels[t.label]);
                 e.merge(EvalState {
                     preds: s.scores,
                     labels: batch.labels[t.label].clone(),

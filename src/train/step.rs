@@ -10,7 +10,7 @@ use super::Trainer;
 use crate::features::Batch;
 use crate::model::graph::{update_bn_buffers, BnStats};
 use crate::model::params::to_vec;
-use crate::model::reference::{self, loss_of, Ctx};
+use crate::model::reference::{self, task_loss_of, Ctx};
 use crate::model::TaskScores;
 use crate::optim::Rule;
 use crate::util::Rng;
@@ -146,7 +146,7 @@ impl Trainer {
                     .output_node(&t.output())
                     .expect("every task has an output");
                 let labels = Tensor::<2>::from_data(TensorData::new(batch.labels[t.label].clone(), [b, 1]), &device);
-                loss_of(t.loss, values[out.0].clone(), labels).mul_scalar(t.weight)
+                task_loss_of(t, values[out.0].clone(), labels, &batch.labels[t.label]).mul_scalar(t.weight)
             })
             .reduce(|a, c| a + c)
             .expect("a model has a task");
