@@ -51,6 +51,7 @@ const PASSING: &[&str] = &[
     "wide_and_deep_two_opti.config",
     "zoo/dbmtl_mmoe_on_taobao.config",
     "zoo/dbmtl_on_taobao_test_feature_config.config",
+    "zoo/dcn_f1_on_taobao.config",
     "zoo/dcn_on_taobao.config",
     "zoo/deepfm_combo_on_avazu_adamw_ctr.config",
     "zoo/deepfm_combo_on_avazu_embed_adagrad.config",

@@ -115,11 +115,15 @@ pub struct TaskTower {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Metric {
     Auc,
-    Gauc { uid_field: String },
+    Gauc {
+        uid_field: String,
+    },
     Accuracy,
     Mse,
     Rmse,
     Mae,
+    /// EasyRec's `max_f1`: the best F1 over its 200 thresholds.
+    MaxF1,
 }
 
 impl Metric {
@@ -131,6 +135,7 @@ impl Metric {
             Metric::Mse => "mean_squared_error",
             Metric::Rmse => "root_mean_squared_error",
             Metric::Mae => "mean_absolute_error",
+            Metric::MaxF1 => "max_f1",
         }
     }
 }
@@ -461,6 +466,7 @@ pub fn metric_list(list: &[proto::EvalMetrics], path: &str) -> Result<Vec<Metric
             Some(M::MeanSquaredError(_)) => Metric::Mse,
             Some(M::RootMeanSquaredError(_)) => Metric::Rmse,
             Some(M::MeanAbsoluteError(_)) => Metric::Mae,
+            Some(M::MaxF1(_)) => Metric::MaxF1,
             Some(other) => {
                 let name = format!("{other:?}");
                 let name = name.split('(').next().unwrap_or("").to_string();

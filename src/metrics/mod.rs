@@ -7,6 +7,43 @@ use crate::config::model_plan::Metric;
 use crate::config::tasks::Task;
 
 /// Exact ROC AUC; tied scores count one half. `None` without both classes.
+/// EasyRec's `max_f1`: the largest F1 of "logit > t" over its thresholds
+/// t = -1e-7, 1/199, ..., 198/199, 1 + 1e-7 (EasyRec compares the logits,
+/// not the probabilities, with them). Scores here are probabilities, and
+/// `logit > t` is `p > sigmoid(t)`. Precision or recall without a
+/// denominator count 0, as TensorFlow's do; `None` without rows.
+pub fn max_f1(probs: &[f32], labels: &[f32]) -> Option<f64> {
+    if probs.is_empty() {
+        return None;
+    }
+    let mut pos: Vec<f64> = Vec::new();
+    let mut neg: Vec<f64> = Vec::new();
+    for (&p, &y) in probs.iter().zip(labels) {
+        if y != 0.0 {
+            pos.push(p as f64);
+        } else {
+            neg.push(p as f64);
+        }
+    }
+    pos.sort_by(f64::total_cmp);
+    neg.sort_by(f64::total_cmp);
+    let above = |sorted: &[f64], cut: f64| (sorted.len() - sorted.partition_point(|&p| p <= cut)) as f64;
+    let thresholds = std::iter::once(-1e-7)
+        .chain((1..=198).map(|i| i as f64 / 199.0))
+        .chain(std::iter::once(1.0 + 1e-7));
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    thresholds
+        .map(|t| {
+            let cut = 1.0 / (1.0 + (-t).exp());
+            let tp = above(&pos, cut);
+            let fp = above(&neg, cut);
+            let precision = ratio(tp, tp + fp);
+            let recall = ratio(tp, pos.len() as f64);
+            2.0 * precision * recall / (precision + recall + 1e-12)
+        })
+        .reduce(f64::max)
+}
+
 pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
     let mut idx: Vec<usize> = (0..scores.len()).collect();
     idx.sort_unstable_by(|&a, &b| scores[a].total_cmp(&scores[b]));
@@ -121,6 +158,7 @@ impl EvalState {
                         / n;
                     Some(if *m == Metric::Rmse { mse.sqrt() } else { mse })
                 }
+                Metric::MaxF1 => max_f1(&self.preds, &self.labels),
                 Metric::Mae => Some(
                     self.preds
                         .iter()
@@ -159,6 +197,21 @@ pub fn report_tasks(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_f1_thresholds_the_logits_as_easyrec_does() {
+        let sig = |z: f32| 1.0 / (1.0 + (-z).exp());
+        // Logits 2.0 and 0.5 positive, 0.7 and -1.0 negative. "logit > t"
+        // for t in (0.5, 0.7): tp 1, fp 1 -> F1 0.5; t just below 0.5:
+        // tp 2, fp 1 -> P 2/3, R 1 -> F1 0.8; t >= 1: tp 1, fp 0 -> F1 2/3.
+        let probs: Vec<f32> = [2.0, 0.5, 0.7, -1.0].iter().map(|&z| sig(z)).collect();
+        let labels = [1.0, 1.0, 0.0, 0.0];
+        let f1 = max_f1(&probs, &labels).unwrap();
+        assert!((f1 - 0.8).abs() < 1e-9, "{f1}");
+        // Nothing above any threshold and no positives: 0, as TensorFlow.
+        assert_eq!(max_f1(&[sig(-3.0)], &[0.0]), Some(0.0));
+        assert_eq!(max_f1(&[], &[]), None);
+    }
 
     fn brute_auc(s: &[f32], l: &[f32]) -> f64 {
         let (mut num, mut den) = (0.0, 0.0);
