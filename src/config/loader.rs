@@ -100,27 +100,39 @@ fn expand_input_fields(message: &mut DynamicMessage) -> Result<(), ConfigError> 
     let Value::List(items) = data.get_field_mut(&fields_fd) else {
         return Ok(());
     };
+    expand_list(
+        items,
+        |i| format!("data_config.input_fields[{i}].input_name"),
+        |item| {
+            item.as_message()
+                .and_then(|f| f.get_field_by_name("input_name"))
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        },
+        |item, name| {
+            let mut copy = item.clone();
+            if let Value::Message(field) = &mut copy {
+                field.set_field_by_name("input_name", Value::String(name));
+            }
+            copy
+        },
+    )
+}
+
+/// Replaces every entry of `items` whose name (`name_of`) is a range like
+/// `f[1-3]` by one entry per name (`renamed`), in place; a malformed range
+/// is an error at `path(index)`.
+fn expand_list(
+    items: &mut Vec<Value>,
+    path: impl Fn(usize) -> String,
+    name_of: impl Fn(&Value) -> String,
+    renamed: impl Fn(&Value, String) -> Value,
+) -> Result<(), ConfigError> {
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.drain(..).enumerate() {
-        let Value::Message(field) = &item else { continue };
-        let name = field
-            .get_field_by_name("input_name")
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        match expand_range(&name) {
-            Some(Ok(names)) => {
-                for n in names {
-                    let mut copy = field.clone();
-                    copy.set_field_by_name("input_name", Value::String(n));
-                    out.push(Value::Message(copy));
-                }
-            }
-            Some(Err(msg)) => {
-                return Err(ConfigError::invalid(
-                    format!("data_config.input_fields[{i}].input_name"),
-                    msg,
-                ))
-            }
+        match expand_range(&name_of(&item)) {
+            Some(Ok(names)) => out.extend(names.into_iter().map(|n| renamed(&item, n))),
+            Some(Err(msg)) => return Err(ConfigError::invalid(path(i), msg)),
             None => out.push(item),
         }
     }
@@ -155,21 +167,12 @@ fn expand_feature_names(message: &mut DynamicMessage) -> Result<(), ConfigError>
         let Value::List(names) = group.get_field_mut(&names_fd) else {
             continue;
         };
-        let mut out = Vec::with_capacity(names.len());
-        for (i, name) in names.drain(..).enumerate() {
-            let text = name.as_str().unwrap_or_default().to_string();
-            match expand_range(&text) {
-                Some(Ok(expanded)) => out.extend(expanded.into_iter().map(Value::String)),
-                Some(Err(msg)) => {
-                    return Err(ConfigError::invalid(
-                        format!("model_config.feature_groups[{g}].feature_names[{i}]"),
-                        msg,
-                    ))
-                }
-                None => out.push(name),
-            }
-        }
-        *names = out;
+        expand_list(
+            names,
+            |i| format!("model_config.feature_groups[{g}].feature_names[{i}]"),
+            |name| name.as_str().unwrap_or_default().to_string(),
+            |_, name| Value::String(name),
+        )?;
     }
     Ok(())
 }
