@@ -56,15 +56,18 @@ pub fn resolve_export_dir(path: &Path) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// An export's `assets/feature_spec.json`, parsed once for every check of it.
+fn read_feature_spec(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{} is missing: not a complete export", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
+}
+
 /// Refuses exports whose feature spec this version cannot honour: those of
 /// the first format hashed ids with FNV-1a, so their tables answer other
 /// ids than the ones computed now; those of the second encode features
 /// otherwise than EasyRec does, as this version does.
-fn check_feature_spec(path: &Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{} is missing: not a complete export", path.display()))?;
-    let spec: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+fn check_feature_spec(path: &Path, spec: &serde_json::Value) -> anyhow::Result<()> {
     match spec["format"].as_str() {
         Some(super::spec::FORMAT) => Ok(()),
         Some("rustrec-feature-spec-1") => bail!(
@@ -87,10 +90,7 @@ fn check_feature_spec(path: &Path) -> anyhow::Result<()> {
 /// `raw_input_dim` > 1 were split by the feature's `separator` (as EasyRec
 /// splits them) recorded ","; such an export would now read its rows
 /// otherwise than it was trained, so it is refused.
-fn check_raw_separators(path: &Path, plan: &TrainingPlan) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let spec: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+fn check_raw_separators(path: &Path, spec: &serde_json::Value, plan: &TrainingPlan) -> anyhow::Result<()> {
     for f in spec["features"].as_array().into_iter().flatten() {
         let t = &f["transform"];
         let (Some(name), Some(dim), Some(sep)) = (f["name"].as_str(), t["dim"].as_u64(), t["separator"].as_str())
@@ -114,10 +114,7 @@ fn check_raw_separators(path: &Path, plan: &TrainingPlan) -> anyhow::Result<()> 
 }
 
 /// The packed serving layout the feature spec records, if any.
-fn packed_input(path: &Path) -> anyhow::Result<Option<PackedInput>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let spec: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+fn packed_input(path: &Path, spec: &serde_json::Value) -> anyhow::Result<Option<PackedInput>> {
     let s = &spec["serving_input"];
     if s["kind"].as_str() != Some("packed") {
         return Ok(None);
@@ -143,12 +140,14 @@ impl ExportedModel {
                 dir.display()
             );
         }
-        check_feature_spec(&dir.join("assets/feature_spec.json"))?;
+        let spec_path = dir.join("assets/feature_spec.json");
+        let spec = read_feature_spec(&spec_path)?;
+        check_feature_spec(&spec_path, &spec)?;
         let loaded = load_pipeline(&config, &Overrides::default())
             .with_context(|| format!("reading the export's config {}", config.display()))?;
         let plan = TrainingPlan::from_config(&loaded.config)?;
-        check_raw_separators(&dir.join("assets/feature_spec.json"), &plan)?;
-        let packed = packed_input(&dir.join("assets/feature_spec.json"))?;
+        check_raw_separators(&spec_path, &spec, &plan)?;
+        let packed = packed_input(&spec_path, &spec)?;
         let enc = Encoder::for_inference(&plan)?;
         super::verify_files(&dir)?;
         let model_path = dir.join(MODEL_FILE);
