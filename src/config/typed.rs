@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::model_plan::{self, Arch, FeatureGroup, InputField};
+use super::model_plan::{self, Arch, FeatureGroup, InputField, Metric};
 use super::tasks::loss_kind;
 pub use super::tasks::Task;
 use super::{proto, validate, ConfigError};
@@ -388,6 +388,14 @@ fn paths(s: &str) -> Vec<String> {
 }
 
 impl TrainingPlan {
+    /// The `uid_field` of every GAUC metric of every task, in task order.
+    pub fn gauc_uid_fields(&self) -> impl Iterator<Item = &str> {
+        self.tasks.iter().flat_map(|t| &t.metrics).filter_map(|m| match m {
+            Metric::Gauc { uid_field } => Some(uid_field.as_str()),
+            _ => None,
+        })
+    }
+
     pub fn from_config(cfg: &proto::EasyRecConfig) -> Result<Self, ConfigError> {
         use proto::easy_rec_config::{EvalPath, TrainPath};
         let train_paths = match &cfg.train_path {

@@ -20,15 +20,7 @@ pub const FORMAT: &str = "rustrec-feature-spec-3";
 /// those the features read and GAUC's uid fields, as EasyRec's single
 /// `features` placeholder takes them (labels left out).
 pub fn packed_fields(plan: &TrainingPlan) -> Vec<String> {
-    let uid_fields: Vec<&str> = plan
-        .tasks
-        .iter()
-        .flat_map(|t| &t.metrics)
-        .filter_map(|m| match m {
-            crate::config::model_plan::Metric::Gauc { uid_field } => Some(uid_field.as_str()),
-            _ => None,
-        })
-        .collect();
+    let uid_fields: Vec<&str> = plan.gauc_uid_fields().collect();
     plan.fields
         .iter()
         .map(|f| f.name.as_str())

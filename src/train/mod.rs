@@ -10,7 +10,6 @@ use std::rc::Rc;
 use anyhow::Context;
 use burn::tensor::Device;
 
-use crate::config::model_plan::Metric;
 use crate::config::typed::{InputFormat, Strategy, TrainingPlan};
 use crate::config::ConfigError;
 use crate::data::{expand_paths, Prefetch, StreamSpec};
@@ -79,10 +78,7 @@ impl Trainer {
         };
         let shards = if sharding.is_sharded() { comm.size() } else { 1 };
         plan.memory.check_here(shards)?;
-        let uid = plan.tasks.iter().flat_map(|t| &t.metrics).find_map(|m| match m {
-            Metric::Gauc { uid_field } => Some(uid_field.as_str()),
-            _ => None,
-        });
+        let uid = plan.gauc_uid_fields().next();
         let enc = Encoder::new(&plan, uid).map_err(ConfigError::unbuildable)?;
         let seed = SEED;
         let model = Model::new(&plan, &enc, seed).map_err(ConfigError::unbuildable)?;
