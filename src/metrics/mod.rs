@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use crate::config::model_plan::Metric;
 use crate::config::tasks::Task;
 
-/// Exact ROC AUC; tied scores count one half. `None` without both classes.
 /// EasyRec's `max_f1`: the largest F1 of "logit > t" over its thresholds
 /// t = -1e-7, 1/199, ..., 198/199, 1 + 1e-7 (EasyRec compares the logits,
 /// not the probabilities, with them). Scores here are probabilities, and
@@ -44,6 +43,7 @@ pub fn max_f1(probs: &[f32], labels: &[f32]) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// Exact ROC AUC; tied scores count one half. `None` without both classes.
 pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
     let mut idx: Vec<usize> = (0..scores.len()).collect();
     idx.sort_unstable_by(|&a, &b| scores[a].total_cmp(&scores[b]));

@@ -448,11 +448,10 @@ fn f1_reweighted(logits: &[f32], labels: &[f32], beta_square: f32, smoothing: f3
         }
     }
     let dw = c / (d * d);
-    let grad = logits
+    let grad = labels
         .iter()
-        .zip(labels)
         .zip(&p)
-        .map(|((_, &y), &pk)| {
+        .map(|(&y, &pk)| {
             let y = y as f64;
             let w = if y == 1.0 { 1.0 } else { neg_w };
             ((w * (pk - smooth(y)) + s_neg * dw * pk * (1.0 - pk)) / b) as f32

@@ -180,14 +180,15 @@ fn sigmoid_ce(z: Tensor<2>, y: Tensor<2>) -> Tensor<2> {
 
 /// A task's batch loss on the reference executor, the oracle of
 /// `kernels::task_loss_grad`: its `loss_type`'s, or the weighted sum of
-/// `model_config.losses` (`label_values` are the labels' numbers).
-pub fn task_loss_of(task: &Task, logits: Tensor<2>, labels: Tensor<2>, label_values: &[f32]) -> Tensor<1> {
-    if task.terms.is_empty() {
-        return loss_of(task.loss, logits, labels);
-    }
+/// `model_config.losses`.
+pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32]) -> Tensor<1> {
     let device = logits.device();
     let b = label_values.len();
     let column = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device);
+    let labels = column(label_values.to_vec());
+    if task.terms.is_empty() {
+        return loss_of(task.loss, logits, labels);
+    }
     let mut total: Option<Tensor<1>> = None;
     for term in &task.terms {
         let l = match term.kind {

@@ -51,7 +51,6 @@ impl Trainer {
         let t0 = Instant::now();
         let mut window = (Instant::now(), 0u64);
         let mut samples = 0u64;
-        let mut last_loss = f32::NAN;
         let mut last = StepStats {
             loss: f32::NAN,
             reg_loss: f32::NAN,
@@ -87,7 +86,6 @@ impl Trainer {
             // trained one's.
             if !step_stats.skipped {
                 last = step_stats;
-                last_loss = last.loss;
             }
             let st = last;
             if let Some(b) = &bar {
@@ -190,7 +188,7 @@ impl Trainer {
         after_eval(&last_ckpt, &metrics, true)?;
         Ok(RunSummary {
             steps: self.step - start_step,
-            last_loss,
+            last_loss: last.loss,
             samples_per_sec: read[0] / secs,
             metrics,
         })

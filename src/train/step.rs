@@ -145,8 +145,7 @@ impl Trainer {
                     .graph
                     .output_node(&t.output())
                     .expect("every task has an output");
-                let labels = Tensor::<2>::from_data(TensorData::new(batch.labels[t.label].clone(), [b, 1]), &device);
-                task_loss_of(t, values[out.0].clone(), labels, &batch.labels[t.label]).mul_scalar(t.weight)
+                task_loss_of(t, values[out.0].clone(), &batch.labels[t.label]).mul_scalar(t.weight)
             })
             .reduce(|a, c| a + c)
             .expect("a model has a task");
