@@ -99,16 +99,21 @@ pub fn loss_terms(model: &proto::EasyRecModel, output: LossKind) -> Result<Vec<L
                     temperature: p.temperature(),
                 }
             }
-            (t, None) => {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.loss_type"),
-                    format!("loss {} in a losses list", t.as_str_name()),
-                ))
-            }
-            (t, Some(_)) => {
+            (
+                t @ (proto::LossType::Classification
+                | proto::LossType::F1ReweightedLoss
+                | proto::LossType::PairWiseLoss),
+                Some(_),
+            ) => {
                 return Err(ConfigError::invalid(
                     format!("{path}.loss_type"),
                     format!("{} does not take the parameters given with it", t.as_str_name()),
+                ))
+            }
+            (t, _) => {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.loss_type"),
+                    format!("loss {} in a losses list", t.as_str_name()),
                 ))
             }
         };
@@ -315,4 +320,48 @@ pub fn task_towers(
         });
     }
     Ok((layers, tasks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(losses: &str) -> proto::EasyRecModel {
+        let text = format!("model_config {{ model_class: \"DeepFM\" {losses} }}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.config");
+        std::fs::write(&path, text).unwrap();
+        let msg = crate::config::loader::read_pipeline_file(&path).unwrap();
+        let cfg: proto::EasyRecConfig = msg.transcode_to().unwrap();
+        cfg.model_config
+    }
+
+    #[test]
+    fn a_loss_type_not_built_here_is_refused_with_or_without_its_parameters() {
+        for losses in [
+            "losses { loss_type: BINARY_FOCAL_LOSS }",
+            "losses { loss_type: BINARY_FOCAL_LOSS binary_focal_loss { gamma: 2 } }",
+        ] {
+            let err = loss_terms(&model(losses), LossKind::BinaryClassification)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(
+                    "model_config.losses[0].loss_type: loss BINARY_FOCAL_LOSS in a losses list is not supported"
+                ),
+                "{losses}: {err}"
+            );
+        }
+        // A loss built here with another loss's parameters is a mistake.
+        let err = loss_terms(
+            &model("losses { loss_type: PAIR_WISE_LOSS f1_reweighted_loss { f1_beta_square: 2 } }"),
+            LossKind::BinaryClassification,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("PAIR_WISE_LOSS does not take the parameters given with it"),
+            "{err}"
+        );
+    }
 }
