@@ -504,6 +504,22 @@ fn scaled(x: f64, min_max: Option<(f64, f64)>) -> f64 {
     }
 }
 
+/// Appends an id (computed only then) and its weight, unless the weight is
+/// not positive: TensorFlow's safe embedding lookup drops such entries, so
+/// they add nothing.
+fn push_weighted(
+    ids: &mut Vec<u64>,
+    weights: &mut Vec<f32>,
+    weight: f32,
+    id: impl FnOnce() -> anyhow::Result<u64>,
+) -> anyhow::Result<()> {
+    if weight > 0.0 {
+        ids.push(id()?);
+        weights.push(weight);
+    }
+    Ok(())
+}
+
 fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
     let mut j = Jagged {
         ids: Vec::with_capacity(n),
@@ -556,12 +572,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                 let mut k = 0u64;
                 for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
                     let x = scaled(v.number()?, *min_max);
-                    // TensorFlow's safe embedding lookup drops entries whose
-                    // weight is not positive, so such a value adds nothing.
-                    if x > 0.0 {
-                        j.ids.push(k);
-                        weights.push(x as f32);
-                    }
+                    push_weighted(&mut j.ids, &mut weights, x as f32, || Ok(k))?;
                     k += 1;
                     Ok(())
                 })?;
@@ -602,13 +613,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                         .get(k)
                         .with_context(|| format!("row {r} has more tags than weights ({})", ws.len()))?;
                     k += 1;
-                    // Dropped as TensorFlow's safe embedding lookup drops
-                    // entries whose weight is not positive.
-                    if w > 0.0 {
-                        j.ids.push(v.bucket(buckets, "")?);
-                        weights.push(w);
-                    }
-                    Ok(())
+                    push_weighted(&mut j.ids, &mut weights, w, || v.bucket(buckets, ""))
                 })?;
                 if k != ws.len() {
                     bail!("row {r} has {k} tags but {} weights", ws.len());
@@ -635,11 +640,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                                 .trim()
                                 .parse()
                                 .with_context(|| format!("weight `{wt}` of tag `{k}` is not a number"))?;
-                            // Not positive: dropped, as TensorFlow's safe lookup does.
-                            if wt > 0.0 {
-                                j.ids.push(buckets.of_str(k, "")?);
-                                w.push(wt);
-                            }
+                            push_weighted(&mut j.ids, w, wt, || buckets.of_str(k, ""))?;
                         }
                         (_, w, v) => {
                             j.ids.push(v.bucket(buckets, "")?);
