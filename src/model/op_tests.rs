@@ -85,6 +85,11 @@ fn cases() -> Vec<Case> {
         case("sum over blocks", true, |g, _, x| g.sum_blocks(x[0], 3)),
         case("fm", true, |g, _, x| g.fm(x[1], 3)),
         case("row sum", true, |g, _, x| g.row_sum(x[0])),
+        case("bias", true, |g, s, x| {
+            let b = s.params.add("b", 1, 6, Init::GlorotUniform, false, s.rng);
+            let t = g.act(x[0], tanh);
+            g.bias(t, b)
+        }),
         case("dot", true, |g, _, x| {
             g.dot(&[x[0], x[1]], 2, vec![(0, 1), (0, 0), (2, 5), (3, 4), (1, 5)])
         }),
