@@ -3,7 +3,9 @@
 //! back to back) and `<name>/lens` (int64, ids per row), plus
 //! `<name>/weights` for weighted tags; per raw feature `<name>` (float,
 //! `[batch, dim]`, already normalized). The graph looks rows up with Gather,
-//! pools them per row (sum or mean, as the combiner says), lays the groups
+//! pools them per row (sum or mean, as the combiner says) by adding each
+//! looked-up row into its row's slot (ScatterND with `add`), so the work is
+//! linear in the number of ids whatever the batch size, lays the groups
 //! out like `model::GroupLayout`, and emits the model graph's ops in
 //! inference mode (batch norm with its moving averages, no dropout).
 //! Outputs per task: `logits` and `probs` (`y` for regression), both
@@ -74,9 +76,9 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         buffers: &model.buffers,
         named: HashMap::new(),
     };
-    // Per feature: the graph value of its dense input, or its pooling mask.
+    // Per feature: the graph value of its dense input, or its id segments.
     let mut dense: HashMap<usize, String> = HashMap::new();
-    let mut masks: HashMap<usize, Mask> = HashMap::new();
+    let mut segments: HashMap<usize, Segments> = HashMap::new();
     for (k, fi) in inputs.iter().enumerate() {
         match fi.kind {
             InputKind::Dense { dim } => {
@@ -91,8 +93,8 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
                 let lens =
                     b.g.input(&format!("{}/lens", fi.name), Elem::I64, std::slice::from_ref(&batch));
                 let weights = weighted.then(|| b.g.input(&format!("{}/weights", fi.name), Elem::F32, &[n]));
-                let m = b.mask(&ids, &lens, weights.as_deref());
-                masks.insert(fi.feature, m);
+                let m = b.segments(&ids, &lens, weights.as_deref());
+                segments.insert(fi.feature, m);
             }
         }
     }
@@ -110,7 +112,7 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
                         .entry(t)
                         .or_insert_with(|| b.g.f32s(Some(&variables[t]), &[spec.rows, spec.dim], tables[t]))
                         .clone();
-                    cols.push(b.pool(&masks[&p.feature], &table, p.mean));
+                    cols.push(b.pool(&segments[&p.feature], &table, spec.dim, p.mean));
                 }
             }
         }
@@ -135,12 +137,16 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
     (b.g, inputs)
 }
 
-/// A feature's ids and its row-membership matrix `[batch, num_ids]`
-/// (weights in place of ones when weighted), with the per-row weight sums.
-struct Mask {
+/// A feature's ids, the row each id belongs to (`[num_ids, 1]`, for
+/// ScatterND), its weights as a column (`[num_ids, 1]`) when weighted, and
+/// each row's weight sum (`[batch, 1]`: its id count when unweighted).
+struct Segments {
     ids: String,
-    mask: String,
+    rows: String,
+    weights: Option<String>,
     sums: String,
+    /// Zeros `[batch, 1]`.
+    zero_col: String,
 }
 
 struct Builder<'a> {
@@ -171,46 +177,71 @@ impl Builder<'_> {
         self.g.i64s(&[axes.len()], axes)
     }
 
-    fn mask(&mut self, ids: &str, lens: &str, weights: Option<&str>) -> Mask {
+    fn segments(&mut self, ids: &str, lens: &str, weights: Option<&str>) -> Segments {
         let zero = self.g.i64s(&[], &[0]);
         let one = self.g.i64s(&[], &[1]);
-        let ends = self.g.op("CumSum", &[lens, &zero]);
-        let starts = self.g.op("Sub", &[&ends, lens]);
-        // Positions 0..num_ids without a shape op: an exclusive cumsum of ones.
-        let zeros = self.g.op("Mul", &[ids, &zero]);
-        let ones = self.g.op("Add", &[&zeros, &one]);
-        let pos = self
-            .g
-            .node("CumSum", &[&ones, &zero], vec![("exclusive", Attr::Int(1))], None);
-        let ax0 = self.axes(&[0]);
         let ax1 = self.axes(&[1]);
-        let pos = self.g.op("Unsqueeze", &[&pos, &ax0]);
-        let ends = self.g.op("Unsqueeze", &[&ends, &ax1]);
-        let starts = self.g.op("Unsqueeze", &[&starts, &ax1]);
-        let before_end = self.g.op("Less", &[&pos, &ends]);
-        let before_start = self.g.op("Less", &[&pos, &starts]);
+        // One mark per row at the position where it ends (0..=num_ids); the
+        // running count of marks at an id's position is its row's index,
+        // empty rows included.
+        let ends = self.g.op("CumSum", &[lens, &zero]);
+        let zeros = self.g.op("Mul", &[ids, &zero]);
+        let tail = self.g.i64s(&[1], &[0]);
+        let marks = self
+            .g
+            .node("Concat", &[&zeros, &tail], vec![("axis", Attr::Int(0))], None);
+        let lens_zero = self.g.op("Mul", &[lens, &zero]);
+        let ones = self.g.op("Add", &[&lens_zero, &one]);
+        let marks = self.g.node(
+            "ScatterElements",
+            &[&marks, &ends, &ones],
+            vec![("axis", Attr::Int(0)), ("reduction", Attr::Str("add".into()))],
+            None,
+        );
+        let counts = self.g.op("CumSum", &[&marks, &zero]);
+        let rows = self.slice_to(&counts, 0, -1);
+        let rows = self.g.op("Unsqueeze", &[&rows, &ax1]);
         let cast = |g: &mut Graph, x: &str| g.node("Cast", &[x], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
-        let a = cast(&mut self.g, &before_end);
-        let b = cast(&mut self.g, &before_start);
-        let mut mask = self.g.op("Sub", &[&a, &b]);
-        if let Some(w) = weights {
-            let w = self.g.op("Unsqueeze", &[w, &ax0]);
-            mask = self.g.op("Mul", &[&mask, &w]);
-        }
-        let sums = self.reduce_sum(&mask, 1, true);
-        Mask {
+        let lens_f = cast(&mut self.g, lens);
+        let lens_col = self.g.op("Unsqueeze", &[&lens_f, &ax1]);
+        let zero_f = self.scalar_f32(0.0);
+        let zero_col = self.g.op("Mul", &[&lens_col, &zero_f]);
+        let weights = weights.map(|w| self.g.op("Unsqueeze", &[w, &ax1]));
+        let sums = match &weights {
+            None => lens_col,
+            Some(w) => self.scatter_add(&zero_col, &rows, w),
+        };
+        Segments {
             ids: ids.to_string(),
-            mask,
+            rows,
+            weights,
             sums,
+            zero_col,
         }
     }
 
+    /// `data` with each row of `updates` added into the row `rows` names.
+    fn scatter_add(&mut self, data: &str, rows: &str, updates: &str) -> String {
+        self.g.node(
+            "ScatterND",
+            &[data, rows, updates],
+            vec![("reduction", Attr::Str("add".into()))],
+            None,
+        )
+    }
+
     /// `[batch, dim]`: each row's rows of `table`, summed (or their weighted mean).
-    fn pool(&mut self, m: &Mask, table: &str, mean: bool) -> String {
-        let rows = self
+    fn pool(&mut self, m: &Segments, table: &str, dim: usize, mean: bool) -> String {
+        let mut looked_up = self
             .g
             .node("Gather", &[table, &m.ids], vec![("axis", Attr::Int(0))], None);
-        let pooled = self.g.op("MatMul", &[&m.mask, &rows]);
+        if let Some(w) = &m.weights {
+            looked_up = self.g.op("Mul", &[&looked_up, w]);
+        }
+        // Zeros `[batch, dim]`, shaped by the batch without a shape op.
+        let row = self.g.f32s(None, &[1, dim], &vec![0.0; dim]);
+        let zeros = self.g.op("Add", &[&m.zero_col, &row]);
+        let pooled = self.scatter_add(&zeros, &m.rows, &looked_up);
         if !mean {
             return pooled;
         }
@@ -226,6 +257,14 @@ impl Builder<'_> {
         }
         let refs: Vec<&str> = xs.iter().map(String::as_str).collect();
         self.g.node("Concat", &refs, vec![("axis", Attr::Int(axis))], None)
+    }
+
+    /// `x[..end]` along `axis` (`end` counts from the back when negative).
+    fn slice_to(&mut self, x: &str, axis: i64, end: i64) -> String {
+        let starts = self.g.i64s(&[1], &[0]);
+        let ends = self.g.i64s(&[1], &[end]);
+        let axes = self.axes(&[axis]);
+        self.g.op("Slice", &[x, &starts, &ends, &axes])
     }
 
     fn reshape(&mut self, x: &str, shape: &[i64]) -> String {

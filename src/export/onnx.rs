@@ -20,7 +20,8 @@ use proto::{
 };
 
 /// The operator set the graphs use (ReduceSum takes its axes as an input).
-pub const OPSET: i64 = 13;
+/// 16: the first with ScatterND's and ScatterElements' `reduction`.
+pub const OPSET: i64 = 16;
 const IR_VERSION: i64 = 7;
 
 /// One dimension of a graph input or output.
@@ -48,6 +49,7 @@ impl Elem {
 pub enum Attr {
     Int(i64),
     Ints(Vec<i64>),
+    Str(String),
 }
 
 /// A graph under construction: nodes in topological order (every node is
@@ -109,6 +111,10 @@ impl Graph {
                     Attr::Ints(v) => {
                         p.r#type = AttributeType::Ints as i32;
                         p.ints = v;
+                    }
+                    Attr::Str(v) => {
+                        p.r#type = AttributeType::String as i32;
+                        p.s = v.into_bytes();
                     }
                 }
                 p
