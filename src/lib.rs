@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod predict;
+pub mod serve;
 pub mod summary;
 pub mod train;
 pub mod util;

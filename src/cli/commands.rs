@@ -8,7 +8,9 @@ use anyhow::Context;
 
 use clap::Parser;
 
-use super::{parse_with_extend_args, EvalArgs, ExportArgs, InspectArgs, PredictArgs, TrainEvalArgs, UserError};
+use super::{
+    parse_with_extend_args, EvalArgs, ExportArgs, InspectArgs, PredictArgs, ServeArgs, TrainEvalArgs, UserError,
+};
 use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
 use crate::dist::{self, Communicator};
@@ -322,6 +324,37 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
     let rows = crate::predict::predict(&scorer, &job)?;
     log::info!("wrote {rows} predictions to {}", args.output_path.display());
     Ok(())
+}
+
+pub fn serve(args: Vec<OsString>) -> anyhow::Result<()> {
+    use crate::serve::{batcher::Batching, ServeOptions};
+    let args = ServeArgs::try_parse_from(args)?;
+    if !(args.file_system_poll_wait_seconds >= 0.0 && args.file_system_poll_wait_seconds.is_finite()) {
+        return Err(UserError("--file_system_poll_wait_seconds must be a number of seconds, 0 or more".into()).into());
+    }
+    if args.enable_batching && args.max_batch_size == 0 {
+        return Err(UserError("--max_batch_size must be at least 1 with --enable_batching".into()).into());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let opts = ServeOptions {
+        model_dir: args.model_dir.clone(),
+        model_name: args.model_name.clone(),
+        addr: std::net::SocketAddr::new(args.host, args.port),
+        batching: Batching {
+            max_batch_size: if args.enable_batching { args.max_batch_size } else { 0 },
+            timeout: std::time::Duration::from_micros(args.batch_timeout_micros),
+            threads: args.num_batch_threads.unwrap_or(cores).max(1),
+        },
+        poll: std::time::Duration::from_secs_f64(args.file_system_poll_wait_seconds),
+        max_request_bytes: args.max_request_bytes,
+    };
+    crate::serve::run(opts, |addr| {
+        use std::io::Write;
+        // One line on stdout for scripts (and tests) that asked for port 0.
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {addr}");
+        let _ = out.flush();
+    })
 }
 
 pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {

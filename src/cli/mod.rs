@@ -143,6 +143,46 @@ pub struct PredictArgs {
 
 #[derive(Debug, Parser)]
 #[command(
+    name = "serve",
+    rename_all = "snake_case",
+    about = "Answer scoring requests over HTTP (TF Serving REST, KServe v2) with the newest export"
+)]
+pub struct ServeArgs {
+    /// A directory of <version>/ exports (export_dir; the newest is served and
+    /// newer ones are swapped in as they appear), or one export directory.
+    #[arg(long, alias = "model_base_path", value_name = "DIR")]
+    pub model_dir: PathBuf,
+    /// The name in request paths (/v1/models/NAME:predict).
+    #[arg(long, default_value = "model", value_name = "NAME")]
+    pub model_name: String,
+    /// The HTTP port (0: any free port, printed when listening).
+    #[arg(long, alias = "rest_api_port", default_value_t = 8501, value_name = "PORT")]
+    pub port: u16,
+    /// The address to listen on.
+    #[arg(long, default_value = "0.0.0.0", value_name = "IP")]
+    pub host: std::net::IpAddr,
+    /// Merge concurrent requests into one model run.
+    #[arg(long)]
+    pub enable_batching: bool,
+    /// With batching: the most rows merged into one run.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_batch_size: usize,
+    /// With batching: how long the first request of a batch waits for others.
+    #[arg(long, default_value_t = 1000, value_name = "US")]
+    pub batch_timeout_micros: u64,
+    /// Threads that run the model (default: the number of cores).
+    #[arg(long, value_name = "N")]
+    pub num_batch_threads: Option<usize>,
+    /// Seconds between checks for a new version (0: never reload).
+    #[arg(long, default_value_t = 1.0, value_name = "S")]
+    pub file_system_poll_wait_seconds: f64,
+    /// Request bodies larger than this are refused (413).
+    #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
+    pub max_request_bytes: usize,
+}
+
+#[derive(Debug, Parser)]
+#[command(
     name = "inspect_checkpoint",
     rename_all = "snake_case",
     about = "List a checkpoint's variables and shapes"
@@ -230,6 +270,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             || e.is::<crate::train::step::Diverged>()
             || e.is::<crate::features::EncodeError>()
             || e.is::<crate::dist::Disagreement>()
+            || e.is::<crate::serve::ServeError>()
             || e.is::<std::io::Error>()
     });
     if users_fault {

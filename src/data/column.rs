@@ -1,5 +1,7 @@
 //! Column-major raw input: what a reader hands to feature encoding.
 
+use crate::config::model_plan::ColumnType;
+
 /// Strings stored back to back with offsets, like Arrow's Utf8 array.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StrColumn {
@@ -70,6 +72,30 @@ impl Column {
         }
     }
 
+    /// An empty scalar column that holds values of `ty`.
+    pub fn of_type(ty: ColumnType, capacity: usize) -> Column {
+        match ty {
+            ColumnType::Float => Column::Float(Vec::with_capacity(capacity)),
+            ColumnType::Int | ColumnType::Bool => Column::Int(Vec::with_capacity(capacity)),
+            ColumnType::Str => Column::Str(StrColumn::new()),
+        }
+    }
+
+    /// Appends one value given as text, as a CSV cell holds it (an empty
+    /// text is 0 for numbers); false when the text is not a value of `ty`.
+    /// Nulls must already be replaced by the field's default.
+    pub fn push_text(&mut self, v: &str, ty: ColumnType) -> bool {
+        match self {
+            Column::Float(d) => parse_f64(v).map(|x| d.push(x)).is_some(),
+            Column::Int(d) => parse_i64(v, ty).map(|x| d.push(x)).is_some(),
+            Column::Str(d) => {
+                d.push(v);
+                true
+            }
+            Column::List { .. } => false,
+        }
+    }
+
     /// An empty column of the same type.
     pub fn empty_like(&self) -> Column {
         match self {
@@ -116,6 +142,30 @@ impl Column {
             ),
         }
     }
+}
+
+fn parse_f64(v: &str) -> Option<f64> {
+    if v.is_empty() {
+        return Some(0.0);
+    }
+    v.trim().parse().ok()
+}
+
+fn parse_i64(v: &str, ty: ColumnType) -> Option<i64> {
+    if v.is_empty() {
+        return Some(0);
+    }
+    let v = v.trim();
+    if ty == ColumnType::Bool {
+        return match v {
+            "true" | "True" | "1" => Some(1),
+            "false" | "False" | "0" => Some(0),
+            _ => None,
+        };
+    }
+    v.parse()
+        .ok()
+        .or_else(|| v.parse::<f64>().ok().filter(|f| f.fract() == 0.0).map(|f| f as i64))
 }
 
 /// Rows of the projected columns, in projection order.

@@ -5,9 +5,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Cursor};
 use std::path::{Path, PathBuf};
 
-use super::column::{Column, RawBatch, StrColumn};
+use super::column::{Column, RawBatch};
 use super::{DataError, Projection};
-use crate::config::model_plan::ColumnType;
 
 /// Lines of CSV text: a file's, or text in memory.
 type Lines = Box<dyn Iterator<Item = std::io::Result<String>> + Send>;
@@ -145,11 +144,7 @@ impl Iterator for CsvChunks {
             .projection
             .columns
             .iter()
-            .map(|c| match c.ty {
-                ColumnType::Float => Column::Float(Vec::with_capacity(self.chunk_rows)),
-                ColumnType::Int | ColumnType::Bool => Column::Int(Vec::with_capacity(self.chunk_rows)),
-                ColumnType::Str => Column::Str(StrColumn::new()),
-            })
+            .map(|c| Column::of_type(c.ty, self.chunk_rows))
             .collect();
         let mut rows = 0;
         while rows < self.chunk_rows {
@@ -184,28 +179,7 @@ impl Iterator for CsvChunks {
                     ));
                 }
                 let v = if raw.is_empty() { spec.default_val.as_str() } else { raw };
-                let ok = match col {
-                    Column::Float(d) => match parse_f64(v) {
-                        Some(x) => {
-                            d.push(x);
-                            true
-                        }
-                        None => false,
-                    },
-                    Column::Int(d) => match parse_i64(v, spec.ty) {
-                        Some(x) => {
-                            d.push(x);
-                            true
-                        }
-                        None => false,
-                    },
-                    Column::Str(d) => {
-                        d.push(v);
-                        true
-                    }
-                    Column::List { .. } => unreachable!("CSV columns are scalar"),
-                };
-                if !ok {
+                if !col.push_text(v, spec.ty) {
                     let what = format!("`{v}` is not a valid {:?} value", spec.ty);
                     return Some(Err(self.parse_error(&spec.name, what)));
                 }
@@ -217,28 +191,4 @@ impl Iterator for CsvChunks {
             columns,
         }))
     }
-}
-
-fn parse_f64(v: &str) -> Option<f64> {
-    if v.is_empty() {
-        return Some(0.0);
-    }
-    v.trim().parse().ok()
-}
-
-fn parse_i64(v: &str, ty: ColumnType) -> Option<i64> {
-    if v.is_empty() {
-        return Some(0);
-    }
-    let v = v.trim();
-    if ty == ColumnType::Bool {
-        return match v {
-            "true" | "True" | "1" => Some(1),
-            "false" | "False" | "0" => Some(0),
-            _ => None,
-        };
-    }
-    v.parse()
-        .ok()
-        .or_else(|| v.parse::<f64>().ok().filter(|f| f.fract() == 0.0).map(|f| f as i64))
 }

@@ -11,6 +11,7 @@ use tract_onnx::prelude::*;
 use super::{list_exports, MODEL_FILE};
 use crate::config::typed::TrainingPlan;
 use crate::config::{load_pipeline, Overrides};
+use crate::data::RawBatch;
 use crate::features::{Batch, Encoded, Encoder, Jagged};
 use crate::model::TaskScores;
 
@@ -197,6 +198,12 @@ impl ExportedModel {
     /// per row one string, the input fields of `packed.fields` joined by
     /// `packed.separator`. Refused for an export with one input per feature.
     pub fn score_packed(&self, rows: &[&str]) -> anyhow::Result<Vec<TaskScores>> {
+        let raw = self.unpack(rows)?;
+        self.score(&self.enc.encode(&raw)?)
+    }
+
+    /// The input columns of packed rows (see `score_packed`).
+    pub fn unpack(&self, rows: &[&str]) -> anyhow::Result<RawBatch> {
         let Some(p) = &self.packed else {
             bail!(
                 "{} takes one input per feature (export_config.multi_placeholder is true), not packed rows",
@@ -226,7 +233,7 @@ impl ExportedModel {
                 raw.num_rows
             );
         }
-        self.score(&self.enc.encode(&raw)?)
+        Ok(raw)
     }
 
     /// Each task's scores of an encoded batch (in `plan.tasks` order):

@@ -1,4 +1,6 @@
 #![allow(dead_code)]
+pub mod models;
+
 use std::path::PathBuf;
 
 /// The shared folder beside the repository (sample configs, real data);

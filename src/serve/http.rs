@@ -1,0 +1,392 @@
+//! The HTTP routes: TF Serving's REST API (`/v1/models/...`), KServe's v2
+//! protocol (`/v2/...`) and `/metrics`. Every answer is JSON; every refusal
+//! is `{"error": "..."}` with a 4xx code (a 5xx one only for our own
+//! failures), and no request body can stop the server.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::{json, Map, Value};
+use tokio::sync::oneshot;
+
+use super::batcher::{Job, Scheduler, ScoreError};
+use super::metrics::Metrics;
+use super::request::{self, BadRequest, Form};
+use super::{Registry, Served};
+use crate::config::model_plan::ColumnType;
+use crate::data::RawBatch;
+use crate::model::TaskScores;
+
+pub struct App {
+    pub name: String,
+    pub registry: Arc<Registry>,
+    pub scheduler: Scheduler,
+    pub metrics: Arc<Metrics>,
+}
+
+type Shared = State<Arc<App>>;
+
+pub fn router(app: Arc<App>, max_request_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/models/{*rest}", get(v1_get).post(v1_post))
+        .route("/v2", get(v2_server))
+        .route("/v2/health/live", get(health))
+        .route("/v2/health/ready", get(health))
+        .route("/v2/models/{*rest}", get(v2_get).post(v2_post))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_request_bytes))
+        .with_state(app)
+}
+
+/// A refusal: its status code and message.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+impl From<BadRequest> for ApiError {
+    fn from(e: BadRequest) -> Self {
+        ApiError(StatusCode::BAD_REQUEST, e.0)
+    }
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+impl App {
+    /// Answers and counts one request.
+    fn finish(&self, endpoint: &str, start: Instant, result: Result<Value, ApiError>) -> Response {
+        let (code, body) = match result {
+            Ok(v) => (StatusCode::OK, v),
+            Err(ApiError(code, msg)) => {
+                if code.is_server_error() {
+                    log::error!("{endpoint}: {msg}");
+                }
+                (code, json!({ "error": msg }))
+            }
+        };
+        self.metrics.request(endpoint, code.as_u16(), start.elapsed());
+        json_response(code, &body)
+    }
+
+    /// The served version, if it is the one asked for (any when `None`).
+    fn model(&self, name: &str, version: Option<&str>) -> Result<Arc<Served>, ApiError> {
+        if name != self.name {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("model `{name}` is not served here (this server serves `{}`)", self.name),
+            ));
+        }
+        let served = self.registry.current();
+        match version {
+            Some(v) if v != served.version.to_string() => Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "version {v} of `{name}` is not available: version {} is served",
+                    served.version
+                ),
+            )),
+            _ => Ok(served),
+        }
+    }
+
+    async fn score(&self, model: Arc<Served>, raw: RawBatch) -> Result<Vec<TaskScores>, ApiError> {
+        let (reply, rx) = oneshot::channel();
+        self.scheduler.submit(Job { model, raw, reply });
+        match rx.await {
+            Ok(Ok(scores)) => Ok(scores),
+            Ok(Err(ScoreError::Input(msg))) => Err(ApiError(StatusCode::BAD_REQUEST, msg)),
+            Ok(Err(ScoreError::Internal(msg))) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, msg)),
+            Err(_) => Err(ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the scoring thread dropped the request (a bug in rustrec)".into(),
+            )),
+        }
+    }
+}
+
+/// The body as JSON, or the refusal: too large (413), unreadable, not JSON.
+fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let body = body.map_err(|r| ApiError(r.status(), r.body_text()))?;
+    serde_json::from_slice(&body).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not valid JSON: {e}"),
+        )
+    })
+}
+
+/// `name`, `name/versions/v` (with an optional suffix after it, such as
+/// `metadata` or `ready`): the name, the version and the suffix.
+fn model_path(rest: &str) -> Option<(&str, Option<&str>, Option<&str>)> {
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts[..] {
+        [name] if !name.is_empty() => Some((name, None, None)),
+        [name, "versions", v] => Some((name, Some(v), None)),
+        [name, suffix] => Some((name, None, Some(suffix))),
+        [name, "versions", v, suffix] => Some((name, Some(v), Some(suffix))),
+        _ => None,
+    }
+}
+
+fn unknown_path(path: &str) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("no such endpoint: {path}"))
+}
+
+/// Output names in the graph's order: per task its logits, then its scores.
+fn output_names(served: &Served) -> Vec<String> {
+    served
+        .model
+        .plan
+        .tasks
+        .iter()
+        .flat_map(|t| [t.output(), t.score_name()])
+        .collect()
+}
+
+fn output_columns(scores: &[TaskScores]) -> Vec<&[f32]> {
+    scores.iter().flat_map(|s| [&s.logits[..], &s.scores[..]]).collect()
+}
+
+// ---- TF Serving REST -----------------------------------------------------
+
+async fn v1_get(State(app): Shared, Path(rest): Path<String>) -> Response {
+    let start = Instant::now();
+    let (endpoint, result) = match model_path(&rest) {
+        Some((name, version, None)) => ("status", app.model(name, version).map(|s| tf_status(&s))),
+        Some((name, version, Some("metadata"))) => {
+            ("metadata", app.model(name, version).map(|s| tf_metadata(&app, &s)))
+        }
+        _ => ("other", Err(unknown_path(&format!("GET /v1/models/{rest}")))),
+    };
+    app.finish(endpoint, start, result)
+}
+
+async fn v1_post(State(app): Shared, Path(rest): Path<String>, body: Result<Bytes, BytesRejection>) -> Response {
+    let start = Instant::now();
+    let Some((target, method)) = rest.rsplit_once(':') else {
+        return app.finish("other", start, Err(unknown_path(&format!("POST /v1/models/{rest}"))));
+    };
+    let result = match (model_path(target), method) {
+        (Some((name, version, None)), "predict") => tf_predict(&app, name, version, body).await,
+        (Some(_), "classify" | "regress") => Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(":{method} takes tf.Example protos, which this server does not read: use :predict"),
+        )),
+        _ => Err(unknown_path(&format!("POST /v1/models/{rest}"))),
+    };
+    app.finish("predict", start, result)
+}
+
+async fn tf_predict(
+    app: &App,
+    name: &str,
+    version: Option<&str>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Value, ApiError> {
+    let served = app.model(name, version)?;
+    let body = parse_body(body)?;
+    let (raw, form) = request::tf_serving(&body, &served.model)?;
+    let rows = raw.num_rows;
+    let scores = app.score(served.clone(), raw).await?;
+    let names = output_names(&served);
+    let cols = output_columns(&scores);
+    Ok(match form {
+        Form::Rows => {
+            let predictions: Vec<Value> = (0..rows)
+                .map(|r| Value::Object(names.iter().zip(&cols).map(|(n, c)| (n.clone(), json!(c[r]))).collect()))
+                .collect();
+            json!({ "predictions": predictions })
+        }
+        Form::Columns => {
+            let outputs: Map<String, Value> = names.iter().zip(&cols).map(|(n, c)| (n.clone(), json!(c))).collect();
+            json!({ "outputs": outputs })
+        }
+    })
+}
+
+fn tf_status(served: &Served) -> Value {
+    json!({
+        "model_version_status": [{
+            "version": served.version.to_string(),
+            "state": "AVAILABLE",
+            "status": { "error_code": "OK", "error_message": "" }
+        }]
+    })
+}
+
+fn tf_dtype(ty: ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Int => "DT_INT64",
+        ColumnType::Float => "DT_DOUBLE",
+        ColumnType::Str => "DT_STRING",
+        ColumnType::Bool => "DT_BOOL",
+    }
+}
+
+fn tf_tensor(name: &str, dtype: &str) -> Value {
+    json!({
+        "dtype": dtype,
+        "tensor_shape": { "dim": [{ "size": "-1", "name": "" }], "unknown_rank": false },
+        "name": format!("{name}:0")
+    })
+}
+
+fn tf_metadata(app: &App, served: &Served) -> Value {
+    let inputs: Map<String, Value> = request::input_names(&served.model)
+        .into_iter()
+        .map(|(n, ty)| {
+            let t = tf_tensor(&n, tf_dtype(ty));
+            (n, t)
+        })
+        .collect();
+    let outputs: Map<String, Value> = output_names(served)
+        .into_iter()
+        .map(|n| {
+            let t = tf_tensor(&n, "DT_FLOAT");
+            (n, t)
+        })
+        .collect();
+    json!({
+        "model_spec": { "name": app.name, "signature_name": "", "version": served.version.to_string() },
+        "metadata": { "signature_def": { "signature_def": { "serving_default": {
+            "inputs": inputs,
+            "outputs": outputs,
+            "method_name": "tensorflow/serving/predict"
+        }}}}
+    })
+}
+
+// ---- KServe v2 -----------------------------------------------------------
+
+async fn health(State(app): Shared) -> Response {
+    app.finish("health", Instant::now(), Ok(json!({})))
+}
+
+async fn v2_server(State(app): Shared) -> Response {
+    let body = json!({ "name": "rustrec", "version": env!("CARGO_PKG_VERSION"), "extensions": [] });
+    app.finish("metadata", Instant::now(), Ok(body))
+}
+
+async fn v2_get(State(app): Shared, Path(rest): Path<String>) -> Response {
+    let start = Instant::now();
+    let (endpoint, result) = match model_path(&rest) {
+        Some((name, version, None)) => ("metadata", app.model(name, version).map(|s| v2_metadata(&app, &s))),
+        Some((name, version, Some("ready"))) => ("health", app.model(name, version).map(|_| json!({}))),
+        _ => ("other", Err(unknown_path(&format!("GET /v2/models/{rest}")))),
+    };
+    app.finish(endpoint, start, result)
+}
+
+async fn v2_post(State(app): Shared, Path(rest): Path<String>, body: Result<Bytes, BytesRejection>) -> Response {
+    let start = Instant::now();
+    let result = match model_path(&rest) {
+        Some((name, version, Some("infer"))) => v2_infer(&app, name, version, body).await,
+        _ => Err(unknown_path(&format!("POST /v2/models/{rest}"))),
+    };
+    app.finish("infer", start, result)
+}
+
+async fn v2_infer(
+    app: &App,
+    name: &str,
+    version: Option<&str>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Value, ApiError> {
+    let served = app.model(name, version)?;
+    let body = parse_body(body)?;
+    if !body.is_object() {
+        return Err(BadRequest("the request body must be a JSON object".into()).into());
+    }
+    let names = output_names(&served);
+    // The outputs asked for, by name; all when the request names none.
+    let wanted: Vec<String> = match body.get("outputs") {
+        None | Some(Value::Null) => names.clone(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|o| match o.get("name").and_then(Value::as_str) {
+                Some(n) if names.iter().any(|m| m == n) => Ok(n.to_string()),
+                Some(n) => Err(BadRequest(format!(
+                    "output `{n}` is not an output of this model ({})",
+                    names.join(", ")
+                ))),
+                None => Err(BadRequest("each of `outputs` needs a `name` string".into())),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(BadRequest("`outputs` must be a list of {\"name\": ...} objects".into()).into()),
+    };
+    let raw = request::kserve_v2(&body, &served.model)?;
+    let rows = raw.num_rows;
+    let scores = app.score(served.clone(), raw).await?;
+    let cols = output_columns(&scores);
+    let outputs: Vec<Value> = wanted
+        .iter()
+        .map(|w| {
+            let i = names.iter().position(|n| n == w).expect("checked above");
+            json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": cols[i] })
+        })
+        .collect();
+    let mut answer = json!({
+        "model_name": app.name,
+        "model_version": served.version.to_string(),
+        "outputs": outputs
+    });
+    if let Some(id) = body.get("id") {
+        answer["id"] = id.clone();
+    }
+    Ok(answer)
+}
+
+fn v2_datatype(ty: ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Int => "INT64",
+        ColumnType::Float => "FP64",
+        ColumnType::Str => "BYTES",
+        ColumnType::Bool => "BOOL",
+    }
+}
+
+fn v2_metadata(app: &App, served: &Served) -> Value {
+    let inputs: Vec<Value> = request::input_names(&served.model)
+        .into_iter()
+        .map(|(n, ty)| json!({ "name": n, "datatype": v2_datatype(ty), "shape": [-1] }))
+        .collect();
+    let outputs: Vec<Value> = output_names(served)
+        .into_iter()
+        .map(|n| json!({ "name": n, "datatype": "FP32", "shape": [-1] }))
+        .collect();
+    json!({
+        "name": app.name,
+        "versions": [served.version.to_string()],
+        "platform": "onnx",
+        "inputs": inputs,
+        "outputs": outputs
+    })
+}
+
+// ---- the rest ------------------------------------------------------------
+
+async fn metrics(State(app): Shared) -> Response {
+    let text = app.metrics.text();
+    app.metrics.request("metrics", 200, std::time::Duration::ZERO);
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn not_found(State(app): Shared, uri: axum::http::Uri) -> Response {
+    app.finish("other", Instant::now(), Err(unknown_path(uri.path())))
+}

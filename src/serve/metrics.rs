@@ -1,0 +1,120 @@
+//! The server's Prometheus metrics (`GET /metrics`, OpenMetrics text).
+
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    /// `predict`, `infer`, `status`, `metadata`, `health`, `metrics`, `other`.
+    endpoint: String,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    rows: Counter,
+    batch_rows: Histogram,
+    version: Gauge<i64, AtomicI64>,
+    reload_failures: Counter,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 us to about 1.6 s.
+    Histogram::new(exponential_buckets(5e-5, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("rustrec_serve");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "HTTP requests answered, by endpoint and status code",
+            requests.clone(),
+        );
+        let latency = Family::<EndpointLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to its answer",
+            latency.clone(),
+        );
+        let rows = Counter::default();
+        registry.register("rows_scored", "Rows scored by the model", rows.clone());
+        let batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        registry.register(
+            "batch_rows",
+            "Rows per model run (requests merged when batching is on)",
+            batch_rows.clone(),
+        );
+        let version = Gauge::<i64, AtomicI64>::default();
+        registry.register("model_version", "The version being served", version.clone());
+        let reload_failures = Counter::default();
+        registry.register(
+            "model_load_failures",
+            "New versions that failed to load and were not swapped in",
+            reload_failures.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            rows,
+            batch_rows,
+            version,
+            reload_failures,
+        }
+    }
+
+    pub fn request(&self, endpoint: &str, code: u16, took: Duration) {
+        let endpoint = endpoint.to_string();
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: endpoint.clone(),
+                code,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn batch(&self, rows: usize) {
+        self.rows.inc_by(rows as u64);
+        self.batch_rows.observe(rows as f64);
+    }
+
+    pub fn serving(&self, version: u64) {
+        self.version.set(version as i64);
+    }
+
+    pub fn load_failed(&self) {
+        self.reload_failures.inc();
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String does not fail");
+        out
+    }
+}

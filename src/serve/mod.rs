@@ -1,0 +1,196 @@
+//! `serve`: answers scoring requests over HTTP with the newest export under
+//! a model directory (the `<unix seconds>/` folders `export` writes), in
+//! TF Serving's REST API and KServe's v2 protocol, with Prometheus metrics.
+//! Raw feature values are decoded into input columns (`request`) and
+//! encoded by the encoder that trained the model; the exported ONNX graph
+//! scores them on scoring threads (`batcher`). A watcher loads new versions
+//! in the background and swaps them in; a version that fails to load is
+//! logged and the old one keeps serving.
+
+pub mod batcher;
+pub mod http;
+pub mod metrics;
+pub mod request;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::export::runtime::ExportedModel;
+
+/// What stops the server before it serves: the user's to fix (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot load a model from {dir}: {message}")]
+    Load { dir: PathBuf, message: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+/// One loaded version.
+pub struct Served {
+    pub version: u64,
+    pub model: ExportedModel,
+}
+
+impl Served {
+    /// Loads the export at `dir`; its version is its folder's name (an
+    /// export folder named otherwise is version 1).
+    pub fn load(dir: &Path) -> anyhow::Result<Served> {
+        let model = ExportedModel::load(dir)?;
+        let version = version_of(&model.dir).unwrap_or(1);
+        Ok(Served { version, model })
+    }
+}
+
+fn version_of(dir: &Path) -> Option<u64> {
+    dir.file_name()?.to_str()?.parse().ok()
+}
+
+/// The version being served, swapped whole when a new one is loaded:
+/// requests hold the `Arc` they started with until they are answered.
+pub struct Registry {
+    current: RwLock<Arc<Served>>,
+}
+
+impl Registry {
+    pub fn new(first: Served) -> Self {
+        Registry {
+            current: RwLock::new(Arc::new(first)),
+        }
+    }
+
+    pub fn current(&self) -> Arc<Served> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn swap(&self, next: Served) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// A directory of `<version>/` exports, or one export directory.
+    pub model_dir: PathBuf,
+    pub model_name: String,
+    pub addr: SocketAddr,
+    pub batching: batcher::Batching,
+    /// How often the model directory is checked for a new version; zero
+    /// turns reloading off.
+    pub poll: Duration,
+    pub max_request_bytes: usize,
+}
+
+/// Loads the newest version, starts the watcher and the scoring threads and
+/// serves until SIGINT or SIGTERM. `bound` is told the listening address.
+pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
+    let first = Served::load(&opts.model_dir).map_err(|e| ServeError::Load {
+        dir: opts.model_dir.clone(),
+        message: format!("{e:#}"),
+    })?;
+    log::info!(
+        "loaded `{}` version {} from {}",
+        opts.model_name,
+        first.version,
+        first.model.dir.display()
+    );
+    let metrics = Arc::new(metrics::Metrics::new());
+    metrics.serving(first.version);
+    let versioned = first.model.dir != opts.model_dir;
+    let registry = Arc::new(Registry::new(first));
+    if versioned && !opts.poll.is_zero() {
+        let (reg, m, root, poll) = (registry.clone(), metrics.clone(), opts.model_dir.clone(), opts.poll);
+        std::thread::Builder::new()
+            .name("reload".into())
+            .spawn(move || watch(&root, &reg, &m, poll))
+            .context("cannot start the reload thread")?;
+    }
+    let scheduler = batcher::Scheduler::start(opts.batching.clone(), metrics.clone());
+    let app = Arc::new(http::App {
+        name: opts.model_name.clone(),
+        registry,
+        scheduler,
+        metrics,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(opts.addr)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: opts.addr,
+                source,
+            })?;
+        let local = listener.local_addr()?;
+        log::info!("serving `{}` on http://{local}", opts.model_name);
+        bound(local);
+        axum::serve(listener, http::router(app, opts.max_request_bytes))
+            .with_graceful_shutdown(shutdown())
+            .await
+            .context("the HTTP server failed")
+    })
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    log::info!("shutting down: answering the requests in flight");
+}
+
+/// Checks `root` every `poll` for a version newer than the one served and
+/// swaps it in once loaded. A version that fails to load is logged once and
+/// skipped; the served one stays.
+fn watch(root: &Path, registry: &Registry, metrics: &metrics::Metrics, poll: Duration) {
+    let mut failed: Vec<PathBuf> = Vec::new();
+    loop {
+        std::thread::sleep(poll);
+        let newest = match crate::export::list_exports(root) {
+            Ok(mut all) => all.pop(),
+            Err(e) => {
+                log::warn!("cannot list versions under {}: {e:#}", root.display());
+                continue;
+            }
+        };
+        let Some(newest) = newest else { continue };
+        let Some(version) = version_of(&newest) else { continue };
+        if version <= registry.current().version || failed.contains(&newest) {
+            continue;
+        }
+        match Served::load(&newest) {
+            Ok(next) => {
+                log::info!("serving version {version} from {}", newest.display());
+                metrics.serving(version);
+                registry.swap(next);
+            }
+            Err(e) => {
+                log::error!(
+                    "version {version} ({}) failed to load and is not served; version {} stays: {e:#}",
+                    newest.display(),
+                    registry.current().version
+                );
+                metrics.load_failed();
+                failed.push(newest);
+            }
+        }
+    }
+}

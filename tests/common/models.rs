@@ -1,0 +1,168 @@
+//! Small models over every feature kind, on generated rows: shared by the
+//! export and serving tests.
+
+use std::path::{Path, PathBuf};
+
+use rustrec::util::Rng;
+
+/// Every feature kind the graph has to reproduce: raw values, bucketized
+/// values, hashed and identity ids, mean-combined tags, weighted tags and a
+/// combo. c1's wide and deep tables (70000 x 4 floats) exceed the external
+/// data threshold.
+pub const COMMON: &str = r#"
+train_input_path: "DATA"
+eval_input_path: "DATA"
+model_dir: "MODEL_DIR"
+train_config {
+  optimizer_config { adagrad_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.1 } } } }
+  optimizer_config { adam_optimizer { learning_rate { constant_learning_rate { learning_rate: 0.01 } } } }
+  num_steps: 30
+  save_checkpoints_steps: 10
+}
+eval_config { eval_interval_secs: 0 metrics_set { auc {} } }
+data_config {
+  input_type: CSVInput
+  batch_size: 32
+  input_fields { input_name: "label" input_type: INT32 }
+  input_fields { input_name: "d1" input_type: DOUBLE }
+  input_fields { input_name: "d2" input_type: DOUBLE }
+  input_fields { input_name: "c1" input_type: STRING }
+  input_fields { input_name: "c2" input_type: STRING }
+  input_fields { input_name: "c3" input_type: STRING }
+  input_fields { input_name: "c4" input_type: STRING }
+  input_fields { input_name: "label2" input_type: INT32 }
+  label_fields: ["label", "label2"]
+}
+feature_configs { input_names: "d1" feature_type: RawFeature min_val: -3 max_val: 3 }
+feature_configs { input_names: "d2" feature_type: RawFeature boundaries: [0.25, 0.5, 0.75] embedding_dim: 4 }
+feature_configs { input_names: "c1" feature_type: IdFeature hash_bucket_size: 70000 embedding_dim: 4 }
+feature_configs { input_names: "c2" feature_type: IdFeature num_buckets: 10 embedding_dim: 4 }
+feature_configs { input_names: "c3" feature_type: TagFeature separator: "|" hash_bucket_size: 30 embedding_dim: 4 combiner: "mean" }
+feature_configs { input_names: "c4" feature_type: TagFeature separator: "|" kv_separator: ":" hash_bucket_size: 20 embedding_dim: 4 }
+feature_configs { feature_name: "c1_x_c2" input_names: ["c1", "c2"] feature_type: ComboFeature hash_bucket_size: 50 embedding_dim: 4 }
+"#;
+
+pub const MODELS: &[(&str, &str)] = &[
+    (
+        "WideAndDeep",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "c4", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4", "c1_x_c2"] wide_deep: DEEP }
+  wide_and_deep { dnn { hidden_units: [8, 4] use_bn: true } } }"#,
+    ),
+    (
+        "WideAndDeep+final_dnn",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "c1", "c3"] wide_deep: DEEP }
+  wide_and_deep { wide_output_dim: 4 dnn { hidden_units: [8] } final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "DLRM",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1"] }
+  feature_groups { group_name: "sparse" feature_names: ["d2", "c1", "c2", "c3", "c4", "c1_x_c2"] }
+  dlrm { bot_dnn { hidden_units: [8, 4] } top_dnn { hidden_units: [8] } arch_with_dense_feature: true } }"#,
+    ),
+    (
+        "DLRM+cat",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [4] } top_dnn { hidden_units: [8] } arch_interaction_op: "cat" } }"#,
+    ),
+    (
+        "DeepFM",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "c1", "c2", "c3", "c4", "d2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } } }"#,
+    ),
+    (
+        "DeepFM+final_dnn",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3"] wide_deep: DEEP }
+  deepfm { wide_output_dim: 2 dnn { hidden_units: [8] } final_dnn { hidden_units: [4] use_bn: true } } }"#,
+    ),
+    (
+        "FM",
+        r#"model_config { model_class: "FM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3"] wide_deep: DEEP }
+  fm { } }"#,
+    ),
+    (
+        "DCN",
+        r#"model_config { model_class: "DCN"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
+  dcn { deep_tower { input: "all" dnn { hidden_units: [8] } }
+        cross_tower { input: "all" cross_num: 2 }
+        final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "MultiTower",
+        r#"model_config { model_class: "MultiTower"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c4"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "c3", "d2"] }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] use_bn: true } }
+                towers { input: "item" dnn { hidden_units: [4] activation: "tanh" } }
+                final_dnn { hidden_units: [4] } } }"#,
+    ),
+    (
+        "MMoE",
+        r#"model_config { model_class: "MMoE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4", "c1_x_c2"] }
+  mmoe { expert_dnn { hidden_units: [8, 4] } num_expert: 3
+         task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+         task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
+        "DBMTL",
+        r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
+  dbmtl { bottom_dnn { hidden_units: [8] } expert_dnn { hidden_units: [6] } num_expert: 2
+          task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
+          task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
+    ),
+];
+
+pub fn write_data(path: &Path, rows: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut s = String::new();
+    for _ in 0..rows {
+        let c1 = rng.below(40);
+        let c2 = rng.below(10);
+        let d1 = rng.normal();
+        let label = (c1.is_multiple_of(3) as u8 as f64 * 0.6 + 0.2 + 0.1 * d1 > rng.uniform()) as u8;
+        let tags = (0..rng.below(3))
+            .map(|_| format!("t{}", rng.below(8)))
+            .collect::<Vec<_>>()
+            .join("|");
+        let weighted = (0..=rng.below(3))
+            .map(|_| format!("w{}:{:.2}", rng.below(6), rng.uniform() * 2.0))
+            .collect::<Vec<_>>()
+            .join("|");
+        let label2 = (label == 1 && c2 < 5) as u8;
+        s.push_str(&format!(
+            "{label},{d1:.4},{:.4},u{c1},{c2},{tags},{weighted},{label2}\n",
+            rng.uniform()
+        ));
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+/// Writes data and a config for `model` under `dir`; returns the config path.
+pub fn setup(dir: &Path, model: &str, extra: &str) -> PathBuf {
+    let data = dir.join("data.csv");
+    write_data(&data, 300, 5);
+    let block = MODELS.iter().find(|(m, _)| *m == model).unwrap().1;
+    let text = COMMON
+        .replace("DATA", data.to_str().unwrap())
+        .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
+        + block
+        + extra;
+    let cfg = dir.join("pipeline.config");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}

@@ -1,0 +1,514 @@
+//! `serve` on a loopback port: raw rows in TF Serving's row and column forms
+//! and KServe's v2 form get the scores `predict` writes for the same rows,
+//! for a single-task and a multi-task export; a new version is swapped in
+//! while requests run and a broken one is refused; malformed bodies get
+//! 4xx answers and the server keeps answering.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod common;
+use common::models::setup;
+
+fn bin(name: &str) -> Command {
+    let exe = match name {
+        "train_eval" => env!("CARGO_BIN_EXE_train_eval"),
+        "export" => env!("CARGO_BIN_EXE_export"),
+        "predict" => env!("CARGO_BIN_EXE_predict"),
+        "serve" => env!("CARGO_BIN_EXE_serve"),
+        other => panic!("no binary {other}"),
+    };
+    let mut c = Command::new(exe);
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn run_ok(mut c: Command) {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{c:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Trains `model` under `dir` and exports it; returns the export root.
+fn trained(dir: &Path, model: &str) -> (PathBuf, PathBuf) {
+    let cfg = setup(dir, model, "");
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&cfg);
+    run_ok(t);
+    let root = dir.join("export");
+    export(&cfg, &root, None);
+    (cfg, root)
+}
+
+fn export(cfg: &Path, root: &Path, checkpoint: Option<&str>) {
+    let mut e = bin("export");
+    e.arg("--pipeline_config_path").arg(cfg).arg("--export_dir").arg(root);
+    if let Some(c) = checkpoint {
+        e.arg("--checkpoint_path").arg(c);
+    }
+    run_ok(e);
+}
+
+/// The input columns of the generated rows (see `common::models`).
+const FIELDS: [&str; 8] = ["label", "d1", "d2", "c1", "c2", "c3", "c4", "label2"];
+
+fn rows_of(data: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(data)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+/// `predict`'s scores of the export: column name to values.
+fn predicted(root: &Path, data: &Path, out: &Path) -> Vec<(String, Vec<f64>)> {
+    let mut p = bin("predict");
+    p.arg("--saved_model_dir")
+        .arg(root)
+        .arg("--input_path")
+        .arg(data)
+        .arg("--output_path")
+        .arg(out);
+    run_ok(p);
+    let text = std::fs::read_to_string(out).unwrap();
+    let mut lines = text.lines();
+    let names: Vec<String> = lines.next().unwrap().split(',').map(str::to_string).collect();
+    let mut cols: Vec<(String, Vec<f64>)> = names.into_iter().map(|n| (n, Vec::new())).collect();
+    for l in lines {
+        for (c, v) in cols.iter_mut().zip(l.split(',')) {
+            c.1.push(v.parse().unwrap());
+        }
+    }
+    cols
+}
+
+/// A running server, killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(root: &Path, extra: &[&str]) -> Server {
+        let log = root.with_extension("serve.log");
+        let mut c = bin("serve");
+        c.arg("--model_dir")
+            .arg(root)
+            .args(["--port", "0", "--host", "127.0.0.1"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let mut child = c.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("serve printed {line:?}: {}", std::fs::read_to_string(&log).unwrap()))
+            .to_string();
+        Server {
+            child,
+            base: format!("http://{addr}"),
+            log,
+        }
+    }
+
+    fn agent() -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into()
+    }
+
+    fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let mut r = Self::agent()
+            .post(&format!("{}{path}", self.base))
+            .content_type("application/json")
+            .send(body)
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let code = r.status().as_u16();
+        let text = r.body_mut().read_to_string().unwrap();
+        let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("POST {path} answered {code} {text:?}: {e}"));
+        (code, v)
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let mut r = Self::agent()
+            .get(&format!("{}{path}", self.base))
+            .call()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    }
+}
+
+/// The request rows `range` as objects of input values (labels left out,
+/// as a client has none).
+fn instances(rows: &[Vec<String>], range: std::ops::Range<usize>) -> Value {
+    let list: Vec<Value> = rows[range]
+        .iter()
+        .map(|r| {
+            let obj: serde_json::Map<String, Value> = FIELDS
+                .iter()
+                .zip(r)
+                .filter(|(f, _)| !f.starts_with("label"))
+                .map(|(f, v)| (f.to_string(), json!(v)))
+                .collect();
+            Value::Object(obj)
+        })
+        .collect();
+    json!({ "instances": list })
+}
+
+fn columns(rows: &[Vec<String>], range: std::ops::Range<usize>) -> Vec<(&'static str, Vec<Value>)> {
+    FIELDS
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !f.starts_with("label"))
+        .map(|(i, f)| (*f, rows[range.clone()].iter().map(|r| json!(r[i])).collect()))
+        .collect()
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: row count");
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-6, "{what} row {r}: served {g}, predict {w}");
+    }
+}
+
+fn check_like_predict(model: &str, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, root) = trained(dir.path(), model);
+    let data = dir.path().join("data.csv");
+    let want = predicted(&root, &data, &dir.path().join("scores.csv"));
+    let names: Vec<&str> = want.iter().map(|(n, _)| n.as_str()).collect();
+    let rows = rows_of(&data);
+    let server = Server::start(&root, extra);
+
+    // Row form: one object per prediction, every output in it.
+    let (code, v) = server.post("/v1/models/model:predict", &instances(&rows, 0..60).to_string());
+    assert_eq!(code, 200, "{model}: {v}");
+    let preds = v["predictions"].as_array().unwrap();
+    for (name, col) in &want {
+        let got: Vec<f64> = preds.iter().map(|p| p[name].as_f64().unwrap()).collect();
+        assert_close(&format!("{model} rows {name}"), &got, &col[0..60]);
+    }
+    // Column form, on a versioned path.
+    let version = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.parse::<u64>().is_ok())
+        .unwrap();
+    let inputs: serde_json::Map<String, Value> = columns(&rows, 60..150)
+        .into_iter()
+        .map(|(f, v)| (f.to_string(), Value::Array(v)))
+        .collect();
+    let (code, v) = server.post(
+        &format!("/v1/models/model/versions/{version}:predict"),
+        &json!({ "inputs": inputs }).to_string(),
+    );
+    assert_eq!(code, 200, "{model}: {v}");
+    for (name, col) in &want {
+        let got: Vec<f64> = v["outputs"][name]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_close(&format!("{model} columns {name}"), &got, &col[60..150]);
+    }
+    // KServe v2, strings as BYTES.
+    let tensors: Vec<Value> = columns(&rows, 150..300)
+        .into_iter()
+        .map(|(f, v)| json!({ "name": f, "shape": [v.len()], "datatype": "BYTES", "data": v }))
+        .collect();
+    let (code, v) = server.post(
+        "/v2/models/model/infer",
+        &json!({ "id": "r1", "inputs": tensors }).to_string(),
+    );
+    assert_eq!(code, 200, "{model}: {v}");
+    assert_eq!(v["id"], "r1");
+    assert_eq!(v["model_version"], version.as_str());
+    let outputs = v["outputs"].as_array().unwrap();
+    let got_names: Vec<&str> = outputs.iter().map(|o| o["name"].as_str().unwrap()).collect();
+    assert_eq!(got_names, names, "{model}: v2 outputs are predict's columns");
+    for (o, (name, col)) in outputs.iter().zip(&want) {
+        let got: Vec<f64> = o["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_close(&format!("{model} v2 {name}"), &got, &col[150..300]);
+    }
+    // Status, metadata, readiness and metrics.
+    let (code, status) = server.get("/v1/models/model");
+    assert_eq!(code, 200);
+    assert!(status.contains("AVAILABLE") && status.contains(&version), "{status}");
+    let (code, meta) = server.get("/v1/models/model/metadata");
+    assert_eq!(code, 200);
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    let sig = &meta["metadata"]["signature_def"]["signature_def"]["serving_default"];
+    assert_eq!(sig["inputs"]["c1"]["dtype"], "DT_STRING", "{meta}");
+    assert_eq!(sig["inputs"]["d1"]["dtype"], "DT_DOUBLE", "{meta}");
+    for n in &names {
+        assert_eq!(sig["outputs"][n]["dtype"], "DT_FLOAT", "{meta}");
+    }
+    assert_eq!(server.get("/v2/health/ready").0, 200);
+    assert_eq!(server.get("/v2/models/model/ready").0, 200);
+    let (code, meta) = server.get("/v2/models/model");
+    assert_eq!(code, 200);
+    assert!(meta.contains("\"BYTES\"") && meta.contains(&version), "{meta}");
+    let (code, text) = server.get("/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        text.contains("rustrec_serve_requests_total{endpoint=\"predict\",code=\"200\"} 2"),
+        "{text}"
+    );
+    assert!(text.contains("rustrec_serve_rows_scored_total 300"), "{text}");
+    assert!(
+        text.contains(&format!("rustrec_serve_model_version {version}")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_single_task_export_answers_like_predict_in_every_form() {
+    check_like_predict("DLRM", &[]);
+}
+
+#[test]
+fn a_multi_task_export_answers_like_predict_with_batching() {
+    check_like_predict(
+        "MMoE",
+        &[
+            "--enable_batching",
+            "--max_batch_size",
+            "64",
+            "--batch_timeout_micros",
+            "2000",
+        ],
+    );
+}
+
+/// v2 infer of rows 0..20, returning the version that answered and probs.
+fn infer(agent: &ureq::Agent, base: &str, body: &str) -> Result<(String, Vec<f64>), String> {
+    let mut r = agent
+        .post(&format!("{base}/v2/models/model/infer"))
+        .content_type("application/json")
+        .send(body)
+        .map_err(|e| e.to_string())?;
+    let code = r.status().as_u16();
+    let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+    if code != 200 {
+        return Err(format!("{code} {text}"));
+    }
+    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let probs = v["outputs"]
+        .as_array()
+        .and_then(|o| o.iter().find(|o| o["name"] == "probs"))
+        .and_then(|o| o["data"].as_array())
+        .map(|d| d.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    Ok((v["model_version"].as_str().unwrap_or("").to_string(), probs))
+}
+
+#[test]
+fn a_new_version_is_swapped_in_while_requests_run_and_a_broken_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DLRM", "");
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&cfg);
+    run_ok(t);
+    let root = dir.path().join("export");
+    let early = dir.path().join("model/model.ckpt-10");
+    export(&cfg, &root, Some(early.to_str().unwrap()));
+    let server = Server::start(&root, &["--file_system_poll_wait_seconds", "0.1", "--enable_batching"]);
+    let rows = rows_of(&dir.path().join("data.csv"));
+    let tensors: Vec<Value> = columns(&rows, 0..20)
+        .into_iter()
+        .map(|(f, v)| json!({ "name": f, "shape": [20], "datatype": "BYTES", "data": v }))
+        .collect();
+    let body = json!({ "inputs": tensors }).to_string();
+    let agent = Server::agent();
+    let (v1, p1) = infer(&agent, &server.base, &body).unwrap();
+
+    // Clients keep asking while the next version is exported.
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, base, body) = (stop.clone(), server.base.clone(), body.clone());
+            std::thread::spawn(move || {
+                let agent = Server::agent();
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    seen.push(infer(&agent, &base, &body));
+                }
+                seen
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    export(&cfg, &root, None);
+    let v2 = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().unwrap().parse::<u64>().ok())
+        .max()
+        .unwrap()
+        .to_string();
+    assert_ne!(v1, v2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let p2 = loop {
+        let (v, p) = infer(&agent, &server.base, &body).unwrap();
+        if v == v2 {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "version {v2} was not swapped in");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for c in clients {
+        for r in c.join().unwrap() {
+            let (v, p) = r.unwrap_or_else(|e| panic!("a request failed during the swap: {e}"));
+            assert!(v == v1 || v == v2, "answered by version {v}");
+            assert_eq!(&p, if v == v1 { &p1 } else { &p2 }, "version {v}'s scores");
+            answered += 1;
+        }
+    }
+    assert!(answered > 3, "the clients sent {answered} requests");
+    assert_ne!(p1, p2, "the two checkpoints score differently");
+
+    // A newer version whose graph is damaged is refused; v2 keeps serving.
+    let broken = root.join((v2.parse::<u64>().unwrap() + 100).to_string());
+    copy_dir(&root.join(&v2), &broken);
+    std::fs::write(broken.join("model.onnx"), b"not an onnx graph").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&server.log).unwrap().contains("failed to load") {
+        assert!(Instant::now() < deadline, "the broken version was not reported");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (v, p) = infer(&agent, &server.base, &body).unwrap();
+    assert_eq!((v.as_str(), &p), (v2.as_str(), &p2));
+    let (_, text) = server.get("/metrics");
+    assert!(text.contains("rustrec_serve_model_load_failures_total 1"), "{text}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn malformed_requests_get_4xx_and_the_server_keeps_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, root) = trained(dir.path(), "DLRM");
+    let server = Server::start(&root, &["--max_request_bytes", "100000", "--enable_batching"]);
+    let rows = rows_of(&dir.path().join("data.csv"));
+    let good = instances(&rows, 0..2);
+    let row = good["instances"][0].clone();
+    let with = |k: &str, v: Value| {
+        let mut r = row.clone();
+        r[k] = v;
+        json!({ "instances": [r] }).to_string()
+    };
+    let mut missing = row.clone();
+    missing.as_object_mut().unwrap().remove("c2");
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("predict", String::new(), "not valid JSON"),
+        ("predict", "{".into(), "not valid JSON"),
+        ("predict", "null".into(), "JSON object"),
+        ("predict", "[]".into(), "JSON object"),
+        ("predict", "42".into(), "JSON object"),
+        ("predict", "\"rows\"".into(), "JSON object"),
+        ("predict", "{}".into(), "neither"),
+        ("predict", json!({"instances": 1}).to_string(), "list of rows"),
+        ("predict", json!({"instances": []}).to_string(), "empty"),
+        ("predict", json!({"instances": [1]}).to_string(), "row 0"),
+        ("predict", json!({"instances": [[1, 2]]}).to_string(), "row 0"),
+        ("predict", json!({"instances": [null]}).to_string(), "row 0"),
+        ("predict", json!({"instances": [{}]}).to_string(), "is missing"),
+        ("predict", json!({"instances": [missing]}).to_string(), "`c2` is missing"),
+        ("predict", with("d1", json!("abc")), "`d1`: `abc` is not a valid number"),
+        ("predict", with("d1", json!([1.0])), "`d1`: a list"),
+        ("predict", with("c1", json!({"a": 1})), "`c1`: an object"),
+        ("predict", with("c1", json!(0.5)), "`c1`: the number 0.5"),
+        ("predict", with("c2", json!(true)), "`c2`: a boolean"),
+        ("predict", json!({"instances": [row.clone()], "inputs": {}}).to_string(), "both"),
+        ("predict", json!({"inputs": 3}).to_string(), "not an object"),
+        ("predict", json!({"inputs": {}}).to_string(), "no rows"),
+        ("predict", json!({"inputs": {"d1": [1.0], "d2": [1.0, 2.0]}}).to_string(), "every input needs one per row"),
+        ("predict", json!({"inputs": {"d1": 1.0}}).to_string(), "not a list"),
+        ("predict", json!({"inputs": {"d1": [1.0]}}).to_string(), "`d2` is missing"),
+        ("predict", "x".repeat(200_000), "length limit"),
+        ("infer", "{}".into(), "list of tensors"),
+        ("infer", json!({"inputs": [{}]}).to_string(), "`name`"),
+        ("infer", json!({"inputs": [{"name": "d1"}]}).to_string(), "`datatype`"),
+        ("infer", json!({"inputs": [{"name": "d1", "datatype": "STRING"}]}).to_string(), "KServe v2"),
+        ("infer", json!({"inputs": [{"name": "d1", "datatype": "FP32"}]}).to_string(), "`shape`"),
+        ("infer", json!({"inputs": [{"name": "d1", "datatype": "FP32", "shape": [2, 3], "data": [1,2,3,4,5,6]}]}).to_string(), "one value per row"),
+        ("infer", json!({"inputs": [{"name": "d1", "datatype": "FP32", "shape": [3], "data": [1, 2]}]}).to_string(), "shape says 3"),
+        ("infer", json!({"inputs": [{"name": "d1", "datatype": "FP32", "shape": [1], "data": [1]}], "outputs": [{"name": "nope"}]}).to_string(), "`nope` is not an output"),
+        ("infer", json!({"inputs": [], "outputs": 5}).to_string(), "`outputs` must be a list"),
+    ];
+    assert!(cases.len() >= 30);
+    for (endpoint, body, expect) in &cases {
+        let path = if *endpoint == "predict" {
+            "/v1/models/model:predict"
+        } else {
+            "/v2/models/model/infer"
+        };
+        let (code, v) = server.post(path, body);
+        assert!((400..500).contains(&code), "{body:.80}: answered {code} {v}");
+        let msg = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{body:.80}: no error message in {v}"));
+        assert!(
+            msg.contains(expect),
+            "{body:.80}: error {msg:?} does not say {expect:?}"
+        );
+    }
+    for (method, path, code) in [
+        ("POST", "/v1/models/other:predict", 404),
+        ("POST", "/v1/models/model/versions/1:predict", 404),
+        ("POST", "/v1/models/model:classify", 400),
+        ("POST", "/v1/models/model", 404),
+        ("GET", "/v1/models/model/versions/7", 404),
+        ("GET", "/v3/anything", 404),
+        ("POST", "/v2/models/model/explain", 404),
+    ] {
+        let got = if method == "GET" {
+            server.get(path).0
+        } else {
+            server.post(path, &good.to_string()).0
+        };
+        assert_eq!(got, code, "{method} {path}");
+    }
+    // Still answering.
+    let (code, v) = server.post("/v1/models/model:predict", &good.to_string());
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["predictions"].as_array().unwrap().len(), 2);
+}
