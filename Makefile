@@ -64,16 +64,31 @@ $(VENV)/torch-installed:
 	$(VENV)/bin/pip install --quiet torch
 	$(VENV)/bin/python -c "import torch" && touch $@
 
+# onnxruntime for the serving baseline of `make bench`.
+$(VENV)/ort-installed: $(VENV)/torch-installed
+	$(VENV)/bin/pip install --quiet onnxruntime==1.32.0 numpy
+	$(VENV)/bin/python -c "import onnxruntime" && touch $@
+
 # Training throughput (optimised build, 2 threads): DLRM and WideAndDeep on
 # the Criteo Kaggle shape with tables capped at 1M rows against the PyTorch
-# baseline, a scaling table, then sharded on 2 ranks.
-bench: deps $(VENV)/torch-installed
+# baseline, a scaling table, then sharded on 2 ranks. Then serving: the
+# DLRM sample's export behind `serve` against onnxruntime behind a Python
+# server (loopback, 100-row requests at 1, 8 and 64 clients), and the
+# exported graph's time per row at batch 64 and 2048.
+SERVE_BENCH := experiments/serve_bench
+bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	$(CARGO) build --locked --release --bin bench
 	$(CARGO_TARGET_DIR)/release/bench --threads 2
 	$(VENV)/bin/python bench/compare.py --bench $(CARGO_TARGET_DIR)/release/bench --python $(VENV)/bin/python
 	@echo "== the same global batch on 2 MPI ranks with 1 thread each (tables sharded)"
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  mpirun --oversubscribe --bind-to none -np 2 $(CARGO_TARGET_DIR)/release/bench --threads 1 --distributed
+	$(CARGO) build --locked --release --bin train_eval --bin export --bin serve --bin serve_bench
+	rm -rf $(SERVE_BENCH)
+	$(CARGO_TARGET_DIR)/release/train_eval --pipeline_config_path samples/dlrm_criteo_sample.config --model_dir $(SERVE_BENCH)/model
+	$(CARGO_TARGET_DIR)/release/export --pipeline_config_path samples/dlrm_criteo_sample.config --model_dir $(SERVE_BENCH)/model --export_dir $(SERVE_BENCH)/export
+	$(CARGO_TARGET_DIR)/release/serve_bench --export $(SERVE_BENCH)/export --data data/criteo_sample.csv \
+	  --serve $(CARGO_TARGET_DIR)/release/serve --python $(VENV)/bin/python
 
 # EasyRec itself (pai-easy-rec 0.7.1 on TensorFlow 2.12, about 600 MB) for
 # `make parity`, in its own virtual environment; it needs Python 3.11 or

@@ -37,6 +37,7 @@ pub struct ExportedModel {
     /// Set when the export takes one packed string per row.
     pub packed: Option<PackedInput>,
     sources: Vec<Source>,
+    input_names: Vec<String>,
     runnable: Arc<TypedRunnableModel>,
 }
 
@@ -162,8 +163,10 @@ impl ExportedModel {
             .map(|(i, f)| (f.name.as_str(), i))
             .collect();
         let mut sources = Vec::new();
+        let mut input_names = Vec::new();
         for outlet in model.input_outlets()? {
             let name = model.node(outlet.node).name.as_str();
+            input_names.push(name.to_string());
             let feature = |base: &str| {
                 by_name.get(base).copied().with_context(|| {
                     format!(
@@ -189,6 +192,7 @@ impl ExportedModel {
             enc,
             packed,
             sources,
+            input_names,
             runnable,
         })
     }
@@ -239,26 +243,7 @@ impl ExportedModel {
     /// Each task's scores of an encoded batch (in `plan.tasks` order):
     /// probabilities (classification) or values (regression), and logits.
     pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
-        let b = batch.size;
-        let mut inputs: TVec<TValue> = TVec::new();
-        for s in &self.sources {
-            let t = match (s, s.feature_of(batch)) {
-                (Source::Ids(_), Encoded::Sparse(j)) => {
-                    let ids: Vec<i64> = j.ids.iter().map(|&i| i as i64).collect();
-                    Tensor::from_shape(&[ids.len()], &ids)
-                }
-                (Source::Lens(_), Encoded::Sparse(j)) => {
-                    let lens: Vec<i64> = j.offsets.windows(2).map(|w| (w[1] - w[0]) as i64).collect();
-                    Tensor::from_shape(&[b], &lens)
-                }
-                (Source::Weights(_), Encoded::Sparse(Jagged { weights: Some(w), .. })) => {
-                    Tensor::from_shape(&[w.len()], w)
-                }
-                (Source::Dense(_), Encoded::Dense { dim, values }) => Tensor::from_shape(&[b, *dim], values),
-                _ => bail!("the export's graph inputs do not match its pipeline.config features"),
-            }?;
-            inputs.push(t.into_tvalue());
-        }
+        let inputs: TVec<TValue> = self.graph_inputs(batch)?.into_iter().map(|t| t.into_tvalue()).collect();
         let out = self
             .runnable
             .run(inputs)
@@ -275,6 +260,37 @@ impl ExportedModel {
                 })
             })
             .collect()
+    }
+
+    /// The graph's input tensors for an encoded batch, in the graph's input
+    /// order (see `input_names`).
+    pub fn graph_inputs(&self, batch: &Batch) -> anyhow::Result<Vec<Tensor>> {
+        let b = batch.size;
+        let mut inputs = Vec::new();
+        for s in &self.sources {
+            let t = match (s, s.feature_of(batch)) {
+                (Source::Ids(_), Encoded::Sparse(j)) => {
+                    let ids: Vec<i64> = j.ids.iter().map(|&i| i as i64).collect();
+                    Tensor::from_shape(&[ids.len()], &ids)
+                }
+                (Source::Lens(_), Encoded::Sparse(j)) => {
+                    let lens: Vec<i64> = j.offsets.windows(2).map(|w| (w[1] - w[0]) as i64).collect();
+                    Tensor::from_shape(&[b], &lens)
+                }
+                (Source::Weights(_), Encoded::Sparse(Jagged { weights: Some(w), .. })) => {
+                    Tensor::from_shape(&[w.len()], w)
+                }
+                (Source::Dense(_), Encoded::Dense { dim, values }) => Tensor::from_shape(&[b, *dim], values),
+                _ => bail!("the export's graph inputs do not match its pipeline.config features"),
+            }?;
+            inputs.push(t);
+        }
+        Ok(inputs)
+    }
+
+    /// The graph's input names, in order.
+    pub fn input_names(&self) -> &[String] {
+        &self.input_names
     }
 }
 

@@ -155,6 +155,20 @@ fn output_columns(scores: &[TaskScores]) -> Vec<&[f32]> {
     scores.iter().flat_map(|s| [&s.logits[..], &s.scores[..]]).collect()
 }
 
+/// A score as JSON, written with the digits that identify the f32 (0.4455813
+/// rather than 0.44558125734329224); null if not finite.
+fn f32_value(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+fn f32_list(xs: &[f32]) -> Value {
+    Value::Array(xs.iter().map(|&x| f32_value(x)).collect())
+}
+
 // ---- TF Serving REST -----------------------------------------------------
 
 async fn v1_get(State(app): Shared, Path(rest): Path<String>) -> Response {
@@ -201,12 +215,20 @@ async fn tf_predict(
     Ok(match form {
         Form::Rows => {
             let predictions: Vec<Value> = (0..rows)
-                .map(|r| Value::Object(names.iter().zip(&cols).map(|(n, c)| (n.clone(), json!(c[r]))).collect()))
+                .map(|r| {
+                    Value::Object(
+                        names
+                            .iter()
+                            .zip(&cols)
+                            .map(|(n, c)| (n.clone(), f32_value(c[r])))
+                            .collect(),
+                    )
+                })
                 .collect();
             json!({ "predictions": predictions })
         }
         Form::Columns => {
-            let outputs: Map<String, Value> = names.iter().zip(&cols).map(|(n, c)| (n.clone(), json!(c))).collect();
+            let outputs: Map<String, Value> = names.iter().zip(&cols).map(|(n, c)| (n.clone(), f32_list(c))).collect();
             json!({ "outputs": outputs })
         }
     })
@@ -330,7 +352,7 @@ async fn v2_infer(
         .iter()
         .map(|w| {
             let i = names.iter().position(|n| n == w).expect("checked above");
-            json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": cols[i] })
+            json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": f32_list(cols[i]) })
         })
         .collect();
     let mut answer = json!({

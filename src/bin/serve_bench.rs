@@ -1,0 +1,314 @@
+//! `make bench`'s serving part. Starts `serve` on an export and, beside it
+//! in the same run, onnxruntime scoring the same graph behind a Python HTTP
+//! server (`bench/serve_baseline.py`, given ids already encoded); sends each
+//! requests of `--rows_per_request` rows from `--concurrency` clients for
+//! `--seconds`, alternating the two, and prints requests/s, p50 and p99
+//! latency and the ratios. Then times the graph alone per row at batch 64
+//! and 2048, in tract and in onnxruntime (one thread each). Loopback only;
+//! it stops by itself.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde_json::{json, Map, Value};
+
+use rustrec::data::csv::CsvChunks;
+use rustrec::data::RawBatch;
+use rustrec::export::runtime::ExportedModel;
+use tract_onnx::prelude::{DatumType, Tensor};
+
+#[derive(Debug, Parser)]
+#[command(rename_all = "snake_case")]
+struct Args {
+    /// The export (or a directory of versions: the newest).
+    #[arg(long)]
+    export: PathBuf,
+    /// Rows to send: a CSV file with a header line, in the config's input_fields layout.
+    #[arg(long)]
+    data: PathBuf,
+    /// The `serve` binary.
+    #[arg(long)]
+    serve: PathBuf,
+    /// Python with onnxruntime and numpy.
+    #[arg(long)]
+    python: PathBuf,
+    #[arg(long, default_value = "bench/serve_baseline.py")]
+    baseline: PathBuf,
+    #[arg(long, default_value_t = 100)]
+    rows_per_request: usize,
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    concurrency: Vec<usize>,
+    /// Seconds of load per server and concurrency.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Flags passed to `serve` (e.g. "--enable_batching --batch_timeout_micros 500").
+    #[arg(long, default_value = "")]
+    serve_flags: String,
+}
+
+/// A child process, killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a server that prints `listening on ADDR`; returns it and ADDR.
+fn start(mut cmd: Command) -> anyhow::Result<(Proc, String)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let proc = Proc(child);
+    match line.trim().strip_prefix("listening on ") {
+        Some(addr) => Ok((proc, addr.to_string())),
+        None => bail!("{cmd:?} did not start: it printed {line:?}"),
+    }
+}
+
+struct Load {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// `clients` threads post the bodies in turn to `url` for `seconds`.
+fn load(url: &str, bodies: &[String], clients: usize, seconds: f64) -> anyhow::Result<Load> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let (url, bodies) = (url.to_string(), bodies.to_vec());
+            std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .timeout_global(Some(Duration::from_secs(60)))
+                    .build()
+                    .into();
+                let mut took = Vec::new();
+                let mut i = c;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let mut r = agent
+                        .post(&url)
+                        .content_type("application/json")
+                        .send(&bodies[i % bodies.len()])
+                        .with_context(|| format!("POST {url}"))?;
+                    r.body_mut().read_to_vec()?;
+                    took.push(t.elapsed().as_secs_f64() * 1e3);
+                    i += 1;
+                }
+                Ok(took)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in threads {
+        all.extend(t.join().expect("a client thread panicked")?);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+    Ok(Load {
+        rps: all.len() as f64 / elapsed,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    })
+}
+
+/// The graph's inputs for `raw` as the baseline takes them.
+fn encoded_inputs(model: &ExportedModel, raw: &RawBatch) -> anyhow::Result<Value> {
+    let batch = model.enc.encode(raw)?;
+    let mut inputs = Map::new();
+    for (name, t) in model.input_names().iter().zip(model.graph_inputs(&batch)?) {
+        inputs.insert(name.clone(), tensor_json(&t)?);
+    }
+    Ok(Value::Object(inputs))
+}
+
+fn tensor_json(t: &Tensor) -> anyhow::Result<Value> {
+    let data = match t.datum_type() {
+        DatumType::I64 => json!(t.to_plain_array_view::<i64>()?.iter().collect::<Vec<_>>()),
+        DatumType::F32 => json!(t.to_plain_array_view::<f32>()?.iter().collect::<Vec<_>>()),
+        other => bail!("unexpected graph input type {other:?}"),
+    };
+    Ok(json!({ "shape": t.shape(), "data": data }))
+}
+
+/// `n` rows of the data file (repeated as needed) as input columns.
+fn raw_rows(model: &ExportedModel, lines: &[&str], n: usize) -> anyhow::Result<RawBatch> {
+    let text: String = (0..n).map(|i| format!("{}\n", lines[i % lines.len()])).collect();
+    let fields: Vec<String> = model.plan.fields.iter().map(|f| f.name.clone()).collect();
+    let mut chunks = CsvChunks::from_text("bench rows", text, ",", &fields, &model.enc.projection, n)?;
+    Ok(chunks.next().context("no rows")??)
+}
+
+/// Microseconds per row of tract scoring `raw` (one thread), over about a second.
+fn tract_us_per_row(model: &ExportedModel, raw: &RawBatch) -> anyhow::Result<f64> {
+    let batch = model.enc.encode(raw)?;
+    model.score(&batch)?;
+    let (mut runs, start) = (0u32, Instant::now());
+    while runs < 3 || start.elapsed().as_secs_f64() < 1.0 {
+        model.score(&batch)?;
+        runs += 1;
+    }
+    Ok(start.elapsed().as_secs_f64() / runs as f64 / raw.num_rows as f64 * 1e6)
+}
+
+fn run(a: &Args) -> anyhow::Result<()> {
+    let model = ExportedModel::load(&a.export)?;
+    let text = std::fs::read_to_string(&a.data).with_context(|| format!("cannot read {}", a.data.display()))?;
+    let mut lines = text.lines().filter(|l| !l.is_empty());
+    let header: Vec<&str> = lines.next().context("the data file is empty")?.split(',').collect();
+    let lines: Vec<&str> = lines.collect();
+    let inputs: Vec<String> = model.enc.projection.columns.iter().map(|c| c.name.clone()).collect();
+    let col_of = |name: &str| header.iter().position(|h| *h == name);
+    let n = a.rows_per_request;
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for k in 0..8 {
+        let rows: Vec<Vec<&str>> = (0..n)
+            .map(|i| lines[(k * 37 + i) % lines.len()].split(',').collect())
+            .collect();
+        let mut cols = Map::new();
+        for name in &inputs {
+            let c = col_of(name).with_context(|| format!("the data file has no column `{name}`"))?;
+            cols.insert(name.clone(), json!(rows.iter().map(|r| r[c]).collect::<Vec<_>>()));
+        }
+        ours.push(json!({ "inputs": cols }).to_string());
+        let shifted: Vec<&str> = (0..n).map(|i| lines[(k * 37 + i) % lines.len()]).collect();
+        let raw = raw_rows(&model, &shifted, n)?;
+        theirs.push(json!({ "inputs": encoded_inputs(&model, &raw)? }).to_string());
+    }
+
+    let mut serve = Command::new(&a.serve);
+    serve
+        .arg("--model_dir")
+        .arg(&a.export)
+        .args(["--port", "0", "--host", "127.0.0.1"])
+        .args(a.serve_flags.split_whitespace());
+    let (_ours_proc, ours_addr) = start(serve)?;
+    let mut py = Command::new(&a.python);
+    py.arg(&a.baseline)
+        .arg("serve")
+        .arg("--model")
+        .arg(model.dir.join("model.onnx"));
+    let (_py_proc, py_addr) = start(py)?;
+    let ours_url = format!("http://{ours_addr}/v1/models/model:predict");
+    let py_url = format!("http://{py_addr}/predict");
+    load(&ours_url, &ours, 1, 0.3)?;
+    load(&py_url, &theirs, 1, 0.3)?;
+
+    println!(
+        "== serving {n} rows per request for {}s per level: `serve {}` vs onnxruntime in Python (sent encoded ids)",
+        a.seconds, a.serve_flags
+    );
+    println!(
+        "{:>11} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>9}",
+        "concurrency", "serve r/s", "p50 ms", "p99 ms", "ort r/s", "p50 ms", "p99 ms", "r/s ratio"
+    );
+    let mut results = Vec::new();
+    for &c in &a.concurrency {
+        let o = load(&ours_url, &ours, c, a.seconds)?;
+        let t = load(&py_url, &theirs, c, a.seconds)?;
+        println!(
+            "{c:>11} | {:>9.1} {:>8.2} {:>8.2} | {:>9.1} {:>8.2} {:>8.2} | {:>8.2}x",
+            o.rps,
+            o.p50_ms,
+            o.p99_ms,
+            t.rps,
+            t.p50_ms,
+            t.p99_ms,
+            o.rps / t.rps
+        );
+        results.push(json!({
+            "concurrency": c,
+            "serve": { "rps": o.rps, "p50_ms": o.p50_ms, "p99_ms": o.p99_ms },
+            "onnxruntime": { "rps": t.rps, "p50_ms": t.p50_ms, "p99_ms": t.p99_ms },
+        }));
+    }
+
+    // The graph alone: time per row at batch 64 and 2048.
+    let dir = tempfile_dir()?;
+    let mut files = Vec::new();
+    let mut tract = Vec::new();
+    for rows in [64, 2048] {
+        let raw = raw_rows(&model, &lines, rows)?;
+        tract.push(tract_us_per_row(&model, &raw)?);
+        let path = dir.join(format!("inputs_{rows}.json"));
+        std::fs::write(
+            &path,
+            json!({ "rows": rows, "inputs": encoded_inputs(&model, &raw)? }).to_string(),
+        )?;
+        files.push(path);
+    }
+    let out = Command::new(&a.python)
+        .arg(&a.baseline)
+        .arg("time")
+        .arg("--model")
+        .arg(model.dir.join("model.onnx"))
+        .arg("--inputs")
+        .args(&files)
+        .output()?;
+    if !out.status.success() {
+        bail!("timing onnxruntime failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let ort: Value = serde_json::from_slice(&out.stdout)?;
+    let ort_us: Vec<f64> = ort["onnxruntime"]
+        .as_array()
+        .context("no onnxruntime timings")?
+        .iter()
+        .filter_map(|r| r["us_per_row"].as_f64())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("== the exported graph alone, one thread: microseconds per row");
+    println!(
+        "{:>11} | {:>9} {:>9} | {:>15}",
+        "runtime", "batch 64", "batch 2048", "2048 / 64"
+    );
+    println!(
+        "{:>11} | {:>9.2} {:>9.2} | {:>14.2}x",
+        "tract",
+        tract[0],
+        tract[1],
+        tract[1] / tract[0]
+    );
+    println!(
+        "{:>11} | {:>9.2} {:>9.2} | {:>14.2}x",
+        "onnxruntime",
+        ort_us[0],
+        ort_us[1],
+        ort_us[1] / ort_us[0]
+    );
+    println!(
+        "{}",
+        json!({ "load": results, "graph_us_per_row": { "tract": tract, "onnxruntime": ort_us } })
+    );
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("serve-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(if Path::new(&args.export).exists() { 2 } else { 1 })
+        }
+    }
+}
