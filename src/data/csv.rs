@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Cursor};
 use std::path::{Path, PathBuf};
 
 use super::column::{Column, RawBatch};
-use super::{DataError, Projection};
+use super::{CellError, DataError, Projection};
 
 /// Lines of CSV text: a file's, or text in memory.
 type Lines = Box<dyn Iterator<Item = std::io::Result<String>> + Send>;
@@ -172,15 +172,11 @@ impl Iterator for CsvChunks {
                 }));
             }
             for ((col, spec), &pos) in columns.iter_mut().zip(&self.projection.columns).zip(&self.positions) {
-                let raw = fields[pos];
-                if raw.is_empty() && spec.required && spec.default_val.is_empty() {
-                    return Some(Err(
-                        self.parse_error(&spec.name, "is empty and has no default_val".into())
-                    ));
-                }
-                let v = if raw.is_empty() { spec.default_val.as_str() } else { raw };
-                if !col.push_text(v, spec.ty) {
-                    let what = format!("`{v}` is not a valid {:?} value", spec.ty);
+                if let Err(e) = spec.push_cell(col, fields[pos]) {
+                    let what = match e {
+                        CellError::EmptyRequired => "is empty and has no default_val".to_string(),
+                        CellError::Invalid(v) => format!("`{v}` is not a valid {:?} value", spec.ty),
+                    };
                     return Some(Err(self.parse_error(&spec.name, what)));
                 }
             }

@@ -95,6 +95,32 @@ pub struct ProjColumn {
     pub required: bool,
 }
 
+/// Why a cell's text was not appended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CellError {
+    /// Empty in a required column without a default_val.
+    EmptyRequired,
+    /// The text (after default substitution) is not a value of the column's type.
+    Invalid(String),
+}
+
+impl ProjColumn {
+    /// Appends a cell given as text to `col`, as every reader of text reads
+    /// it: an empty cell is the field's default_val, which a required field
+    /// must have.
+    pub fn push_cell(&self, col: &mut Column, raw: &str) -> Result<(), CellError> {
+        if raw.is_empty() && self.required && self.default_val.is_empty() {
+            return Err(CellError::EmptyRequired);
+        }
+        let v = if raw.is_empty() { self.default_val.as_str() } else { raw };
+        if col.push_text(v, self.ty) {
+            Ok(())
+        } else {
+            Err(CellError::Invalid(v.to_string()))
+        }
+    }
+}
+
 /// The columns to read, in the order batches carry them.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Projection {

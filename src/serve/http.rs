@@ -262,7 +262,7 @@ fn tf_tensor(name: &str, dtype: &str) -> Value {
 }
 
 fn tf_metadata(app: &App, served: &Served) -> Value {
-    let inputs: Map<String, Value> = request::input_names(&served.model)
+    let inputs: Map<String, Value> = request::request_inputs(&served.model)
         .into_iter()
         .map(|(n, ty)| {
             let t = tf_tensor(&n, tf_dtype(ty));
@@ -376,7 +376,7 @@ fn v2_datatype(ty: ColumnType) -> &'static str {
 }
 
 fn v2_metadata(app: &App, served: &Served) -> Value {
-    let inputs: Vec<Value> = request::input_names(&served.model)
+    let inputs: Vec<Value> = request::request_inputs(&served.model)
         .into_iter()
         .map(|(n, ty)| json!({ "name": n, "datatype": v2_datatype(ty), "shape": [-1] }))
         .collect();

@@ -3,10 +3,12 @@
 //! Parquet reader hands to feature encoding, so serving encodes features
 //! with the code that trained them. Every refusal names the input and row.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use crate::config::model_plan::ColumnType;
-use crate::data::{Column, ProjColumn, RawBatch};
+use crate::data::{CellError, Column, ProjColumn, RawBatch};
 use crate::export::runtime::ExportedModel;
 
 /// The name of the one string input of a packed export, as EasyRec's
@@ -38,7 +40,7 @@ pub enum Form {
 
 /// The inputs a served model takes: one per input field it reads, or one
 /// packed string per row.
-pub fn input_names(model: &ExportedModel) -> Vec<(String, ColumnType)> {
+pub fn request_inputs(model: &ExportedModel) -> Vec<(String, ColumnType)> {
     if model.packed.is_some() {
         return vec![(PACKED_INPUT.to_string(), ColumnType::Str)];
     }
@@ -278,9 +280,9 @@ impl<'a> Columns<'a> {
         let spec = &self.specs[c];
         let col = &mut self.cols[c];
         let refuse = |what: String| bad(format!("row {r}: input `{}`: {what}", spec.name));
-        let text: String = match v {
-            Value::Null => String::new(),
-            Value::String(s) => s.clone(),
+        let text: Cow<str> = match v {
+            Value::Null => Cow::Borrowed(""),
+            Value::String(s) => Cow::Borrowed(s),
             Value::Number(n) => match (col, spec.ty) {
                 (Column::Float(d), _) => {
                     d.push(n.as_f64().unwrap_or(f64::NAN));
@@ -291,31 +293,23 @@ impl<'a> Columns<'a> {
                         d.push(x);
                         return Ok(());
                     }
-                    None => n.to_string(),
+                    None => Cow::Owned(n.to_string()),
                 },
-                _ if spec.ty == ColumnType::Str && (n.is_i64() || n.is_u64()) => n.to_string(),
+                _ if spec.ty == ColumnType::Str && (n.is_i64() || n.is_u64()) => Cow::Owned(n.to_string()),
                 _ if spec.ty == ColumnType::Str => {
                     return refuse(format!(
                         "the number {n} for a string input: send it as a string, as the data holds it"
                     ))
                 }
-                _ => n.to_string(),
+                _ => Cow::Owned(n.to_string()),
             },
-            Value::Bool(b) if spec.ty != ColumnType::Str => (if *b { "1" } else { "0" }).to_string(),
+            Value::Bool(b) if spec.ty != ColumnType::Str => Cow::Borrowed(if *b { "1" } else { "0" }),
             other => return refuse(format!("{}, not a single {} value", kind(other), type_name(spec.ty))),
         };
-        let text = if text.is_empty() {
-            spec.default_val.as_str()
-        } else {
-            &text
-        };
-        if text.is_empty() && spec.required {
-            return refuse("is empty and has no default_val".into());
-        }
-        if self.cols[c].push_text(text, spec.ty) {
-            Ok(())
-        } else {
-            refuse(format!("`{text}` is not a valid {} value", type_name(spec.ty)))
+        match spec.push_cell(&mut self.cols[c], &text) {
+            Ok(()) => Ok(()),
+            Err(CellError::EmptyRequired) => refuse("is empty and has no default_val".into()),
+            Err(CellError::Invalid(v)) => refuse(format!("`{v}` is not a valid {} value", type_name(spec.ty))),
         }
     }
 
