@@ -4,7 +4,8 @@ exported graph in Python.
   serve --model M --port 0      a threaded HTTP/1.1 server: POST /predict with
                                 {"inputs": {graph input: {"shape", "data"}}}
                                 (ids already encoded: less work than `serve`,
-                                which hashes raw values) answers {"probs": [...]};
+                                which hashes raw values) answers every graph
+                                output, {"logits": [...], "probs": [...]};
                                 prints "listening on HOST:PORT".
   time --model M --inputs A.json B.json
                                 one JSON line: per input file its rows and

@@ -13,26 +13,7 @@ use rustrec::inference::Bundle;
 use rustrec::train::Trainer;
 
 mod common;
-use common::models::{setup, MODELS};
-
-fn bin(name: &str) -> Command {
-    let exe = match name {
-        "train_eval" => env!("CARGO_BIN_EXE_train_eval"),
-        "export" => env!("CARGO_BIN_EXE_export"),
-        "predict" => env!("CARGO_BIN_EXE_predict"),
-        other => panic!("no binary {other}"),
-    };
-    let mut c = Command::new(exe);
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
-
-fn run_ok(mut c: Command) -> String {
-    let out = c.output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "{c:?}: {stderr}");
-    stderr
-}
+use common::models::{bin, run_ok, setup, MODELS};
 
 fn run_fails(mut c: Command) -> String {
     let out = c.output().unwrap();

@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,25 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
-use common::models::setup;
-
-fn bin(name: &str) -> Command {
-    let exe = match name {
-        "train_eval" => env!("CARGO_BIN_EXE_train_eval"),
-        "export" => env!("CARGO_BIN_EXE_export"),
-        "predict" => env!("CARGO_BIN_EXE_predict"),
-        "serve" => env!("CARGO_BIN_EXE_serve"),
-        other => panic!("no binary {other}"),
-    };
-    let mut c = Command::new(exe);
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
-
-fn run_ok(mut c: Command) {
-    let out = c.output().unwrap();
-    assert!(out.status.success(), "{c:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
+use common::models::{bin, run_ok, setup};
 
 /// Trains `model` under `dir` and exports it; returns the export root.
 fn trained(dir: &Path, model: &str) -> (PathBuf, PathBuf) {

@@ -8,7 +8,7 @@
 //! it stops by itself.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -176,17 +176,16 @@ fn run(a: &Args) -> anyhow::Result<()> {
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for k in 0..8 {
-        let rows: Vec<Vec<&str>> = (0..n)
-            .map(|i| lines[(k * 37 + i) % lines.len()].split(',').collect())
-            .collect();
+        // Each body its own window of the rows, the same for both servers.
+        let window: Vec<&str> = (0..n).map(|i| lines[(k * 37 + i) % lines.len()]).collect();
+        let rows: Vec<Vec<&str>> = window.iter().map(|l| l.split(',').collect()).collect();
         let mut cols = Map::new();
         for name in &inputs {
             let c = col_of(name).with_context(|| format!("the data file has no column `{name}`"))?;
             cols.insert(name.clone(), json!(rows.iter().map(|r| r[c]).collect::<Vec<_>>()));
         }
         ours.push(json!({ "inputs": cols }).to_string());
-        let shifted: Vec<&str> = (0..n).map(|i| lines[(k * 37 + i) % lines.len()]).collect();
-        let raw = raw_rows(&model, &shifted, n)?;
+        let raw = raw_rows(&model, &window, n)?;
         theirs.push(json!({ "inputs": encoded_inputs(&model, &raw)? }).to_string());
     }
 
@@ -303,12 +302,5 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(if Path::new(&args.export).exists() { 2 } else { 1 })
-        }
-    }
+    rustrec::cli::main_with(|args| run(&Args::try_parse_from(args)?))
 }

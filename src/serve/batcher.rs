@@ -39,7 +39,7 @@ pub struct Batching {
 }
 
 pub struct Scheduler {
-    tx: Mutex<Sender<Job>>,
+    tx: Sender<Job>,
 }
 
 impl Scheduler {
@@ -53,13 +53,12 @@ impl Scheduler {
                 .spawn(move || worker(&rx, &b, &m))
                 .expect("cannot start a scoring thread");
         }
-        Scheduler { tx: Mutex::new(tx) }
+        Scheduler { tx }
     }
 
     /// Queues a job; its reply comes on the job's channel.
     pub fn submit(&self, job: Job) {
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(mpsc::SendError(job)) = tx.send(job) {
+        if let Err(mpsc::SendError(job)) = self.tx.send(job) {
             let _ = job
                 .reply
                 .send(Err(ScoreError::Internal("the scoring threads have stopped".into())));

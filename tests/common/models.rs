@@ -2,6 +2,7 @@
 //! export and serving tests.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use rustrec::util::Rng;
 
@@ -165,4 +166,26 @@ pub fn setup(dir: &Path, model: &str, extra: &str) -> PathBuf {
     let cfg = dir.join("pipeline.config");
     std::fs::write(&cfg, text).unwrap();
     cfg
+}
+
+/// One of the package's binaries, run from the repository root.
+pub fn bin(name: &str) -> Command {
+    let exe = match name {
+        "train_eval" => env!("CARGO_BIN_EXE_train_eval"),
+        "export" => env!("CARGO_BIN_EXE_export"),
+        "predict" => env!("CARGO_BIN_EXE_predict"),
+        "serve" => env!("CARGO_BIN_EXE_serve"),
+        other => panic!("no binary {other}"),
+    };
+    let mut c = Command::new(exe);
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// Runs `c`, which must succeed; returns its stderr.
+pub fn run_ok(mut c: Command) -> String {
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{c:?}: {stderr}");
+    stderr
 }
