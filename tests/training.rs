@@ -94,6 +94,29 @@ fn model_block(name: &str) -> &'static str {
   feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3"] wide_deep: DEEP }
   fm { } }"#
         }
+        "RankModel" => {
+            r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "sparse" feature_names: ["c3", "c1", "c2"] }
+  backbone {
+    blocks { name: "wide" inputs { feature_group_name: "wide" } input_layer { wide_output_dim: 1 only_output_feature_list: true } }
+    blocks { name: "sparse" inputs { feature_group_name: "sparse" } input_layer { output_2d_tensor_and_feature_list: true } }
+    blocks { name: "bottom" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [8, 4] } } }
+    blocks { name: "dot" inputs { block_name: "bottom" input_fn: "lambda x: [x]" }
+             inputs { block_name: "sparse" input_slice: "[1]" } keras_layer { class_name: "DotInteraction" } }
+    blocks { name: "fm" inputs { block_name: "sparse" input_slice: "[1]" } keras_layer { class_name: "FM" } }
+    blocks { name: "cross" inputs { block_name: "sparse" input_slice: "[0]" input_fn: "lambda x: [x, x]" }
+             recurrent { num_steps: 2 fixed_input_index: 0 keras_layer { class_name: "Cross" } } }
+    blocks { name: "deep" inputs { block_name: "dot" } inputs { block_name: "cross" } inputs { block_name: "bottom" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: [6, 1] use_final_bn: false final_activation: "linear" } } }
+    blocks { name: "logit" inputs { block_name: "wide" input_fn: "lambda x: tf.add_n(x)" }
+             inputs { block_name: "fm" } inputs { block_name: "deep" } merge_inputs_into_list: true
+             keras_layer { class_name: "Add" } }
+    concat_blocks: "logit"
+  }
+  model_params { l2_regularization: 1e-4 } }"#
+        }
         other => panic!("no block for {other}"),
     }
 }
@@ -101,7 +124,29 @@ fn model_block(name: &str) -> &'static str {
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 18] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 19] = [
+    (
+        "RankModel: stacked fields, Keras Dense and Dropout, Python lambdas, low-rank Cross, top MLP",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "ids" feature_names: ["c1", "c2", "c3"] }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "ids" inputs { feature_group_name: "ids" } input_layer { only_output_3d_tensor: true } }
+    blocks { name: "fm" inputs { block_name: "ids" } keras_layer { class_name: "FM" fm { use_variant: true } } }
+    blocks { name: "mlp" inputs { feature_group_name: "deep" }
+      layers { keras_layer { class_name: "Dense" st_params {
+        fields { key: "units" value { number_value: 6 } }
+        fields { key: "activation" value { string_value: "tanh" } } } } }
+      layers { keras_layer { class_name: "Dropout" st_params { fields { key: "rate" value { number_value: 0.3 } } } } }
+      layers { lambda { expression: "lambda x: tf.unstack(tf.reshape(x, [-1, 3, 2]), axis=1)" } }
+      layers { lambda { expression: "lambda x: tf.concat(x, axis=1)" } } }
+    blocks { name: "cross" inputs { feature_group_name: "deep" }
+      keras_layer { class_name: "Cross" st_params { fields { key: "projection_dim" value { number_value: 2 } } } } }
+    concat_blocks: ["fm", "mlp", "cross"]
+    top_mlp { hidden_units: [4, 3] use_bias: true use_bn_after_activation: true dropout_ratio: [0.1] }
+  }
+  model_params { l2_regularization: 1e-4 } }"#,
+    ),
     (
         "WideAndDeep, raw value in the wide group",
         r#"model_config { model_class: "WideAndDeep"
@@ -295,7 +340,7 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 8] = [
+const MODELS: [&str; 9] = [
     "WideAndDeep",
     "DLRM",
     "DeepFM",
@@ -304,6 +349,7 @@ const MODELS: [&str; 8] = [
     "MultiTower",
     "MMoE",
     "DBMTL",
+    "RankModel",
 ];
 
 /// Central differences in f64 of an f32 loss; loose enough for f32 noise,

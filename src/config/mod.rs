@@ -1,6 +1,7 @@
 //! Pipeline config: text proto / JSON -> `DynamicMessage` -> overrides ->
 //! structural validation -> prost structs -> typed, trainer-ready values.
 
+pub mod backbone;
 pub mod edit;
 pub mod export_plan;
 pub mod loader;

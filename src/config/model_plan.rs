@@ -99,6 +99,9 @@ pub enum Arch {
         experts: Vec<DnnSpec>,
         towers: Vec<TaskTower>,
     },
+    /// RankModel: EasyRec's `backbone` block DAG, then a one-logit `output`
+    /// layer unless the backbone already ends in one column.
+    Backbone(super::backbone::Backbone),
 }
 
 /// A task tower's layers (its label, loss and metrics are a `tasks::Task`).
@@ -173,19 +176,24 @@ pub fn input_fields(data: &proto::DatasetConfig) -> Result<Vec<InputField>, Conf
         .collect()
 }
 
-pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
-    let activation = match d.activation().trim_start_matches("tf.nn.").trim_start_matches("tf.") {
+/// An activation as EasyRec names it (`relu`, `tf.nn.relu`, ...), at `path`.
+pub fn activation(name: &str, path: &str) -> Result<Activation, ConfigError> {
+    Ok(match name.trim_start_matches("tf.nn.").trim_start_matches("tf.") {
         "relu" => Activation::Relu,
         "sigmoid" => Activation::Sigmoid,
         "tanh" => Activation::Tanh,
         "" | "linear" | "None" | "none" => Activation::Linear,
         other => {
             return Err(ConfigError::unsupported(
-                format!("{path}.activation"),
+                path,
                 format!("activation `{other}` (supported: relu, sigmoid, tanh, linear)"),
             ))
         }
-    };
+    })
+}
+
+pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
+    let activation = activation(d.activation(), &format!("{path}.activation"))?;
     if !d.dropout_ratio.is_empty() && d.dropout_ratio.len() != d.hidden_units.len() {
         return Err(ConfigError::invalid(
             format!("{path}.dropout_ratio"),
@@ -224,6 +232,15 @@ pub fn arch(
 ) -> Result<(Arch, f32, Option<Vec<Task>>), ConfigError> {
     use proto::easy_rec_model::Model as M;
     let m = "model_config";
+    if model.backbone.is_some() && model.model_class != "RankModel" {
+        return Err(ConfigError::unsupported(
+            format!("{m}.backbone"),
+            format!(
+                "a backbone on model class {} (RankModel runs backbones)",
+                model.model_class
+            ),
+        ));
+    }
     let experts = |expert_dnn: Option<&proto::Dnn>, num: u32, path: &str| -> Result<Vec<DnnSpec>, ConfigError> {
         match expert_dnn {
             Some(_) if num == 0 => Err(ConfigError::invalid(
@@ -377,6 +394,38 @@ fn single_task_arch(
                 },
                 t.l2_regularization,
             )
+        }
+        Some(M::ModelParams(p)) if model.model_class == "RankModel" => {
+            let b = model
+                .backbone
+                .as_ref()
+                .ok_or_else(|| ConfigError::invalid(format!("{m}.backbone"), "RankModel needs a backbone"))?;
+            for (field, set) in [
+                ("outputs", !p.outputs.is_empty()),
+                ("task_towers", !p.task_towers.is_empty()),
+            ] {
+                if set {
+                    return Err(ConfigError::unsupported(
+                        format!("{m}.model_params.{field}"),
+                        format!("`{field}` on a RankModel"),
+                    ));
+                }
+            }
+            let groups: Vec<String> = model
+                .feature_groups
+                .iter()
+                .map(|g| g.group_name.clone().unwrap_or_else(|| "all".into()))
+                .collect();
+            (
+                Arch::Backbone(super::backbone::backbone(b, &groups, &format!("{m}.backbone"))?),
+                p.l2_regularization(),
+            )
+        }
+        _ if model.model_class == "RankModel" => {
+            return Err(ConfigError::invalid(
+                m,
+                "RankModel needs `model_params` and a `backbone`",
+            ))
         }
         _ => {
             return Err(ConfigError::invalid(

@@ -5,7 +5,7 @@
 //! number, `True`/`t`/`1` booleans. Errors carry line:column and, for unknown
 //! names, a did-you-mean.
 
-use prost_reflect::{DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, ReflectMessage, Value};
+use prost_reflect::{DynamicMessage, FieldDescriptor, Kind, MapKey, MessageDescriptor, ReflectMessage, Value};
 
 use super::suggest;
 
@@ -367,7 +367,7 @@ impl Parser<'_> {
         }
         if matches!(self.peek()?, Tok::Punct('[')) {
             let (_, l, c) = self.next()?;
-            if !fd.is_list() {
+            if !fd.is_list() && !fd.is_map() {
                 return Err(Self::err(
                     l,
                     c,
@@ -424,7 +424,17 @@ impl Parser<'_> {
             };
             self.path.push(fd.name().to_string());
             self.outer.push(msg.descriptor());
-            let result = if fd.is_list() {
+            let result = if fd.is_map() {
+                // A map entry is written as a message of `key` and `value`.
+                let mut entry = DynamicMessage::new(sub_desc.clone());
+                self.message_body(&mut entry, Some(close)).map(|_| {
+                    let key = entry.get_field(&sub_desc.map_entry_key_field()).into_owned();
+                    let value = entry.get_field(&sub_desc.map_entry_value_field()).into_owned();
+                    if let (Value::Map(map), Some(key)) = (msg.get_field_mut(fd), map_key(key)) {
+                        map.insert(key, value);
+                    }
+                })
+            } else if fd.is_list() {
                 let mut sub = DynamicMessage::new(sub_desc);
                 self.message_body(&mut sub, Some(close)).map(|_| {
                     if let Value::List(items) = msg.get_field_mut(fd) {
@@ -452,6 +462,19 @@ impl Parser<'_> {
         }
         Ok(())
     }
+}
+
+/// A map entry's key as a map key (keys are scalars, never floats).
+fn map_key(v: Value) -> Option<MapKey> {
+    Some(match v {
+        Value::String(s) => MapKey::String(s),
+        Value::Bool(b) => MapKey::Bool(b),
+        Value::I32(x) => MapKey::I32(x),
+        Value::I64(x) => MapKey::I64(x),
+        Value::U32(x) => MapKey::U32(x),
+        Value::U64(x) => MapKey::U64(x),
+        _ => return None,
+    })
 }
 
 fn scalar_from_token(fd: &FieldDescriptor, tok: &Tok) -> Result<Value, String> {

@@ -216,6 +216,8 @@ pub enum ModelKind {
     MultiTower,
     Mmoe,
     Dbmtl,
+    /// A `backbone` DAG with EasyRec's rank head.
+    RankModel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -480,11 +482,12 @@ impl TrainingPlan {
             "MultiTower" => ModelKind::MultiTower,
             "MMoE" => ModelKind::Mmoe,
             "DBMTL" => ModelKind::Dbmtl,
+            "RankModel" => ModelKind::RankModel,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MMoE, DBMTL)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MMoE, DBMTL, RankModel)".into(),
                 })
             }
         };
@@ -498,11 +501,26 @@ impl TrainingPlan {
             ));
         }
         let (feats, prefix) = validate::features(cfg);
-        let features = feats
+        let grouped: std::collections::HashSet<&str> = model
+            .feature_groups
             .iter()
-            .enumerate()
-            .map(|(i, f)| feature(f, &format!("{prefix}[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?;
+            .flat_map(|g| g.feature_names.iter().map(String::as_str))
+            .collect();
+        let mut features = Vec::with_capacity(feats.len());
+        for (i, f) in feats.iter().enumerate() {
+            match feature(f, &format!("{prefix}[{i}]")) {
+                Ok(spec) => features.push(spec),
+                // A feature no group reads changes nothing EasyRec computes:
+                // one of a kind this trainer cannot build is left out, said.
+                Err(e @ ConfigError::Unsupported { .. }) if !grouped.contains(validate::feature_name(f)) => {
+                    log::warn!(
+                        "{e}; feature `{}` is in no feature group, so it is left out",
+                        validate::feature_name(f)
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let num_steps = train.num_steps.filter(|n| *n > 0);
         let names: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
         let groups = model_plan::groups(model, &names)?;

@@ -44,6 +44,7 @@ pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::
             final_dnn,
         } => b.dcn(g_, scope, (deep_input, deep), (cross_input, *cross_num), final_dnn)?,
         Arch::MultiTower { towers, final_dnn } => b.multi_tower(g_, scope, towers, final_dnn)?,
+        Arch::Backbone(bb) => super::backbone::build(bb, groups, &b.xs, g_, scope)?,
         Arch::Mmoe { experts, towers } => {
             b.mmoe(g_, scope, experts, towers)?;
             return Ok(g);
@@ -67,6 +68,7 @@ pub fn wide_dim(arch: &Arch) -> Option<usize> {
     match arch {
         Arch::WideAndDeep { wide_output_dim, .. } | Arch::DeepFm { wide_output_dim, .. } => Some(*wide_output_dim),
         Arch::Fm => Some(1),
+        Arch::Backbone(b) => b.wide_output_dim,
         _ => None,
     }
 }
@@ -115,6 +117,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         } => named(&[deep_input.as_str(), cross_input.as_str()]),
         Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
         Arch::Mmoe { .. } | Arch::Dbmtl { .. } => named(&["all"]),
+        Arch::Backbone(_) => Vec::new(),
     };
     order.dedup();
     for i in 0..groups.len() {

@@ -4,6 +4,7 @@
 //! evaluation), burn (`reference`, the tests' oracle) or the ONNX emitter
 //! (`export::graph`). Single-device; distribution wraps them.
 
+pub mod backbone;
 pub mod builders;
 pub mod cpu;
 pub mod graph;
@@ -45,6 +46,9 @@ pub struct GroupLayout {
     pub wide: bool,
     pub width: usize,
     pub parts: Vec<Part>,
+    /// Indices into `parts` in the group's `feature_names` order (EasyRec's
+    /// per-feature list).
+    pub listed: Vec<usize>,
 }
 
 impl GroupLayout {
@@ -106,7 +110,7 @@ impl Model {
                         let (name, dim) = if g.wide {
                             let wd = builders::wide_dim(&plan.arch).with_context(|| {
                                 format!(
-                                    "feature group `{}` is WIDE, which only WideAndDeep and DeepFM use",
+                                    "feature group `{}` is WIDE, which only WideAndDeep, DeepFM, FM and backbone input layers with wide_output_dim use",
                                     g.name
                                 )
                             })?;
@@ -177,11 +181,22 @@ impl Model {
                 p.col = col;
                 col += p.dim;
             }
+            let listed = g
+                .features
+                .iter()
+                .map(|f| {
+                    parts
+                        .iter()
+                        .position(|p| p.feature == *f)
+                        .expect("each listed feature has a part")
+                })
+                .collect();
             groups.push(GroupLayout {
                 name: g.name.clone(),
                 wide: g.wide,
                 width: col,
                 parts,
+                listed,
             });
         }
         let mut rng = Rng::new(seed ^ 0xdea5e);

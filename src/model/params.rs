@@ -40,6 +40,12 @@ pub enum Init {
     /// Glorot uniform of a 1-D TensorFlow variable of `n` values (fan in =
     /// fan out = n), whatever 2-D shape it is stored in here.
     GlorotUniformVector,
+    /// He (Kaiming) uniform, limit `sqrt(6 / fan_in)`: Keras' `he_uniform`,
+    /// EasyRec's MLP block default.
+    HeUniform,
+    /// Normal cut at two standard deviations: Keras' `truncated_normal`
+    /// (stddev 0.05 by default).
+    TruncatedNormal(f32),
 }
 
 /// Named 2-D parameters in one buffer.
@@ -65,6 +71,15 @@ impl ParamStore {
                 let limit = (3.0 / (rows * cols).max(1) as f64).sqrt();
                 self.values
                     .extend((0..rows * cols).map(|_| ((rng.uniform() * 2.0 - 1.0) * limit) as f32));
+            }
+            Init::HeUniform => {
+                let limit = (6.0 / rows.max(1) as f64).sqrt();
+                self.values
+                    .extend((0..rows * cols).map(|_| ((rng.uniform() * 2.0 - 1.0) * limit) as f32));
+            }
+            Init::TruncatedNormal(stddev) => {
+                self.values
+                    .extend((0..rows * cols).map(|_| (rng.truncated_normal() * stddev as f64) as f32));
             }
         }
         self.specs.push(ParamSpec {

@@ -126,6 +126,30 @@ pub const MODELS: &[(&str, &str)] = &[
           task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
           task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
     ),
+    (
+        "RankModel",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "dense" feature_names: ["d1"] }
+  feature_groups { group_name: "sparse" feature_names: ["c3", "c1", "c2", "d2", "c4"] }
+  backbone {
+    blocks { name: "wide" inputs { feature_group_name: "wide" } input_layer { wide_output_dim: 1 } }
+    blocks { name: "sparse" inputs { feature_group_name: "sparse" } input_layer { output_2d_tensor_and_feature_list: true } }
+    blocks { name: "bottom" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [8, 4] } } }
+    blocks { name: "dot" inputs { block_name: "bottom" input_fn: "lambda x: [x]" }
+             inputs { block_name: "sparse" input_slice: "[1]" } keras_layer { class_name: "DotInteraction" } }
+    blocks { name: "fm" inputs { block_name: "sparse" input_slice: "[1]" } keras_layer { class_name: "FM" } }
+    blocks { name: "cross" inputs { block_name: "sparse" input_slice: "[0]" input_fn: "lambda x: [x, x]" }
+             recurrent { num_steps: 2 fixed_input_index: 0 keras_layer { class_name: "Cross" } } }
+    blocks { name: "deep" inputs { block_name: "dot" } inputs { block_name: "cross" } inputs { block_name: "bottom" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: [6, 1] use_final_bn: false final_activation: "linear" } } }
+    blocks { name: "logit" inputs { block_name: "wide" input_fn: "lambda x: tf.reduce_sum(x, axis=1, keepdims=True)" }
+             inputs { block_name: "fm" } inputs { block_name: "deep" } merge_inputs_into_list: true
+             keras_layer { class_name: "Add" } }
+    concat_blocks: "logit"
+  }
+  model_params { l2_regularization: 1e-4 } }"#,
+    ),
 ];
 
 pub fn write_data(path: &Path, rows: usize, seed: u64) {

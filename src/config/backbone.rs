@@ -1,0 +1,790 @@
+//! `model_config.backbone` typed: EasyRec's block DAG (`RankModel`), each
+//! block reading feature groups or other blocks through EasyRec's input
+//! expressions, and running an input layer, Keras layers or a recurrence.
+//! What is not here is refused by name: a Keras class, an `st_params` key,
+//! an input-layer option or a Python expression this trainer cannot run.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::model_plan::{activation, Activation};
+use super::{proto, ConfigError};
+
+/// The backbone: blocks in an order where each follows what it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backbone {
+    pub blocks: Vec<Block>,
+    /// `concat_blocks` (merged as one tensor) or `output_blocks` (a list).
+    pub output: Vec<String>,
+    pub output_as_list: bool,
+    pub top_mlp: Option<Mlp>,
+    /// The wide groups' embedding width (`input_layer.wide_output_dim`).
+    pub wide_output_dim: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    pub name: String,
+    pub inputs: Vec<BlockInput>,
+    /// `input_concat_axis`: -1 (features) or 1 (fields of 3-D inputs).
+    pub concat_axis: i32,
+    /// `merge_inputs_into_list`.
+    pub into_list: bool,
+    pub extra_input_fn: Option<Expr>,
+    /// Run in turn on the merged inputs; none passes them through.
+    pub layers: Vec<Layer>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockInput {
+    pub source: Source,
+    /// `input_slice` then `input_fn`.
+    pub slice: Option<Expr>,
+    pub input_fn: Option<Expr>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// A feature group, through EasyRec's input layer.
+    Group(String),
+    Block(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layer {
+    /// A feature group's input layer.
+    Input(InputMode),
+    Keras(Keras),
+    /// `recurrent`: the layer applied `steps` times to its own output; with
+    /// `fixed`, the inputs are a list whose element `fixed` stays (DCN's x0).
+    Recurrent {
+        steps: usize,
+        fixed: Option<usize>,
+        layer: Keras,
+    },
+    Lambda(Expr),
+}
+
+/// What an input layer outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputMode {
+    /// The features concatenated: `[batch, width]`.
+    Tensor,
+    /// `only_output_feature_list`: one `[batch, dim]` per feature, in
+    /// `feature_names` order.
+    FeatureList,
+    /// `only_output_3d_tensor`: `[batch, features, dim]`.
+    Stacked,
+    /// `output_2d_tensor_and_feature_list`: `(tensor, list)`.
+    TensorAndList,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Keras {
+    Mlp(Mlp),
+    /// Keras' `Dense` (glorot_uniform kernel, no regularizer).
+    Dense {
+        units: usize,
+        activation: Activation,
+        use_bias: bool,
+    },
+    /// Keras' `Dropout`.
+    Dropout {
+        rate: f32,
+    },
+    /// Keras' `Add` over a list.
+    Add,
+    /// EasyRec's FM layer: `[batch, 1]`, or `[batch, dim]` with `use_variant`.
+    Fm {
+        variant: bool,
+    },
+    /// DLRM's pairwise dot products, lower triangle in row-major order.
+    DotInteraction {
+        self_interaction: bool,
+    },
+    /// DCN-v2's cross layer `x0 * (W x + b) + x`, `W` low-rank with
+    /// `projection_dim`.
+    Cross {
+        projection_dim: Option<usize>,
+        use_bias: bool,
+    },
+}
+
+/// EasyRec's MLP block, one entry per dense layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mlp {
+    pub layers: Vec<MlpLayer>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlpLayer {
+    pub units: usize,
+    pub use_bias: bool,
+    pub use_bn: bool,
+    /// Batch norm after the activation rather than before it.
+    pub bn_after_activation: bool,
+    pub activation: Activation,
+    pub dropout: f32,
+}
+
+/// The Python expressions of `input_slice`, `input_fn`, `extra_input_fn`
+/// and `lambda` blocks that EasyRec's configs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expr {
+    /// `[i]`, `lambda x: x[i]`: an element of a list.
+    Index(usize),
+    /// `lambda x: [x]`, `lambda x: [x, x]`: the value repeated in a list.
+    Repeat(usize),
+    /// `lambda x: tf.add_n(x)`.
+    AddN,
+    /// `lambda x: tf.reduce_sum(x, axis=1, keepdims=True)`.
+    ReduceSum,
+    /// `lambda x: tf.concat(x, axis=1)` (or -1).
+    Concat,
+    /// `lambda x: tf.stack(x, axis=1)`.
+    Stack,
+    /// `lambda x: tf.unstack(tf.reshape(x, [-1, n, d]), axis=1)`.
+    Unstack { n: usize, d: usize },
+}
+
+const SUPPORTED_EXPRESSIONS: &str = "[i], lambda x: x[i], lambda x: [x, ...], tf.add_n(x), \
+     tf.reduce_sum(x, axis=1, keepdims=True), tf.concat(x, axis=1), tf.stack(x, axis=1), \
+     tf.unstack(tf.reshape(x, [-1, n, d]), axis=1)";
+
+/// Parses an expression; `slice` for `input_slice`, which EasyRec reads as
+/// the tail of `lambda x: x`.
+pub fn expr(text: &str, path: &str, slice: bool) -> Result<Expr, ConfigError> {
+    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    let body = if slice {
+        Some(format!("x{compact}"))
+    } else {
+        compact.strip_prefix("lambdax:").map(str::to_string)
+    };
+    let parsed = body.as_deref().and_then(|b| {
+        if let Some(i) = b.strip_prefix("x[").and_then(|r| r.strip_suffix(']')) {
+            return i.parse().ok().map(Expr::Index);
+        }
+        if let Some(items) = b.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            let n = items.split(',').count();
+            return items.split(',').all(|i| i == "x").then_some(Expr::Repeat(n));
+        }
+        match b {
+            "tf.add_n(x)" => return Some(Expr::AddN),
+            "tf.reduce_sum(x,axis=1,keepdims=True)" => return Some(Expr::ReduceSum),
+            "tf.concat(x,axis=1)" | "tf.concat(x,axis=-1)" | "tf.concat(x,1)" | "tf.concat(x,-1)" => {
+                return Some(Expr::Concat)
+            }
+            "tf.stack(x,axis=1)" | "tf.stack(x,1)" => return Some(Expr::Stack),
+            _ => {}
+        }
+        let shape = b
+            .strip_prefix("tf.unstack(tf.reshape(x,[-1,")
+            .and_then(|r| r.strip_suffix("]),axis=1)"))?;
+        let (n, d) = shape.split_once(',')?;
+        Some(Expr::Unstack {
+            n: n.parse().ok()?,
+            d: d.parse().ok()?,
+        })
+    });
+    parsed.ok_or_else(|| ConfigError::Unsupported {
+        path: path.to_string(),
+        what: format!("the Python expression `{text}`"),
+        hint: format!(" (supported forms: {SUPPORTED_EXPRESSIONS})"),
+    })
+}
+
+/// `st_params` as plain values, refusing keys a layer does not read.
+struct StParams<'a> {
+    fields: &'a BTreeMap<String, prost_types::Value>,
+    path: String,
+}
+
+impl StParams<'_> {
+    fn check_keys(&self, known: &[&str], class: &str) -> Result<(), ConfigError> {
+        match self.fields.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(k) => Err(ConfigError::unsupported(
+                format!("{}.{k}", self.path),
+                format!("`{k}` of Keras layer {class}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        use prost_types::value::Kind;
+        match self.fields.get(key).and_then(|v| v.kind.as_ref()) {
+            None | Some(Kind::NullValue(_)) => Ok(None),
+            Some(Kind::NumberValue(x)) => Ok(Some(*x)),
+            Some(_) => Err(ConfigError::invalid(
+                format!("{}.{key}", self.path),
+                "needs a number_value",
+            )),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        use prost_types::value::Kind;
+        match self.fields.get(key).and_then(|v| v.kind.as_ref()) {
+            None | Some(Kind::NullValue(_)) => Ok(None),
+            Some(Kind::BoolValue(x)) => Ok(Some(*x)),
+            Some(_) => Err(ConfigError::invalid(
+                format!("{}.{key}", self.path),
+                "needs a bool_value",
+            )),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<Option<&str>, ConfigError> {
+        use prost_types::value::Kind;
+        match self.fields.get(key).and_then(|v| v.kind.as_ref()) {
+            None | Some(Kind::NullValue(_)) => Ok(None),
+            Some(Kind::StringValue(x)) => Ok(Some(x)),
+            Some(_) => Err(ConfigError::invalid(
+                format!("{}.{key}", self.path),
+                "needs a string_value",
+            )),
+        }
+    }
+
+    fn count(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+        match self.number(key)? {
+            Some(x) if x >= 1.0 && x.fract() == 0.0 => Ok(Some(x as usize)),
+            Some(x) => Err(ConfigError::invalid(
+                format!("{}.{key}", self.path),
+                format!("{x} is not a positive whole number"),
+            )),
+            None => Ok(None),
+        }
+    }
+}
+
+const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross";
+
+fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
+    use proto::keras_layer::Params;
+    let class = k.class_name.as_str();
+    let empty = BTreeMap::new();
+    let st = StParams {
+        fields: match &k.params {
+            Some(Params::StParams(s)) => &s.fields,
+            _ => &empty,
+        },
+        path: format!("{path}.st_params"),
+    };
+    let params_for = |expected: &str| -> Result<(), ConfigError> {
+        match &k.params {
+            None | Some(Params::StParams(_)) => Ok(()),
+            Some(other) => Err(ConfigError::invalid(
+                path,
+                format!("Keras layer {class} takes {expected}, not `{other:?}`"),
+            )),
+        }
+    };
+    Ok(match class {
+        "MLP" => match &k.params {
+            Some(Params::Mlp(m)) => Keras::Mlp(mlp(m, &format!("{path}.mlp"))?),
+            _ => return Err(ConfigError::invalid(path, "Keras layer MLP needs its `mlp` parameters")),
+        },
+        "Dense" => {
+            params_for("st_params")?;
+            st.check_keys(&["units", "activation", "use_bias"], class)?;
+            Keras::Dense {
+                units: st
+                    .count("units")?
+                    .ok_or_else(|| ConfigError::invalid(&st.path, "Dense needs `units`"))?,
+                activation: activation(
+                    st.string("activation")?.unwrap_or("linear"),
+                    &format!("{}.activation", st.path),
+                )?,
+                use_bias: st.boolean("use_bias")?.unwrap_or(true),
+            }
+        }
+        "Dropout" => {
+            params_for("st_params")?;
+            st.check_keys(&["rate"], class)?;
+            let rate = st
+                .number("rate")?
+                .ok_or_else(|| ConfigError::invalid(&st.path, "Dropout needs `rate`"))?;
+            if !(0.0..1.0).contains(&rate) {
+                return Err(ConfigError::invalid(
+                    format!("{}.rate", st.path),
+                    format!("{rate} is outside [0, 1)"),
+                ));
+            }
+            Keras::Dropout { rate: rate as f32 }
+        }
+        "Add" => {
+            params_for("no parameters")?;
+            st.check_keys(&[], class)?;
+            Keras::Add
+        }
+        "FM" => match &k.params {
+            Some(Params::Fm(f)) => Keras::Fm {
+                variant: f.use_variant(),
+            },
+            _ => {
+                params_for("`fm` or st_params")?;
+                st.check_keys(&["use_variant"], class)?;
+                Keras::Fm {
+                    variant: st.boolean("use_variant")?.unwrap_or(false),
+                }
+            }
+        },
+        "DotInteraction" => {
+            params_for("st_params")?;
+            st.check_keys(&["self_interaction", "skip_gather"], class)?;
+            if st.boolean("skip_gather")?.unwrap_or(false) {
+                return Err(ConfigError::unsupported(
+                    format!("{}.skip_gather", st.path),
+                    "DotInteraction's zero-padded square output",
+                ));
+            }
+            Keras::DotInteraction {
+                self_interaction: st.boolean("self_interaction")?.unwrap_or(false),
+            }
+        }
+        "Cross" => {
+            params_for("st_params")?;
+            st.check_keys(&["projection_dim", "diag_scale", "use_bias"], class)?;
+            if st.number("diag_scale")?.unwrap_or(0.0) != 0.0 {
+                return Err(ConfigError::unsupported(
+                    format!("{}.diag_scale", st.path),
+                    "Cross's diagonal scale",
+                ));
+            }
+            Keras::Cross {
+                projection_dim: st.count("projection_dim")?,
+                use_bias: st.boolean("use_bias")?.unwrap_or(true),
+            }
+        }
+        other => {
+            return Err(ConfigError::Unsupported {
+                path: format!("{path}.class_name"),
+                what: format!("Keras layer `{other}`"),
+                hint: format!(" (supported: {SUPPORTED_LAYERS})"),
+            })
+        }
+    })
+}
+
+/// EasyRec's MLP block from its `mlp` parameters.
+pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
+    if m.hidden_units.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{path}.hidden_units"),
+            "an MLP needs at least one layer",
+        ));
+    }
+    if m.hidden_units.contains(&0) {
+        return Err(ConfigError::invalid(
+            format!("{path}.hidden_units"),
+            "a layer of width 0",
+        ));
+    }
+    if let Some(r) = m.dropout_ratio.iter().find(|r| !(0.0..1.0).contains(*r)) {
+        return Err(ConfigError::invalid(
+            format!("{path}.dropout_ratio"),
+            format!("{r} is outside [0, 1)"),
+        ));
+    }
+    if !matches!(m.initializer(), "he_uniform" | "") {
+        return Err(ConfigError::unsupported(
+            format!("{path}.initializer"),
+            format!("kernel initializer `{}` (supported: he_uniform)", m.initializer()),
+        ));
+    }
+    if m.add_to_outputs() {
+        return Err(ConfigError::unsupported(
+            format!("{path}.add_to_outputs"),
+            "extra model outputs from MLP blocks",
+        ));
+    }
+    let act = activation(m.activation(), &format!("{path}.activation"))?;
+    let final_act = activation(m.final_activation(), &format!("{path}.final_activation"))?;
+    let n = m.hidden_units.len();
+    Ok(Mlp {
+        layers: m
+            .hidden_units
+            .iter()
+            .enumerate()
+            .map(|(i, &units)| {
+                let last = i + 1 == n;
+                MlpLayer {
+                    units: units as usize,
+                    use_bias: if last { m.use_final_bias() } else { m.use_bias() },
+                    use_bn: if last { m.use_final_bn() } else { m.use_bn() },
+                    bn_after_activation: m.use_bn_after_activation(),
+                    activation: if last { final_act } else { act },
+                    dropout: m.dropout_ratio.get(i).copied().unwrap_or(0.0),
+                }
+            })
+            .collect(),
+    })
+}
+
+fn input_mode(l: &proto::InputLayer, path: &str) -> Result<InputMode, ConfigError> {
+    let refused: [(&str, bool); 5] = [
+        ("do_batch_norm", l.do_batch_norm()),
+        ("do_layer_norm", l.do_layer_norm()),
+        ("dropout_rate", l.dropout_rate() > 0.0),
+        ("feature_dropout_rate", l.feature_dropout_rate() > 0.0),
+        ("output_seq_and_normal_feature", l.output_seq_and_normal_feature()),
+    ];
+    if let Some((field, _)) = refused.iter().find(|(_, on)| *on) {
+        return Err(ConfigError::unsupported(
+            format!("{path}.{field}"),
+            "this input-layer option",
+        ));
+    }
+    Ok(if l.only_output_feature_list() {
+        InputMode::FeatureList
+    } else if l.only_output_3d_tensor() {
+        InputMode::Stacked
+    } else if l.output_2d_tensor_and_feature_list() {
+        InputMode::TensorAndList
+    } else {
+        InputMode::Tensor
+    })
+}
+
+fn layer(l: &proto::block::Layer, path: &str) -> Result<Layer, ConfigError> {
+    use proto::block::Layer as L;
+    Ok(match l {
+        L::InputLayer(i) => Layer::Input(input_mode(i, &format!("{path}.input_layer"))?),
+        L::KerasLayer(k) => Layer::Keras(keras(k, &format!("{path}.keras_layer"))?),
+        L::Lambda(x) => Layer::Lambda(expr(&x.expression, &format!("{path}.lambda.expression"), false)?),
+        L::Recurrent(r) => recurrent(r, &format!("{path}.recurrent"))?,
+        L::Repeat(_) => return Err(ConfigError::unsupported(format!("{path}.repeat"), "repeat layers")),
+        L::RawInput(_) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.raw_input"),
+                "raw input layers",
+            ))
+        }
+        L::EmbeddingLayer(_) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.embedding_layer"),
+                "embedding layers over bucketized features",
+            ))
+        }
+    })
+}
+
+fn recurrent(r: &proto::RecurrentLayer, path: &str) -> Result<Layer, ConfigError> {
+    if r.num_steps == 0 {
+        return Err(ConfigError::invalid(format!("{path}.num_steps"), "must be at least 1"));
+    }
+    Ok(Layer::Recurrent {
+        steps: r.num_steps as usize,
+        fixed: r.fixed_input_index.map(|i| i as usize),
+        layer: keras(&r.keras_layer, &format!("{path}.keras_layer"))?,
+    })
+}
+
+fn sequential(l: &proto::Layer, path: &str) -> Result<Layer, ConfigError> {
+    use proto::layer::Layer as L;
+    match &l.layer {
+        Some(L::Lambda(x)) => Ok(Layer::Lambda(expr(
+            &x.expression,
+            &format!("{path}.lambda.expression"),
+            false,
+        )?)),
+        Some(L::KerasLayer(k)) => Ok(Layer::Keras(keras(k, &format!("{path}.keras_layer"))?)),
+        Some(L::Recurrent(r)) => recurrent(r, &format!("{path}.recurrent")),
+        Some(L::Repeat(_)) => Err(ConfigError::unsupported(format!("{path}.repeat"), "repeat layers")),
+        None => Err(ConfigError::invalid(
+            path,
+            "a layer needs one of lambda, keras_layer, recurrent, repeat",
+        )),
+    }
+}
+
+/// Types `backbone`, `groups` being the model's feature-group names.
+pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Result<Backbone, ConfigError> {
+    if !b.packages.is_empty() {
+        return Err(ConfigError::unsupported(format!("{path}.packages"), "block packages"));
+    }
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut wide_output_dim: Option<usize> = None;
+    for (i, blk) in b.blocks.iter().enumerate() {
+        let bpath = format!("{path}.blocks[{i}]");
+        if blk.inputs.is_empty() {
+            return Err(ConfigError::invalid(
+                &bpath,
+                format!("block `{}` takes no input", blk.name),
+            ));
+        }
+        if blocks.iter().any(|x| x.name == blk.name) {
+            return Err(ConfigError::invalid(
+                format!("{bpath}.name"),
+                format!("a second block `{}`", blk.name),
+            ));
+        }
+        let mut inputs = Vec::new();
+        for (j, inp) in blk.inputs.iter().enumerate() {
+            use proto::input::Name;
+            let ipath = format!("{bpath}.inputs[{j}]");
+            let source = match &inp.name {
+                Some(Name::FeatureGroupName(g)) => Source::Group(g.clone()),
+                Some(Name::BlockName(n)) => Source::Block(n.clone()),
+                Some(Name::PackageName(_) | Name::UsePackageInput(_)) => {
+                    return Err(ConfigError::unsupported(ipath, "inputs from block packages"))
+                }
+                None => {
+                    return Err(ConfigError::invalid(
+                        ipath,
+                        "an input needs feature_group_name or block_name",
+                    ))
+                }
+            };
+            for (field, set) in [
+                ("reset_input", inp.reset_input.is_some()),
+                ("package_input", inp.package_input.is_some()),
+                ("package_input_fn", inp.package_input_fn.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::unsupported(
+                        format!("{ipath}.{field}"),
+                        "block package inputs",
+                    ));
+                }
+            }
+            if inp.ignore_input() {
+                continue;
+            }
+            inputs.push(BlockInput {
+                source,
+                slice: inp
+                    .input_slice
+                    .as_deref()
+                    .map(|s| expr(s, &format!("{ipath}.input_slice"), true))
+                    .transpose()?,
+                input_fn: inp
+                    .input_fn
+                    .as_deref()
+                    .map(|s| expr(s, &format!("{ipath}.input_fn"), false))
+                    .transpose()?,
+            });
+        }
+        let mut layers = Vec::new();
+        if let Some(l) = &blk.layer {
+            if let proto::block::Layer::InputLayer(il) = l {
+                if blk.inputs.len() != 1 || !matches!(inputs.first().map(|i| &i.source), Some(Source::Group(_))) {
+                    return Err(ConfigError::invalid(
+                        &bpath,
+                        format!("input layer `{}` takes exactly one feature_group_name", blk.name),
+                    ));
+                }
+                if let Some(d) = il.wide_output_dim {
+                    if wide_output_dim.is_some_and(|w| w != d as usize) {
+                        return Err(ConfigError::invalid(
+                            format!("{bpath}.input_layer.wide_output_dim"),
+                            "differs from another block's: wide_output_dim must be consistent",
+                        ));
+                    }
+                    wide_output_dim = Some(d as usize);
+                }
+            }
+            if !blk.layers.is_empty() {
+                return Err(ConfigError::invalid(
+                    &bpath,
+                    "a block has either `layers` or one layer, not both",
+                ));
+            }
+            layers.push(layer(l, &bpath)?);
+        }
+        for (j, l) in blk.layers.iter().enumerate() {
+            layers.push(sequential(l, &format!("{bpath}.layers[{j}]"))?);
+        }
+        blocks.push(Block {
+            name: blk.name.clone(),
+            inputs,
+            concat_axis: blk.input_concat_axis(),
+            into_list: blk.merge_inputs_into_list(),
+            extra_input_fn: blk
+                .extra_input_fn
+                .as_deref()
+                .map(|s| expr(s, &format!("{bpath}.extra_input_fn"), false))
+                .transpose()?,
+            layers,
+        });
+    }
+    // Inputs naming a feature group that no block defines get EasyRec's
+    // implicit input-layer block of that name.
+    let names: Vec<String> = blocks.iter().map(|b| b.name.clone()).collect();
+    let mut implicit: Vec<Block> = Vec::new();
+    for blk in &mut blocks {
+        for inp in &mut blk.inputs {
+            let (is_group, name) = match &inp.source {
+                Source::Group(n) => (true, n.clone()),
+                Source::Block(n) => (false, n.clone()),
+            };
+            let is_input_layer = blk.layers.first().is_some_and(|l| matches!(l, Layer::Input(_)));
+            if is_group && is_input_layer {
+                if !groups.contains(&name) {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.blocks"),
+                        format!(
+                            "block `{}` reads feature group `{name}`, which model_config does not define",
+                            blk.name
+                        ),
+                    ));
+                }
+                continue;
+            }
+            if names.contains(&name) {
+                inp.source = Source::Block(name);
+            } else if is_group && groups.contains(&name) {
+                if !implicit.iter().any(|b| b.name == name) {
+                    implicit.push(Block {
+                        name: name.clone(),
+                        inputs: vec![BlockInput {
+                            source: Source::Group(name.clone()),
+                            slice: None,
+                            input_fn: None,
+                        }],
+                        concat_axis: -1,
+                        into_list: false,
+                        extra_input_fn: None,
+                        layers: vec![Layer::Input(InputMode::Tensor)],
+                    });
+                }
+                inp.source = Source::Block(name);
+            } else {
+                return Err(ConfigError::invalid(
+                    format!("{path}.blocks"),
+                    format!(
+                        "block `{}` reads `{name}`, which is neither a feature group nor a block",
+                        blk.name
+                    ),
+                ));
+            }
+        }
+    }
+    if blocks
+        .iter()
+        .all(|b| b.layers.first().is_some_and(|l| matches!(l, Layer::Input(_))))
+    {
+        return Err(ConfigError::invalid(
+            path,
+            "there must be at least one block besides input layers",
+        ));
+    }
+    implicit.extend(blocks);
+    let blocks = topological(implicit, path)?;
+    let (output, output_as_list) = if !b.output_blocks.is_empty() {
+        (b.output_blocks.clone(), true)
+    } else if !b.concat_blocks.is_empty() {
+        (b.concat_blocks.clone(), false)
+    } else {
+        // EasyRec concatenates the leaves: blocks no other block reads.
+        let read: Vec<&str> = blocks
+            .iter()
+            .flat_map(|b| b.inputs.iter())
+            .filter_map(|i| match &i.source {
+                Source::Block(n) => Some(n.as_str()),
+                Source::Group(_) => None,
+            })
+            .collect();
+        let leaves = blocks
+            .iter()
+            .filter(|b| !read.contains(&b.name.as_str()))
+            .map(|b| b.name.clone())
+            .collect();
+        (leaves, false)
+    };
+    if let Some(o) = output.iter().find(|o| !blocks.iter().any(|b| &b.name == *o)) {
+        return Err(ConfigError::invalid(
+            format!("{path}.concat_blocks"),
+            format!("no block `{o}` to output"),
+        ));
+    }
+    Ok(Backbone {
+        blocks,
+        output,
+        output_as_list,
+        top_mlp: b
+            .top_mlp
+            .as_ref()
+            .map(|m| mlp(m, &format!("{path}.top_mlp")))
+            .transpose()?,
+        wide_output_dim,
+    })
+}
+
+/// Blocks ordered so each follows the blocks it reads, otherwise in the
+/// order written; a cycle is an error.
+fn topological(blocks: Vec<Block>, path: &str) -> Result<Vec<Block>, ConfigError> {
+    let index: HashMap<String, usize> = blocks.iter().enumerate().map(|(i, b)| (b.name.clone(), i)).collect();
+    let deps: Vec<Vec<usize>> = blocks
+        .iter()
+        .map(|b| {
+            b.inputs
+                .iter()
+                .filter_map(|i| match &i.source {
+                    Source::Block(n) => index.get(n).copied(),
+                    Source::Group(_) => None,
+                })
+                .collect()
+        })
+        .collect();
+    let mut done = vec![false; blocks.len()];
+    let mut order = Vec::with_capacity(blocks.len());
+    while order.len() < blocks.len() {
+        let next = (0..blocks.len()).find(|&i| !done[i] && deps[i].iter().all(|&d| done[d]));
+        match next {
+            Some(i) => {
+                done[i] = true;
+                order.push(i);
+            }
+            None => {
+                let stuck: Vec<&str> = (0..blocks.len())
+                    .filter(|&i| !done[i])
+                    .map(|i| blocks[i].name.as_str())
+                    .collect();
+                return Err(ConfigError::invalid(
+                    format!("{path}.blocks"),
+                    format!("blocks read each other in a cycle: {}", stuck.join(", ")),
+                ));
+            }
+        }
+    }
+    let mut slots: Vec<Option<Block>> = blocks.into_iter().map(Some).collect();
+    Ok(order
+        .into_iter()
+        .map(|i| slots[i].take().expect("each block once"))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expressions_of_easyrec_configs() {
+        let p = "p";
+        assert_eq!(expr("[1]", p, true).unwrap(), Expr::Index(1));
+        assert_eq!(expr("lambda x: x[0]", p, false).unwrap(), Expr::Index(0));
+        assert_eq!(expr("lambda x: [x]", p, false).unwrap(), Expr::Repeat(1));
+        assert_eq!(expr("lambda x: [x, x]", p, false).unwrap(), Expr::Repeat(2));
+        assert_eq!(expr("lambda x: tf.add_n(x)", p, false).unwrap(), Expr::AddN);
+        assert_eq!(
+            expr("lambda x: tf.reduce_sum(x, axis=1, keepdims=True)", p, false).unwrap(),
+            Expr::ReduceSum
+        );
+        assert_eq!(expr("lambda x: tf.concat(x, axis=1)", p, false).unwrap(), Expr::Concat);
+        assert_eq!(expr("lambda x: tf.stack(x, axis=1)", p, false).unwrap(), Expr::Stack);
+        assert_eq!(
+            expr("lambda x: tf.unstack(tf.reshape(x, [-1, 26, 16]), axis=1)", p, false).unwrap(),
+            Expr::Unstack { n: 26, d: 16 }
+        );
+        let e = expr("lambda x: tf.nn.softmax(x)", "blocks[2].inputs[0].input_fn", false).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(
+                "blocks[2].inputs[0].input_fn: the Python expression `lambda x: tf.nn.softmax(x)` is not supported"
+            ),
+            "{msg}"
+        );
+        assert!(expr("lambda x: [x, y]", p, false).is_err());
+    }
+}

@@ -1,0 +1,462 @@
+//! RankModel's graph: EasyRec's backbone blocks evaluated in order onto the
+//! model graph, then its rank head. Values flowing between blocks are 2-D
+//! tensors, 3-D `[batch, n, d]` tensors (kept as `[batch, n * d]`) or Python
+//! lists of them, as in EasyRec; each layer checks it gets what it takes.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context};
+
+use super::graph::{Graph, NodeId, Scope};
+use super::params::Init;
+use super::GroupLayout;
+use crate::config::backbone::{Backbone, Block, Expr, InputMode, Keras, Layer, Mlp, Source};
+use crate::config::model_plan::Activation;
+
+/// A value between blocks.
+#[derive(Debug, Clone)]
+enum Val {
+    /// `[batch, width]`.
+    T(NodeId),
+    /// `[batch, n, d]`, stored row-major as `[batch, n * d]`.
+    S { x: NodeId, n: usize, d: usize },
+    /// A Python list (or tuple) of values.
+    L(Vec<Val>),
+}
+
+impl Val {
+    fn describe(&self, g: &Graph) -> String {
+        match self {
+            Val::T(x) => format!("a [batch, {}] tensor", g.width(*x)),
+            Val::S { n, d, .. } => format!("a [batch, {n}, {d}] tensor"),
+            Val::L(v) => format!("a list of {}", v.len()),
+        }
+    }
+}
+
+/// The backbone's graph over the group inputs `xs`, ending in the output
+/// `logits` (one column).
+pub fn build(
+    b: &Backbone,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
+    let mut outs: HashMap<&str, Val> = HashMap::new();
+    for blk in &b.blocks {
+        let v = block(blk, &outs, groups, xs, g, s).with_context(|| format!("backbone block `{}`", blk.name))?;
+        outs.insert(blk.name.as_str(), v);
+    }
+    let picked: Vec<Val> = b.output.iter().map(|o| outs[o.as_str()].clone()).collect();
+    let mut out = if b.output_as_list {
+        match picked.as_slice() {
+            [one] => one.clone(),
+            _ => Val::L(picked),
+        }
+    } else {
+        merge(picked, -1, g).context("backbone concat_blocks")?
+    };
+    if let Some(m) = &b.top_mlp {
+        // EasyRec concatenates a list before its top MLP.
+        let x = match out {
+            Val::L(items) => concat_list(&items, g).context("backbone top_mlp")?,
+            other => other,
+        };
+        let x = tensor(&x, g).context("backbone top_mlp")?;
+        out = Val::T(mlp(x, m, "backbone_top_mlp", g, s));
+    }
+    let x = tensor(&out, g).context("RankModel's output")?;
+    Ok(if g.width(x) == 1 {
+        x
+    } else {
+        s.unregularized_output(g, x, "output")
+    })
+}
+
+fn block(
+    blk: &Block,
+    outs: &HashMap<&str, Val>,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    if let Some(Layer::Input(mode)) = blk.layers.first() {
+        let Source::Group(name) = &blk.inputs[0].source else {
+            unreachable!("typed as a group input")
+        };
+        let gi = groups
+            .iter()
+            .position(|l| &l.name == name)
+            .with_context(|| format!("no feature group `{name}`"))?;
+        return input_layer(&groups[gi], xs[gi], *mode, g);
+    }
+    let mut inputs = Vec::new();
+    for inp in &blk.inputs {
+        let Source::Block(name) = &inp.source else {
+            unreachable!("group inputs resolve to input-layer blocks")
+        };
+        let mut v = outs[name.as_str()].clone();
+        if let Some(e) = inp.slice {
+            v = apply(e, v, g).with_context(|| format!("input_slice of `{name}`"))?;
+        }
+        if let Some(e) = inp.input_fn {
+            v = apply(e, v, g).with_context(|| format!("input_fn of `{name}`"))?;
+        }
+        inputs.push(v);
+    }
+    let mut v = if blk.into_list {
+        Val::L(inputs)
+    } else {
+        merge(inputs, blk.concat_axis, g)?
+    };
+    if let Some(e) = blk.extra_input_fn {
+        v = apply(e, v, g).context("extra_input_fn")?;
+    }
+    let one = blk.layers.len() == 1;
+    for (i, l) in blk.layers.iter().enumerate() {
+        // EasyRec names a block's single layer after the block, sequential
+        // layers `<block>_l<i>`.
+        let name = if one {
+            blk.name.clone()
+        } else {
+            format!("{}_l{i}", blk.name)
+        };
+        v = match l {
+            Layer::Input(_) => bail!("an input layer must be the block's only layer"),
+            Layer::Keras(k) => keras(k, v, &name, g, s)?,
+            Layer::Lambda(e) => apply(*e, v, g).context("lambda")?,
+            Layer::Recurrent { steps, fixed, layer } => recurrent(*steps, *fixed, layer, v, &name, g, s)?,
+        };
+    }
+    Ok(v)
+}
+
+/// EasyRec's input layer over a group.
+fn input_layer(l: &GroupLayout, x: NodeId, mode: InputMode, g: &mut Graph) -> anyhow::Result<Val> {
+    let list = |g: &mut Graph| -> Vec<NodeId> {
+        l.listed
+            .iter()
+            .map(|&p| g.slice(x, l.parts[p].col, l.parts[p].dim))
+            .collect()
+    };
+    Ok(match mode {
+        InputMode::Tensor => Val::T(x),
+        InputMode::FeatureList => Val::L(list(g).into_iter().map(Val::T).collect()),
+        InputMode::TensorAndList => Val::L(vec![Val::T(x), Val::L(list(g).into_iter().map(Val::T).collect())]),
+        InputMode::Stacked => {
+            let items: Vec<Val> = list(g).into_iter().map(Val::T).collect();
+            stack(&items, g).with_context(|| format!("only_output_3d_tensor of group `{}`", l.name))?
+        }
+    })
+}
+
+/// EasyRec's `merge_inputs`: one input as it is, lists joined into one list,
+/// tensors concatenated.
+fn merge(inputs: Vec<Val>, axis: i32, g: &mut Graph) -> anyhow::Result<Val> {
+    if inputs.len() == 1 {
+        return Ok(inputs.into_iter().next().expect("one input"));
+    }
+    if inputs.is_empty() {
+        bail!("no inputs to merge");
+    }
+    if inputs.iter().any(|v| matches!(v, Val::L(_))) {
+        let mut all = Vec::new();
+        for v in inputs {
+            match v {
+                Val::L(items) => all.extend(items),
+                other => all.push(other),
+            }
+        }
+        return Ok(Val::L(all));
+    }
+    match axis {
+        -1 => Ok(Val::T(concat_list(&inputs, g)?.node())),
+        1 if inputs.iter().all(|v| matches!(v, Val::S { .. })) => {
+            let d = match &inputs[0] {
+                Val::S { d, .. } => *d,
+                _ => unreachable!(),
+            };
+            let mut n = 0;
+            let mut nodes = Vec::new();
+            for v in &inputs {
+                match v {
+                    Val::S { x, n: k, d: dk } if *dk == d => {
+                        n += k;
+                        nodes.push(*x);
+                    }
+                    other => bail!("cannot concatenate {} on axis 1 with dimension {d}", other.describe(g)),
+                }
+            }
+            Ok(Val::S {
+                x: g.concat(&nodes),
+                n,
+                d,
+            })
+        }
+        other => bail!("input_concat_axis {other} over these inputs is not supported"),
+    }
+}
+
+impl Val {
+    fn node(&self) -> NodeId {
+        match self {
+            Val::T(x) | Val::S { x, .. } => *x,
+            Val::L(_) => unreachable!("callers check for lists"),
+        }
+    }
+}
+
+/// Concatenation on the last axis of 2-D tensors.
+fn concat_list(items: &[Val], g: &mut Graph) -> anyhow::Result<Val> {
+    let nodes = items.iter().map(|v| tensor(v, g)).collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Val::T(g.concat(&nodes)))
+}
+
+/// A 2-D tensor, or what a layer taking one got instead.
+fn tensor(v: &Val, g: &Graph) -> anyhow::Result<NodeId> {
+    match v {
+        Val::T(x) => Ok(*x),
+        other => bail!("takes a 2-D tensor, got {}", other.describe(g)),
+    }
+}
+
+/// `tf.stack(list, axis=1)` of equally wide 2-D tensors.
+fn stack(items: &[Val], g: &mut Graph) -> anyhow::Result<Val> {
+    let nodes = items.iter().map(|v| tensor(v, g)).collect::<anyhow::Result<Vec<_>>>()?;
+    let Some(&first) = nodes.first() else {
+        bail!("nothing to stack");
+    };
+    let d = g.width(first);
+    if let Some(x) = nodes.iter().find(|x| g.width(**x) != d) {
+        bail!(
+            "cannot stack tensors of widths {d} and {}: every embedding_dim must be equal",
+            g.width(*x)
+        );
+    }
+    Ok(Val::S {
+        x: g.concat(&nodes),
+        n: nodes.len(),
+        d,
+    })
+}
+
+/// A 3-D value as `(node, n, d)`: stacked, or a list stacked.
+fn fields(v: &Val, g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize)> {
+    match v {
+        Val::S { x, n, d } => Ok((*x, *n, *d)),
+        Val::L(items) => match stack(items, g)? {
+            Val::S { x, n, d } => Ok((x, n, d)),
+            _ => unreachable!(),
+        },
+        other => bail!("takes a list of 2-D tensors or a 3-D tensor, got {}", other.describe(g)),
+    }
+}
+
+fn apply(e: Expr, v: Val, g: &mut Graph) -> anyhow::Result<Val> {
+    Ok(match (e, v) {
+        (Expr::Index(i), Val::L(items)) => {
+            let n = items.len();
+            items
+                .into_iter()
+                .nth(i)
+                .with_context(|| format!("index {i} of a list of {n}"))?
+        }
+        (Expr::Repeat(n), v) => Val::L(vec![v; n]),
+        (Expr::AddN, Val::L(items)) => {
+            let nodes = items.iter().map(|v| tensor(v, g)).collect::<anyhow::Result<Vec<_>>>()?;
+            let w = g.width(nodes[0]);
+            if nodes.iter().any(|x| g.width(*x) != w) {
+                bail!("tf.add_n of tensors of unequal widths");
+            }
+            Val::T(g.add(&nodes))
+        }
+        (Expr::ReduceSum, Val::T(x)) => Val::T(g.row_sum(x)),
+        (Expr::ReduceSum, Val::S { x, n, d }) => Val::S {
+            x: g.sum_blocks(x, n),
+            n: 1,
+            d,
+        },
+        (Expr::Concat, Val::L(items)) => concat_list(&items, g)?,
+        (Expr::Stack, Val::L(items)) => stack(&items, g)?,
+        (Expr::Unstack { n, d }, Val::T(x)) => {
+            if g.width(x) != n * d {
+                bail!("cannot reshape [batch, {}] to [-1, {n}, {d}]", g.width(x));
+            }
+            Val::L((0..n).map(|i| Val::T(g.slice(x, i * d, d))).collect())
+        }
+        (e, v) => bail!("{e:?} cannot take {}", v.describe(g)),
+    })
+}
+
+fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
+    Ok(match k {
+        Keras::Mlp(m) => {
+            let x = tensor(&v, g).context("MLP")?;
+            Val::T(mlp(x, m, name, g, s))
+        }
+        Keras::Dense {
+            units,
+            activation,
+            use_bias,
+        } => {
+            let x = tensor(&v, g).context("Dense")?;
+            let w = s.params.add(
+                &format!("{name}/kernel"),
+                g.width(x),
+                *units,
+                Init::GlorotUniform,
+                false,
+                s.rng,
+            );
+            let b = use_bias.then(|| {
+                s.params
+                    .add(&format!("{name}/bias"), 1, *units, Init::Zeros, false, s.rng)
+            });
+            Val::T(g.linear(x, s.params, w, b, *activation))
+        }
+        Keras::Dropout { rate } => Val::T(g.dropout(tensor(&v, g).context("Dropout")?, *rate)),
+        Keras::Add => match v {
+            Val::L(items) => apply(Expr::AddN, Val::L(items), g).context("Add")?,
+            other => bail!("Add takes a list, got {}", other.describe(g)),
+        },
+        Keras::Fm { variant } => {
+            let (x, n, _) = fields(&v, g).context("FM")?;
+            let cross = g.fm(x, n);
+            Val::T(if *variant { cross } else { g.row_sum(cross) })
+        }
+        Keras::DotInteraction { self_interaction } => {
+            let (x, n, d) = fields(&v, g).context("DotInteraction")?;
+            // TensorFlow's boolean mask reads the lower triangle row by row.
+            let pairs = (0..n)
+                .flat_map(|i| {
+                    (0..=i)
+                        .filter(move |&j| j < i || *self_interaction)
+                        .map(move |j| (i, j))
+                })
+                .collect();
+            Val::T(g.dot(&[x], d, pairs))
+        }
+        Keras::Cross {
+            projection_dim,
+            use_bias,
+        } => {
+            let (x0, x) = match &v {
+                Val::L(items) if items.len() == 2 => (tensor(&items[0], g)?, tensor(&items[1], g)?),
+                Val::T(x) => (*x, *x),
+                other => bail!("Cross takes a tensor or a list of two, got {}", other.describe(g)),
+            };
+            let d = g.width(x);
+            if g.width(x0) != d {
+                bail!("Cross: x0 has width {} and x {d}", g.width(x0));
+            }
+            let init = Init::TruncatedNormal(0.05);
+            let prod = match projection_dim {
+                None => {
+                    let w = s.params.add(&format!("{name}/dense/kernel"), d, d, init, false, s.rng);
+                    let b = use_bias.then(|| {
+                        s.params
+                            .add(&format!("{name}/dense/bias"), 1, d, Init::Zeros, false, s.rng)
+                    });
+                    g.linear(x, s.params, w, b, Activation::Linear)
+                }
+                Some(p) => {
+                    let u = s
+                        .params
+                        .add(&format!("{name}/dense_u/kernel"), d, *p, init, false, s.rng);
+                    let h = g.linear(x, s.params, u, None, Activation::Linear);
+                    let w = s
+                        .params
+                        .add(&format!("{name}/dense_v/kernel"), *p, d, init, false, s.rng);
+                    let b = use_bias.then(|| {
+                        s.params
+                            .add(&format!("{name}/dense_v/bias"), 1, d, Init::Zeros, false, s.rng)
+                    });
+                    g.linear(h, s.params, w, b, Activation::Linear)
+                }
+            };
+            let crossed = g.mul(x0, prod);
+            Val::T(g.add(&[crossed, x]))
+        }
+    })
+}
+
+/// EasyRec's `recurrent` layer: the layer `steps` times on its own output;
+/// with `fixed`, over a list whose element `fixed` stays and is dropped at
+/// the end.
+fn recurrent(
+    steps: usize,
+    fixed: Option<usize>,
+    layer: &Keras,
+    v: Val,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    let Some(f) = fixed else {
+        let mut out = v;
+        for i in 0..steps {
+            out = keras(layer, out, &format!("{name}_{i}"), g, s)?;
+        }
+        return Ok(out);
+    };
+    let Val::L(mut items) = v else {
+        bail!("recurrent with fixed_input_index takes a list, got {}", v.describe(g));
+    };
+    if f >= items.len() {
+        bail!("fixed_input_index {f} of a list of {}", items.len());
+    }
+    for i in 0..steps {
+        let out = keras(layer, Val::L(items.clone()), &format!("{name}_{i}"), g, s)?;
+        let mut outs = match out {
+            Val::L(o) => o.into_iter(),
+            one => vec![one; items.len() - 1].into_iter(),
+        };
+        for (idx, item) in items.iter_mut().enumerate() {
+            if idx != f {
+                *item = outs.next().context("recurrent layer returned too few outputs")?;
+            }
+        }
+    }
+    items.remove(f);
+    Ok(if items.len() == 1 {
+        items.pop().expect("one item")
+    } else {
+        Val::L(items)
+    })
+}
+
+/// EasyRec's MLP block: per layer a dense kernel (he_uniform, in l2), batch
+/// norm before or after the activation, dropout; named `name/layer_i/...`.
+fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
+    let mut x = x;
+    for (i, l) in m.layers.iter().enumerate() {
+        let lname = format!("{name}/layer_{i}");
+        let w = s.params.add(
+            &format!("{lname}/dense/kernel"),
+            g.width(x),
+            l.units,
+            Init::HeUniform,
+            true,
+            s.rng,
+        );
+        let b = l.use_bias.then(|| {
+            s.params
+                .add(&format!("{lname}/dense/bias"), 1, l.units, Init::Zeros, false, s.rng)
+        });
+        x = if l.use_bn && !l.bn_after_activation {
+            let z = g.linear(x, s.params, w, b, Activation::Linear);
+            s.batch_norm(g, z, &format!("{lname}/bn"), l.activation)
+        } else {
+            let z = g.linear(x, s.params, w, b, l.activation);
+            if l.use_bn {
+                s.batch_norm(g, z, &format!("{lname}/bn"), Activation::Linear)
+            } else {
+                z
+            }
+        };
+        x = g.dropout(x, l.dropout);
+    }
+    x
+}
