@@ -117,6 +117,22 @@ fn model_block(name: &str) -> &'static str {
   }
   model_params { l2_regularization: 1e-4 } }"#
         }
+        "MultiTaskModel" => {
+            r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "mask_net" inputs { feature_group_name: "all" }
+      keras_layer { class_name: "MaskNet" masknet {
+        mask_blocks { aggregation_size: 8 output_size: 6 }
+        mask_blocks { reduction_factor: 0.5 output_size: 6 projection_dim: 3 }
+        mlp { hidden_units: [6] } } } }
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } relation_dnn { hidden_units: [3] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } relation_tower_names: ["ctr"]
+                  relation_dnn { hidden_units: [3] } weight: 0.5 }
+    l2_regularization: 1e-4 } }"#
+        }
         other => panic!("no block for {other}"),
     }
 }
@@ -124,7 +140,21 @@ fn model_block(name: &str) -> &'static str {
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 19] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 20] = [
+    (
+        "MultiTaskModel: serial MaskNet with layer norms, a block without output layer, towers without DNNs",
+        r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "mask_net" inputs { feature_group_name: "all" }
+      keras_layer { class_name: "MaskNet" masknet { use_parallel: false
+        mask_blocks { aggregation_size: 5 output_size: 7 input_layer_norm: true }
+        mask_blocks { aggregation_size: 4 } } } }
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" }
+    task_towers { tower_name: "cvr" label_name: "label2" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [3] } } } }"#,
+    ),
     (
         "RankModel: stacked fields, Keras Dense and Dropout, Python lambdas, low-rank Cross, top MLP",
         r#"model_config { model_class: "RankModel"
@@ -340,7 +370,7 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 9] = [
+const MODELS: [&str; 10] = [
     "WideAndDeep",
     "DLRM",
     "DeepFM",
@@ -350,6 +380,7 @@ const MODELS: [&str; 9] = [
     "MMoE",
     "DBMTL",
     "RankModel",
+    "MultiTaskModel",
 ];
 
 /// Central differences in f64 of an f32 loss; loose enough for f32 noise,

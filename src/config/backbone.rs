@@ -107,6 +107,33 @@ pub enum Keras {
         projection_dim: Option<usize>,
         use_bias: bool,
     },
+    /// MaskNet: instance-guided masks over (layer-normed) inputs, in
+    /// parallel (concatenated) or in series, then an optional MLP.
+    MaskNet {
+        blocks: Vec<MaskBlock>,
+        parallel: bool,
+        input_layer_norm: bool,
+        mlp: Option<Mlp>,
+    },
+}
+
+/// One mask block of MaskNet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaskBlock {
+    /// The aggregation layer's width: `reduction_factor` times the mask
+    /// input's width, or `aggregation_size`.
+    pub aggregation: Aggregation,
+    /// Hidden width of the output layer (then layer norm and relu); none
+    /// returns the masked input.
+    pub output_size: Option<usize>,
+    pub input_layer_norm: bool,
+    pub projection_dim: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Aggregation {
+    Factor(f32),
+    Size(usize),
 }
 
 /// EasyRec's MLP block, one entry per dense layer.
@@ -257,7 +284,7 @@ impl StParams<'_> {
     }
 }
 
-const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross";
+const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, MaskNet";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -356,6 +383,15 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 use_bias: st.boolean("use_bias")?.unwrap_or(true),
             }
         }
+        "MaskNet" => match &k.params {
+            Some(Params::Masknet(m)) => masknet(m, &format!("{path}.masknet"))?,
+            _ => {
+                return Err(ConfigError::invalid(
+                    path,
+                    "Keras layer MaskNet needs its `masknet` parameters",
+                ))
+            }
+        },
         other => {
             return Err(ConfigError::Unsupported {
                 path: format!("{path}.class_name"),
@@ -363,6 +399,46 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 hint: format!(" (supported: {SUPPORTED_LAYERS})"),
             })
         }
+    })
+}
+
+fn masknet(m: &proto::MaskNet, path: &str) -> Result<Keras, ConfigError> {
+    if m.mask_blocks.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{path}.mask_blocks"),
+            "MaskNet needs a mask block",
+        ));
+    }
+    let blocks = m
+        .mask_blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let bpath = format!("{path}.mask_blocks[{i}]");
+            // EasyRec takes reduction_factor when set, else aggregation_size.
+            let aggregation = match (b.reduction_factor, b.aggregation_size) {
+                (Some(f), _) if f > 0.0 => Aggregation::Factor(f),
+                (_, Some(n)) if n > 0 => Aggregation::Size(n as usize),
+                _ => {
+                    return Err(ConfigError::invalid(
+                        bpath,
+                        "a mask block needs reduction_factor or aggregation_size",
+                    ))
+                }
+            };
+            Ok(MaskBlock {
+                aggregation,
+                output_size: b.output_size.filter(|n| *n > 0).map(|n| n as usize),
+                input_layer_norm: b.input_layer_norm(),
+                projection_dim: b.projection_dim.filter(|n| *n > 0).map(|n| n as usize),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Keras::MaskNet {
+        blocks,
+        parallel: m.use_parallel,
+        input_layer_norm: m.input_layer_norm(),
+        mlp: m.mlp.as_ref().map(|x| mlp(x, &format!("{path}.mlp"))).transpose()?,
     })
 }
 

@@ -102,6 +102,13 @@ pub enum Arch {
     /// RankModel: EasyRec's `backbone` block DAG, then a one-logit `output`
     /// layer unless the backbone already ends in one column.
     Backbone(super::backbone::Backbone),
+    /// MultiTaskModel: the backbone, then DBMTL's task towers (DNN, relation
+    /// DNN, output) over its output, or over one output each when it ends
+    /// in a list.
+    MultiTaskBackbone {
+        backbone: super::backbone::Backbone,
+        towers: Vec<TaskTower>,
+    },
 }
 
 /// A task tower's layers (its label, loss and metrics are a `tasks::Task`).
@@ -232,11 +239,11 @@ pub fn arch(
 ) -> Result<(Arch, f32, Option<Vec<Task>>), ConfigError> {
     use proto::easy_rec_model::Model as M;
     let m = "model_config";
-    if model.backbone.is_some() && model.model_class != "RankModel" {
+    if model.backbone.is_some() && !matches!(model.model_class.as_str(), "RankModel" | "MultiTaskModel") {
         return Err(ConfigError::unsupported(
             format!("{m}.backbone"),
             format!(
-                "a backbone on model class {} (RankModel runs backbones)",
+                "a backbone on model class {} (RankModel and MultiTaskModel run backbones)",
                 model.model_class
             ),
         ));
@@ -272,6 +279,27 @@ pub fn arch(
             let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
             let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
             (Arch::Mmoe { experts: ex, towers }, x.l2_regularization, Some(tasks))
+        }
+        Some(M::ModelParams(p)) if model.model_class == "MultiTaskModel" => {
+            let path = format!("{m}.model_params");
+            let b = model
+                .backbone
+                .as_ref()
+                .ok_or_else(|| ConfigError::invalid(format!("{m}.backbone"), "MultiTaskModel needs a backbone"))?;
+            if !p.outputs.is_empty() {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.outputs"),
+                    "`outputs` on a MultiTaskModel",
+                ));
+            }
+            let fields: Vec<TowerFields> = p.task_towers.iter().map(TowerFields::from).collect();
+            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
+            let backbone = super::backbone::backbone(b, &group_names(model), &format!("{m}.backbone"))?;
+            (
+                Arch::MultiTaskBackbone { backbone, towers },
+                p.l2_regularization(),
+                Some(tasks),
+            )
         }
         Some(M::Dbmtl(x)) => {
             let path = format!("{m}.dbmtl");
@@ -411,20 +439,19 @@ fn single_task_arch(
                     ));
                 }
             }
-            let groups: Vec<String> = model
-                .feature_groups
-                .iter()
-                .map(|g| g.group_name.clone().unwrap_or_else(|| "all".into()))
-                .collect();
             (
-                Arch::Backbone(super::backbone::backbone(b, &groups, &format!("{m}.backbone"))?),
+                Arch::Backbone(super::backbone::backbone(
+                    b,
+                    &group_names(model),
+                    &format!("{m}.backbone"),
+                )?),
                 p.l2_regularization(),
             )
         }
-        _ if model.model_class == "RankModel" => {
+        _ if matches!(model.model_class.as_str(), "RankModel" | "MultiTaskModel") => {
             return Err(ConfigError::invalid(
                 m,
-                "RankModel needs `model_params` and a `backbone`",
+                format!("{} needs `model_params` and a `backbone`", model.model_class),
             ))
         }
         _ => {
@@ -434,6 +461,15 @@ fn single_task_arch(
             ))
         }
     })
+}
+
+/// The feature groups' names, as blocks of a backbone name them.
+fn group_names(model: &proto::EasyRecModel) -> Vec<String> {
+    model
+        .feature_groups
+        .iter()
+        .map(|g| g.group_name.clone().unwrap_or_else(|| "all".into()))
+        .collect()
 }
 
 /// Feature groups with names resolved to feature indices. A WIDE_AND_DEEP

@@ -218,6 +218,8 @@ pub enum ModelKind {
     Dbmtl,
     /// A `backbone` DAG with EasyRec's rank head.
     RankModel,
+    /// A `backbone` DAG with task towers.
+    MultiTaskModel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -483,11 +485,12 @@ impl TrainingPlan {
             "MMoE" => ModelKind::Mmoe,
             "DBMTL" => ModelKind::Dbmtl,
             "RankModel" => ModelKind::RankModel,
+            "MultiTaskModel" => ModelKind::MultiTaskModel,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MMoE, DBMTL, RankModel)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MMoE, DBMTL, RankModel, MultiTaskModel)".into(),
                 })
             }
         };

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
 use crate::config::typed::{LossKind, TrainingPlan};
-use crate::model::graph::BN_EPS;
+use crate::model::graph::{BN_EPS, LN_EPS};
 use crate::model::{Model, Op, ParamStore};
 
 /// How one feature enters the graph.
@@ -321,6 +321,29 @@ impl Builder<'_> {
         self.g.op("Add", &[&c, &beta])
     }
 
+    /// Layer normalization from opset-16 ops (LayerNormalization is 17).
+    fn layer_norm(&mut self, x: &str, (gamma, beta): (usize, usize)) -> String {
+        let mean = |s: &mut Self, t: &str| {
+            s.g.node(
+                "ReduceMean",
+                &[t],
+                vec![("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(1))],
+                None,
+            )
+        };
+        let m = mean(self, x);
+        let c = self.g.op("Sub", &[x, &m]);
+        let sq = self.g.op("Mul", &[&c, &c]);
+        let var = mean(self, &sq);
+        let eps = self.scalar_f32(LN_EPS);
+        let var = self.g.op("Add", &[&var, &eps]);
+        let sd = self.g.op("Sqrt", &[&var]);
+        let c = self.g.op("Div", &[&c, &sd]);
+        let (gamma, beta) = (self.param(gamma), self.param(beta));
+        let c = self.g.op("Mul", &[&c, &gamma]);
+        self.g.op("Add", &[&c, &beta])
+    }
+
     /// Every node of the model graph as ONNX nodes, in inference mode; the
     /// graph value of each node, from the group inputs' values `x`.
     fn emit(&mut self, graph: &crate::model::Graph, x: &[String]) -> Vec<String> {
@@ -423,6 +446,7 @@ impl Builder<'_> {
                     let b = self.param(*b);
                     self.g.op("Add", &[&v[x.0], &b])
                 }
+                Op::LayerNorm { x, gamma, beta } => self.layer_norm(&v[x.0], (*gamma, *beta)),
             };
             v.push(y);
         }

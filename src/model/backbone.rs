@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use super::graph::{Graph, NodeId, Scope};
 use super::params::Init;
 use super::GroupLayout;
-use crate::config::backbone::{Backbone, Block, Expr, InputMode, Keras, Layer, Mlp, Source};
+use crate::config::backbone::{Aggregation, Backbone, Block, Expr, InputMode, Keras, Layer, MaskBlock, Mlp, Source};
 use crate::config::model_plan::Activation;
 
 /// A value between blocks.
@@ -34,15 +34,53 @@ impl Val {
     }
 }
 
-/// The backbone's graph over the group inputs `xs`, ending in the output
-/// `logits` (one column).
-pub fn build(
+/// RankModel's graph over the group inputs `xs`: the backbone, then a
+/// one-logit `output` layer unless the backbone ends in one column.
+pub fn rank(
     b: &Backbone,
     groups: &[GroupLayout],
     xs: &[NodeId],
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
+    let out = body(b, groups, xs, g, s)?;
+    let x = tensor(&out, g).context("RankModel's output")?;
+    Ok(if g.width(x) == 1 {
+        x
+    } else {
+        s.unregularized_output(g, x, "output")
+    })
+}
+
+/// MultiTaskModel's task inputs: one backbone output per task tower when
+/// the backbone ends in a list (MMoE's), else its one output for each.
+pub fn task_inputs(
+    b: &Backbone,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    tasks: usize,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Vec<NodeId>> {
+    match body(b, groups, xs, g, s)? {
+        Val::L(items) => {
+            if items.len() != tasks {
+                bail!(
+                    "the backbone outputs {} values for {tasks} task towers: they must be equal",
+                    items.len()
+                );
+            }
+            items
+                .iter()
+                .map(|v| tensor(v, g).context("a task tower's input"))
+                .collect()
+        }
+        one => Ok(vec![tensor(&one, g).context("the task towers' input")?; tasks]),
+    }
+}
+
+/// The backbone's output: its output blocks and top MLP.
+fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
     let mut outs: HashMap<&str, Val> = HashMap::new();
     for blk in &b.blocks {
         let v = block(blk, &outs, groups, xs, g, s).with_context(|| format!("backbone block `{}`", blk.name))?;
@@ -66,12 +104,7 @@ pub fn build(
         let x = tensor(&x, g).context("backbone top_mlp")?;
         out = Val::T(mlp(x, m, "backbone_top_mlp", g, s));
     }
-    let x = tensor(&out, g).context("RankModel's output")?;
-    Ok(if g.width(x) == 1 {
-        x
-    } else {
-        s.unregularized_output(g, x, "output")
-    })
+    Ok(out)
 }
 
 fn block(
@@ -379,7 +412,114 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let crossed = g.mul(x0, prod);
             Val::T(g.add(&[crossed, x]))
         }
+        Keras::MaskNet {
+            blocks,
+            parallel,
+            input_layer_norm,
+            mlp: top,
+        } => {
+            let mut x = tensor(&v, g).context("MaskNet")?;
+            if *input_layer_norm {
+                x = s.layer_norm(g, x, &format!("{name}/input_ln"));
+            }
+            let mut outs = Vec::new();
+            let mut net = x;
+            for (i, blk) in blocks.iter().enumerate() {
+                let bname = format!("{name}/block_{i}");
+                if *parallel {
+                    outs.push(mask_block(blk, x, x, &bname, g, s)?);
+                } else {
+                    net = mask_block(blk, net, x, &bname, g, s)?;
+                }
+            }
+            let out = if *parallel { g.concat(&outs) } else { net };
+            Val::T(match top {
+                Some(m) => mlp(out, m, &format!("{name}/mlp"), g, s),
+                None => out,
+            })
+        }
     })
+}
+
+/// MaskNet's mask block: `net` times a mask computed from `mask_input`,
+/// then optionally a dense layer, layer norm and relu.
+fn mask_block(
+    blk: &MaskBlock,
+    net: NodeId,
+    mask_input: NodeId,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
+    let net = if blk.input_layer_norm {
+        s.layer_norm(g, net, &format!("{name}/input_ln"))
+    } else {
+        net
+    };
+    let aggregation = match blk.aggregation {
+        Aggregation::Size(n) => n,
+        Aggregation::Factor(f) => (g.width(mask_input) as f32 * f) as usize,
+    };
+    if aggregation == 0 {
+        bail!("the mask block's aggregation layer has width 0");
+    }
+    let mut m = mask_input;
+    if let Some(p) = blk.projection_dim {
+        let w = s.params.add(
+            &format!("{name}/project/kernel"),
+            g.width(m),
+            p,
+            Init::GlorotUniform,
+            true,
+            s.rng,
+        );
+        m = g.linear(m, s.params, w, None, Activation::Linear);
+    }
+    let w = s.params.add(
+        &format!("{name}/aggregation/kernel"),
+        g.width(m),
+        aggregation,
+        Init::HeUniform,
+        true,
+        s.rng,
+    );
+    let b = s.params.add(
+        &format!("{name}/aggregation/bias"),
+        1,
+        aggregation,
+        Init::Zeros,
+        false,
+        s.rng,
+    );
+    let aggr = g.linear(m, s.params, w, Some(b), Activation::Relu);
+    let d = g.width(net);
+    let w = s.params.add(
+        &format!("{name}/weights/kernel"),
+        aggregation,
+        d,
+        Init::GlorotUniform,
+        false,
+        s.rng,
+    );
+    let b = s
+        .params
+        .add(&format!("{name}/weights/bias"), 1, d, Init::Zeros, false, s.rng);
+    let weights = g.linear(aggr, s.params, w, Some(b), Activation::Linear);
+    let masked = g.mul(net, weights);
+    let Some(out) = blk.output_size else {
+        return Ok(masked);
+    };
+    let w = s.params.add(
+        &format!("{name}/output/kernel"),
+        d,
+        out,
+        Init::GlorotUniform,
+        false,
+        s.rng,
+    );
+    let hidden = g.linear(masked, s.params, w, None, Activation::Linear);
+    let ln = s.layer_norm(g, hidden, &format!("{name}/output_ln"));
+    Ok(g.act(ln, Activation::Relu))
 }
 
 /// EasyRec's `recurrent` layer: the layer `steps` times on its own output;

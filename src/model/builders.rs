@@ -44,7 +44,12 @@ pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::
             final_dnn,
         } => b.dcn(g_, scope, (deep_input, deep), (cross_input, *cross_num), final_dnn)?,
         Arch::MultiTower { towers, final_dnn } => b.multi_tower(g_, scope, towers, final_dnn)?,
-        Arch::Backbone(bb) => super::backbone::build(bb, groups, &b.xs, g_, scope)?,
+        Arch::Backbone(bb) => super::backbone::rank(bb, groups, &b.xs, g_, scope)?,
+        Arch::MultiTaskBackbone { backbone, towers } => {
+            let inputs = super::backbone::task_inputs(backbone, groups, &b.xs, towers.len(), g_, scope)?;
+            bayes_towers(g_, scope, inputs, towers, "");
+            return Ok(g);
+        }
         Arch::Mmoe { experts, towers } => {
             b.mmoe(g_, scope, experts, towers)?;
             return Ok(g);
@@ -68,7 +73,7 @@ pub fn wide_dim(arch: &Arch) -> Option<usize> {
     match arch {
         Arch::WideAndDeep { wide_output_dim, .. } | Arch::DeepFm { wide_output_dim, .. } => Some(*wide_output_dim),
         Arch::Fm => Some(1),
-        Arch::Backbone(b) => b.wide_output_dim,
+        Arch::Backbone(b) | Arch::MultiTaskBackbone { backbone: b, .. } => b.wide_output_dim,
         _ => None,
     }
 }
@@ -117,7 +122,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         } => named(&[deep_input.as_str(), cross_input.as_str()]),
         Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
         Arch::Mmoe { .. } | Arch::Dbmtl { .. } => named(&["all"]),
-        Arch::Backbone(_) => Vec::new(),
+        Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } => Vec::new(),
     };
     order.dedup();
     for i in 0..groups.len() {
@@ -416,31 +421,37 @@ impl Builder<'_> {
         } else {
             self.mixture(g, s, x, experts, towers.len())?
         };
-        let features: Vec<NodeId> = towers
-            .iter()
-            .zip(inputs)
-            .map(|(t, input)| match &t.dnn {
-                Some(d) => s.dnn(g, input, &format!("{}/dnn", t.name), d),
-                None => input,
-            })
-            .collect();
-        // The Bayesian part: each tower sees its own features and the
-        // relation outputs of the towers it depends on (all earlier).
-        let mut relation: Vec<NodeId> = Vec::new();
-        for (i, t) in towers.iter().enumerate() {
-            let parts: Vec<NodeId> = std::iter::once(features[i])
-                .chain(t.relations.iter().map(|&r| relation[r]))
-                .collect();
-            let input = g.concat(&parts);
-            let r = match &t.relation_dnn {
-                Some(d) => s.dnn(g, input, &format!("{}/relation_dnn", t.name), d),
-                None => input,
-            };
-            relation.push(r);
-            let logits = s.dense(g, r, &format!("{}/output", t.name), 1, Activation::Linear);
-            g.output(&format!("logits_{}", t.name), logits);
-        }
+        bayes_towers(g, s, inputs, towers, "/dnn");
         Ok(())
+    }
+}
+
+/// DBMTL's (and MultiTaskModel's) task towers over one input each: a DNN
+/// (named `<tower><dnn_suffix>`), then the Bayesian part, where each tower
+/// sees its own features and the relation outputs of the towers it depends
+/// on (all earlier), then a one-logit output `logits_<tower>`.
+fn bayes_towers(g: &mut Graph, s: &mut Scope, inputs: Vec<NodeId>, towers: &[TaskTower], dnn_suffix: &str) {
+    let features: Vec<NodeId> = towers
+        .iter()
+        .zip(inputs)
+        .map(|(t, input)| match &t.dnn {
+            Some(d) => s.dnn(g, input, &format!("{}{dnn_suffix}", t.name), d),
+            None => input,
+        })
+        .collect();
+    let mut relation: Vec<NodeId> = Vec::new();
+    for (i, t) in towers.iter().enumerate() {
+        let parts: Vec<NodeId> = std::iter::once(features[i])
+            .chain(t.relations.iter().map(|&r| relation[r]))
+            .collect();
+        let input = g.concat(&parts);
+        let r = match &t.relation_dnn {
+            Some(d) => s.dnn(g, input, &format!("{}/relation_dnn", t.name), d),
+            None => input,
+        };
+        relation.push(r);
+        let logits = s.dense(g, r, &format!("{}/output", t.name), 1, Activation::Linear);
+        g.output(&format!("logits_{}", t.name), logits);
     }
 }
 

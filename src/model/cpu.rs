@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::graph::{BnStats, Graph, NodeId, Op};
+use super::graph::{BnStats, Graph, NodeId, Op, LN_EPS};
 use super::kernels::{self, Interact, LANES, ROWS};
 use super::params::ParamStore;
 use crate::util::Rng;
@@ -35,6 +35,11 @@ enum Saved {
     Mask(Vec<f32>),
     /// Cross: `xl · w` per row.
     Scalars(Vec<f32>),
+    /// Layer norm: the normalised values and `1 / sqrt(var + eps)` per row.
+    Ln {
+        xhat: Vec<f32>,
+        inv: Vec<f32>,
+    },
 }
 
 /// The values of one forward pass over `b` rows.
@@ -265,6 +270,32 @@ impl<'a> Tape<'a> {
                 y.par_chunks_mut(width)
                     .for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
                 (y, Saved::None)
+            }
+            Op::LayerNorm { x, gamma, beta } => {
+                let (gamma, beta) = (p.slice(*gamma), p.slice(*beta));
+                let mut xhat = self.value(*x).to_vec();
+                let mut inv = vec![0.0f32; b];
+                xhat.par_chunks_mut(width)
+                    .zip(inv.par_iter_mut())
+                    .for_each(|(row, iv)| {
+                        let n = row.len() as f32;
+                        let m = row.iter().sum::<f32>() / n;
+                        let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / n;
+                        *iv = 1.0 / (var + LN_EPS).sqrt();
+                        row.iter_mut().for_each(|v| *v = (*v - m) * *iv);
+                    });
+                let mut y = xhat.clone();
+                y.par_chunks_mut(width).for_each(|row| {
+                    for ((v, g), bt) in row.iter_mut().zip(gamma).zip(beta) {
+                        *v = *v * g + bt;
+                    }
+                });
+                let saved = if matches!(mode, Mode::Train { .. }) {
+                    Saved::Ln { xhat, inv }
+                } else {
+                    Saved::None
+                };
+                (y, saved)
             }
         }
     }
@@ -552,6 +583,30 @@ impl<'a> Tape<'a> {
                 Op::Bias { x, b: bias } => {
                     kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bias].range()]);
                     accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::LayerNorm { x, gamma, beta } => {
+                    let Saved::Ln { xhat, inv } = &self.saved[i] else {
+                        unreachable!("backward runs on a training tape")
+                    };
+                    let scaled: Vec<f32> = dy.iter().zip(xhat).map(|(d, h)| d * h).collect();
+                    kernels::add_col_sums(&scaled, width, &mut dense[p.specs[*gamma].range()]);
+                    kernels::add_col_sums(&dy, width, &mut dense[p.specs[*beta].range()]);
+                    if needs[x.0] {
+                        let gm = p.slice(*gamma);
+                        dy.par_chunks_mut(width)
+                            .zip(xhat.par_chunks(width))
+                            .zip(inv.par_iter())
+                            .for_each(|((d, h), iv)| {
+                                let n = width as f32;
+                                d.iter_mut().zip(gm).for_each(|(d, g)| *d *= g);
+                                let mean_d = d.iter().sum::<f32>() / n;
+                                let mean_dh = d.iter().zip(h).map(|(d, h)| d * h).sum::<f32>() / n;
+                                d.iter_mut()
+                                    .zip(h)
+                                    .for_each(|(d, h)| *d = iv * (*d - mean_d - h * mean_dh));
+                            });
+                        accumulate(&mut grads, needs, *x, dy);
+                    }
                 }
             }
         }

@@ -108,6 +108,13 @@ pub enum Op {
         x: NodeId,
         b: usize,
     },
+    /// Keras' layer normalization over each row's columns:
+    /// `(x - mean) / sqrt(var + LN_EPS) * gamma + beta`.
+    LayerNorm {
+        x: NodeId,
+        gamma: usize,
+        beta: usize,
+    },
 }
 
 impl Op {
@@ -124,6 +131,7 @@ impl Op {
             | Op::Fm { x, .. }
             | Op::RowSum { x }
             | Op::Bias { x, .. }
+            | Op::LayerNorm { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
             Op::Mul(a, b) => vec![*a, *b],
@@ -294,7 +302,7 @@ impl Graph {
         for (i, n) in self.nodes.iter().enumerate() {
             needs[i] = match &n.op {
                 Op::Input { group } => trained_inputs[*group],
-                Op::Linear { .. } | Op::BatchNorm { .. } | Op::Cross { .. } => true,
+                Op::Linear { .. } | Op::BatchNorm { .. } | Op::Cross { .. } | Op::LayerNorm { .. } => true,
                 Op::Zeros { .. } => false,
                 op => op.operands().iter().any(|x| needs[x.0]),
             };
@@ -360,6 +368,21 @@ impl Scope<'_> {
         x
     }
 
+    /// Layer normalization named `name/gamma`, `name/beta`.
+    pub fn layer_norm(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
+        let d = g.width(x);
+        let op = Op::LayerNorm {
+            x,
+            gamma: self
+                .params
+                .add(&format!("{name}/gamma"), 1, d, Init::Ones, false, self.rng),
+            beta: self
+                .params
+                .add(&format!("{name}/beta"), 1, d, Init::Zeros, false, self.rng),
+        };
+        g.push(op, d)
+    }
+
     /// Batch norm named `name/gamma`, `name/beta`, `name/moving_mean`,
     /// `name/moving_variance`, then `act`.
     pub fn batch_norm(&mut self, g: &mut Graph, x: NodeId, name: &str, act: Activation) -> NodeId {
@@ -383,6 +406,9 @@ impl Scope<'_> {
         g.push(op, d)
     }
 }
+
+/// Keras' layer normalization epsilon (EasyRec's own layer keeps it).
+pub const LN_EPS: f32 = 1e-3;
 
 /// TensorFlow's batch normalization constants (momentum 0.99, epsilon 1e-3).
 pub const BN_MOMENTUM: f32 = 0.99;

@@ -100,6 +100,12 @@ fn cases() -> Vec<Case> {
             g.cross(x[0], t, w, b)
         }),
         case("softmax", true, |g, _, x| g.softmax(x[0])),
+        case("layer norm", true, |g, s, x| {
+            let t = s.layer_norm(g, x[0], "ln");
+            // Off its initial gamma and beta, so their gradients are checked too.
+            let t = g.act(t, tanh);
+            s.layer_norm(g, t, "ln2")
+        }),
         case("weighted sum of a gate", true, |g, s, x| {
             let gate = s.dense(g, x[0], "gate", 3, Activation::Linear);
             let gate = g.softmax(gate);

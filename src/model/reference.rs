@@ -5,7 +5,7 @@
 use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Op, BN_EPS};
+use super::graph::{BnStats, Graph, Op, BN_EPS, LN_EPS};
 use super::params::{to_vec, ParamStore};
 use crate::config::model_plan::Activation;
 use crate::config::tasks::{LossTermKind, Task};
@@ -85,6 +85,14 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 };
                 let inv = var.add_scalar(BN_EPS).sqrt().recip();
                 activate(*act, (x - m) * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone())
+            }
+            Op::LayerNorm { x, gamma, beta } => {
+                let x = v[x.0].clone();
+                let m = x.clone().mean_dim(1);
+                let c = x - m;
+                let var = (c.clone() * c.clone()).mean_dim(1);
+                let inv = var.add_scalar(LN_EPS).sqrt().recip();
+                c * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone()
             }
             Op::Act { x, act } => activate(*act, v[x.0].clone()),
             Op::Dropout { x, rate } => {

@@ -150,6 +150,23 @@ pub const MODELS: &[(&str, &str)] = &[
   }
   model_params { l2_regularization: 1e-4 } }"#,
     ),
+    (
+        "MultiTaskModel",
+        r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4", "c1_x_c2"] }
+  backbone {
+    blocks { name: "mask_net" inputs { feature_group_name: "all" }
+      keras_layer { class_name: "MaskNet" masknet {
+        mask_blocks { aggregation_size: 8 output_size: 6 }
+        mask_blocks { reduction_factor: 0.5 output_size: 6 projection_dim: 3 }
+        mlp { hidden_units: [6] } } } }
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } relation_dnn { hidden_units: [3] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } relation_tower_names: ["ctr"]
+                  relation_dnn { hidden_units: [3] } weight: 0.5 }
+    l2_regularization: 1e-4 } }"#,
+    ),
 ];
 
 pub fn write_data(path: &Path, rows: usize, seed: u64) {
