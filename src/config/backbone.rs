@@ -863,4 +863,72 @@ mod tests {
         );
         assert!(expr("lambda x: [x, y]", p, false).is_err());
     }
+
+    fn input(name: &str, group: bool) -> proto::Input {
+        use proto::input::Name;
+        proto::Input {
+            name: Some(if group {
+                Name::FeatureGroupName(name.into())
+            } else {
+                Name::BlockName(name.into())
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn keras_block(name: &str, inputs: Vec<proto::Input>, class: &str) -> proto::Block {
+        proto::Block {
+            name: name.into(),
+            inputs,
+            layer: Some(proto::block::Layer::KerasLayer(proto::KerasLayer {
+                class_name: class.into(),
+                params: None,
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn tower(blocks: Vec<proto::Block>) -> proto::BackboneTower {
+        proto::BackboneTower {
+            blocks,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn blocks_run_after_what_they_read_and_groups_get_input_layers() {
+        let b = tower(vec![
+            keras_block("top", vec![input("mid", false)], "FM"),
+            keras_block("mid", vec![input("all", true), input("all", true)], "Add"),
+        ]);
+        let bb = backbone(&b, &["all".to_string()], "backbone").unwrap();
+        let order: Vec<&str> = bb.blocks.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(order, ["all", "mid", "top"]);
+        assert_eq!(bb.blocks[0].layers, vec![Layer::Input(InputMode::Tensor)]);
+        // No concat_blocks: EasyRec concatenates the leaves.
+        assert_eq!(bb.output, ["top"]);
+    }
+
+    #[test]
+    fn cycles_unknown_inputs_and_layers_are_named() {
+        let groups = ["all".to_string()];
+        let cyc = tower(vec![
+            keras_block("a", vec![input("b", false)], "Add"),
+            keras_block("b", vec![input("a", false), input("all", true)], "Add"),
+        ]);
+        let e = backbone(&cyc, &groups, "backbone").unwrap_err().to_string();
+        assert!(e.contains("cycle: a, b"), "{e}");
+        let unknown = tower(vec![keras_block("a", vec![input("nope", false)], "Add")]);
+        let e = backbone(&unknown, &groups, "backbone").unwrap_err().to_string();
+        assert!(
+            e.contains("`nope`, which is neither a feature group nor a block"),
+            "{e}"
+        );
+        let layer = tower(vec![keras_block("a", vec![input("all", true)], "Transformer")]);
+        let e = backbone(&layer, &groups, "backbone").unwrap_err().to_string();
+        assert!(
+            e.starts_with("backbone.blocks[0].keras_layer.class_name: Keras layer `Transformer` is not supported"),
+            "{e}"
+        );
+    }
 }
