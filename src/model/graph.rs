@@ -368,42 +368,41 @@ impl Scope<'_> {
         x
     }
 
+    /// A normalization's scale and offset, `name/gamma` (ones) and
+    /// `name/beta` (zeros), `d` values each.
+    fn scale_shift(&mut self, name: &str, d: usize) -> (usize, usize) {
+        let p = &mut *self.params;
+        let gamma = p.add(&format!("{name}/gamma"), 1, d, Init::Ones, false, self.rng);
+        let beta = p.add(&format!("{name}/beta"), 1, d, Init::Zeros, false, self.rng);
+        (gamma, beta)
+    }
+
     /// Layer normalization named `name/gamma`, `name/beta`.
     pub fn layer_norm(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
         let d = g.width(x);
-        let op = Op::LayerNorm {
-            x,
-            gamma: self
-                .params
-                .add(&format!("{name}/gamma"), 1, d, Init::Ones, false, self.rng),
-            beta: self
-                .params
-                .add(&format!("{name}/beta"), 1, d, Init::Zeros, false, self.rng),
-        };
-        g.push(op, d)
+        let (gamma, beta) = self.scale_shift(name, d);
+        g.push(Op::LayerNorm { x, gamma, beta }, d)
     }
 
     /// Batch norm named `name/gamma`, `name/beta`, `name/moving_mean`,
     /// `name/moving_variance`, then `act`.
     pub fn batch_norm(&mut self, g: &mut Graph, x: NodeId, name: &str, act: Activation) -> NodeId {
         let d = g.width(x);
-        let op = Op::BatchNorm {
-            x,
-            gamma: self
-                .params
-                .add(&format!("{name}/gamma"), 1, d, Init::Ones, false, self.rng),
-            beta: self
-                .params
-                .add(&format!("{name}/beta"), 1, d, Init::Zeros, false, self.rng),
-            mean: self
-                .buffers
-                .add(&format!("{name}/moving_mean"), 1, d, Init::Zeros, false, self.rng),
-            var: self
-                .buffers
-                .add(&format!("{name}/moving_variance"), 1, d, Init::Ones, false, self.rng),
-            act,
-        };
-        g.push(op, d)
+        let (gamma, beta) = self.scale_shift(name, d);
+        let buffers = &mut *self.buffers;
+        let mean = buffers.add(&format!("{name}/moving_mean"), 1, d, Init::Zeros, false, self.rng);
+        let var = buffers.add(&format!("{name}/moving_variance"), 1, d, Init::Ones, false, self.rng);
+        g.push(
+            Op::BatchNorm {
+                x,
+                gamma,
+                beta,
+                mean,
+                var,
+                act,
+            },
+            d,
+        )
     }
 }
 
