@@ -34,6 +34,16 @@ pub struct Block {
     pub layers: Vec<Layer>,
 }
 
+impl Block {
+    /// The input layer's output, when this block is a group's input layer.
+    pub fn input_layer(&self) -> Option<InputMode> {
+        match self.layers.first() {
+            Some(Layer::Input(mode)) => Some(*mode),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockInput {
     pub source: Source,
@@ -236,40 +246,45 @@ impl StParams<'_> {
         }
     }
 
-    fn number(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+    /// `key`'s value when set (not null), read by `pick`; another kind of
+    /// value is an error saying it needs a `kind`.
+    fn value<'s, T>(
+        &'s self,
+        key: &str,
+        kind: &str,
+        pick: impl Fn(&'s prost_types::value::Kind) -> Option<T>,
+    ) -> Result<Option<T>, ConfigError> {
         use prost_types::value::Kind;
         match self.fields.get(key).and_then(|v| v.kind.as_ref()) {
             None | Some(Kind::NullValue(_)) => Ok(None),
-            Some(Kind::NumberValue(x)) => Ok(Some(*x)),
-            Some(_) => Err(ConfigError::invalid(
-                format!("{}.{key}", self.path),
-                "needs a number_value",
-            )),
+            Some(k) => pick(k)
+                .map(Some)
+                .ok_or_else(|| ConfigError::invalid(format!("{}.{key}", self.path), format!("needs a {kind}"))),
         }
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        use prost_types::value::Kind;
+        self.value(key, "number_value", |k| match k {
+            Kind::NumberValue(x) => Some(*x),
+            _ => None,
+        })
     }
 
     fn boolean(&self, key: &str) -> Result<Option<bool>, ConfigError> {
         use prost_types::value::Kind;
-        match self.fields.get(key).and_then(|v| v.kind.as_ref()) {
-            None | Some(Kind::NullValue(_)) => Ok(None),
-            Some(Kind::BoolValue(x)) => Ok(Some(*x)),
-            Some(_) => Err(ConfigError::invalid(
-                format!("{}.{key}", self.path),
-                "needs a bool_value",
-            )),
-        }
+        self.value(key, "bool_value", |k| match k {
+            Kind::BoolValue(x) => Some(*x),
+            _ => None,
+        })
     }
 
     fn string(&self, key: &str) -> Result<Option<&str>, ConfigError> {
         use prost_types::value::Kind;
-        match self.fields.get(key).and_then(|v| v.kind.as_ref()) {
-            None | Some(Kind::NullValue(_)) => Ok(None),
-            Some(Kind::StringValue(x)) => Ok(Some(x)),
-            Some(_) => Err(ConfigError::invalid(
-                format!("{}.{key}", self.path),
-                "needs a string_value",
-            )),
-        }
+        self.value(key, "string_value", |k| match k {
+            Kind::StringValue(x) => Some(x.as_str()),
+            _ => None,
+        })
     }
 
     fn count(&self, key: &str) -> Result<Option<usize>, ConfigError> {
@@ -689,12 +704,12 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
     let names: Vec<String> = blocks.iter().map(|b| b.name.clone()).collect();
     let mut implicit: Vec<Block> = Vec::new();
     for blk in &mut blocks {
+        let is_input_layer = blk.input_layer().is_some();
         for inp in &mut blk.inputs {
             let (is_group, name) = match &inp.source {
                 Source::Group(n) => (true, n.clone()),
                 Source::Block(n) => (false, n.clone()),
             };
-            let is_input_layer = blk.layers.first().is_some_and(|l| matches!(l, Layer::Input(_)));
             if is_group && is_input_layer {
                 if !groups.contains(&name) {
                     return Err(ConfigError::invalid(
@@ -736,10 +751,7 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
             }
         }
     }
-    if blocks
-        .iter()
-        .all(|b| b.layers.first().is_some_and(|l| matches!(l, Layer::Input(_))))
-    {
+    if blocks.iter().all(|b| b.input_layer().is_some()) {
         return Err(ConfigError::invalid(
             path,
             "there must be at least one block besides input layers",

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, NodeId, Scope};
+use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
 use super::GroupLayout;
 use crate::config::backbone::{Aggregation, Backbone, Block, Expr, InputMode, Keras, Layer, MaskBlock, Mlp, Source};
@@ -115,7 +115,7 @@ fn block(
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<Val> {
-    if let Some(Layer::Input(mode)) = blk.layers.first() {
+    if let Some(mode) = blk.input_layer() {
         let Source::Group(name) = &blk.inputs[0].source else {
             unreachable!("typed as a group input")
         };
@@ -123,7 +123,7 @@ fn block(
             .iter()
             .position(|l| &l.name == name)
             .with_context(|| format!("no feature group `{name}`"))?;
-        return input_layer(&groups[gi], xs[gi], *mode, g);
+        return input_layer(&groups[gi], xs[gi], mode, g);
     }
     let mut inputs = Vec::new();
     for inp in &blk.inputs {
@@ -180,7 +180,7 @@ fn input_layer(l: &GroupLayout, x: NodeId, mode: InputMode, g: &mut Graph) -> an
         InputMode::TensorAndList => Val::L(vec![Val::T(x), Val::L(list(g).into_iter().map(Val::T).collect())]),
         InputMode::Stacked => {
             let items: Vec<Val> = list(g).into_iter().map(Val::T).collect();
-            stack(&items, g).with_context(|| format!("only_output_3d_tensor of group `{}`", l.name))?
+            stacked(stack(&items, g).with_context(|| format!("only_output_3d_tensor of group `{}`", l.name))?)
         }
     })
 }
@@ -205,39 +205,31 @@ fn merge(inputs: Vec<Val>, axis: i32, g: &mut Graph) -> anyhow::Result<Val> {
         return Ok(Val::L(all));
     }
     match axis {
-        -1 => Ok(Val::T(concat_list(&inputs, g)?.node())),
-        1 if inputs.iter().all(|v| matches!(v, Val::S { .. })) => {
-            let d = match &inputs[0] {
-                Val::S { d, .. } => *d,
-                _ => unreachable!(),
+        -1 => concat_list(&inputs, g),
+        1 => {
+            // Fields of 3-D tensors side by side, each of one dimension.
+            let parts: Option<Vec<(NodeId, usize, usize)>> = inputs
+                .iter()
+                .map(|v| match v {
+                    Val::S { x, n, d } => Some((*x, *n, *d)),
+                    _ => None,
+                })
+                .collect();
+            let Some(parts) = parts else {
+                bail!("input_concat_axis 1 over these inputs is not supported");
             };
-            let mut n = 0;
-            let mut nodes = Vec::new();
-            for v in &inputs {
-                match v {
-                    Val::S { x, n: k, d: dk } if *dk == d => {
-                        n += k;
-                        nodes.push(*x);
-                    }
-                    other => bail!("cannot concatenate {} on axis 1 with dimension {d}", other.describe(g)),
-                }
+            let d = parts[0].2;
+            if let Some((_, n, dk)) = parts.iter().find(|p| p.2 != d) {
+                bail!("cannot concatenate a [batch, {n}, {dk}] tensor on axis 1 with dimension {d}");
             }
+            let nodes: Vec<NodeId> = parts.iter().map(|p| p.0).collect();
             Ok(Val::S {
                 x: g.concat(&nodes),
-                n,
+                n: parts.iter().map(|p| p.1).sum(),
                 d,
             })
         }
         other => bail!("input_concat_axis {other} over these inputs is not supported"),
-    }
-}
-
-impl Val {
-    fn node(&self) -> NodeId {
-        match self {
-            Val::T(x) | Val::S { x, .. } => *x,
-            Val::L(_) => unreachable!("callers check for lists"),
-        }
     }
 }
 
@@ -255,8 +247,8 @@ fn tensor(v: &Val, g: &Graph) -> anyhow::Result<NodeId> {
     }
 }
 
-/// `tf.stack(list, axis=1)` of equally wide 2-D tensors.
-fn stack(items: &[Val], g: &mut Graph) -> anyhow::Result<Val> {
+/// `tf.stack(list, axis=1)` of equally wide 2-D tensors, as `(node, n, d)`.
+fn stack(items: &[Val], g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize)> {
     let nodes = items.iter().map(|v| tensor(v, g)).collect::<anyhow::Result<Vec<_>>>()?;
     let Some(&first) = nodes.first() else {
         bail!("nothing to stack");
@@ -268,21 +260,19 @@ fn stack(items: &[Val], g: &mut Graph) -> anyhow::Result<Val> {
             g.width(*x)
         );
     }
-    Ok(Val::S {
-        x: g.concat(&nodes),
-        n: nodes.len(),
-        d,
-    })
+    Ok((g.concat(&nodes), nodes.len(), d))
+}
+
+/// The stacked value of `stack`'s output.
+fn stacked((x, n, d): (NodeId, usize, usize)) -> Val {
+    Val::S { x, n, d }
 }
 
 /// A 3-D value as `(node, n, d)`: stacked, or a list stacked.
 fn fields(v: &Val, g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize)> {
     match v {
         Val::S { x, n, d } => Ok((*x, *n, *d)),
-        Val::L(items) => match stack(items, g)? {
-            Val::S { x, n, d } => Ok((x, n, d)),
-            _ => unreachable!(),
-        },
+        Val::L(items) => stack(items, g),
         other => bail!("takes a list of 2-D tensors or a 3-D tensor, got {}", other.describe(g)),
     }
 }
@@ -312,7 +302,7 @@ fn apply(e: Expr, v: Val, g: &mut Graph) -> anyhow::Result<Val> {
             d,
         },
         (Expr::Concat, Val::L(items)) => concat_list(&items, g)?,
-        (Expr::Stack, Val::L(items)) => stack(&items, g)?,
+        (Expr::Stack, Val::L(items)) => stacked(stack(&items, g)?),
         (Expr::Unstack { n, d }, Val::T(x)) => {
             if g.width(x) != n * d {
                 bail!("cannot reshape [batch, {}] to [-1, {n}, {d}]", g.width(x));
@@ -335,19 +325,12 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             use_bias,
         } => {
             let x = tensor(&v, g).context("Dense")?;
-            let w = s.params.add(
-                &format!("{name}/kernel"),
-                g.width(x),
-                *units,
-                Init::GlorotUniform,
-                false,
-                s.rng,
-            );
-            let b = use_bias.then(|| {
-                s.params
-                    .add(&format!("{name}/bias"), 1, *units, Init::Zeros, false, s.rng)
-            });
-            Val::T(g.linear(x, s.params, w, b, *activation))
+            let k = Kernel {
+                init: Init::GlorotUniform,
+                l2: false,
+                bias: *use_bias,
+            };
+            Val::T(s.layer(g, x, name, *units, k, *activation))
         }
         Keras::Dropout { rate } => Val::T(g.dropout(tensor(&v, g).context("Dropout")?, *rate)),
         Keras::Add => match v {
@@ -384,29 +367,18 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             if g.width(x0) != d {
                 bail!("Cross: x0 has width {} and x {d}", g.width(x0));
             }
-            let init = Init::TruncatedNormal(0.05);
+            let k = Kernel {
+                init: Init::TruncatedNormal(0.05),
+                l2: false,
+                bias: *use_bias,
+            };
+            let lin = Activation::Linear;
             let prod = match projection_dim {
-                None => {
-                    let w = s.params.add(&format!("{name}/dense/kernel"), d, d, init, false, s.rng);
-                    let b = use_bias.then(|| {
-                        s.params
-                            .add(&format!("{name}/dense/bias"), 1, d, Init::Zeros, false, s.rng)
-                    });
-                    g.linear(x, s.params, w, b, Activation::Linear)
-                }
+                None => s.layer(g, x, &format!("{name}/dense"), d, k, lin),
                 Some(p) => {
-                    let u = s
-                        .params
-                        .add(&format!("{name}/dense_u/kernel"), d, *p, init, false, s.rng);
-                    let h = g.linear(x, s.params, u, None, Activation::Linear);
-                    let w = s
-                        .params
-                        .add(&format!("{name}/dense_v/kernel"), *p, d, init, false, s.rng);
-                    let b = use_bias.then(|| {
-                        s.params
-                            .add(&format!("{name}/dense_v/bias"), 1, d, Init::Zeros, false, s.rng)
-                    });
-                    g.linear(h, s.params, w, b, Activation::Linear)
+                    let u = Kernel { bias: false, ..k };
+                    let h = s.layer(g, x, &format!("{name}/dense_u"), *p, u, lin);
+                    s.layer(g, h, &format!("{name}/dense_v"), d, k, lin)
                 }
             };
             let crossed = g.mul(x0, prod);
@@ -463,61 +435,44 @@ fn mask_block(
     if aggregation == 0 {
         bail!("the mask block's aggregation layer has width 0");
     }
+    // Keras' Dense defaults (glorot_uniform, a bias, no regularizer), and
+    // EasyRec's choices per layer on top.
+    let keras = Kernel {
+        init: Init::GlorotUniform,
+        l2: false,
+        bias: true,
+    };
+    let lin = Activation::Linear;
     let mut m = mask_input;
     if let Some(p) = blk.projection_dim {
-        let w = s.params.add(
-            &format!("{name}/project/kernel"),
-            g.width(m),
-            p,
-            Init::GlorotUniform,
-            true,
-            s.rng,
-        );
-        m = g.linear(m, s.params, w, None, Activation::Linear);
+        let project = Kernel {
+            l2: true,
+            bias: false,
+            ..keras
+        };
+        m = s.layer(g, m, &format!("{name}/project"), p, project, lin);
     }
-    let w = s.params.add(
-        &format!("{name}/aggregation/kernel"),
-        g.width(m),
+    let aggregate = Kernel {
+        init: Init::HeUniform,
+        l2: true,
+        ..keras
+    };
+    let aggr = s.layer(
+        g,
+        m,
+        &format!("{name}/aggregation"),
         aggregation,
-        Init::HeUniform,
-        true,
-        s.rng,
+        aggregate,
+        Activation::Relu,
     );
-    let b = s.params.add(
-        &format!("{name}/aggregation/bias"),
-        1,
-        aggregation,
-        Init::Zeros,
-        false,
-        s.rng,
-    );
-    let aggr = g.linear(m, s.params, w, Some(b), Activation::Relu);
     let d = g.width(net);
-    let w = s.params.add(
-        &format!("{name}/weights/kernel"),
-        aggregation,
-        d,
-        Init::GlorotUniform,
-        false,
-        s.rng,
-    );
-    let b = s
-        .params
-        .add(&format!("{name}/weights/bias"), 1, d, Init::Zeros, false, s.rng);
-    let weights = g.linear(aggr, s.params, w, Some(b), Activation::Linear);
+    let weights = s.layer(g, aggr, &format!("{name}/weights"), d, keras, lin);
     let masked = g.mul(net, weights);
     let Some(out) = blk.output_size else {
         return Ok(masked);
     };
-    let w = s.params.add(
-        &format!("{name}/output/kernel"),
-        d,
-        out,
-        Init::GlorotUniform,
-        false,
-        s.rng,
-    );
-    let hidden = g.linear(masked, s.params, w, None, Activation::Linear);
+    let output = Kernel { bias: false, ..keras };
+    let hidden = s.layer(g, masked, &format!("{name}/output"), out, output, lin);
     let ln = s.layer_norm(g, hidden, &format!("{name}/output_ln"));
     Ok(g.act(ln, Activation::Relu))
 }
@@ -573,23 +528,17 @@ fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
     let mut x = x;
     for (i, l) in m.layers.iter().enumerate() {
         let lname = format!("{name}/layer_{i}");
-        let w = s.params.add(
-            &format!("{lname}/dense/kernel"),
-            g.width(x),
-            l.units,
-            Init::HeUniform,
-            true,
-            s.rng,
-        );
-        let b = l.use_bias.then(|| {
-            s.params
-                .add(&format!("{lname}/dense/bias"), 1, l.units, Init::Zeros, false, s.rng)
-        });
+        let k = Kernel {
+            init: Init::HeUniform,
+            l2: true,
+            bias: l.use_bias,
+        };
+        let dense = format!("{lname}/dense");
         x = if l.use_bn && !l.bn_after_activation {
-            let z = g.linear(x, s.params, w, b, Activation::Linear);
+            let z = s.layer(g, x, &dense, l.units, k, Activation::Linear);
             s.batch_norm(g, z, &format!("{lname}/bn"), l.activation)
         } else {
-            let z = g.linear(x, s.params, w, b, l.activation);
+            let z = s.layer(g, x, &dense, l.units, k, l.activation);
             if l.use_bn {
                 s.batch_norm(g, z, &format!("{lname}/bn"), Activation::Linear)
             } else {

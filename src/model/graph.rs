@@ -311,20 +311,23 @@ impl Graph {
     }
 }
 
-/// The parameters of a dense layer, created in the `ParamStore`.
-pub struct LinearParams {
-    pub w: usize,
-    pub b: Option<usize>,
+/// How a dense layer's parameters are made: the kernel's initializer,
+/// whether it takes part in l2_regularization, whether a bias follows.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernel {
+    pub init: Init,
+    pub l2: bool,
+    pub bias: bool,
 }
 
-impl LinearParams {
-    /// Kernel and bias of a dense layer; with `l2`, the kernel takes part in
-    /// l2_regularization (EasyRec's `kernel_regularizer`).
-    pub fn new(p: &mut ParamStore, name: &str, d_in: usize, d_out: usize, l2: bool, rng: &mut Rng) -> Self {
-        let w = p.add(&format!("{name}/kernel"), d_in, d_out, Init::GlorotUniform, l2, rng);
-        let b = Some(p.add(&format!("{name}/bias"), 1, d_out, Init::Zeros, false, rng));
-        LinearParams { w, b }
-    }
+impl Kernel {
+    /// EasyRec's `tf.layers.dense` with its kernel regularizer: glorot
+    /// uniform, in l2_regularization, with a bias.
+    pub const DENSE: Kernel = Kernel {
+        init: Init::GlorotUniform,
+        l2: true,
+        bias: true,
+    };
 }
 
 /// The parameter and buffer stores a builder adds to, with the generator
@@ -338,15 +341,30 @@ pub struct Scope<'a> {
 impl Scope<'_> {
     /// A dense layer `act(x · W + b)` named `name/kernel`, `name/bias`.
     pub fn dense(&mut self, g: &mut Graph, x: NodeId, name: &str, units: usize, act: Activation) -> NodeId {
-        let l = LinearParams::new(self.params, name, g.width(x), units, true, self.rng);
-        g.linear(x, self.params, l.w, l.b, act)
+        self.layer(g, x, name, units, Kernel::DENSE, act)
+    }
+
+    /// `act(x · W (+ b))` with `units` columns, its kernel `name/kernel` made
+    /// as `k` says and its bias `name/bias` (zeros) when `k.bias`.
+    pub fn layer(&mut self, g: &mut Graph, x: NodeId, name: &str, units: usize, k: Kernel, act: Activation) -> NodeId {
+        let w = self
+            .params
+            .add(&format!("{name}/kernel"), g.width(x), units, k.init, k.l2, self.rng);
+        let b = k.bias.then(|| {
+            self.params
+                .add(&format!("{name}/bias"), 1, units, Init::Zeros, false, self.rng)
+        });
+        g.linear(x, self.params, w, b, act)
     }
 
     /// The one-logit output layer `name` whose kernel EasyRec leaves out
     /// of l2_regularization (MultiTower's and DCN's `output`).
     pub fn unregularized_output(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
-        let l = LinearParams::new(self.params, name, g.width(x), 1, false, self.rng);
-        g.linear(x, self.params, l.w, l.b, Activation::Linear)
+        let k = Kernel {
+            l2: false,
+            ..Kernel::DENSE
+        };
+        self.layer(g, x, name, 1, k, Activation::Linear)
     }
 
     /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation ->
@@ -356,12 +374,11 @@ impl Scope<'_> {
         let mut x = x;
         for (i, &units) in spec.hidden_units.iter().enumerate() {
             let lname = format!("{name}/dnn_{i}");
-            let l = LinearParams::new(self.params, &lname, g.width(x), units, true, self.rng);
             x = if spec.use_bn {
-                let z = g.linear(x, self.params, l.w, l.b, Activation::Linear);
+                let z = self.layer(g, x, &lname, units, Kernel::DENSE, Activation::Linear);
                 self.batch_norm(g, z, &format!("{lname}/bn"), spec.activation)
             } else {
-                g.linear(x, self.params, l.w, l.b, spec.activation)
+                self.layer(g, x, &lname, units, Kernel::DENSE, spec.activation)
             };
             x = g.dropout(x, spec.dropout.get(i).copied().unwrap_or(0.0));
         }
