@@ -447,6 +447,36 @@ impl Builder<'_> {
                     self.g.op("Add", &[&v[x.0], &b])
                 }
                 Op::LayerNorm { x, gamma, beta } => self.layer_norm(&v[x.0], (*gamma, *beta)),
+                Op::Sub(a, c) => self.g.op("Sub", &[&v[a.0], &v[c.0]]),
+                Op::Tile { x, n } => {
+                    let reps = self.g.i64s(&[2], &[1, *n as i64]);
+                    let t = self.g.op("Tile", &[&v[x.0], &reps]);
+                    self.reshape(&t, &[-1, width as i64])
+                }
+                Op::Unfold { x, .. } | Op::Fold { x, .. } => self.reshape(&v[x.0], &[-1, width as i64]),
+                Op::MaskedSoftmax { x, len } => {
+                    // Column k is live where k < len; masked logits sink far
+                    // below the rest and are zeroed after the softmax (rows
+                    // of length 0 are all zeros).
+                    let ks: Vec<f32> = (0..width).map(|k| k as f32).collect();
+                    let ks = self.g.f32s(None, &[1, width], &ks);
+                    let live = self.g.op("Less", &[&ks, &v[len.0]]);
+                    let mask = self
+                        .g
+                        .node("Cast", &[&live], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
+                    let low = self.scalar_f32(-1e9);
+                    let logits = self.g.op("Where", &[&live, &v[x.0], &low]);
+                    let y = self.g.node("Softmax", &[&logits], vec![("axis", Attr::Int(1))], None);
+                    self.g.op("Mul", &[&y, &mask])
+                }
+                Op::AttnPool { w, x } => {
+                    let n = graph.width(*w) as i64;
+                    let ax1 = self.axes(&[1]);
+                    let w3 = self.g.op("Unsqueeze", &[&v[w.0], &ax1]);
+                    let x3 = self.reshape(&v[x.0], &[-1, n, width as i64]);
+                    let y = self.g.op("MatMul", &[&w3, &x3]);
+                    self.reshape(&y, &[-1, width as i64])
+                }
             };
             v.push(y);
         }

@@ -76,7 +76,7 @@ impl<'a> Tape<'a> {
             b,
         };
         for node in &graph.nodes {
-            let (v, s) = t.run(&node.op, node.width, (params, buffers), &mut mode);
+            let (v, s) = t.run(&node.op, (node.width, node.rows), (params, buffers), &mut mode);
             t.vals.push(v);
             t.saved.push(s);
         }
@@ -86,11 +86,12 @@ impl<'a> Tape<'a> {
     fn run(
         &self,
         op: &Op,
-        width: usize,
+        (width, rows): (usize, usize),
         (p, buffers): (&ParamStore, &ParamStore),
         mode: &mut Mode,
     ) -> (Vec<f32>, Saved) {
-        let b = self.b;
+        // This node's rows: `rows` per batch row.
+        let b = self.b * rows;
         let w_of = |x: &NodeId| self.graph.width(*x);
         match op {
             Op::Input { .. } => (Vec::new(), Saved::None),
@@ -219,7 +220,7 @@ impl<'a> Tape<'a> {
                 let y = self.value(*x).chunks_exact(w.max(1)).map(|r| r.iter().sum()).collect();
                 (y, Saved::None)
             }
-            Op::Dot { xs, dim, pairs } => (self.dot_fwd(xs, *dim, pairs), Saved::None),
+            Op::Dot { xs, dim, pairs } => (self.dot_fwd(b, xs, *dim, pairs), Saved::None),
             Op::Cross { x0, xl, w, b: bias } => {
                 let d = width;
                 let s = kernels::row_dots(self.value(*xl), d, p.slice(*w));
@@ -297,6 +298,54 @@ impl<'a> Tape<'a> {
                 };
                 (y, saved)
             }
+            Op::Sub(a, c) => {
+                let y = self.value(*a).iter().zip(self.value(*c)).map(|(x, y)| x - y).collect();
+                (y, Saved::None)
+            }
+            Op::Tile { x, n } => {
+                let y = self
+                    .value(*x)
+                    .chunks_exact(width.max(1))
+                    .flat_map(|row| std::iter::repeat_n(row, *n).flatten())
+                    .copied()
+                    .collect();
+                (y, Saved::None)
+            }
+            Op::Unfold { x, .. } | Op::Fold { x, .. } => (self.value(*x).to_vec(), Saved::None),
+            Op::MaskedSoftmax { x, len } => {
+                let mut y = self.value(*x).to_vec();
+                let lens = self.value(*len);
+                y.par_chunks_mut(width).zip(lens).for_each(|(row, l)| {
+                    // Column k is live where k < len.
+                    let l = (l.max(0.0).ceil() as usize).min(width);
+                    let (live, pad) = row.split_at_mut(l);
+                    pad.fill(0.0);
+                    if live.is_empty() {
+                        return;
+                    }
+                    let m = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut s = 0.0;
+                    live.iter_mut().for_each(|v| {
+                        *v = (*v - m).exp();
+                        s += *v;
+                    });
+                    live.iter_mut().for_each(|v| *v /= s);
+                });
+                (y, Saved::None)
+            }
+            Op::AttnPool { w, x } => {
+                let n = self.graph.width(*w);
+                let mut y = vec![0.0f32; b * width];
+                y.par_chunks_mut(width)
+                    .zip(self.value(*w).par_chunks(n))
+                    .zip(self.value(*x).par_chunks(n * width))
+                    .for_each(|((out, wr), xr)| {
+                        for (wk, blk) in wr.iter().zip(xr.chunks_exact(width)) {
+                            out.iter_mut().zip(blk).for_each(|(o, v)| *o += wk * v);
+                        }
+                    });
+                (y, Saved::None)
+            }
         }
     }
 
@@ -305,8 +354,8 @@ impl<'a> Tape<'a> {
         xs.iter().map(|x| (self.value(*x), self.graph.width(*x))).collect()
     }
 
-    fn dot_fwd(&self, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)]) -> Vec<f32> {
-        let (b, zw) = (self.b, pairs.len());
+    fn dot_fwd(&self, b: usize, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)]) -> Vec<f32> {
+        let zw = pairs.len();
         let src = self.sources(xs);
         let n = src.iter().map(|(_, w)| w).sum::<usize>() / dim;
         let mut z = vec![0.0f32; b * zw];
@@ -331,8 +380,8 @@ impl<'a> Tape<'a> {
     }
 
     /// Gradients of a dot op's operands from that of its output.
-    fn dot_bwd(&self, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)], dz: &[f32]) -> Vec<Vec<f32>> {
-        let (b, zw) = (self.b, pairs.len());
+    fn dot_bwd(&self, b: usize, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)], dz: &[f32]) -> Vec<Vec<f32>> {
+        let zw = pairs.len();
         let src = self.sources(xs);
         let widths: Vec<usize> = src.iter().map(|(_, w)| *w).collect();
         let total: usize = widths.iter().sum();
@@ -376,7 +425,6 @@ impl<'a> Tape<'a> {
         dense: &mut [f32],
     ) -> Vec<Vec<f32>> {
         let g = self.graph;
-        let b = self.b;
         let mut grads: Vec<Option<Vec<f32>>> = vec![None; g.nodes.len()];
         let mut input_grads: Vec<Vec<f32>> = Vec::new();
         for (n, d) in seeds {
@@ -385,6 +433,8 @@ impl<'a> Tape<'a> {
         for i in (0..g.nodes.len()).rev() {
             let Some(mut dy) = grads[i].take() else { continue };
             let width = g.nodes[i].width;
+            // This node's rows.
+            let b = self.b * g.nodes[i].rows;
             match &g.nodes[i].op {
                 Op::Input { group } => {
                     if input_grads.len() <= *group {
@@ -508,7 +558,7 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::Dot { xs, dim, pairs } => {
-                    for (x, d) in xs.iter().zip(self.dot_bwd(xs, *dim, pairs, &dy)) {
+                    for (x, d) in xs.iter().zip(self.dot_bwd(b, xs, *dim, pairs, &dy)) {
                         accumulate(&mut grads, needs, *x, d);
                     }
                 }
@@ -584,6 +634,63 @@ impl<'a> Tape<'a> {
                     kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bias].range()]);
                     accumulate(&mut grads, needs, *x, dy);
                 }
+                Op::Sub(a, c) => {
+                    if needs[c.0] {
+                        accumulate(&mut grads, needs, *c, dy.iter().map(|v| -v).collect());
+                    }
+                    accumulate(&mut grads, needs, *a, dy);
+                }
+                Op::Tile { x, n } => {
+                    if needs[x.0] {
+                        let mut dx = vec![0.0f32; b / n * width];
+                        dx.par_chunks_mut(width.max(1))
+                            .zip(dy.par_chunks(n * width.max(1)))
+                            .for_each(|(o, copies)| {
+                                for c in copies.chunks_exact(width) {
+                                    o.iter_mut().zip(c).for_each(|(o, v)| *o += v);
+                                }
+                            });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::Unfold { x, .. } | Op::Fold { x, .. } => accumulate(&mut grads, needs, *x, dy),
+                Op::MaskedSoftmax { x, .. } => {
+                    // Masked columns have y = 0, so their gradient is 0 too.
+                    let y = &self.vals[i];
+                    dy.par_chunks_mut(width).zip(y.par_chunks(width)).for_each(|(g, y)| {
+                        let dot: f32 = g.iter().zip(y).map(|(a, b)| a * b).sum();
+                        g.iter_mut().zip(y).for_each(|(g, y)| *g = y * (*g - dot));
+                    });
+                    accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::AttnPool { w, x } => {
+                    let n = g.width(*w);
+                    let (wv, xv) = (self.value(*w), self.value(*x));
+                    if needs[w.0] {
+                        let mut dw = vec![0.0f32; b * n];
+                        dw.par_chunks_mut(n)
+                            .zip(xv.par_chunks(n * width))
+                            .zip(dy.par_chunks(width))
+                            .for_each(|((o, xr), d)| {
+                                for (o, blk) in o.iter_mut().zip(xr.chunks_exact(width)) {
+                                    *o = blk.iter().zip(d).map(|(a, b)| a * b).sum();
+                                }
+                            });
+                        accumulate(&mut grads, needs, *w, dw);
+                    }
+                    if needs[x.0] {
+                        let mut dx = vec![0.0f32; b * n * width];
+                        dx.par_chunks_mut(n * width)
+                            .zip(wv.par_chunks(n))
+                            .zip(dy.par_chunks(width))
+                            .for_each(|((o, wr), d)| {
+                                for (blk, wk) in o.chunks_exact_mut(width).zip(wr) {
+                                    blk.iter_mut().zip(d).for_each(|(o, v)| *o = wk * v);
+                                }
+                            });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
                 Op::LayerNorm { x, gamma, beta } => {
                     let Saved::Ln { xhat, inv } = &self.saved[i] else {
                         unreachable!("backward runs on a training tape")
@@ -621,7 +728,7 @@ impl<'a> Tape<'a> {
                     .get_mut(group)
                     .map(std::mem::take)
                     .filter(|v| !v.is_empty())
-                    .unwrap_or_else(|| vec![0.0; b * node.width]);
+                    .unwrap_or_else(|| vec![0.0; self.b * node.width]);
             }
         }
         out

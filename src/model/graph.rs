@@ -3,8 +3,10 @@
 //! executors: the CPU training executor (`model::cpu`), burn's graph as the
 //! reference (`model::reference`) and the ONNX emitter (`export::graph`).
 //!
-//! Every value is a row-major `[batch, width]` matrix; a node knows its
-//! width, the batch comes with the inputs. Nodes are in topological order
+//! Every value is a row-major `[batch * rows, width]` matrix; a node knows
+//! its width and its `rows` per batch row (1 but inside sequence ops, which
+//! give each position of a sequence a row of its own: `Unfold`, `Tile`,
+//! and `Fold` back), the batch comes with the inputs. Nodes are in topological order
 //! (each is pushed after its operands), which is also the order executors
 //! run them in, so dropout draws its masks and batch norm reports its
 //! statistics in the same order everywhere.
@@ -115,6 +117,36 @@ pub enum Op {
         gamma: usize,
         beta: usize,
     },
+    /// `a - b`.
+    Sub(NodeId, NodeId),
+    /// `[r, d] -> [r * n, d]`: each row `n` times in a row.
+    Tile {
+        x: NodeId,
+        n: usize,
+    },
+    /// `[r, n * d] -> [r * n, d]`: each row's `n` column blocks as rows of
+    /// their own (the same values, row-major).
+    Unfold {
+        x: NodeId,
+        n: usize,
+    },
+    /// `[r * n, d] -> [r, n * d]`: `Unfold`'s inverse.
+    Fold {
+        x: NodeId,
+        n: usize,
+    },
+    /// Softmax over the first `len[r]` columns of each row (`len` is
+    /// `[r, 1]`, a count), zeros after them; a row of length 0 is zeros.
+    MaskedSoftmax {
+        x: NodeId,
+        len: NodeId,
+    },
+    /// `[r, n]`, `[r, n * d] -> [r, d]`: `Σ_k w[:, k] * x_k`, `x_k` the
+    /// `k`-th column block of `x` (attention pooling over a sequence).
+    AttnPool {
+        w: NodeId,
+        x: NodeId,
+    },
 }
 
 impl Op {
@@ -132,7 +164,13 @@ impl Op {
             | Op::RowSum { x }
             | Op::Bias { x, .. }
             | Op::LayerNorm { x, .. }
+            | Op::Tile { x, .. }
+            | Op::Unfold { x, .. }
+            | Op::Fold { x, .. }
             | Op::Softmax { x } => vec![*x],
+            Op::Sub(a, b) => vec![*a, *b],
+            Op::MaskedSoftmax { x, len } => vec![*x, *len],
+            Op::AttnPool { w, x } => vec![*w, *x],
             Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
             Op::Mul(a, b) => vec![*a, *b],
             Op::Cross { x0, xl, .. } => vec![*x0, *xl],
@@ -146,6 +184,8 @@ impl Op {
 pub struct Node {
     pub op: Op,
     pub width: usize,
+    /// Rows per batch row: the value is `[batch * rows, width]`.
+    pub rows: usize,
 }
 
 /// A model's computation from its group inputs to its named outputs.
@@ -161,8 +201,35 @@ impl Graph {
         self.nodes[n.0].width
     }
 
+    /// Rows per batch row of node `n`'s value.
+    pub fn rows(&self, n: NodeId) -> usize {
+        self.nodes[n.0].rows
+    }
+
     fn push(&mut self, op: Op, width: usize) -> NodeId {
-        self.nodes.push(Node { op, width });
+        let rows = match &op {
+            Op::Input { .. } => 1,
+            Op::Zeros { like } => self.rows(*like),
+            Op::Tile { x, n } | Op::Unfold { x, n } => self.rows(*x) * n,
+            Op::Fold { x, n } => {
+                assert!(
+                    self.rows(*x).is_multiple_of(*n),
+                    "fold of {} rows by {n}",
+                    self.rows(*x)
+                );
+                self.rows(*x) / n
+            }
+            op => {
+                let xs = op.operands();
+                let r = self.rows(xs[0]);
+                assert!(
+                    xs.iter().all(|x| self.rows(*x) == r),
+                    "operands of {op:?} differ in rows"
+                );
+                r
+            }
+        };
+        self.nodes.push(Node { op, width, rows });
         NodeId(self.nodes.len() - 1)
     }
 
@@ -285,8 +352,47 @@ impl Graph {
         self.push(Op::Zeros { like }, width)
     }
 
+    pub fn sub(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        let w = self.width(a);
+        assert_eq!(w, self.width(b), "sub of unequal widths");
+        self.push(Op::Sub(a, b), w)
+    }
+
+    pub fn tile(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::Tile { x, n }, w)
+    }
+
+    pub fn unfold(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        assert!(n > 0 && w.is_multiple_of(n), "unfold of width {w} into {n} blocks");
+        self.push(Op::Unfold { x, n }, w / n)
+    }
+
+    pub fn fold(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::Fold { x, n }, w * n)
+    }
+
+    pub fn masked_softmax(&mut self, x: NodeId, len: NodeId) -> NodeId {
+        assert_eq!(self.width(len), 1, "a length column");
+        let w = self.width(x);
+        self.push(Op::MaskedSoftmax { x, len }, w)
+    }
+
+    pub fn attn_pool(&mut self, w: NodeId, x: NodeId) -> NodeId {
+        let n = self.width(w);
+        let total = self.width(x);
+        assert!(
+            n > 0 && total.is_multiple_of(n),
+            "attention over {n} blocks of width {total}"
+        );
+        self.push(Op::AttnPool { w, x }, total / n)
+    }
+
     pub fn output(&mut self, name: &str, x: NodeId) {
         assert_eq!(self.width(x), 1, "output `{name}` is one column");
+        assert_eq!(self.rows(x), 1, "output `{name}` has a row per batch row");
         self.outputs.push((name.to_string(), x));
     }
 

@@ -118,6 +118,32 @@ fn cases() -> Vec<Case> {
             let z = g.zeros(x[0], 6);
             g.add(&[z, x[1]])
         }),
+        case("sub", true, |g, _, x| g.sub(x[0], x[1])),
+        case("tile, unfold and fold", true, |g, _, x| {
+            let k = g.slice(x[0], 1, 2);
+            let k = g.tile(k, 3);
+            let h = g.unfold(x[1], 3);
+            let p = g.mul(k, h);
+            let p = g.act(p, tanh);
+            g.fold(p, 3)
+        }),
+        case("target attention over a masked sequence", true, |g, s, x| {
+            // A sequence of 6 positions of width 1 (x[1]), its length from
+            // x[0] (fractional: position k is live where k < len), the key
+            // x[0]'s first column.
+            let sig = g.act(x[0], Activation::Sigmoid);
+            let len = g.row_sum(sig);
+            let key = g.slice(x[0], 0, 1);
+            let k = g.tile(key, 6);
+            let h = g.unfold(x[1], 6);
+            let (d, m) = (g.sub(k, h), g.mul(k, h));
+            let din = g.concat(&[k, h, d, m]);
+            let z = s.dense(g, din, "att/dnn_0", 3, Activation::Sigmoid);
+            let z = s.dense(g, z, "att/dnn_1", 1, Activation::Linear);
+            let scores = g.fold(z, 6);
+            let w = g.masked_softmax(scores, len);
+            g.attn_pool(w, x[1])
+        }),
     ]
 }
 

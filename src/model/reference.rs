@@ -43,10 +43,12 @@ fn activate(a: Activation, x: Tensor<2>) -> Tensor<2> {
 
 /// Every node's value for group inputs `x` (`[b, width]` each).
 pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> {
-    let b = x.first().map_or(0, |t| t.dims()[0]);
+    let batch = x.first().map_or(0, |t| t.dims()[0]);
     let mut v: Vec<Tensor<2>> = Vec::with_capacity(graph.nodes.len());
     for node in &graph.nodes {
         let width = node.width;
+        // This node's rows.
+        let b = batch * node.rows;
         let y = match &node.op {
             Op::Input { group } => x[*group].clone(),
             Op::Linear { x, w, b: bias, act } => {
@@ -148,6 +150,30 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                     .expect("a weighted sum has operands")
             }
             Op::Zeros { .. } => ctx.constant(vec![0.0; b * width], b, width),
+            Op::Sub(a, c) => v[a.0].clone() - v[c.0].clone(),
+            Op::Tile { x, n } => {
+                let t: Tensor<3> = v[x.0].clone().reshape([b / n, 1, width]);
+                t.repeat_dim(1, *n).reshape([b, width])
+            }
+            Op::Unfold { .. } | Op::Fold { .. } => v[node.op.operands()[0].0].clone().reshape([b, width]),
+            Op::MaskedSoftmax { x, len } => {
+                let lens = to_vec(v[len.0].clone());
+                let mask: Vec<f32> = lens
+                    .iter()
+                    .flat_map(|l| (0..width).map(move |k| if (k as f32) < *l { 1.0 } else { 0.0 }))
+                    .collect();
+                let mask = ctx.constant(mask, b, width);
+                // Masked logits far below the rest, then the mask again for
+                // rows with nothing left.
+                let logits = v[x.0].clone() * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
+                softmax(logits, 1) * mask
+            }
+            Op::AttnPool { w, x } => {
+                let n = graph.width(*w);
+                let w3: Tensor<3> = v[w.0].clone().reshape([b, 1, n]);
+                let x3: Tensor<3> = v[x.0].clone().reshape([b, n, width]);
+                w3.matmul(x3).reshape([b, width])
+            }
         };
         v.push(y);
     }
