@@ -133,6 +133,18 @@ fn model_block(name: &str) -> &'static str {
                   relation_dnn { hidden_units: [3] } weight: 0.5 }
     l2_regularization: 1e-4 } }"#
         }
+        "MultiTowerDIN" => {
+            r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+model_config { model_class: "MultiTowerDIN"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  seq_att_groups { group_name: "din" seq_att_map { key: "c2" hist_seq: "hist" } }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
+                towers { input: "item" dnn { hidden_units: [4] } }
+                din_towers { input: "din" dnn { hidden_units: [5, 1] } }
+                final_dnn { hidden_units: [4] } } }"#
+        }
         other => panic!("no block for {other}"),
     }
 }
@@ -140,7 +152,24 @@ fn model_block(name: &str) -> &'static str {
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 20] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 21] = [
+    (
+        "DBMTL with sequence_features: two histories and an aux, keys transformed by dense layers, keys padded",
+        r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+feature_configs { input_names: "c3" feature_name: "hist2" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 20 embedding_dim: 2 max_seq_len: 3 }
+model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "c1", "c2"]
+    sequence_features { group_name: "dense" allow_key_transform: true transform_dnn: true seq_dnn { hidden_units: [4, 1] }
+      seq_att_map { key: "c1" key: "c2" hist_seq: "hist" hist_seq: "hist2" aux_hist_seq: "hist2" } }
+    sequence_features { group_name: "pad" allow_key_transform: true need_key_feature: false
+      seq_dnn { hidden_units: [3, 1] dropout_ratio: [0.2, 0.0] }
+      seq_att_map { key: "c2" hist_seq: "hist" hist_seq: "hist2" } } }
+  dbmtl { bottom_dnn { hidden_units: [8] }
+          task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
+          task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
+    ),
     (
         "MultiTaskModel: serial MaskNet with layer norms, a block without output layer, towers without DNNs",
         r#"model_config { model_class: "MultiTaskModel"
@@ -370,7 +399,7 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 10] = [
+const MODELS: [&str; 11] = [
     "WideAndDeep",
     "DLRM",
     "DeepFM",
@@ -381,6 +410,7 @@ const MODELS: [&str; 10] = [
     "DBMTL",
     "RankModel",
     "MultiTaskModel",
+    "MultiTowerDIN",
 ];
 
 /// Central differences in f64 of an f32 loss; loose enough for f32 noise,
@@ -440,12 +470,19 @@ fn dense_gradients_of_every_model_match_finite_differences() {
         }
         // Gradients w.r.t. the pooled embeddings (what the sparse update consumes).
         for (gi, grp) in t.model.groups.clone().iter().enumerate() {
-            if grp.parts.iter().all(|p| p.table.is_none()) {
+            if !grp.embedded() {
                 continue; // raw-only groups are constants, not trained
             }
             let mut smooth = 0;
             for k in 0..12 {
                 let j = (k * 7 + 3) % inputs[gi].len();
+                // Sequence lengths are counts, not trained values.
+                let is_length = |p: &rustrec::model::SeqPart| {
+                    matches!(p.kind, rustrec::model::SeqPartKind::Length { .. }) && p.col == j % grp.width
+                };
+                if grp.seq_parts.iter().any(is_length) {
+                    continue;
+                }
                 let mut x = inputs.clone();
                 x[gi][j] += eps;
                 let up = t.loss_and_grads(&batch, &x).loss as f64;

@@ -54,6 +54,9 @@ const PASSING: &[&str] = &[
     "wide_and_deep_two_opti.config",
     "zoo/dbmtl_backbone_on_taobao.config",
     "zoo/dbmtl_mmoe_on_taobao.config",
+    "zoo/dbmtl_on_multi_sequence_feature_taobao.config",
+    "zoo/dbmtl_on_numeric_hash_bucket_sequence_feature_taobao.config",
+    "zoo/dbmtl_on_sequence_feature_taobao.config",
     "zoo/dbmtl_on_taobao_test_feature_config.config",
     "zoo/dcn_f1_on_taobao.config",
     "zoo/dcn_on_taobao.config",
@@ -68,6 +71,10 @@ const PASSING: &[&str] = &[
     "zoo/deepfm_vocab_list_on_avazu_ctr.config",
     "zoo/deepfm_vocab_list_on_taobao.config",
     "zoo/deepfm_with_embed.config",
+    "zoo/din_on_gzip_data.config",
+    "zoo/din_on_sequence_feature_taobao.config",
+    "zoo/din_on_taobao.config",
+    "zoo/din_on_taobao_latest_export.config",
     "zoo/dlrm_backbone_on_taobao.config",
     "zoo/dlrm_on_criteo_parquet.config",
     "zoo/dlrm_on_criteo_parquet_ep_v2.config",
@@ -96,6 +103,7 @@ const PASSING: &[&str] = &[
     "zoo/simple_multi_task_backbone_on_taobao.config",
     "zoo/wide_and_deep_backbone_on_avazau.config",
     "zoo/wide_and_deep_on_avazau_ctr.config",
+    "zoo/wide_and_deep_on_sequence_feature_taobao.config",
     "zoo/wide_and_deep_two_opti.config",
 ];
 
@@ -196,6 +204,10 @@ fn cap_tables(plan: &mut TrainingPlan) {
                 buckets: Bucketing::Hash(n),
             }
             | FeatureKind::Tag {
+                buckets: Bucketing::Hash(n),
+                ..
+            }
+            | FeatureKind::Sequence {
                 buckets: Bucketing::Hash(n),
                 ..
             }

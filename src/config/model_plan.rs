@@ -44,6 +44,32 @@ pub struct FeatureGroup {
     pub name: String,
     pub features: Vec<usize>,
     pub wide: bool,
+    /// Target attentions over behaviour sequences (EasyRec's
+    /// `sequence_features`), appended to the group's features in order.
+    pub seq: Vec<SeqAttention>,
+}
+
+/// One `sequence_features` entry of a feature group: DIN's target
+/// attention of the key features' embeddings over the history sequences'
+/// (EasyRec's `SequenceFeatureLayer.target_attention`). Keys and histories
+/// of all its `seq_att_map`s are concatenated, as EasyRec does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqAttention {
+    /// The entry's `group_name`.
+    pub name: String,
+    /// Where the scoring network's layers live: `<scope>/dnn_i`.
+    pub scope: String,
+    pub keys: Vec<usize>,
+    pub hist: Vec<usize>,
+    /// Sequences pooled with the same attention weights (the last
+    /// `seq_att_map`'s `aux_hist_seq`, as in EasyRec).
+    pub aux: Vec<usize>,
+    /// The attention's scoring network; its last layer has one unit and
+    /// neither batch norm nor activation.
+    pub dnn: DnnSpec,
+    pub need_key_feature: bool,
+    pub allow_key_transform: bool,
+    pub transform_dnn: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +109,9 @@ pub enum Arch {
     },
     MultiTower {
         towers: Vec<(String, DnnSpec)>,
+        /// MultiTowerDIN's DIN towers: groups whose features are a target
+        /// attention's output, concatenated as they are.
+        din_towers: Vec<String>,
         final_dnn: DnnSpec,
     },
     /// Multi-gate mixture of experts: experts over one group, a softmax
@@ -398,10 +427,20 @@ fn single_task_arch(
             d.l2_regularization,
         ),
         Some(M::MultiTower(t)) => {
-            if !t.din_towers.is_empty() || !t.bst_towers.is_empty() {
+            if !t.bst_towers.is_empty() {
                 return Err(ConfigError::unsupported(
-                    format!("{m}.multi_tower"),
-                    "DIN and BST sequence towers",
+                    format!("{m}.multi_tower.bst_towers"),
+                    "BST sequence towers",
+                ));
+            }
+            let din = model.model_class == "MultiTowerDIN";
+            if !din && !t.din_towers.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{m}.multi_tower.din_towers"),
+                    format!(
+                        "model class {} has no DIN towers (MultiTowerDIN has)",
+                        model.model_class
+                    ),
                 ));
             }
             let towers = t
@@ -418,6 +457,7 @@ fn single_task_arch(
             (
                 Arch::MultiTower {
                     towers,
+                    din_towers: t.din_towers.iter().map(|d| d.input.clone()).collect(),
                     final_dnn: dnn(&t.final_dnn, &format!("{m}.multi_tower.final_dnn"))?,
                 },
                 t.l2_regularization,
@@ -479,48 +519,185 @@ pub fn groups(model: &proto::EasyRecModel, feature_names: &[String]) -> Result<V
     let mut out: Vec<FeatureGroup> = Vec::new();
     for (i, g) in model.feature_groups.iter().enumerate() {
         let path = format!("model_config.feature_groups[{i}]");
-        if !g.sequence_features.is_empty() {
+        let features = feature_indices(&g.feature_names, feature_names, &format!("{path}.feature_names"))?;
+        let seq = g
+            .sequence_features
+            .iter()
+            .enumerate()
+            .map(|(k, s)| seq_attention(s, &format!("{path}.sequence_features[{k}]"), feature_names))
+            .collect::<Result<Vec<_>, _>>()?;
+        if g.negative_sampler() {
             return Err(ConfigError::unsupported(
-                format!("{path}.sequence_features"),
-                "sequence feature groups",
+                format!("{path}.negative_sampler"),
+                "negative sampling",
             ));
         }
-        let features = g
-            .feature_names
-            .iter()
-            .map(|n| {
-                feature_names.iter().position(|f| f == n).ok_or_else(|| {
-                    ConfigError::invalid(format!("{path}.feature_names"), format!("no feature named `{n}`"))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let name = g.group_name.clone().unwrap_or_else(|| "all".into());
         match g.wide_deep() {
             WideOrDeep::Deep => out.push(FeatureGroup {
                 name,
                 features,
                 wide: false,
+                seq,
             }),
+            WideOrDeep::Wide if !seq.is_empty() => {
+                return Err(ConfigError::invalid(
+                    format!("{path}.sequence_features"),
+                    "a WIDE group has no sequence features (EasyRec attends over sequences in deep groups)",
+                ))
+            }
             WideOrDeep::Wide => out.push(FeatureGroup {
                 name,
                 features,
                 wide: true,
+                seq,
             }),
             WideOrDeep::WideAndDeep => {
                 out.push(FeatureGroup {
                     name: "wide".into(),
                     features: features.clone(),
                     wide: true,
+                    seq: Vec::new(),
                 });
                 out.push(FeatureGroup {
                     name,
                     features,
                     wide: false,
+                    seq,
                 });
             }
         }
     }
     Ok(out)
+}
+
+/// MultiTowerDIN's DIN towers as feature groups of their own: each the
+/// target attention of the `seq_att_groups` entry it names, scored by the
+/// tower's `dnn` (`<input>_dnn`), its key always in the output.
+pub fn din_tower_groups(
+    model: &proto::EasyRecModel,
+    feature_names: &[String],
+) -> Result<Vec<FeatureGroup>, ConfigError> {
+    let Some(proto::easy_rec_model::Model::MultiTower(t)) = &model.model else {
+        return Ok(Vec::new());
+    };
+    if model.model_class != "MultiTowerDIN" {
+        if !model.seq_att_groups.is_empty() {
+            return Err(ConfigError::invalid(
+                "model_config.seq_att_groups",
+                format!(
+                    "model class {} reads no seq_att_groups (MultiTowerDIN does)",
+                    model.model_class
+                ),
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for (i, tower) in t.din_towers.iter().enumerate() {
+        let path = format!("model_config.multi_tower.din_towers[{i}]");
+        let Some((k, sg)) = model
+            .seq_att_groups
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.group_name.as_deref() == Some(&tower.input))
+        else {
+            return Err(ConfigError::invalid(
+                format!("{path}.input"),
+                format!("no seq_att_groups entry is named `{}`", tower.input),
+            ));
+        };
+        let mut att = seq_attention(sg, &format!("model_config.seq_att_groups[{k}]"), feature_names)?;
+        if sg.allow_key_transform() || !sg.need_key_feature() || sg.seq_dnn.is_some() || !att.aux.is_empty() {
+            log::warn!(
+                "model_config.seq_att_groups[{k}]: MultiTowerDIN scores with its tower's dnn and ignores seq_dnn, allow_key_transform, need_key_feature and aux_hist_seq, as EasyRec does"
+            );
+        }
+        att.dnn = dnn(&tower.dnn, &format!("{path}.dnn"))?;
+        if att.dnn.hidden_units.last() != Some(&1) {
+            return Err(ConfigError::invalid(
+                format!("{path}.dnn.hidden_units"),
+                "the attention's last layer scores each position: it has 1 unit",
+            ));
+        }
+        att.scope = format!("{}_dnn", tower.input);
+        att.need_key_feature = true;
+        att.allow_key_transform = false;
+        att.aux.clear();
+        out.push(FeatureGroup {
+            name: tower.input.clone(),
+            features: Vec::new(),
+            wide: false,
+            seq: vec![att],
+        });
+    }
+    Ok(out)
+}
+
+/// The indices of features `names` (a list at `path`).
+fn feature_indices(names: &[String], feature_names: &[String], path: &str) -> Result<Vec<usize>, ConfigError> {
+    names
+        .iter()
+        .map(|n| {
+            feature_names
+                .iter()
+                .position(|f| f == n)
+                .ok_or_else(|| ConfigError::invalid(path, format!("no feature named `{n}`")))
+        })
+        .collect()
+}
+
+/// A `sequence_features` (or `seq_att_groups`) entry at `path`.
+fn seq_attention(
+    s: &proto::SeqAttGroupConfig,
+    path: &str,
+    feature_names: &[String],
+) -> Result<SeqAttention, ConfigError> {
+    let index = |names: &[String], field: &str| feature_indices(names, feature_names, &format!("{path}.{field}"));
+    let name = s.group_name.clone().unwrap_or_default();
+    let (mut keys, mut hist, mut aux) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, m) in s.seq_att_map.iter().enumerate() {
+        let mpath = format!("seq_att_map[{k}]");
+        keys.extend(index(&m.key, &format!("{mpath}.key"))?);
+        hist.extend(index(&m.hist_seq, &format!("{mpath}.hist_seq"))?);
+        aux = index(&m.aux_hist_seq, &format!("{mpath}.aux_hist_seq"))?;
+    }
+    if keys.is_empty() || hist.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{path}.seq_att_map"),
+            "needs at least one key and one hist_seq",
+        ));
+    }
+    if s.tf_summary() {
+        log::warn!("{path}.tf_summary: sequence embedding histograms are not written");
+    }
+    // EasyRec's default scoring network.
+    let dnn = match &s.seq_dnn {
+        Some(d) => dnn(d, &format!("{path}.seq_dnn"))?,
+        None => DnnSpec {
+            hidden_units: vec![128, 64, 32, 1],
+            dropout: Vec::new(),
+            activation: Activation::Relu,
+            use_bn: true,
+        },
+    };
+    if dnn.hidden_units.last() != Some(&1) {
+        return Err(ConfigError::invalid(
+            format!("{path}.seq_dnn.hidden_units"),
+            "the attention's last layer scores each position: it has 1 unit",
+        ));
+    }
+    Ok(SeqAttention {
+        scope: format!("seq_dnn{name}"),
+        name,
+        keys,
+        hist,
+        aux,
+        dnn,
+        need_key_feature: s.need_key_feature(),
+        allow_key_transform: s.allow_key_transform(),
+        transform_dnn: s.transform_dnn(),
+    })
 }
 
 /// `eval_config.metrics_set`.

@@ -214,6 +214,8 @@ pub enum ModelKind {
     Fm,
     Dcn,
     MultiTower,
+    /// MultiTower with DIN towers over `seq_att_groups`.
+    MultiTowerDin,
     Mmoe,
     Dbmtl,
     /// A `backbone` DAG with EasyRec's rank head.
@@ -268,7 +270,20 @@ pub enum FeatureKind {
         join_sep: String,
         input_seps: Vec<String>,
     },
+    /// EasyRec's SequenceFeature of ids: the values of a row in order,
+    /// each bucketed, the first `max_len` kept (`max_seq_len`).
+    Sequence {
+        buckets: Bucketing,
+        separator: String,
+        max_len: usize,
+        /// The `sequence_combiner` set, by name.
+        combiner: Option<String>,
+    },
 }
+
+/// A sequence's length when `max_seq_len` does not say: the model gives
+/// each of its positions a slot, and longer rows keep their first values.
+pub const DEFAULT_MAX_SEQ_LEN: usize = 50;
 
 /// How an embedding table's rows start (FeatureConfig.initializer).
 #[derive(Debug, Clone, PartialEq)]
@@ -482,6 +497,7 @@ impl TrainingPlan {
             "FM" => ModelKind::Fm,
             "DCN" => ModelKind::Dcn,
             "MultiTower" => ModelKind::MultiTower,
+            "MultiTowerDIN" => ModelKind::MultiTowerDin,
             "MMoE" => ModelKind::Mmoe,
             "DBMTL" => ModelKind::Dbmtl,
             "RankModel" => ModelKind::RankModel,
@@ -490,7 +506,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MMoE, DBMTL, RankModel, MultiTaskModel)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, RankModel, MultiTaskModel)".into(),
                 })
             }
         };
@@ -507,7 +523,14 @@ impl TrainingPlan {
         let grouped: std::collections::HashSet<&str> = model
             .feature_groups
             .iter()
-            .flat_map(|g| g.feature_names.iter().map(String::as_str))
+            .flat_map(|g| {
+                let seq = g
+                    .sequence_features
+                    .iter()
+                    .flat_map(|s| &s.seq_att_map)
+                    .flat_map(|m| m.key.iter().chain(&m.hist_seq).chain(&m.aux_hist_seq));
+                g.feature_names.iter().chain(seq).map(String::as_str)
+            })
             .collect();
         let mut features = Vec::with_capacity(feats.len());
         for (i, f) in feats.iter().enumerate() {
@@ -526,7 +549,34 @@ impl TrainingPlan {
         }
         let num_steps = train.num_steps.filter(|n| *n > 0);
         let names: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
-        let groups = model_plan::groups(model, &names)?;
+        let mut groups = model_plan::groups(model, &names)?;
+        groups.extend(model_plan::din_tower_groups(model, &names)?);
+        // A SequenceFeature among a group's features is pooled by its
+        // sequence_combiner; histories of `sequence_features` need none.
+        for g in &groups {
+            for &fi in &g.features {
+                if let FeatureKind::Sequence { combiner, .. } = &features[fi].kind {
+                    let i = feats
+                        .iter()
+                        .position(|f| validate::feature_name(f) == features[fi].name);
+                    let path = format!("{prefix}[{}].sequence_combiner", i.unwrap_or(fi));
+                    return Err(match combiner {
+                        Some(c) => ConfigError::unsupported(path, format!("the {c} sequence combiner")),
+                        None if model.backbone.is_some() => ConfigError::unsupported(
+                            format!("model_config.feature_groups.feature_names ({})", features[fi].name),
+                            "sequence features that backbone blocks read unpooled",
+                        ),
+                        None => ConfigError::invalid(
+                            path,
+                            format!(
+                                "SequenceFeature `{}` in feature group `{}` needs a sequence_combiner (or use a TagFeature)",
+                                features[fi].name, g.name
+                            ),
+                        ),
+                    });
+                }
+            }
+        }
         if data.label_fields.is_empty() {
             return Err(ConfigError::invalid(
                 "data_config.label_fields",
@@ -904,6 +954,49 @@ fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigEr
             separator: f.separator().to_string(),
             kv_separator: f.kv_separator.clone().filter(|s| !s.is_empty()),
         },
+        FeatureType::SequenceFeature => {
+            if f.sub_feature_type() != FeatureType::IdFeature {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.sub_feature_type"),
+                    format!("sequences of {} values", f.sub_feature_type().as_str_name()),
+                ));
+            }
+            if f.seq_multi_sep.as_deref().is_some_and(|s| !s.is_empty()) {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.seq_multi_sep"),
+                    "several values per sequence position",
+                ));
+            }
+            let max_len = match f.max_seq_len {
+                Some(0) => {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.max_seq_len"),
+                        "a sequence keeps at least one value",
+                    ))
+                }
+                Some(n) => n as usize,
+                None => {
+                    log::info!(
+                        "SequenceFeature `{name}` keeps the first {DEFAULT_MAX_SEQ_LEN} values of a row (set max_seq_len to change)"
+                    );
+                    DEFAULT_MAX_SEQ_LEN
+                }
+            };
+            FeatureKind::Sequence {
+                buckets: need_buckets()?,
+                separator: f.separator().to_string(),
+                max_len,
+                combiner: f.sequence_combiner.as_ref().and_then(|c| c.combiner.as_ref()).map(|c| {
+                    use proto::sequence_combiner::Combiner;
+                    match c {
+                        Combiner::Attention(_) => "attention",
+                        Combiner::MultiHeadAttention(_) => "multi_head_attention",
+                        Combiner::TextCnn(_) => "text_cnn",
+                    }
+                    .to_string()
+                }),
+            }
+        }
         FeatureType::RawFeature => {
             if f.normalizer_fn.as_deref().is_some_and(|n| !n.is_empty()) {
                 return Err(ConfigError::unsupported(

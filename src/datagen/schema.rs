@@ -70,6 +70,13 @@ fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell
             }
             Some(s)
         }
+        // Histories of 0 to 4 values.
+        Some(FeatureKind::Sequence { buckets, separator, .. }) if ty == ColumnType::Str => Some(
+            (0..rng.below(5))
+                .map(|_| token(rng, buckets))
+                .collect::<Vec<_>>()
+                .join(separator),
+        ),
         Some(FeatureKind::Raw {
             dim,
             min_max,

@@ -10,11 +10,14 @@
 
 use rayon::prelude::*;
 
-use super::{apply_rows, pool_rows, scatter_grad, RowGrads, RowSource, Sharding, Table};
+use super::{
+    apply_rows, length_rows, pool_rows, positions_rows, scatter_grad, scatter_positions, RowGrads, RowSource, Sharding,
+    Table,
+};
 use crate::config::typed::OptimizerSpec;
 use crate::dist::Communicator;
 use crate::features::{Batch, Encoded};
-use crate::model::GroupLayout;
+use crate::model::{GroupLayout, SeqPartKind};
 use crate::optim::Rule;
 
 pub struct Collection {
@@ -64,6 +67,26 @@ impl Collection {
                             _ => unreachable!("feature encoding matches the group layout"),
                         }
                     }
+                    for p in &g.seq_parts {
+                        let Encoded::Sparse(j) = &batch.features[p.feature] else {
+                            unreachable!("sequence parts read ids")
+                        };
+                        let src = |ti: usize| -> &dyn RowSource {
+                            match &fetched {
+                                Some(f) => &f[ti],
+                                None => &self.tables[ti],
+                            }
+                        };
+                        match p.kind {
+                            SeqPartKind::Pooled { table, mean, .. } => {
+                                pool_rows(src(table), j, mean, out, g.width, p.col, first)
+                            }
+                            SeqPartKind::Positions { table, len, .. } => {
+                                positions_rows(src(table), j, len, out, (g.width, p.col), first)
+                            }
+                            SeqPartKind::Length { len } => length_rows(j, len, out, (g.width, p.col), first),
+                        }
+                    }
                 });
                 buf
             })
@@ -83,9 +106,14 @@ impl Collection {
         let mut loss = 0.0f64;
         for ((g, gin), buf) in groups.iter().zip(input_grads).zip(inputs) {
             let rows = buf.len().checked_div(g.width).unwrap_or(0);
-            for p in g.sparse_parts() {
+            let seq = g
+                .seq_parts
+                .iter()
+                .filter(|p| p.kind.table().is_some())
+                .map(|p| (p.col, p.kind.width()));
+            for (col, width) in g.sparse_parts().map(|p| (p.col, p.dim)).chain(seq) {
                 for r in 0..rows {
-                    for c in p.col..p.col + p.dim {
+                    for c in col..col + width {
                         let v = buf[r * g.width + c];
                         gin[r * g.width + c] += reg * v;
                         loss += 0.5 * (reg * v * v) as f64;
@@ -117,6 +145,18 @@ impl Collection {
                         unreachable!("sparse part has jagged ids")
                     };
                     scatter_grad(j, p.mean, gin, g.width, p.col, p.dim, acc);
+                }
+                for p in g.seq_parts.iter().filter(|p| p.kind.table() == Some(ti)) {
+                    let Encoded::Sparse(j) = &batch.features[p.feature] else {
+                        unreachable!("sequence parts read ids")
+                    };
+                    match p.kind {
+                        SeqPartKind::Pooled { dim, mean, .. } => scatter_grad(j, mean, gin, g.width, p.col, dim, acc),
+                        SeqPartKind::Positions { dim, len, .. } => {
+                            scatter_positions(j, len, gin, (g.width, p.col), dim, acc)
+                        }
+                        SeqPartKind::Length { .. } => {}
+                    }
                 }
             }
         });

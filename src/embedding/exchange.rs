@@ -33,8 +33,14 @@ impl Collection {
     fn ids_of_table(groups: &[GroupLayout], batch: &Batch, ti: usize) -> BTreeSet<u64> {
         let mut ids = BTreeSet::new();
         for g in groups {
-            for p in g.parts.iter().filter(|p| p.table == Some(ti)) {
-                if let Encoded::Sparse(j) = &batch.features[p.feature] {
+            let plain = g.parts.iter().filter(|p| p.table == Some(ti)).map(|p| p.feature);
+            let seq = g
+                .seq_parts
+                .iter()
+                .filter(|p| p.kind.table() == Some(ti))
+                .map(|p| p.feature);
+            for f in plain.chain(seq) {
+                if let Encoded::Sparse(j) = &batch.features[f] {
                     ids.extend(j.ids.iter().copied());
                 }
             }

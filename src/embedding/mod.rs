@@ -164,6 +164,57 @@ pub fn pool_rows(
     }
 }
 
+/// For the batch rows `first..` that `out` holds: each row's first `len`
+/// ids' embeddings side by side at `col` (`len * dim` columns), zeros
+/// past the row's ids.
+pub fn positions_rows(
+    table: &dyn RowSource,
+    j: &Jagged,
+    len: usize,
+    out: &mut [f32],
+    (stride, col): (usize, usize),
+    first: usize,
+) {
+    let dim = table.dim();
+    for (k, row_out) in out.chunks_exact_mut(stride).enumerate() {
+        let b = first + k;
+        let dst = &mut row_out[col..col + len * dim];
+        dst.fill(0.0);
+        let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
+        for (slot, &id) in dst.chunks_exact_mut(dim).zip(&j.ids[s..e]) {
+            slot.copy_from_slice(table.row(id));
+        }
+    }
+}
+
+/// The row's number of ids, at most `len`, at `out[b * stride + col]`.
+pub fn length_rows(j: &Jagged, len: usize, out: &mut [f32], (stride, col): (usize, usize), first: usize) {
+    for (k, row_out) in out.chunks_exact_mut(stride).enumerate() {
+        let b = first + k;
+        row_out[col] = (j.offsets[b + 1] - j.offsets[b]).min(len as u32) as f32;
+    }
+}
+
+/// Scatters the gradient of `positions_rows`' output back onto the ids.
+pub fn scatter_positions(
+    j: &Jagged,
+    len: usize,
+    grad: &[f32],
+    (stride, col): (usize, usize),
+    dim: usize,
+    acc: &mut RowGrads,
+) {
+    for b in 0..j.offsets.len() - 1 {
+        let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
+        let g = &grad[b * stride + col..b * stride + col + len * dim];
+        for (slot, &id) in g.chunks_exact(dim).zip(&j.ids[s..e]) {
+            for (a, x) in acc.slot(id, dim).iter_mut().zip(slot) {
+                *a += x;
+            }
+        }
+    }
+}
+
 /// Summed gradients of the rows one table received in a step.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RowGrads {

@@ -18,7 +18,7 @@ use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
 use crate::config::typed::{LossKind, TrainingPlan};
 use crate::model::graph::{BN_EPS, LN_EPS};
-use crate::model::{Model, Op, ParamStore};
+use crate::model::{Model, Op, ParamStore, SeqPartKind};
 
 /// How one feature enters the graph.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,9 +41,12 @@ pub struct FeatureInput {
 pub fn feature_inputs(plan: &TrainingPlan, model: &Model) -> Vec<FeatureInput> {
     let mut used: Vec<(usize, Option<usize>)> = Vec::new();
     for g in &model.groups {
-        for p in &g.parts {
-            if !used.iter().any(|(f, _)| *f == p.feature) {
-                used.push((p.feature, p.table.is_none().then_some(p.dim)));
+        let plain = g.parts.iter().map(|p| (p.feature, p.table.is_none().then_some(p.dim)));
+        // Sequence parts all read ids.
+        let seq = g.seq_parts.iter().map(|p| (p.feature, None));
+        for (f, dense) in plain.chain(seq) {
+            if !used.iter().any(|(u, _)| *u == f) {
+                used.push((f, dense));
             }
         }
     }
@@ -103,18 +106,38 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
     let mut group_inputs = Vec::new();
     for g in &model.groups {
         let mut cols = Vec::new();
+        let mut table_of = |b: &mut Builder, t: usize| {
+            let spec = &model.tables[t];
+            table_names
+                .entry(t)
+                .or_insert_with(|| b.g.f32s(Some(&variables[t]), &[spec.rows, spec.dim], tables[t]))
+                .clone()
+        };
         for p in &g.parts {
             match p.table {
                 None => cols.push(dense[&p.feature].clone()),
                 Some(t) => {
-                    let spec = &model.tables[t];
-                    let table = table_names
-                        .entry(t)
-                        .or_insert_with(|| b.g.f32s(Some(&variables[t]), &[spec.rows, spec.dim], tables[t]))
-                        .clone();
-                    cols.push(b.pool(&segments[&p.feature], &table, spec.dim, p.mean));
+                    let table = table_of(&mut b, t);
+                    cols.push(b.pool(&segments[&p.feature], &table, model.tables[t].dim, p.mean));
                 }
             }
+        }
+        for p in &g.seq_parts {
+            let m = &segments[&p.feature];
+            cols.push(match p.kind {
+                SeqPartKind::Pooled { table, dim, mean } => {
+                    let table = table_of(&mut b, table);
+                    b.pool(m, &table, dim, mean)
+                }
+                SeqPartKind::Positions { table, dim, len } => {
+                    let table = table_of(&mut b, table);
+                    b.positions(m, &table, dim, len)
+                }
+                SeqPartKind::Length { len } => {
+                    let cap = b.scalar_f32(len as f32);
+                    b.g.op("Min", &[&m.sums, &cap])
+                }
+            });
         }
         group_inputs.push(b.concat(&cols, 1));
     }
@@ -142,6 +165,8 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
 /// each row's weight sum (`[batch, 1]`: its id count when unweighted).
 struct Segments {
     ids: String,
+    /// Ids per row, `[batch]` int64.
+    lens: String,
     rows: String,
     weights: Option<String>,
     sums: String,
@@ -213,6 +238,7 @@ impl Builder<'_> {
         };
         Segments {
             ids: ids.to_string(),
+            lens: lens.to_string(),
             rows,
             weights,
             sums,
@@ -249,6 +275,41 @@ impl Builder<'_> {
         let positive = self.g.op("Greater", &[&m.sums, &zero]);
         let divided = self.g.op("Div", &[&pooled, &m.sums]);
         self.g.op("Where", &[&positive, &divided, &pooled])
+    }
+
+    /// `[batch, len * dim]`: the rows of `table` for each row's ids side by
+    /// side in order, zeros past its ids. Rows hold at most `len` ids (the
+    /// encoder keeps a sequence's first `max_len` values).
+    fn positions(&mut self, m: &Segments, table: &str, dim: usize, len: usize) -> String {
+        let looked_up = self
+            .g
+            .node("Gather", &[table, &m.ids], vec![("axis", Attr::Int(0))], None);
+        // An id's position in its row: its index less its row's first index.
+        let zero = self.g.i64s(&[], &[0]);
+        let one = self.g.i64s(&[], &[1]);
+        let ax1 = self.axes(&[1]);
+        let ones = self.g.op("Mul", &[&m.ids, &zero]);
+        let ones = self.g.op("Add", &[&ones, &one]);
+        let index = self
+            .g
+            .node("CumSum", &[&ones, &zero], vec![("exclusive", Attr::Int(1))], None);
+        let index = self.g.op("Unsqueeze", &[&index, &ax1]);
+        let starts = self
+            .g
+            .node("CumSum", &[&m.lens, &zero], vec![("exclusive", Attr::Int(1))], None);
+        let start = self
+            .g
+            .node("Gather", &[&starts, &m.rows], vec![("axis", Attr::Int(0))], None);
+        let pos = self.g.op("Sub", &[&index, &start]);
+        let l = self.g.i64s(&[], &[len as i64]);
+        let slot = self.g.op("Mul", &[&m.rows, &l]);
+        let slot = self.g.op("Add", &[&slot, &pos]);
+        // Zeros `[batch * len, dim]`, then each id's row into its slot.
+        let row = self.g.f32s(None, &[1, len * dim], &vec![0.0; len * dim]);
+        let zeros = self.g.op("Add", &[&m.zero_col, &row]);
+        let zeros = self.reshape(&zeros, &[-1, dim as i64]);
+        let placed = self.scatter_add(&zeros, &slot, &looked_up);
+        self.reshape(&placed, &[-1, (len * dim) as i64])
     }
 
     fn concat(&mut self, xs: &[String], axis: i64) -> String {

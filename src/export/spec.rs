@@ -126,6 +126,18 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
                             "weights": "tags whose weight is not above 0 are dropped",
                             "each": buckets(b),
                         }),
+                        FeatureKind::Sequence {
+                            buckets: b,
+                            separator,
+                            max_len,
+                            ..
+                        } => json!({
+                            "type": "sequence",
+                            "separator": separator,
+                            "max_len": max_len,
+                            "ids": "the row's values in order, the first max_len kept; lens at most max_len",
+                            "each": buckets(b),
+                        }),
                         FeatureKind::Combo {
                             buckets: n,
                             join_sep,

@@ -153,6 +153,8 @@ enum Enc {
         /// A second input holding one weight per tag (EasyRec's
         /// `<name>_w` weighted column).
         weight_col: Option<usize>,
+        /// A sequence keeps its first `max_len` values.
+        max_len: Option<usize>,
     },
     Combo {
         cols: Vec<usize>,
@@ -269,8 +271,22 @@ impl Encoder {
                         separator: separator.clone(),
                         kv_separator: kv_separator.clone(),
                         weight_col,
+                        max_len: None,
                     }
                 }
+                FeatureKind::Sequence {
+                    buckets,
+                    separator,
+                    max_len,
+                    ..
+                } => Enc::Tag {
+                    col: col(&mut projection, first, false)?,
+                    buckets: Buckets::new(buckets, &f.name)?,
+                    separator: separator.clone(),
+                    kv_separator: None,
+                    weight_col: None,
+                    max_len: Some(*max_len),
+                },
                 FeatureKind::Combo {
                     buckets,
                     join_sep,
@@ -598,6 +614,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             separator,
             kv_separator,
             weight_col: Some(wc),
+            ..
         } => {
             let mut weights = Vec::with_capacity(n);
             let mut ws: Vec<f32> = Vec::new();
@@ -629,9 +646,11 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             separator,
             kv_separator,
             weight_col: None,
+            max_len,
         } => {
             let mut weights = kv_separator.as_ref().map(|_| Vec::with_capacity(n));
             for r in 0..n {
+                let start = j.ids.len();
                 for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
                     match (kv_separator, &mut weights, v) {
                         (Some(kv), Some(w), Value::Str(s)) => {
@@ -651,6 +670,10 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                     }
                     Ok(())
                 })?;
+                if let Some(l) = max_len {
+                    // A sequence's first `l` values (sequences have no weights).
+                    j.ids.truncate(j.ids.len().min(start + l));
+                }
                 j.offsets.push(j.ids.len() as u32);
             }
             j.weights = weights;

@@ -14,7 +14,11 @@ use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, TaskTowe
 /// `logits_<tower>` per task tower.
 pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::Result<Graph> {
     let mut g = Graph::default();
-    let xs: Vec<NodeId> = groups.iter().enumerate().map(|(i, l)| g.input(i, l.width)).collect();
+    let mut xs = Vec::with_capacity(groups.len());
+    for (i, l) in groups.iter().enumerate() {
+        let x = g.input(i, l.width);
+        xs.push(super::sequence::group_features(l, x, &mut g, scope)?);
+    }
     let b = Builder { groups, xs };
     let g_ = &mut g;
     let logits = match arch {
@@ -43,7 +47,11 @@ pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::
             cross_num,
             final_dnn,
         } => b.dcn(g_, scope, (deep_input, deep), (cross_input, *cross_num), final_dnn)?,
-        Arch::MultiTower { towers, final_dnn } => b.multi_tower(g_, scope, towers, final_dnn)?,
+        Arch::MultiTower {
+            towers,
+            din_towers,
+            final_dnn,
+        } => b.multi_tower(g_, scope, (towers, din_towers), final_dnn)?,
         Arch::Backbone(bb) => super::backbone::rank(bb, groups, &b.xs, g_, scope)?,
         Arch::MultiTaskBackbone { backbone, towers } => {
             let inputs = super::backbone::task_inputs(backbone, groups, &b.xs, towers.len(), g_, scope)?;
@@ -338,10 +346,10 @@ impl Builder<'_> {
         &self,
         g: &mut Graph,
         s: &mut Scope,
-        towers: &[(String, DnnSpec)],
+        (towers, din_towers): (&[(String, DnnSpec)], &[String]),
         final_dnn: &DnnSpec,
     ) -> anyhow::Result<NodeId> {
-        if towers.is_empty() {
+        if towers.is_empty() && din_towers.is_empty() {
             bail!("MultiTower needs at least one tower");
         }
         let mut outs = Vec::new();
@@ -350,6 +358,10 @@ impl Builder<'_> {
             // EasyRec batch-normalises every tower's input, whatever use_bn says.
             let x = s.batch_norm(g, self.xs[gi], &format!("{name}_fea_bn"), Activation::Linear);
             outs.push(s.dnn(g, x, &format!("{name}_dnn"), spec));
+        }
+        // A DIN tower's attention output joins as it is.
+        for name in din_towers {
+            outs.push(self.xs[self.group(name, "MultiTowerDIN")?]);
         }
         let c = g.concat(&outs);
         let top = s.dnn(g, c, "final_dnn", final_dnn);

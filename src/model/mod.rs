@@ -14,12 +14,14 @@ pub mod names;
 mod op_tests;
 pub mod params;
 pub mod reference;
+pub mod sequence;
 
 use anyhow::{bail, Context};
 
 pub use graph::{BnStats, Graph, NodeId, Op};
 pub use params::{ParamSpec, ParamStore};
 
+use crate::config::model_plan::{FeatureGroup, SeqAttention};
 use crate::config::typed::{EmbeddingInit, FeatureKind, LossKind, Task, TrainingPlan};
 use crate::features::Encoder;
 use crate::util::Rng;
@@ -39,16 +41,22 @@ pub struct Part {
 
 /// A feature group as the model sees it: `[batch, width]`, its columns in
 /// EasyRec's order (`builders::columns_by_name`), sparse parts first in wide
-/// groups and in DeepFM.
+/// groups and in DeepFM; then the columns its sequence attentions read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupLayout {
     pub name: String,
     pub wide: bool,
     pub width: usize,
+    /// The width of the plain parts, the group's features proper.
+    pub plain_width: usize,
     pub parts: Vec<Part>,
     /// Indices into `parts` in the group's `feature_names` order (EasyRec's
     /// per-feature list).
     pub listed: Vec<usize>,
+    /// Columns after the plain parts, for `seq`.
+    pub seq_parts: Vec<SeqPart>,
+    /// Target attentions over sequences, appended to the group's features.
+    pub seq: Vec<SeqLayout>,
 }
 
 impl GroupLayout {
@@ -58,6 +66,129 @@ impl GroupLayout {
     pub fn dense_width(&self) -> usize {
         self.parts.iter().filter(|p| p.table.is_none()).map(|p| p.dim).sum()
     }
+    /// Whether any column is looked up in a table (so is trained).
+    pub fn embedded(&self) -> bool {
+        self.sparse_parts().next().is_some() || self.seq_parts.iter().any(|p| p.kind.table().is_some())
+    }
+}
+
+/// A column block that the sequence layers of a group read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqPart {
+    pub feature: usize,
+    pub col: usize,
+    pub kind: SeqPartKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqPartKind {
+    /// The feature's embeddings pooled as a plain part's are (a key that
+    /// is not among the group's features).
+    Pooled { table: usize, dim: usize, mean: bool },
+    /// The embeddings of the row's first `len` values side by side,
+    /// `[len * dim]`, zeros past the row's length.
+    Positions { table: usize, dim: usize, len: usize },
+    /// The row's number of values (at most `len`), one column.
+    Length { len: usize },
+}
+
+impl SeqPartKind {
+    pub fn width(&self) -> usize {
+        match self {
+            SeqPartKind::Pooled { dim, .. } => *dim,
+            SeqPartKind::Positions { dim, len, .. } => dim * len,
+            SeqPartKind::Length { .. } => 1,
+        }
+    }
+    pub fn table(&self) -> Option<usize> {
+        match self {
+            SeqPartKind::Pooled { table, .. } | SeqPartKind::Positions { table, .. } => Some(*table),
+            SeqPartKind::Length { .. } => None,
+        }
+    }
+}
+
+/// Where one target attention's inputs sit in its group's input matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqLayout {
+    pub att: SeqAttention,
+    /// `(col, width)` of each key's embedding.
+    pub keys: Vec<(usize, usize)>,
+    /// `(col, dim)` of each history's positions block (`len * dim` wide).
+    pub hist: Vec<(usize, usize)>,
+    pub aux: Vec<(usize, usize)>,
+    /// Positions per history.
+    pub len: usize,
+    /// The column holding each row's history length.
+    pub len_col: usize,
+}
+
+/// The table of embedded feature `fi` in group `g` (made on first use) and
+/// its width. `seq`: looked up by the group's sequence layers, which EasyRec
+/// does in a variable scope of the group's own, so the feature has a table
+/// there unless it shares one by `embedding_name`.
+fn table_of(
+    tables: &mut Vec<TableSpec>,
+    plan: &TrainingPlan,
+    (g, seq): (&FeatureGroup, bool),
+    fi: usize,
+    rows: u64,
+) -> anyhow::Result<(usize, usize)> {
+    let f = &plan.features[fi];
+    let table = if seq && f.table == f.name {
+        format!("{}/{}", g.name, f.table)
+    } else {
+        f.table.clone()
+    };
+    let (name, dim) = if g.wide {
+        let wd = builders::wide_dim(&plan.arch).with_context(|| {
+            format!(
+                "feature group `{}` is WIDE, which only WideAndDeep, DeepFM, FM and backbone input layers with wide_output_dim use",
+                g.name
+            )
+        })?;
+        (format!("{}_wide", f.table), wd)
+    } else {
+        if f.embedding_dim == 0 {
+            let what = if matches!(f.kind, FeatureKind::Raw { .. }) {
+                "a RawFeature with boundaries"
+            } else {
+                "a sparse feature"
+            };
+            bail!(
+                "feature `{}` is {what} in group `{}` and needs embedding_dim > 0",
+                f.name,
+                g.name
+            );
+        }
+        (table, f.embedding_dim as usize)
+    };
+    let t = match tables.iter().position(|t| t.name == name) {
+        Some(t) => {
+            if tables[t].dim != dim {
+                bail!(
+                    "features sharing embedding `{name}` disagree on embedding_dim ({} vs {dim})",
+                    tables[t].dim
+                );
+            }
+            if tables[t].init != f.init {
+                bail!("features sharing embedding `{name}` disagree on their initializer");
+            }
+            tables[t].rows = tables[t].rows.max(rows as usize);
+            t
+        }
+        None => {
+            tables.push(TableSpec {
+                name,
+                rows: rows as usize,
+                dim,
+                wide: g.wide,
+                init: f.init.clone(),
+            });
+            tables.len() - 1
+        }
+    };
+    Ok((t, dim))
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -107,54 +238,7 @@ impl Model {
                         mean: false,
                     },
                     Some(rows) => {
-                        let (name, dim) = if g.wide {
-                            let wd = builders::wide_dim(&plan.arch).with_context(|| {
-                                format!(
-                                    "feature group `{}` is WIDE, which only WideAndDeep, DeepFM, FM and backbone input layers with wide_output_dim use",
-                                    g.name
-                                )
-                            })?;
-                            (format!("{}_wide", f.table), wd)
-                        } else {
-                            if f.embedding_dim == 0 {
-                                let what = if matches!(f.kind, FeatureKind::Raw { .. }) {
-                                    "a RawFeature with boundaries"
-                                } else {
-                                    "a sparse feature"
-                                };
-                                bail!(
-                                    "feature `{}` is {what} in group `{}` and needs embedding_dim > 0",
-                                    f.name,
-                                    g.name
-                                );
-                            }
-                            (f.table.clone(), f.embedding_dim as usize)
-                        };
-                        let t = match tables.iter().position(|t| t.name == name) {
-                            Some(t) => {
-                                if tables[t].dim != dim {
-                                    bail!(
-                                        "features sharing embedding `{name}` disagree on embedding_dim ({} vs {dim})",
-                                        tables[t].dim
-                                    );
-                                }
-                                if tables[t].init != f.init {
-                                    bail!("features sharing embedding `{name}` disagree on their initializer");
-                                }
-                                tables[t].rows = tables[t].rows.max(rows as usize);
-                                t
-                            }
-                            None => {
-                                tables.push(TableSpec {
-                                    name,
-                                    rows: rows as usize,
-                                    dim,
-                                    wide: g.wide,
-                                    init: f.init.clone(),
-                                });
-                                tables.len() - 1
-                            }
-                        };
+                        let (t, dim) = table_of(&mut tables, plan, (g, false), fi, rows)?;
                         Part {
                             feature: fi,
                             col: 0,
@@ -191,12 +275,90 @@ impl Model {
                         .expect("each listed feature has a part")
                 })
                 .collect();
+            let plain_width = col;
+            let mut seq_parts = Vec::new();
+            let mut seq = Vec::new();
+            for att in &g.seq {
+                let mut add = |kind: SeqPartKind, feature: usize, col: &mut usize| {
+                    let at = *col;
+                    *col += kind.width();
+                    seq_parts.push(SeqPart { feature, col: at, kind });
+                    at
+                };
+                let mut keys = Vec::new();
+                for &fi in &att.keys {
+                    match parts.iter().find(|p| p.feature == fi) {
+                        Some(p) => keys.push((p.col, p.dim)),
+                        None => {
+                            // A key outside the group is looked up for the
+                            // attention alone (EasyRec's key search).
+                            let rows = enc.table_rows(fi).with_context(|| {
+                                format!("sequence key `{}` is not an embedded feature", plan.features[fi].name)
+                            })?;
+                            let (table, dim) = table_of(&mut tables, plan, (g, true), fi, rows)?;
+                            let mean = plan.features[fi].mean_combiner;
+                            keys.push((add(SeqPartKind::Pooled { table, dim, mean }, fi, &mut col), dim));
+                        }
+                    }
+                }
+                let mut len = None;
+                let mut positions = |fis: &[usize], col: &mut usize| -> anyhow::Result<Vec<(usize, usize)>> {
+                    let mut out = Vec::new();
+                    for &fi in fis {
+                        let f = &plan.features[fi];
+                        let FeatureKind::Sequence { max_len, .. } = f.kind else {
+                            bail!(
+                                "hist_seq `{}` of sequence group `{}` is not a SequenceFeature",
+                                f.name,
+                                att.name
+                            );
+                        };
+                        if *len.get_or_insert(max_len) != max_len {
+                            bail!(
+                                "the histories of sequence group `{}` keep different lengths (max_seq_len); give them one",
+                                att.name
+                            );
+                        }
+                        let rows = enc.table_rows(fi).expect("a sequence has ids");
+                        let (table, dim) = table_of(&mut tables, plan, (g, true), fi, rows)?;
+                        out.push((
+                            add(
+                                SeqPartKind::Positions {
+                                    table,
+                                    dim,
+                                    len: max_len,
+                                },
+                                fi,
+                                col,
+                            ),
+                            dim,
+                        ));
+                    }
+                    Ok(out)
+                };
+                let hist = positions(&att.hist, &mut col)?;
+                let aux = positions(&att.aux, &mut col)?;
+                let len = len.expect("a sequence group has a history");
+                // The first history's length masks the attention, as in EasyRec.
+                let len_col = add(SeqPartKind::Length { len }, att.hist[0], &mut col);
+                seq.push(SeqLayout {
+                    att: att.clone(),
+                    keys,
+                    hist,
+                    aux,
+                    len,
+                    len_col,
+                });
+            }
             groups.push(GroupLayout {
                 name: g.name.clone(),
                 wide: g.wide,
                 width: col,
+                plain_width,
                 parts,
                 listed,
+                seq_parts,
+                seq,
             });
         }
         let mut rng = Rng::new(seed ^ 0xdea5e);
@@ -219,7 +381,7 @@ impl Model {
 
     /// Whether each group's input is trained (holds embedded features).
     pub fn trained_inputs(&self) -> Vec<bool> {
-        self.groups.iter().map(|g| g.sparse_parts().next().is_some()).collect()
+        self.groups.iter().map(GroupLayout::embedded).collect()
     }
 
     /// The graph output of each task.

@@ -34,11 +34,15 @@ pub fn table_variables(plan: &TrainingPlan, model: &Model) -> Vec<String> {
     (0..model.tables.len())
         .map(|t| {
             let found = order.iter().enumerate().find_map(|(k, &gi)| {
-                model.groups[gi]
-                    .parts
-                    .iter()
-                    .find(|p| p.table == Some(t))
-                    .map(|p| (k, p.feature))
+                let g = &model.groups[gi];
+                let plain = g.parts.iter().find(|p| p.table == Some(t)).map(|p| p.feature);
+                let seq = || {
+                    g.seq_parts
+                        .iter()
+                        .find(|p| p.kind.table() == Some(t))
+                        .map(|p| p.feature)
+                };
+                plain.or_else(seq).map(|f| (k, f))
             });
             match found {
                 Some((k, fi)) => {

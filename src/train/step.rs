@@ -51,7 +51,7 @@ fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, tr
         .zip(inputs)
         .map(|(g, buf)| {
             let x = Tensor::<2>::from_data(TensorData::new(buf.clone(), [b, g.width]), device);
-            if track && g.parts.iter().any(|p| p.table.is_some()) {
+            if track && g.embedded() {
                 x.require_grad()
             } else {
                 x

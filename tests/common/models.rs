@@ -167,6 +167,19 @@ pub const MODELS: &[(&str, &str)] = &[
                   relation_dnn { hidden_units: [3] } weight: 0.5 }
     l2_regularization: 1e-4 } }"#,
     ),
+    (
+        "MultiTowerDIN",
+        r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 2 }
+model_config { model_class: "MultiTowerDIN"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c4"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  seq_att_groups { group_name: "din" seq_att_map { key: "c2" hist_seq: "hist" } }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
+                towers { input: "item" dnn { hidden_units: [4] } }
+                din_towers { input: "din" dnn { hidden_units: [5, 1] } }
+                final_dnn { hidden_units: [4] } } }"#,
+    ),
 ];
 
 pub fn write_data(path: &Path, rows: usize, seed: u64) {
