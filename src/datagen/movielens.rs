@@ -1,7 +1,9 @@
 //! MovieLens-100k (RecBole's `.inter`, `.user`, `.item` files) as a CTR task:
 //! a rating of 4 or more is a click (`label`); a second label, `love`, is a
 //! rating of 5, for multi-task models. Ratings are joined with user and item
-//! attributes and split at random, with a seed, into train and eval CSVs.
+//! attributes and with the user's history (`hist`: the items the user rated
+//! 4 or more strictly before, most recent first, at most `HISTORY`), and
+//! split at random, with a seed, into train and eval CSVs.
 
 use std::collections::HashMap;
 use std::fs;
@@ -12,8 +14,11 @@ use anyhow::{bail, Context};
 
 use crate::util::Rng;
 
-/// Header of the written CSVs; `genres` is `|`-separated.
-pub const COLUMNS: &str = "label,user_id,item_id,age,gender,occupation,zip,year,genres,love";
+/// Header of the written CSVs; `genres` and `hist` are `|`-separated.
+pub const COLUMNS: &str = "label,user_id,item_id,age,gender,occupation,zip,year,genres,love,hist";
+
+/// The most items a row's history holds.
+pub const HISTORY: usize = 20;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MovieLensReport {
@@ -68,6 +73,30 @@ fn csv_cell(s: &str) -> String {
         .collect()
 }
 
+/// Per rating (`user_id`, `item_id`, `rating`, `timestamp` rows): the items
+/// its user rated 4 or more at earlier times, most recent first, at most
+/// `HISTORY`, `|`-separated.
+fn histories(inter: &[Vec<String>]) -> anyhow::Result<Vec<String>> {
+    let mut by_user: HashMap<&str, Vec<(f64, usize)>> = HashMap::new();
+    for (i, r) in inter.iter().enumerate() {
+        let t: f64 = r[3].parse().with_context(|| format!("bad timestamp {:?}", r[3]))?;
+        by_user.entry(r[0].as_str()).or_default().push((t, i));
+    }
+    let mut out = vec![String::new(); inter.len()];
+    for ratings in by_user.values_mut() {
+        ratings.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut liked: Vec<(f64, &str)> = Vec::new();
+        for &(t, i) in ratings.iter() {
+            let earlier = liked.iter().rev().filter(|(lt, _)| *lt < t).take(HISTORY);
+            out[i] = earlier.map(|(_, item)| *item).collect::<Vec<_>>().join("|");
+            if inter[i][2].parse::<f64>().is_ok_and(|r| r >= 4.0) {
+                liked.push((t, &inter[i][1]));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Joins `dir`/ml-100k.{inter,user,item} and writes `out`/train.csv and
 /// `out`/eval.csv, with `eval_fraction` of the ratings in eval.
 pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) -> anyhow::Result<MovieLensReport> {
@@ -83,10 +112,14 @@ pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) 
             .into_iter()
             .map(|mut r| (r.remove(0), r))
             .collect();
-    let inter = read_table(&dir.join("ml-100k.inter"), &["user_id", "item_id", "rating"])?;
+    let inter = read_table(
+        &dir.join("ml-100k.inter"),
+        &["user_id", "item_id", "rating", "timestamp"],
+    )?;
+    let history = histories(&inter)?;
     let mut rows = Vec::with_capacity(inter.len());
     let mut positives = 0usize;
-    for r in &inter {
+    for (r, hist) in inter.iter().zip(&history) {
         let user = users
             .get(&r[0])
             .with_context(|| format!("rating names unknown user {}", r[0]))?;
@@ -106,7 +139,7 @@ pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) 
         };
         let genres = item[1].split_whitespace().collect::<Vec<_>>().join("|");
         rows.push(format!(
-            "{label},{},{},{},{},{},{},{},{},{love}",
+            "{label},{},{},{},{},{},{},{},{},{love},{hist}",
             r[0],
             r[1],
             csv_cell(&user[0]),
