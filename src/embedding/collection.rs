@@ -47,16 +47,19 @@ impl Collection {
                 if g.width == 0 {
                     return buf;
                 }
+                // Table `ti`'s rows: fetched from their owners when sharded.
+                let src = |ti: usize| -> &dyn RowSource {
+                    match &fetched {
+                        Some(f) => &f[ti],
+                        None => &self.tables[ti],
+                    }
+                };
                 buf.par_chunks_mut(ROWS * g.width).enumerate().for_each(|(blk, out)| {
                     let first = blk * ROWS;
                     for p in &g.parts {
                         match (&batch.features[p.feature], p.table) {
                             (Encoded::Sparse(j), Some(ti)) => {
-                                let src: &dyn RowSource = match &fetched {
-                                    Some(f) => &f[ti],
-                                    None => &self.tables[ti],
-                                };
-                                pool_rows(src, j, p.mean, out, g.width, p.col, first);
+                                pool_rows(src(ti), j, p.mean, out, g.width, p.col, first);
                             }
                             (Encoded::Dense { dim, values }, None) => {
                                 for (k, row) in out.chunks_exact_mut(g.width).enumerate() {
@@ -70,12 +73,6 @@ impl Collection {
                     for p in &g.seq_parts {
                         let Encoded::Sparse(j) = &batch.features[p.feature] else {
                             unreachable!("sequence parts read ids")
-                        };
-                        let src = |ti: usize| -> &dyn RowSource {
-                            match &fetched {
-                                Some(f) => &f[ti],
-                                None => &self.tables[ti],
-                            }
                         };
                         match p.kind {
                             SeqPartKind::Pooled { table, mean, .. } => {

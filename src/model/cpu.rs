@@ -238,15 +238,7 @@ impl<'a> Tape<'a> {
             }
             Op::Softmax { x } => {
                 let mut y = self.value(*x).to_vec();
-                y.par_chunks_mut(width).for_each(|row| {
-                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut s = 0.0;
-                    row.iter_mut().for_each(|v| {
-                        *v = (*v - m).exp();
-                        s += *v;
-                    });
-                    row.iter_mut().for_each(|v| *v /= s);
-                });
+                y.par_chunks_mut(width).for_each(kernels::softmax_in_place);
                 (y, Saved::None)
             }
             Op::WeightedSum { gate, xs } => {
@@ -320,16 +312,7 @@ impl<'a> Tape<'a> {
                     let l = (l.max(0.0).ceil() as usize).min(width);
                     let (live, pad) = row.split_at_mut(l);
                     pad.fill(0.0);
-                    if live.is_empty() {
-                        return;
-                    }
-                    let m = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut s = 0.0;
-                    live.iter_mut().for_each(|v| {
-                        *v = (*v - m).exp();
-                        s += *v;
-                    });
-                    live.iter_mut().for_each(|v| *v /= s);
+                    kernels::softmax_in_place(live);
                 });
                 (y, Saved::None)
             }
@@ -593,7 +576,8 @@ impl<'a> Tape<'a> {
                         accumulate(&mut grads, needs, *xl, dxl);
                     }
                 }
-                Op::Softmax { x } => {
+                // Masked columns have y = 0, so their gradient is 0 too.
+                Op::Softmax { x } | Op::MaskedSoftmax { x, .. } => {
                     let y = &self.vals[i];
                     dy.par_chunks_mut(width).zip(y.par_chunks(width)).for_each(|(g, y)| {
                         let dot: f32 = g.iter().zip(y).map(|(a, b)| a * b).sum();
@@ -654,15 +638,6 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::Unfold { x, .. } | Op::Fold { x, .. } => accumulate(&mut grads, needs, *x, dy),
-                Op::MaskedSoftmax { x, .. } => {
-                    // Masked columns have y = 0, so their gradient is 0 too.
-                    let y = &self.vals[i];
-                    dy.par_chunks_mut(width).zip(y.par_chunks(width)).for_each(|(g, y)| {
-                        let dot: f32 = g.iter().zip(y).map(|(a, b)| a * b).sum();
-                        g.iter_mut().zip(y).for_each(|(g, y)| *g = y * (*g - dot));
-                    });
-                    accumulate(&mut grads, needs, *x, dy);
-                }
                 Op::AttnPool { w, x } => {
                     let n = g.width(*w);
                     let (wv, xv) = (self.value(*w), self.value(*x));

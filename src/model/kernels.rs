@@ -61,6 +61,17 @@ pub fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n)
 }
 
 /// Column sums of a row-major `[rows, n]` matrix, added into `out`.
+/// Softmax of `row` in place (an empty row stays empty).
+pub fn softmax_in_place(row: &mut [f32]) {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut s = 0.0;
+    row.iter_mut().for_each(|v| {
+        *v = (*v - m).exp();
+        s += *v;
+    });
+    row.iter_mut().for_each(|v| *v /= s);
+}
+
 pub fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
     if n == 0 {
         return;
