@@ -60,8 +60,10 @@ pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
             message: e.message,
         })?
     };
+    let auto_expand = auto_expand_input_fields(&message);
     expand_input_fields(&mut message)?;
     expand_feature_names(&mut message)?;
+    expand_shared_features(&mut message, auto_expand)?;
     Ok(message)
 }
 
@@ -137,6 +139,71 @@ fn expand_list(
         }
     }
     *items = out;
+    Ok(())
+}
+
+fn auto_expand_input_fields(message: &DynamicMessage) -> bool {
+    message
+        .get_field_by_name("data_config")
+        .and_then(|d| d.as_message()?.get_field_by_name("auto_expand_input_fields")?.as_bool())
+        .unwrap_or(false)
+}
+
+/// EasyRec's `shared_names`: a feature config with `shared_names: "f2"`
+/// also stands for a copy of itself reading input `f2` (its own table
+/// unless `embedding_name` says otherwise), appended after every feature
+/// config as EasyRec appends them; names are ranges like `f[2-3]` with
+/// `auto_expand_input_fields`.
+fn expand_shared_features(message: &mut DynamicMessage, auto_expand: bool) -> Result<(), ConfigError> {
+    let mut lists: Vec<(String, &mut Vec<Value>)> = Vec::new();
+    let (mut top, mut nested) = (None, None);
+    for (name, field) in message.fields_mut() {
+        match (name.name(), field) {
+            ("feature_configs", Value::List(items)) => top = Some(items),
+            ("feature_config", Value::Message(fc)) => nested = Some(fc),
+            _ => {}
+        }
+    }
+    if let Some(items) = top {
+        lists.push(("feature_configs".into(), items));
+    }
+    let mut holder;
+    if let Some(fc) = nested {
+        holder = fc
+            .fields_mut()
+            .filter(|(f, _)| f.name() == "features")
+            .collect::<Vec<_>>();
+        if let Some((_, Value::List(items))) = holder.pop() {
+            lists.push(("feature_config.features".into(), items));
+        }
+    }
+    for (path, items) in lists {
+        let mut copies = Vec::new();
+        for (i, item) in items.iter_mut().enumerate() {
+            let Value::Message(f) = item else { continue };
+            let shared: Vec<String> = match f.get_field_by_name("shared_names").as_deref() {
+                Some(Value::List(names)) => names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect(),
+                _ => Vec::new(),
+            };
+            if shared.is_empty() {
+                continue;
+            }
+            f.clear_field_by_name("shared_names");
+            for name in shared {
+                let names = match auto_expand.then(|| expand_range(&name)).flatten() {
+                    Some(Ok(names)) => names,
+                    Some(Err(msg)) => return Err(ConfigError::invalid(format!("{path}[{i}].shared_names"), msg)),
+                    None => vec![name],
+                };
+                for n in names {
+                    let mut copy = f.clone();
+                    copy.set_field_by_name("input_names", Value::List(vec![Value::String(n)]));
+                    copies.push(Value::Message(copy));
+                }
+            }
+        }
+        items.extend(copies);
+    }
     Ok(())
 }
 
@@ -225,5 +292,37 @@ mod tests {
             text.contains(r#"feature_names: ["field1", "field2", "field3", "other"]"#),
             "{text}"
         );
+    }
+
+    /// `shared_names` appends a copy per name after every feature config,
+    /// ranges expanded only with auto_expand_input_fields.
+    #[test]
+    fn shared_names_stand_for_copies_of_the_feature() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.config");
+        for (flag, want) in [
+            ("true", vec!["f1", "g", "f2", "f3"]),
+            ("false", vec!["f1", "g", "f[2-3]"]),
+        ] {
+            std::fs::write(
+                &path,
+                format!(
+                    r#"data_config {{ auto_expand_input_fields: {flag} }}
+feature_config {{
+  features {{ input_names: "f1" shared_names: "f[2-3]" feature_type: IdFeature embedding_dim: 4 hash_bucket_size: 9 }}
+  features {{ input_names: "g" feature_type: RawFeature }} }}"#
+                ),
+            )
+            .unwrap();
+            let cfg: proto::EasyRecConfig = read_pipeline_file(&path).unwrap().transcode_to().unwrap();
+            let feats = &cfg.feature_config.as_ref().unwrap().features;
+            let names: Vec<&str> = feats.iter().map(|f| f.input_names[0].as_str()).collect();
+            assert_eq!(names, want, "auto_expand_input_fields: {flag}");
+            assert!(feats.iter().all(|f| f.shared_names.is_empty()));
+            assert!(feats
+                .iter()
+                .filter(|f| f.input_names[0] != "g")
+                .all(|f| f.hash_bucket_size == Some(9) && f.embedding_dim == Some(4)));
+        }
     }
 }
