@@ -61,6 +61,18 @@ fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
             let batch = batch.unwrap();
             let ours = t.score(&batch);
             let theirs = onnx.score(&batch).unwrap();
+            // A match model's tower embeddings are exported beside its scores.
+            let inputs = t.group_inputs(&batch);
+            let embeddings = t.model.embedding_values(&inputs, batch.size);
+            let exported = onnx.embeddings(&batch).unwrap();
+            assert_eq!(exported.len(), embeddings.len(), "{model}: embedding outputs");
+            assert_eq!(embeddings.is_empty(), *model != "DSSM", "{model}: embedding outputs");
+            for (a, b) in embeddings.iter().zip(&exported) {
+                assert_eq!(a.len(), b.len(), "{model}: embedding width");
+                for (x, y) in a.iter().zip(b) {
+                    worst = worst.max((x - y).abs());
+                }
+            }
             assert_eq!(ours.len(), t.plan.tasks.len(), "{model}: one score per task");
             assert_eq!(theirs.len(), ours.len(), "{model}: one export output pair per task");
             for (o, e) in ours.iter().zip(&theirs) {

@@ -122,6 +122,80 @@ fn movielens_100k_din_learns_a_label_planted_in_the_rating_history() {
 /// MMoE and DBMTL learn both MovieLens tasks, `like` (rating >= 4) and
 /// `love` (rating 5), report metrics per task under EasyRec's names, and
 /// export a graph with both tasks' outputs.
+/// DSSM's towers learn which movies a user rates: on held-out ratings
+/// each user's own movie lands in the top 10 of its batch's 256 items far
+/// more often than chance (10/256; popularity alone scores chance here, as
+/// every item of a batch is some row's own). With the user columns shuffled
+/// across the rows the same checkpoint falls back to about chance. The
+/// export carries both towers.
+#[test]
+fn movielens_100k_dssm_retrieves_the_rated_movie_among_its_batch() {
+    let data = tempfile::tempdir().unwrap();
+    let src = common::shared_dir().join("data/real/ml-100k");
+    rustrec::datagen::prepare_movielens(&src, data.path(), 0.2, 1).unwrap();
+    let (train_csv, eval_csv) = (data.path().join("train.csv"), data.path().join("eval.csv"));
+    let config = "samples/dssm_ml100k.config";
+    let dir = tempfile::tempdir().unwrap();
+    let result = train(config, &train_csv, &eval_csv, dir.path(), &[]);
+    let chance = 10.0 / 256.0;
+    let r10 = result["recall@10"].as_f64().unwrap();
+    let r1 = result["recall@1"].as_f64().unwrap();
+    assert!(
+        r10 >= 3.0 * chance,
+        "{config}: recall@10 {r10:.4} (chance {chance:.4}): {result}"
+    );
+    assert!(r1 < r10, "{config}: {result}");
+    // Columns: label,user_id,item_id,age,gender,occupation,zip,...: the
+    // user's (1 and 3..=6) move together to another row.
+    let text = std::fs::read_to_string(&eval_csv).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    let mut rng = rustrec::util::Rng::new(9);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut shuffled = format!("{header}\n");
+    for (r, &o) in rows.iter().zip(&order) {
+        let mut row = r.clone();
+        for c in [1, 3, 4, 5, 6] {
+            row[c] = rows[o][c];
+        }
+        shuffled.push_str(&(row.join(",") + "\n"));
+    }
+    let shuffled_csv = data.path().join("eval_shuffled_users.csv");
+    std::fs::write(&shuffled_csv, shuffled).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_eval"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--pipeline_config_path", config])
+        .args(["--model_dir", dir.path().to_str().unwrap()])
+        .args(["--eval_input_path", shuffled_csv.to_str().unwrap()])
+        .args(["--eval_result_path", "eval_shuffled.txt"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let control: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("eval_shuffled.txt")).unwrap()).unwrap();
+    let without = control["recall@10"].as_f64().unwrap();
+    eprintln!("{config}: recall@10 {r10:.4}, {without:.4} with the users shuffled (chance {chance:.4})");
+    assert!(
+        without <= 1.5 * chance,
+        "{config}: recall@10 {without:.4} with users that did not rate the items"
+    );
+    let spec = std::fs::read_dir(dir.path().join("export/final"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("assets/feature_spec.json"))
+        .next()
+        .unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(spec).unwrap()).unwrap();
+    assert_eq!(
+        spec["outputs"],
+        serde_json::json!(["logits", "probs", "user_tower_emb", "item_tower_emb"]),
+        "{config}"
+    );
+}
+
 #[test]
 fn movielens_100k_multi_task_models_learn_both_tasks() {
     let data = tempfile::tempdir().unwrap();

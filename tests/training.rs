@@ -145,6 +145,24 @@ model_config { model_class: "MultiTowerDIN"
                 din_towers { input: "din" dnn { hidden_units: [5, 1] } }
                 final_dnn { hidden_units: [4] } } }"#
         }
+        "DSSM" => {
+            r#"model_config { model_class: "DSSM"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  dssm { user_tower { id: "c1" dnn { hidden_units: [8, 4] } }
+         item_tower { id: "c2" dnn { hidden_units: [6, 4] } }
+         l2_regularization: 1e-4 } }"#
+        }
+        "DSSM in-batch softmax" => {
+            r#"model_config { model_class: "DSSM"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c1"] }
+  dssm { user_tower { id: "c1" dnn { hidden_units: [8, 4] } }
+         item_tower { id: "c2" dnn { hidden_units: [4] } }
+         temperature: 0.2
+         l2_regularization: 1e-4 }
+  loss_type: SOFTMAX_CROSS_ENTROPY }"#
+        }
         other => panic!("no block for {other}"),
     }
 }
@@ -152,7 +170,26 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 21] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 23] = [
+    (
+        "DSSM, in-batch softmax over cosines with a temperature and a learned scale, dropout",
+        r#"model_config { model_class: "DSSM"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c1"] }
+  dssm { user_tower { id: "c1" dnn { hidden_units: [8, 5] dropout_ratio: [0.2, 0.1] } }
+         item_tower { id: "c2" dnn { hidden_units: [6, 3, 5] use_bn: false activation: "tanh" } }
+         temperature: 0.3 scale_simi: true }
+  loss_type: SOFTMAX_CROSS_ENTROPY }"#,
+    ),
+    (
+        "DSSM, pointwise inner product without scale",
+        r#"model_config { model_class: "DSSM"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c3"] }
+  dssm { user_tower { id: "c1" dnn { hidden_units: [4] } }
+         item_tower { id: "c2" dnn { hidden_units: [6, 4] } }
+         simi_func: INNER_PRODUCT scale_simi: false } }"#,
+    ),
     (
         "DBMTL with sequence_features: two histories and an aux, keys transformed by dense layers, keys padded",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
@@ -387,7 +424,14 @@ fn trainer_of(dir: &Path, model: &str, block: &str) -> Trainer {
 fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize) -> Trainer {
     let data = dir.join("data.csv");
     write_data(&data, rows, 5);
+    // EasyRec evaluates a listwise match model by recall only.
+    let metrics = if block.contains("SOFTMAX_CROSS_ENTROPY") {
+        "metrics_set { recall_at_topk { topk: 3 } }"
+    } else {
+        "metrics_set { auc {} }"
+    };
     let text = COMMON
+        .replace("metrics_set { auc {} }", metrics)
         .replace("batch_size: 16", &format!("batch_size: {batch}"))
         .replace("DATA", data.to_str().unwrap())
         .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
@@ -399,7 +443,7 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 11] = [
+const MODELS: [&str; 13] = [
     "WideAndDeep",
     "DLRM",
     "DeepFM",
@@ -411,6 +455,8 @@ const MODELS: [&str; 11] = [
     "RankModel",
     "MultiTaskModel",
     "MultiTowerDIN",
+    "DSSM",
+    "DSSM in-batch softmax",
 ];
 
 /// Central differences in f64 of an f32 loss; loose enough for f32 noise,

@@ -138,6 +138,17 @@ pub enum Arch {
         backbone: super::backbone::Backbone,
         towers: Vec<TaskTower>,
     },
+    /// DSSM: the `user` and `item` groups through a DNN each (the last
+    /// layer linear), L2-normalised for the cosine, and their similarity
+    /// divided by the temperature, then scaled by `|sim_w|` and shifted by
+    /// `sim_b` with `scale_simi`.
+    Dssm {
+        user: DnnSpec,
+        item: DnnSpec,
+        cosine: bool,
+        temperature: f32,
+        scale_simi: bool,
+    },
 }
 
 /// A task tower's layers (its label, loss and metrics are a `tasks::Task`).
@@ -163,6 +174,11 @@ pub enum Metric {
     Mae,
     /// EasyRec's `max_f1`: the best F1 over its 200 thresholds.
     MaxF1,
+    /// A listwise match model's `recall@k`: the share of users whose own
+    /// item is among the `k` highest-scored of the batch's items.
+    RecallAtTopK {
+        k: usize,
+    },
 }
 
 impl Metric {
@@ -175,6 +191,15 @@ impl Metric {
             Metric::Rmse => "root_mean_squared_error",
             Metric::Mae => "mean_absolute_error",
             Metric::MaxF1 => "max_f1",
+            Metric::RecallAtTopK { .. } => "recall_at_topk",
+        }
+    }
+
+    /// The name EasyRec reports the metric under (`recall@5`).
+    pub fn report_name(&self) -> String {
+        match self {
+            Metric::RecallAtTopK { k } => format!("recall@{k}"),
+            m => m.name().to_string(),
         }
     }
 }
@@ -488,6 +513,61 @@ fn single_task_arch(
                 p.l2_regularization(),
             )
         }
+        Some(M::Dssm(d)) => {
+            let path = format!("{m}.dssm");
+            if d.item_id.as_deref().is_some_and(|i| !i.is_empty()) {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.item_id"),
+                    "masking in-batch negatives that share the positive's item id",
+                ));
+            }
+            if d.ignore_in_batch_neg_sam {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.ignore_in_batch_neg_sam"),
+                    "ignoring in-batch negatives (it goes with negative samplers)",
+                ));
+            }
+            let tower = |t: &proto::DssmTower, name: &str| -> Result<DnnSpec, ConfigError> {
+                let spec = dnn(&t.dnn, &format!("{path}.{name}.dnn"))?;
+                if spec.hidden_units.is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.{name}.dnn.hidden_units"),
+                        "the tower's last layer is its embedding: it needs at least one layer",
+                    ));
+                }
+                Ok(spec)
+            };
+            let user = tower(&d.user_tower, "user_tower")?;
+            let item = tower(&d.item_tower, "item_tower")?;
+            if user.hidden_units.last() != item.hidden_units.last() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.item_tower.dnn.hidden_units"),
+                    format!(
+                        "the towers' last layers must be equally wide to be compared ({} and {})",
+                        user.hidden_units.last().unwrap_or(&0),
+                        item.hidden_units.last().unwrap_or(&0)
+                    ),
+                ));
+            }
+            let cosine = d.simi_func() == proto::Similarity::Cosine;
+            let temperature = if cosine { d.temperature() } else { 1.0 };
+            if !(temperature.is_finite() && temperature > 0.0) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.temperature"),
+                    format!("{temperature} is not a positive number"),
+                ));
+            }
+            (
+                Arch::Dssm {
+                    user,
+                    item,
+                    cosine,
+                    temperature,
+                    scale_simi: d.scale_simi(),
+                },
+                d.l2_regularization,
+            )
+        }
         _ if matches!(model.model_class.as_str(), "RankModel" | "MultiTaskModel") => {
             return Err(ConfigError::invalid(
                 m,
@@ -729,6 +809,15 @@ pub fn metric_list(list: &[proto::EvalMetrics], path: &str) -> Result<Vec<Metric
             Some(M::RootMeanSquaredError(_)) => Metric::Rmse,
             Some(M::MeanAbsoluteError(_)) => Metric::Mae,
             Some(M::MaxF1(_)) => Metric::MaxF1,
+            Some(M::RecallAtTopk(r)) => {
+                if r.topk() == 0 {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.recall_at_topk.topk"),
+                        "must be at least 1",
+                    ));
+                }
+                Metric::RecallAtTopK { k: r.topk() as usize }
+            }
             Some(other) => {
                 let name = format!("{other:?}");
                 let name = name.split('(').next().unwrap_or("").to_string();

@@ -61,7 +61,7 @@ pub fn loss_terms(model: &proto::EasyRecModel, output: LossKind) -> Result<Vec<L
     if output != LossKind::BinaryClassification {
         return Err(ConfigError::unsupported(
             "model_config.losses",
-            "extra losses of a regression model",
+            "extra losses of a model not trained by sigmoid cross entropy",
         ));
     }
     let mut terms = Vec::new();
@@ -145,13 +145,19 @@ impl Task {
     /// regression.
     pub fn score_name(&self) -> String {
         match self.loss {
-            LossKind::BinaryClassification => format!("probs{}", self.suffix()),
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax => format!("probs{}", self.suffix()),
             LossKind::Regression => format!("y{}", self.suffix()),
         }
     }
 
     pub fn classification(&self) -> bool {
         self.loss == LossKind::BinaryClassification
+    }
+
+    /// Whether the task's loss and metrics read the whole batch's
+    /// similarities (a match model's listwise loss).
+    pub fn in_batch(&self) -> bool {
+        self.loss == LossKind::InBatchSoftmax
     }
 }
 
@@ -169,6 +175,60 @@ pub fn loss_kind(loss_type: proto::LossType, num_class: u32, path: &str) -> Resu
             format!("loss {}", other.as_str_name()),
         )),
     }
+}
+
+/// A match model's loss (EasyRec's `MatchModel`): pointwise
+/// CLASSIFICATION (one class) or L2_LOSS on the similarity, or listwise
+/// SOFTMAX_CROSS_ENTROPY over the batch's items.
+pub fn match_loss_kind(loss_type: proto::LossType, num_class: u32) -> Result<LossKind, ConfigError> {
+    match loss_type {
+        proto::LossType::SoftmaxCrossEntropy => Ok(LossKind::InBatchSoftmax),
+        proto::LossType::Classification if num_class != 1 => Err(ConfigError::invalid(
+            "model_config.num_class",
+            "a match model's CLASSIFICATION loss scores one class",
+        )),
+        t @ (proto::LossType::Classification | proto::LossType::L2Loss) => loss_kind(t, num_class, "model_config"),
+        other => Err(ConfigError::unsupported(
+            "model_config.loss_type",
+            format!(
+                "loss {} on a match model (supported: CLASSIFICATION, L2_LOSS, SOFTMAX_CROSS_ENTROPY)",
+                other.as_str_name()
+            ),
+        )),
+    }
+}
+
+/// The metrics EasyRec's match models evaluate: `auc` with
+/// CLASSIFICATION, `mean_absolute_error` with L2_LOSS, `recall_at_topk`
+/// with the listwise loss; it stops on any other, and so does this.
+pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), ConfigError> {
+    for (i, m) in metrics.iter().enumerate() {
+        let fits = match loss {
+            LossKind::BinaryClassification => *m == Metric::Auc,
+            LossKind::Regression => *m == Metric::Mae,
+            LossKind::InBatchSoftmax => matches!(m, Metric::RecallAtTopK { .. }),
+        };
+        if !fits {
+            return Err(ConfigError::invalid(
+                format!("eval_config.metrics_set[{i}]"),
+                format!(
+                    "a match model trained with {} evaluates {}, not {}",
+                    match loss {
+                        LossKind::BinaryClassification => "CLASSIFICATION",
+                        LossKind::Regression => "L2_LOSS",
+                        LossKind::InBatchSoftmax => "SOFTMAX_CROSS_ENTROPY",
+                    },
+                    match loss {
+                        LossKind::BinaryClassification => "auc",
+                        LossKind::Regression => "mean_absolute_error",
+                        LossKind::InBatchSoftmax => "recall_at_topk",
+                    },
+                    m.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The fields task towers of both kinds share.

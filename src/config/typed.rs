@@ -222,6 +222,8 @@ pub enum ModelKind {
     RankModel,
     /// A `backbone` DAG with task towers.
     MultiTaskModel,
+    /// Two-tower retrieval.
+    Dssm,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +232,10 @@ pub enum LossKind {
     BinaryClassification,
     /// Mean squared error.
     Regression,
+    /// A match model's in-batch softmax (EasyRec's listwise
+    /// `SOFTMAX_CROSS_ENTROPY`): each user's item against the batch's
+    /// other items. The task's `logits` are the row's own similarity.
+    InBatchSoftmax,
 }
 
 /// How an IdFeature / TagFeature turns a raw value into a row id.
@@ -502,11 +508,12 @@ impl TrainingPlan {
             "DBMTL" => ModelKind::Dbmtl,
             "RankModel" => ModelKind::RankModel,
             "MultiTaskModel" => ModelKind::MultiTaskModel,
+            "DSSM" => ModelKind::Dssm,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, RankModel, MultiTaskModel)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, RankModel, MultiTaskModel, DSSM)".into(),
                 })
             }
         };
@@ -612,14 +619,22 @@ impl TrainingPlan {
                     })?,
                     None => 0,
                 };
-                let loss = loss_kind(model.loss_type(), model.num_class(), "model_config")?;
+                let loss = if kind == ModelKind::Dssm {
+                    super::tasks::match_loss_kind(model.loss_type(), model.num_class())?
+                } else {
+                    loss_kind(model.loss_type(), model.num_class(), "model_config")?
+                };
+                let metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
+                if kind == ModelKind::Dssm {
+                    super::tasks::check_match_metrics(loss, &metrics)?;
+                }
                 vec![Task {
                     name: String::new(),
                     label,
                     weight: 1.0,
                     loss,
                     terms: super::tasks::loss_terms(model, loss)?,
-                    metrics: model_plan::metrics(cfg.eval_config.as_ref())?,
+                    metrics,
                 }]
             }
         };

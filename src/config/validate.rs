@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 9] = [
+pub const MODEL_BLOCKS: [(&str, &str); 10] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -81,6 +81,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 9] = [
     ("DLRM", "dlrm"),
     ("MMoE", "mmoe"),
     ("DBMTL", "dbmtl"),
+    ("DSSM", "dssm"),
 ];
 
 fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
@@ -97,6 +98,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Dlrm(_) => "dlrm",
         Mmoe(_) => "mmoe",
         Dbmtl(_) => "dbmtl",
+        Dssm(_) => "dssm",
     }
 }
 

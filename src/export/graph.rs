@@ -151,11 +151,16 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         b.g.node("Identity", &[&flat], Vec::new(), Some(&name));
         b.g.output(&name, Elem::F32, std::slice::from_ref(&batch));
         let op = match t.loss {
-            LossKind::BinaryClassification => "Sigmoid",
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax => "Sigmoid",
             LossKind::Regression => "Identity",
         };
         b.g.node(op, &[&name], Vec::new(), Some(&t.score_name()));
         b.g.output(&t.score_name(), Elem::F32, std::slice::from_ref(&batch));
+    }
+    for (name, out) in model.embedding_outputs() {
+        b.g.node("Identity", &[&values[out.0]], Vec::new(), Some(name));
+        let dim = Dim::Fixed(model.graph.width(out));
+        b.g.output(name, Elem::F32, &[batch.clone(), dim]);
     }
     (b.g, inputs)
 }
@@ -529,6 +534,26 @@ impl Builder<'_> {
                     let logits = self.g.op("Where", &[&live, &v[x.0], &low]);
                     let y = self.g.node("Softmax", &[&logits], vec![("axis", Attr::Int(1))], None);
                     self.g.op("Mul", &[&y, &mask])
+                }
+                Op::L2Normalize { x } => {
+                    let sq = self.g.op("Mul", &[&v[x.0], &v[x.0]]);
+                    let sq = self.reduce_sum(&sq, 1, true);
+                    let eps = self.scalar_f32(crate::model::graph::L2_EPS);
+                    let sq = self.g.op("Max", &[&sq, &eps]);
+                    let norm = self.g.op("Sqrt", &[&sq]);
+                    self.g.op("Div", &[&v[x.0], &norm])
+                }
+                Op::Scale { x, factor, w } => {
+                    let f = self.scalar_f32(*factor);
+                    let y = self.g.op("Mul", &[&v[x.0], &f]);
+                    match w {
+                        Some(w) => {
+                            let w = self.param(*w);
+                            let a = self.g.op("Abs", &[&w]);
+                            self.g.op("Mul", &[&y, &a])
+                        }
+                        None => y,
+                    }
                 }
                 Op::AttnPool { w, x } => {
                     let n = graph.width(*w) as i64;

@@ -67,7 +67,7 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
         write("pipeline.config", req.config_text.to_string())?;
         write(
             "feature_spec.json",
-            serde_json::to_string_pretty(&spec::feature_spec(&t.plan, &inputs))?,
+            serde_json::to_string_pretty(&spec::feature_spec(&t.plan, &t.model, &inputs))?,
         )?;
         let metrics: serde_json::Map<String, serde_json::Value> =
             req.metrics.iter().map(|(k, v)| (k.clone(), json!(v))).collect();

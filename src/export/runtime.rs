@@ -262,6 +262,20 @@ impl ExportedModel {
             .collect()
     }
 
+    /// The values of the export's outputs after the tasks' (a match model's
+    /// tower embeddings, `[batch, d]` row-major), in the graph's order.
+    pub fn embeddings(&self, batch: &Batch) -> anyhow::Result<Vec<Vec<f32>>> {
+        let inputs: TVec<TValue> = self.graph_inputs(batch)?.into_iter().map(|t| t.into_tvalue()).collect();
+        let out = self
+            .runnable
+            .run(inputs)
+            .with_context(|| format!("running {}", self.dir.join(MODEL_FILE).display()))?;
+        out.iter()
+            .skip(2 * self.plan.tasks.len())
+            .map(|o| Ok(o.to_plain_array_view::<f32>()?.iter().copied().collect()))
+            .collect()
+    }
+
     /// The graph's input tensors for an encoded batch, in the graph's input
     /// order (see `input_names`).
     pub fn graph_inputs(&self, batch: &Batch) -> anyhow::Result<Vec<Tensor>> {

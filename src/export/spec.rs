@@ -69,7 +69,7 @@ fn buckets(b: &Bucketing) -> Value {
     }
 }
 
-pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
+pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[FeatureInput]) -> Value {
     let features: Vec<Value> = inputs
         .iter()
         .map(|fi| {
@@ -171,7 +171,12 @@ pub fn feature_spec(plan: &TrainingPlan, inputs: &[FeatureInput]) -> Value {
         "format": FORMAT,
         "id_hash": HASH_NAME,
         "model_class": format!("{:?}", plan.model),
-        "outputs": plan.tasks.iter().flat_map(|t| [t.output(), t.score_name()]).collect::<Vec<_>>(),
+        "outputs": plan
+            .tasks
+            .iter()
+            .flat_map(|t| [t.output(), t.score_name()])
+            .chain(model.embedding_outputs().into_iter().map(|(n, _)| n.to_string()))
+            .collect::<Vec<_>>(),
         "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",
         "features": features,
         "serving_input": serving_input(plan),

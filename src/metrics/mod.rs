@@ -103,6 +103,8 @@ pub struct EvalState {
     pub preds: Vec<f32>,
     pub labels: Vec<f32>,
     pub uids: Vec<u64>,
+    /// In-batch tasks: each row's own item's rank among its batch's items.
+    pub ranks: Vec<u32>,
     pub loss_sum: f64,
     /// Each evaluation batch's mean loss: EasyRec's `loss` is their
     /// unweighted mean (TensorFlow's streaming mean over batches), so a
@@ -115,6 +117,7 @@ impl EvalState {
         self.preds.extend(other.preds);
         self.labels.extend(other.labels);
         self.uids.extend(other.uids);
+        self.ranks.extend(other.ranks);
         self.loss_sum += other.loss_sum;
         self.batch_losses.extend(other.batch_losses);
     }
@@ -138,6 +141,20 @@ impl EvalState {
         }
         for m in metrics {
             let v = match m {
+                Metric::RecallAtTopK { k } => {
+                    // Without sampled negatives the in-batch recall is the
+                    // recall, and the own item always leads the (empty)
+                    // sampled list; EasyRec reports all three.
+                    let hits = self.ranks.iter().filter(|&&r| (r as usize) < *k).count();
+                    let recall = (!self.ranks.is_empty()).then(|| hits as f64 / self.ranks.len() as f64);
+                    out.push((format!("recall@{k}"), recall.unwrap_or(f64::NAN)));
+                    out.push((format!("recall_in_batch@{k}"), recall.unwrap_or(f64::NAN)));
+                    out.push((
+                        format!("recall_neg_sam@{k}"),
+                        if self.ranks.is_empty() { f64::NAN } else { 1.0 },
+                    ));
+                    continue;
+                }
                 Metric::Auc => auc(&self.preds, &self.labels),
                 Metric::Gauc { .. } => gauc(&self.preds, &self.labels, &self.uids),
                 Metric::Accuracy => Some(

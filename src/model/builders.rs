@@ -70,6 +70,13 @@ pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::
             b.dbmtl(g_, scope, bottom.as_ref(), experts, towers)?;
             return Ok(g);
         }
+        Arch::Dssm {
+            user,
+            item,
+            cosine,
+            temperature,
+            scale_simi,
+        } => b.dssm(g_, scope, (user, item), *cosine, *temperature, *scale_simi)?,
     };
     g.output("logits", logits);
     Ok(g)
@@ -131,6 +138,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
         Arch::Mmoe { .. } | Arch::Dbmtl { .. } => named(&["all"]),
         Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } => Vec::new(),
+        Arch::Dssm { .. } => named(&["user", "item"]),
     };
     order.dedup();
     for i in 0..groups.len() {
@@ -370,6 +378,62 @@ impl Builder<'_> {
 }
 
 impl Builder<'_> {
+    /// DSSM: per tower (`user_dnn`, `item_dnn`) EasyRec's DNN over all but
+    /// the last of its hidden units, then a linear layer of the last as
+    /// `<tower>_dnn/dnn_<n-1>`; L2-normalised for the cosine. Besides
+    /// `logits` (the row's own similarity, scaled by `|sim_w| / T` and
+    /// shifted by `sim_b`) the graph has the outputs `user_tower_emb`,
+    /// `item_tower_emb` and `user_scaled` (the user embedding times the
+    /// similarity's scale: the in-batch loss's user side).
+    fn dssm(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        (user, item): (&DnnSpec, &DnnSpec),
+        cosine: bool,
+        temperature: f32,
+        scale_simi: bool,
+    ) -> anyhow::Result<NodeId> {
+        let mut tower = |name: &str, spec: &DnnSpec| -> anyhow::Result<NodeId> {
+            let x = self.xs[self.group(name, "DSSM")?];
+            let n = spec.hidden_units.len();
+            let hidden = DnnSpec {
+                hidden_units: spec.hidden_units[..n - 1].to_vec(),
+                ..spec.clone()
+            };
+            let scope = format!("{name}_dnn");
+            let h = s.dnn(g, x, &scope, &hidden);
+            let e = s.dense(
+                g,
+                h,
+                &format!("{scope}/dnn_{}", n - 1),
+                spec.hidden_units[n - 1],
+                Activation::Linear,
+            );
+            Ok(if cosine { g.l2_normalize(e) } else { e })
+        };
+        let u = tower("user", user)?;
+        let v = tower("item", item)?;
+        let (w, b) = if scale_simi {
+            (
+                Some(s.params.add("sim_w", 1, 1, Init::Ones, false, s.rng)),
+                Some(s.params.add("sim_b", 1, 1, Init::Zeros, false, s.rng)),
+            )
+        } else {
+            (None, None)
+        };
+        let us = g.scale(u, 1.0 / temperature, w);
+        let uv = g.mul(us, v);
+        let mut sim = g.row_sum(uv);
+        if let Some(b) = b {
+            sim = g.bias(sim, b);
+        }
+        g.output("user_tower_emb", u);
+        g.output("item_tower_emb", v);
+        g.output("user_scaled", us);
+        Ok(sim)
+    }
+
     /// EasyRec's MMoE layer over `x`: the experts, then per task a softmax
     /// gate (`mmoe/gate_<t>/dnn`) mixing their outputs.
     fn mixture(

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::graph::{BnStats, Graph, NodeId, Op, LN_EPS};
+use super::graph::{BnStats, Graph, NodeId, Op, L2_EPS, LN_EPS};
 use super::kernels::{self, Interact, LANES, ROWS};
 use super::params::ParamStore;
 use crate::util::Rng;
@@ -293,6 +293,22 @@ impl<'a> Tape<'a> {
             Op::Sub(a, c) => {
                 let y = self.value(*a).iter().zip(self.value(*c)).map(|(x, y)| x - y).collect();
                 (y, Saved::None)
+            }
+            Op::L2Normalize { x } => {
+                let mut y = self.value(*x).to_vec();
+                let mut inv = vec![0.0f32; b];
+                y.par_chunks_mut(width.max(1))
+                    .zip(inv.par_iter_mut())
+                    .for_each(|(row, iv)| {
+                        let sq: f32 = row.iter().map(|v| v * v).sum();
+                        *iv = 1.0 / sq.max(L2_EPS).sqrt();
+                        row.iter_mut().for_each(|v| *v *= *iv);
+                    });
+                (y, Saved::Scalars(inv))
+            }
+            Op::Scale { x, factor, w } => {
+                let s = factor * w.map_or(1.0, |w| p.slice(w)[0].abs());
+                (self.value(*x).iter().map(|v| v * s).collect(), Saved::None)
             }
             Op::Tile { x, n } => {
                 let y = self
@@ -617,6 +633,51 @@ impl<'a> Tape<'a> {
                 Op::Bias { x, b: bias } => {
                     kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bias].range()]);
                     accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::L2Normalize { x } => {
+                    if needs[x.0] {
+                        let Saved::Scalars(inv) = &self.saved[i] else {
+                            unreachable!("l2 normalisation saves its row scales")
+                        };
+                        // Rows whose norm is floored are a constant scaling.
+                        let mut dx = dy;
+                        dx.par_chunks_mut(width.max(1))
+                            .zip(self.vals[i].par_chunks(width.max(1)))
+                            .zip(self.value(*x).par_chunks(width.max(1)))
+                            .zip(inv.par_iter())
+                            .for_each(|(((d, y), xr), iv)| {
+                                let floored = xr.iter().map(|v| v * v).sum::<f32>() <= L2_EPS;
+                                let yd: f32 = if floored {
+                                    0.0
+                                } else {
+                                    y.iter().zip(d.iter()).map(|(a, b)| a * b).sum()
+                                };
+                                d.iter_mut().zip(y).for_each(|(d, y)| *d = iv * (*d - y * yd));
+                            });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::Scale { x, factor, w } => {
+                    let wv = w.map_or(1.0, |w| p.slice(w)[0]);
+                    if let Some(w) = w {
+                        let dot: f64 = dy
+                            .iter()
+                            .zip(self.value(*x))
+                            .map(|(d, v)| (*d as f64) * (*v as f64))
+                            .sum();
+                        let sign = if wv > 0.0 {
+                            1.0
+                        } else if wv < 0.0 {
+                            -1.0
+                        } else {
+                            0.0
+                        };
+                        dense[p.specs[*w].range()][0] += (dot * (*factor as f64) * sign) as f32;
+                    }
+                    if needs[x.0] {
+                        let s = factor * wv.abs();
+                        accumulate(&mut grads, needs, *x, dy.iter().map(|d| d * s).collect());
+                    }
                 }
                 Op::Sub(a, c) => {
                     if needs[c.0] {

@@ -147,7 +147,22 @@ pub enum Op {
         w: NodeId,
         x: NodeId,
     },
+    /// Each row divided by its L2 norm, TensorFlow's `l2_normalize`:
+    /// `x / sqrt(max(Σ x², L2_EPS))`.
+    L2Normalize {
+        x: NodeId,
+    },
+    /// `x * factor`, times `|w|` when `w` (a one-value parameter) is given.
+    Scale {
+        x: NodeId,
+        factor: f32,
+        w: Option<usize>,
+    },
 }
+
+/// The floor of the squared norm `Op::L2Normalize` divides by (TensorFlow's
+/// `l2_normalize` epsilon).
+pub const L2_EPS: f32 = 1e-12;
 
 impl Op {
     /// The nodes this op reads.
@@ -167,6 +182,8 @@ impl Op {
             | Op::Tile { x, .. }
             | Op::Unfold { x, .. }
             | Op::Fold { x, .. }
+            | Op::L2Normalize { x }
+            | Op::Scale { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Sub(a, b) => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
@@ -192,7 +209,7 @@ pub struct Node {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Graph {
     pub nodes: Vec<Node>,
-    /// Named outputs, e.g. `("logits", n)`; each is `[batch, 1]`.
+    /// Named outputs, e.g. `("logits", n)`, `[batch, width]`.
     pub outputs: Vec<(String, NodeId)>,
 }
 
@@ -390,8 +407,20 @@ impl Graph {
         self.push(Op::AttnPool { w, x }, total / n)
     }
 
+    pub fn l2_normalize(&mut self, x: NodeId) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::L2Normalize { x }, w)
+    }
+
+    /// `x * factor * |w|`, `w` a parameter of one value when given.
+    pub fn scale(&mut self, x: NodeId, factor: f32, w: Option<usize>) -> NodeId {
+        let width = self.width(x);
+        self.push(Op::Scale { x, factor, w }, width)
+    }
+
+    /// Names `x` an output: a task's logits (one column), or a value
+    /// exported beside them (a match model's tower embeddings).
     pub fn output(&mut self, name: &str, x: NodeId) {
-        assert_eq!(self.width(x), 1, "output `{name}` is one column");
         assert_eq!(self.rows(x), 1, "output `{name}` has a row per batch row");
         self.outputs.push((name.to_string(), x));
     }

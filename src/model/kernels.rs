@@ -392,6 +392,7 @@ pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f3
                 total += ((x - y) * (x - y)) as f64;
                 2.0 * (x - y) / b
             }
+            LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
         })
         .collect();
     ((total / logits.len().max(1) as f64) as f32, grad)
@@ -497,6 +498,89 @@ fn pairwise(logits: &[f32], labels: &[f32], margin: f32, temperature: f32) -> (f
     ((total / n) as f32, grad.iter().map(|g| (g / n) as f32).collect())
 }
 
+/// What a match model's in-batch softmax reads: per row the user
+/// embedding times the similarity's scale (`us`), the item embedding (`v`)
+/// and the plain user embedding (`u`), each `[b, d]`.
+pub struct Towers<'a> {
+    pub us: &'a [f32],
+    pub v: &'a [f32],
+    pub u: &'a [f32],
+    pub d: usize,
+}
+
+/// The gradients of `in_batch_softmax` with respect to `us`, `v` and `u`.
+pub struct TowerGrads {
+    pub us: Vec<f32>,
+    pub v: Vec<f32>,
+    pub u: Vec<f32>,
+}
+
+/// The in-batch logits `L = Us · Vᵀ`, `[b, b]` row-major.
+pub fn in_batch_logits(t: &Towers) -> Vec<f32> {
+    let b = t.us.len() / t.d.max(1);
+    let mut l = vec![0.0f32; b * b];
+    matmul(&mut l, t.us, false, t.v, true, (b, t.d, b), false);
+    l
+}
+
+/// EasyRec's listwise SOFTMAX_CROSS_ENTROPY of a match model without
+/// sampled negatives: over the in-batch logits `L = Us · Vᵀ` the mean of
+/// `−log(softmax(L_i)_i + 1e-12)` (`cross_entropy_loss`), plus the mean of
+/// `relu(−u_i · v_i)` (`reg_pos_loss`). The loss and its gradients.
+pub fn in_batch_softmax(t: &Towers) -> (f32, TowerGrads) {
+    let (d, b) = (t.d, t.us.len() / t.d.max(1));
+    let mut p = in_batch_logits(t);
+    p.par_chunks_mut(b.max(1)).for_each(softmax_in_place);
+    let mut total = 0.0f64;
+    // dL_ij = c_i (p_ij − δ_ij) / b with c_i = p_ii / (p_ii + 1e-12), the
+    // epsilon's share of the log's slope.
+    let mut dl = p;
+    for i in 0..b {
+        let pii = dl[i * b + i] as f64;
+        total += -(pii + 1e-12).ln();
+        let c = (pii / (pii + 1e-12)) as f32;
+        let row = &mut dl[i * b..(i + 1) * b];
+        row[i] -= 1.0;
+        row.iter_mut().for_each(|g| *g *= c / b as f32);
+    }
+    let mut dus = vec![0.0f32; b * d];
+    matmul(&mut dus, &dl, false, t.v, false, (b, b, d), false);
+    let mut dv = vec![0.0f32; b * d];
+    matmul(&mut dv, &dl, true, t.us, false, (b, b, d), false);
+    // reg_pos_loss: a positive pair scored below 0 is pushed up.
+    let mut du = vec![0.0f32; b * d];
+    for i in 0..b {
+        let (ui, vi) = (&t.u[i * d..(i + 1) * d], &t.v[i * d..(i + 1) * d]);
+        let s: f32 = ui.iter().zip(vi).map(|(a, c)| a * c).sum();
+        if s < 0.0 {
+            total += -s as f64;
+            for k in 0..d {
+                du[i * d + k] = -vi[k] / b as f32;
+                dv[i * d + k] -= ui[k] / b as f32;
+            }
+        }
+    }
+    ((total / b.max(1) as f64) as f32, TowerGrads { us: dus, v: dv, u: du })
+}
+
+/// Where each row's own item ranks among the batch's items by its in-batch
+/// logits: how many score higher, ties going to the lower column as
+/// TensorFlow's `top_k` breaks them. `recall@k` counts the rows under `k`.
+pub fn in_batch_ranks(t: &Towers) -> Vec<u32> {
+    let b = t.us.len() / t.d.max(1);
+    let l = in_batch_logits(t);
+    (0..b)
+        .map(|i| {
+            let row = &l[i * b..(i + 1) * b];
+            let own = row[i];
+            row.iter()
+                .enumerate()
+                .filter(|&(j, &x)| x > own || (x == own && j < i))
+                .count() as u32
+        })
+        .collect()
+}
+
 /// A task's batch loss (evaluation).
 pub fn loss_value(task: &Task, logits: &[f32], labels: &[f32]) -> f64 {
     task_loss_grad(task, logits, labels).0 as f64
@@ -551,6 +635,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Ranks count the higher in-batch logits of each row, ties with the
+    /// lower columns (TensorFlow's top_k order); the loss is the softmax's
+    /// diagonal cross entropy plus the negative positives' penalty.
+    #[test]
+    fn in_batch_ranks_and_loss_follow_the_logits() {
+        // Users and items in 1-D: logits L_ij = us_i * v_j.
+        let us = [1.0f32, -1.0, 2.0];
+        let v = [0.5f32, 0.5, -1.0];
+        let u = [1.0f32, -1.0, 2.0];
+        let t = Towers {
+            us: &us,
+            v: &v,
+            u: &u,
+            d: 1,
+        };
+        // Rows: [0.5 0.5 -1], [-0.5 -0.5 1], [1 1 -2].
+        assert_eq!(in_batch_ranks(&t), vec![0, 2, 2]);
+        let (loss, _) = in_batch_softmax(&t);
+        let row = |l: [f64; 3], i: usize| -(l[i].exp() / l.iter().map(|x| x.exp()).sum::<f64>()).ln();
+        let ce = row([0.5, 0.5, -1.0], 0) + row([-0.5, -0.5, 1.0], 1) + row([1.0, 1.0, -2.0], 2);
+        // Row 1's own pair scores -0.5, row 2's -2: relu(0.5) + relu(2).
+        let want = (ce + 0.5 + 2.0) / 3.0;
+        assert!((loss as f64 - want).abs() < 1e-5, "loss {loss}, want {want}");
     }
 
     /// A batch without a pair of different labels has no pairwise loss.

@@ -389,9 +389,12 @@ impl Model {
         tasks
             .iter()
             .map(|t| {
-                self.graph
+                let n = self
+                    .graph
                     .output_node(&t.output())
-                    .unwrap_or_else(|| panic!("the model graph has output `{}`", t.output()))
+                    .unwrap_or_else(|| panic!("the model graph has output `{}`", t.output()));
+                assert_eq!(self.graph.width(n), 1, "task output `{}` is one column", t.output());
+                n
             })
             .collect()
     }
@@ -410,6 +413,26 @@ impl Model {
         let mut loss = 0.0f32;
         let mut seeds = Vec::new();
         for (t, out) in tasks.iter().zip(self.task_outputs(tasks)) {
+            if t.in_batch() {
+                let [us, v, u] = self.tower_outputs();
+                let d = self.graph.width(v);
+                let towers = kernels::Towers {
+                    us: tape.value(us),
+                    v: tape.value(v),
+                    u: tape.value(u),
+                    d,
+                };
+                let (l, gr) = kernels::in_batch_softmax(&towers);
+                let w = t.weight;
+                loss += w * l;
+                for (n, mut g) in [(us, gr.us), (v, gr.v), (u, gr.u)] {
+                    if w != 1.0 {
+                        g.iter_mut().for_each(|x| *x *= w);
+                    }
+                    seeds.push((n, g));
+                }
+                continue;
+            }
             let (l, mut dl) = kernels::task_loss_grad(t, tape.value(out), &labels[t.label]);
             loss += t.weight * l;
             if t.weight != 1.0 {
@@ -428,6 +451,81 @@ impl Model {
         }
     }
 
+    /// The graph outputs besides the tasks' that an export carries: a match
+    /// model's tower embeddings (`user_tower_emb`, `item_tower_emb`), each
+    /// `[batch, d]`, so retrieval can index items and embed users apart.
+    pub fn embedding_outputs(&self) -> Vec<(&'static str, NodeId)> {
+        ["user_tower_emb", "item_tower_emb"]
+            .into_iter()
+            .filter_map(|n| Some((n, self.graph.output_node(n)?)))
+            .collect()
+    }
+
+    /// Inference-mode values of `embedding_outputs` for `b` rows, each
+    /// `[b, width]` row-major.
+    pub fn embedding_values(&self, x: &[Vec<f32>], b: usize) -> Vec<Vec<f32>> {
+        let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
+        self.embedding_outputs()
+            .into_iter()
+            .map(|(_, n)| tape.value(n).to_vec())
+            .collect()
+    }
+
+    /// A match model's `user_scaled`, `item_tower_emb` and `user_tower_emb`
+    /// outputs, what its in-batch softmax reads.
+    pub fn tower_outputs(&self) -> [NodeId; 3] {
+        ["user_scaled", "item_tower_emb", "user_tower_emb"].map(|n| {
+            self.graph
+                .output_node(n)
+                .unwrap_or_else(|| panic!("a match model's graph has output `{n}`"))
+        })
+    }
+
+    /// Inference-mode scores of a labelled batch for each task, with the
+    /// task's batch loss and, for in-batch tasks, each row's rank among
+    /// the batch's items (`kernels::in_batch_ranks`).
+    pub fn evaluate_batch(&self, x: &[Vec<f32>], labels: &[Vec<f32>], tasks: &[Task]) -> Vec<BatchEval> {
+        let b = labels.first().map_or(0, Vec::len);
+        if b == 0 {
+            return tasks
+                .iter()
+                .map(|t| BatchEval {
+                    scores: TaskScores::from_logits(t, Vec::new()),
+                    loss: 0.0,
+                    ranks: Vec::new(),
+                })
+                .collect();
+        }
+        let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
+        tasks
+            .iter()
+            .zip(self.task_outputs(tasks))
+            .map(|(t, n)| {
+                let scores = TaskScores::from_logits(t, tape.value(n).to_vec());
+                if !t.in_batch() {
+                    let loss = kernels::loss_value(t, &scores.logits, &labels[t.label]);
+                    return BatchEval {
+                        scores,
+                        loss,
+                        ranks: Vec::new(),
+                    };
+                }
+                let [us, v, u] = self.tower_outputs();
+                let towers = kernels::Towers {
+                    us: tape.value(us),
+                    v: tape.value(v),
+                    u: tape.value(u),
+                    d: self.graph.width(v),
+                };
+                BatchEval {
+                    scores,
+                    loss: kernels::in_batch_softmax(&towers).0 as f64,
+                    ranks: kernels::in_batch_ranks(&towers),
+                }
+            })
+            .collect()
+    }
+
     /// Inference-mode logits and scores of `b` rows for each task, on the
     /// CPU executor.
     pub fn scores(&self, x: &[Vec<f32>], b: usize, tasks: &[Task]) -> Vec<TaskScores> {
@@ -443,6 +541,16 @@ impl Model {
     }
 }
 
+/// One task's evaluation of a labelled batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchEval {
+    pub scores: TaskScores,
+    /// The batch's mean loss.
+    pub loss: f64,
+    /// In-batch tasks: each row's own item's rank among the batch's items.
+    pub ranks: Vec<u32>,
+}
+
 /// One task's predictions for a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskScores {
@@ -454,7 +562,11 @@ pub struct TaskScores {
 impl TaskScores {
     pub fn from_logits(task: &Task, logits: Vec<f32>) -> Self {
         let scores = match task.loss {
-            LossKind::BinaryClassification => logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect(),
+            // A match model's listwise scores are exported as EasyRec does:
+            // the sigmoid of the row's own similarity.
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax => {
+                logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect()
+            }
             LossKind::Regression => logits.clone(),
         };
         TaskScores { logits, scores }

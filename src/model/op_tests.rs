@@ -127,6 +127,16 @@ fn cases() -> Vec<Case> {
             let p = g.act(p, tanh);
             g.fold(p, 3)
         }),
+        case("l2 normalisation", true, |g, _, x| {
+            let t = g.act(x[0], tanh);
+            g.l2_normalize(t)
+        }),
+        case("scale by a constant and a parameter's magnitude", true, |g, s, x| {
+            // Ones, then moved by up to ±0.5 like every unregularised parameter.
+            let w = s.params.add("sim_w", 1, 1, Init::Ones, false, s.rng);
+            let y = g.scale(x[1], 0.5, Some(w));
+            g.scale(y, -2.0, None)
+        }),
         case("target attention over a masked sequence", true, |g, s, x| {
             // A sequence of 6 positions of width 1 (x[1]), its length from
             // x[0] (fractional: position k is live where k < len), the key

@@ -5,7 +5,7 @@
 use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Op, BN_EPS, LN_EPS};
+use super::graph::{BnStats, Graph, Op, BN_EPS, L2_EPS, LN_EPS};
 use super::params::{to_vec, ParamStore};
 use crate::config::model_plan::Activation;
 use crate::config::tasks::{LossTermKind, Task};
@@ -168,6 +168,18 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let logits = v[x.0].clone() * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
                 softmax(logits, 1) * mask
             }
+            Op::L2Normalize { x } => {
+                let x = v[x.0].clone();
+                let norm = (x.clone() * x.clone()).sum_dim(1).clamp_min(L2_EPS).sqrt();
+                x / norm
+            }
+            Op::Scale { x, factor, w } => {
+                let y = v[x.0].clone().mul_scalar(*factor);
+                match w {
+                    Some(w) => y * ctx.p[*w].clone().abs().reshape([1, 1]),
+                    None => y,
+                }
+            }
             Op::AttnPool { w, x } => {
                 let n = graph.width(*w);
                 let w3: Tensor<3> = v[w.0].clone().reshape([b, 1, n]);
@@ -200,7 +212,22 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
             let d = logits - labels;
             (d.clone() * d).mean()
         }
+        LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
     }
+}
+
+/// A match model's in-batch softmax on the reference executor, the oracle
+/// of `kernels::in_batch_softmax`: `us`, `v`, `u` are `[b, d]`.
+pub fn in_batch_loss_of(us: Tensor<2>, v: Tensor<2>, u: Tensor<2>) -> Tensor<1> {
+    let b = us.dims()[0];
+    let device = us.device();
+    let logits = us.matmul(v.clone().swap_dims(0, 1));
+    let eye: Vec<f32> = (0..b * b).map(|k| f32::from(u8::from(k / b == k % b))).collect();
+    let eye = Tensor::<2>::from_data(TensorData::new(eye, [b, b]), &device);
+    let hit = (softmax(logits, 1) * eye).sum_dim(1);
+    let ce = hit.add_scalar(1e-12).log().neg().mean();
+    let reg = (u * v).sum_dim(1).neg().clamp_min(0.0).mean();
+    ce + reg
 }
 
 /// A cross entropy whose gradient is `p − y` exactly (see `loss_of`):

@@ -17,7 +17,6 @@ use crate::dist::{Communicator, Single};
 use crate::embedding::{Collection, Sharding, Table};
 use crate::features::{Batch, Encoder};
 use crate::metrics::EvalState;
-use crate::model::kernels;
 use crate::model::Model;
 use crate::optim::{Assignment, SlotState};
 
@@ -185,15 +184,16 @@ impl Trainer {
         let mut st = vec![EvalState::default(); tasks.len()];
         for batch in self.stream(paths, false, 0)? {
             let batch = batch.context("reading evaluation data")?;
-            let scores = self.score(&batch);
-            for ((e, t), s) in st.iter_mut().zip(tasks).zip(scores) {
-                let mean = kernels::loss_value(t, &s.logits, &batch.labels[t.label]);
+            let inputs = self.group_inputs(&batch);
+            let evals = self.model.evaluate_batch(&inputs, &batch.labels, tasks);
+            for ((e, t), ev) in st.iter_mut().zip(tasks).zip(evals) {
                 e.merge(EvalState {
-                    preds: s.scores,
+                    preds: ev.scores.scores,
                     labels: batch.labels[t.label].clone(),
                     uids: batch.uids.clone().unwrap_or_default(),
-                    loss_sum: mean * batch.size as f64,
-                    batch_losses: vec![mean],
+                    ranks: ev.ranks,
+                    loss_sum: ev.loss * batch.size as f64,
+                    batch_losses: vec![ev.loss],
                 });
             }
         }
@@ -207,6 +207,13 @@ impl Trainer {
                     preds: self.comm.all_gather_f32(&e.preds).concat(),
                     labels: self.comm.all_gather_f32(&e.labels).concat(),
                     uids: self.comm.all_gather_u64(&e.uids).concat(),
+                    ranks: self
+                        .comm
+                        .all_gather_u64(&e.ranks.iter().map(|&r| u64::from(r)).collect::<Vec<_>>())
+                        .concat()
+                        .into_iter()
+                        .map(|r| r as u32)
+                        .collect(),
                     loss_sum: loss[0],
                     batch_losses: self
                         .comm

@@ -140,6 +140,10 @@ impl Trainer {
             .tasks
             .iter()
             .map(|t| {
+                if t.in_batch() {
+                    let [us, v, u] = self.model.tower_outputs().map(|n| values[n.0].clone());
+                    return reference::in_batch_loss_of(us, v, u).mul_scalar(t.weight);
+                }
                 let out = self
                     .model
                     .graph

@@ -45,6 +45,15 @@ feature_configs { feature_name: "c1_x_c2" input_names: ["c1", "c2"] feature_type
 
 pub const MODELS: &[(&str, &str)] = &[
     (
+        "DSSM",
+        r#"model_config { model_class: "DSSM"
+  feature_groups { group_name: "user" feature_names: ["d1", "c1", "c3", "c1_x_c2"] }
+  feature_groups { group_name: "item" feature_names: ["d2", "c2", "c4"] }
+  dssm { user_tower { id: "c1" dnn { hidden_units: [8, 4] } }
+         item_tower { id: "c2" dnn { hidden_units: [4] } }
+         temperature: 0.5 } }"#,
+    ),
+    (
         "WideAndDeep",
         r#"model_config { model_class: "WideAndDeep"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "c4", "d1"] wide_deep: WIDE }
