@@ -694,3 +694,37 @@ fn batches_with_non_finite_gradients_are_skipped_while_allowed() {
         "{err}"
     );
 }
+
+/// A sequence of RawFeature values with boundaries is a sequence of
+/// bucket ids, and DIN attends over it like over ids.
+#[test]
+fn raw_value_sequences_are_bucketized_by_their_boundaries() {
+    let block = r#"feature_configs { input_names: "d1" feature_name: "rs" feature_type: SequenceFeature separator: "|"
+                  sub_feature_type: RawFeature boundaries: [-0.5, 0.0, 0.5] embedding_dim: 4 max_seq_len: 2 }
+model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "c1", "c2"]
+    sequence_features { group_name: "seq" seq_att_map { key: "c2" hist_seq: "rs" } } }
+  dbmtl { task_towers { tower_name: "ctr" dnn { hidden_units: [4] } }
+          task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] } } }"#;
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer_of(dir.path(), "raw sequence", block);
+    let index = |name: &str| t.plan.features.iter().position(|f| f.name == name).unwrap();
+    let (rs, d1) = (index("rs"), index("d1"));
+    let batch = t
+        .stream(&t.plan.train_paths.clone(), true, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let (Encoded::Sparse(ids), Encoded::Dense { values, .. }) = (&batch.features[rs], &batch.features[d1]) else {
+        panic!("rs is a sequence of ids, d1 a raw value");
+    };
+    let want: Vec<u64> = values
+        .iter()
+        .map(|&v| [-0.5f32, 0.0, 0.5].iter().filter(|b| **b <= v).count() as u64)
+        .collect();
+    assert_eq!(ids.ids, want);
+    assert!(want.iter().any(|&i| i == 0) && want.iter().any(|&i| i == 3), "{want:?}");
+    let st = t.train_step(&batch).unwrap();
+    assert!(st.loss.is_finite());
+}

@@ -55,6 +55,8 @@ const PASSING: &[&str] = &[
     "zoo/dbmtl_backbone_on_taobao.config",
     "zoo/dbmtl_mmoe_on_taobao.config",
     "zoo/dbmtl_on_multi_sequence_feature_taobao.config",
+    "zoo/dbmtl_on_numeric_boundary_sequence_feature_aux_hist_seq_taobao.config",
+    "zoo/dbmtl_on_numeric_boundary_sequence_feature_taobao.config",
     "zoo/dbmtl_on_numeric_hash_bucket_sequence_feature_taobao.config",
     "zoo/dbmtl_on_sequence_feature_taobao.config",
     "zoo/dbmtl_on_taobao_test_feature_config.config",

@@ -245,6 +245,10 @@ pub enum Bucketing {
     Identity(u64),
     Vocab(Vec<String>),
     VocabFile(PathBuf),
+    /// Numbers bucketized by sorted boundaries: the id is how many
+    /// boundaries are at most the value (TensorFlow's `bucketize`), so
+    /// `len + 1` rows. A sequence of RawFeature values with boundaries.
+    Boundaries(Vec<f64>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -970,12 +974,26 @@ fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigEr
             kv_separator: f.kv_separator.clone().filter(|s| !s.is_empty()),
         },
         FeatureType::SequenceFeature => {
-            if f.sub_feature_type() != FeatureType::IdFeature {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.sub_feature_type"),
-                    format!("sequences of {} values", f.sub_feature_type().as_str_name()),
-                ));
-            }
+            let raw = match f.sub_feature_type() {
+                FeatureType::IdFeature => false,
+                FeatureType::RawFeature if f.hash_bucket_size() > 0 => return Err(ConfigError::invalid(
+                    format!("{path}.hash_bucket_size"),
+                    "a sequence of RawFeature values is bucketized by boundaries, not hashed (EasyRec stops on it too)",
+                )),
+                FeatureType::RawFeature if !f.boundaries.is_empty() => true,
+                FeatureType::RawFeature => {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.sub_feature_type"),
+                        "sequences of RawFeature values without boundaries",
+                    ))
+                }
+                other => {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.sub_feature_type"),
+                        format!("sequences of {} values", other.as_str_name()),
+                    ))
+                }
+            };
             if f.seq_multi_sep.as_deref().is_some_and(|s| !s.is_empty()) {
                 return Err(ConfigError::unsupported(
                     format!("{path}.seq_multi_sep"),
@@ -998,7 +1016,12 @@ fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigEr
                 }
             };
             FeatureKind::Sequence {
-                buckets: need_buckets()?,
+                // Boundaries are checked increasing with every feature's.
+                buckets: if raw {
+                    Bucketing::Boundaries(f.boundaries.clone())
+                } else {
+                    need_buckets()?
+                },
                 separator: f.separator().to_string(),
                 max_len,
                 combiner: f.sequence_combiner.as_ref().and_then(|c| c.combiner.as_ref()).map(|c| {

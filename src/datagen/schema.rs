@@ -37,6 +37,10 @@ fn token(rng: &mut Rng, buckets: &Bucketing) -> String {
     match buckets {
         Bucketing::Vocab(words) if !words.is_empty() => words[rng.below(words.len() as u64) as usize].clone(),
         Bucketing::Identity(n) => rng.below((*n).max(1)).to_string(),
+        Bucketing::Boundaries(b) => {
+            let (lo, hi) = (b.first().copied().unwrap_or(0.0), b.last().copied().unwrap_or(1.0));
+            format!("{:.3}", lo - 1.0 + rng.uniform() * (hi - lo + 2.0))
+        }
         _ => format!("t{}", rng.below(50)),
     }
 }

@@ -61,6 +61,9 @@ fn buckets(b: &Bucketing) -> Value {
         Bucketing::Hash(n) => json!({ "type": "hash", "buckets": n, "hash": HASH }),
         Bucketing::Identity(n) => json!({ "type": "identity", "num_buckets": n }),
         Bucketing::Vocab(v) => json!({ "type": "vocab", "vocab": v, "oov_id": 0 }),
+        Bucketing::Boundaries(b) => {
+            json!({ "type": "boundaries", "boundaries": b, "id": "how many boundaries are <= the value" })
+        }
         Bucketing::VocabFile(p) => json!({
             "type": "vocab_file",
             "vocab_file": p.file_name().map(|n| n.to_string_lossy().to_string()),

@@ -60,6 +60,8 @@ enum Buckets {
     /// Known values -> index; anything else -> row 0, as EasyRec's
     /// vocabulary columns do (`default_value=0`, no out-of-vocabulary row).
     Vocab(HashMap<String, u64>),
+    /// Sorted boundaries: a number's id counts those at most it.
+    Boundaries(Vec<f64>),
 }
 
 impl Buckets {
@@ -68,6 +70,7 @@ impl Buckets {
             Bucketing::Hash(n) => Buckets::Hash(*n),
             Bucketing::Identity(n) => Buckets::Identity(*n),
             Bucketing::Vocab(v) => Buckets::Vocab(v.iter().enumerate().map(|(i, s)| (s.clone(), i as u64)).collect()),
+            Bucketing::Boundaries(b) => Buckets::Boundaries(b.clone()),
             Bucketing::VocabFile(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("feature `{feature}`: cannot read vocab_file {}", p.display()))?;
@@ -87,6 +90,7 @@ impl Buckets {
         match self {
             Buckets::Hash(n) | Buckets::Identity(n) => *n,
             Buckets::Vocab(m) => (m.len() as u64).max(1),
+            Buckets::Boundaries(b) => b.len() as u64 + 1,
         }
     }
 
@@ -101,6 +105,13 @@ impl Buckets {
                 self.identity(v, *n, feature)?
             }
             Buckets::Vocab(m) => m.get(s).copied().unwrap_or(0),
+            Buckets::Boundaries(b) => {
+                let x: f64 = s
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("feature `{feature}`: `{s}` is not a number (boundaries are set)"))?;
+                b.partition_point(|v| *v <= x) as u64
+            }
         })
     }
 
@@ -109,6 +120,7 @@ impl Buckets {
             Buckets::Hash(n) => hash_bucket_i64(v, *n),
             Buckets::Identity(n) => self.identity(v, *n, feature)?,
             Buckets::Vocab(m) => m.get(&v.to_string()).copied().unwrap_or(0),
+            Buckets::Boundaries(b) => b.partition_point(|x| *x <= v as f64) as u64,
         })
     }
 
