@@ -27,6 +27,32 @@ fn train(config: &str, train: &Path, eval: &Path, model_dir: &Path, extra: &[&st
     serde_json::from_str(&std::fs::read_to_string(model_dir.join("eval_result.txt")).unwrap()).unwrap()
 }
 
+/// The `outputs` of the final export's feature_spec.json in `model_dir`.
+fn exported_outputs(model_dir: &Path) -> serde_json::Value {
+    let spec = std::fs::read_dir(model_dir.join("export/final"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("assets/feature_spec.json"))
+        .next()
+        .unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(spec).unwrap()).unwrap();
+    spec["outputs"].clone()
+}
+
+/// Evaluates the checkpoint in `model_dir` on `input` with the `eval`
+/// binary and returns its result.
+fn evaluate(config: &str, model_dir: &Path, input: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_eval"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--pipeline_config_path", config])
+        .args(["--model_dir", model_dir.to_str().unwrap()])
+        .args(["--eval_input_path", input.to_str().unwrap()])
+        .args(["--eval_result_path", "eval_other.txt"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(model_dir.join("eval_other.txt")).unwrap()).unwrap()
+}
+
 #[test]
 fn movielens_100k_wide_and_deep_and_dlrm_reach_auc_075() {
     let data = tempfile::tempdir().unwrap();
@@ -99,17 +125,7 @@ fn movielens_100k_din_learns_a_label_planted_in_the_rating_history() {
     let dir = tempfile::tempdir().unwrap();
     let result = train(config, &train_csv, &eval_csv, dir.path(), &[]);
     let auc = result["auc"].as_f64().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_eval"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["--pipeline_config_path", config])
-        .args(["--model_dir", dir.path().to_str().unwrap()])
-        .args(["--eval_input_path", blank_csv.to_str().unwrap()])
-        .args(["--eval_result_path", "eval_blank.txt"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let blanked: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("eval_blank.txt")).unwrap()).unwrap();
+    let blanked = evaluate(config, dir.path(), &blank_csv);
     let without = blanked["auc"].as_f64().unwrap();
     eprintln!("{config}: planted eval AUC {auc:.4} with histories, {without:.4} with them blanked");
     assert!(auc >= 0.85, "{config}: planted eval AUC {auc:.4} < 0.85");
@@ -166,31 +182,15 @@ fn movielens_100k_dssm_retrieves_the_rated_movie_among_its_batch() {
     }
     let shuffled_csv = data.path().join("eval_shuffled_users.csv");
     std::fs::write(&shuffled_csv, shuffled).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_eval"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["--pipeline_config_path", config])
-        .args(["--model_dir", dir.path().to_str().unwrap()])
-        .args(["--eval_input_path", shuffled_csv.to_str().unwrap()])
-        .args(["--eval_result_path", "eval_shuffled.txt"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let control: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("eval_shuffled.txt")).unwrap()).unwrap();
+    let control = evaluate(config, dir.path(), &shuffled_csv);
     let without = control["recall@10"].as_f64().unwrap();
     eprintln!("{config}: recall@10 {r10:.4}, {without:.4} with the users shuffled (chance {chance:.4})");
     assert!(
         without <= 1.5 * chance,
         "{config}: recall@10 {without:.4} with users that did not rate the items"
     );
-    let spec = std::fs::read_dir(dir.path().join("export/final"))
-        .unwrap()
-        .map(|e| e.unwrap().path().join("assets/feature_spec.json"))
-        .next()
-        .unwrap();
-    let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(spec).unwrap()).unwrap();
     assert_eq!(
-        spec["outputs"],
+        exported_outputs(dir.path()),
         serde_json::json!(["logits", "probs", "user_tower_emb", "item_tower_emb"]),
         "{config}"
     );
@@ -217,14 +217,8 @@ fn movielens_100k_multi_task_models_learn_both_tasks() {
                 "{config}: {key} in {result}"
             );
         }
-        let spec = std::fs::read_dir(dir.path().join("export/final"))
-            .unwrap()
-            .map(|e| e.unwrap().path().join("assets/feature_spec.json"))
-            .next()
-            .unwrap();
-        let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(spec).unwrap()).unwrap();
         assert_eq!(
-            spec["outputs"],
+            exported_outputs(dir.path()),
             serde_json::json!(["logits_like", "probs_like", "logits_love", "probs_love"]),
             "{config}"
         );

@@ -442,6 +442,15 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
     Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap()
 }
 
+/// The first training batch of `t`'s input.
+fn first_batch(t: &Trainer) -> Batch {
+    t.stream(&t.plan.train_paths.clone(), true, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+}
+
 /// Every model class, each with its `model_block`.
 const MODELS: [&str; 13] = [
     "WideAndDeep",
@@ -470,12 +479,7 @@ fn dense_gradients_of_every_model_match_finite_differences() {
     for model in MODELS {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
-        let batch = t
-            .stream(&t.plan.train_paths.clone(), true, 0)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap();
+        let batch = first_batch(&t);
         let inputs = t.group_inputs(&batch);
         let g = t.loss_and_grads(&batch, &inputs);
         let eps = 2e-3f32;
@@ -569,12 +573,7 @@ fn cpu_executor_matches_burns_reference() {
         // 83 rows: more than one parallel block of rows, and a last block
         // that fills only part of the interaction's lanes.
         let t = trainer_sized(dir.path(), label, block, 100, 83);
-        let batch = t
-            .stream(&t.plan.train_paths.clone(), true, 0)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap();
+        let batch = first_batch(&t);
         let inputs = t.group_inputs(&batch);
         let fast = t.loss_and_grads(&batch, &inputs);
         let graph = t.loss_and_grads_graph(&batch, &inputs);
@@ -710,12 +709,7 @@ model_config { model_class: "DBMTL"
     let mut t = trainer_of(dir.path(), "raw sequence", block);
     let index = |name: &str| t.plan.features.iter().position(|f| f.name == name).unwrap();
     let (rs, d1) = (index("rs"), index("d1"));
-    let batch = t
-        .stream(&t.plan.train_paths.clone(), true, 0)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
+    let batch = first_batch(&t);
     let (Encoded::Sparse(ids), Encoded::Dense { values, .. }) = (&batch.features[rs], &batch.features[d1]) else {
         panic!("rs is a sequence of ids, d1 a raw value");
     };
