@@ -61,7 +61,9 @@ pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
         })?
     };
     let auto_expand = auto_expand_input_fields(&message);
-    expand_input_fields(&mut message)?;
+    if auto_expand {
+        expand_input_fields(&mut message)?;
+    }
     expand_feature_names(&mut message)?;
     expand_shared_features(&mut message, auto_expand)?;
     Ok(message)
@@ -80,26 +82,20 @@ fn parse_json(file: &str, text: &str) -> Result<DynamicMessage, ConfigError> {
     Ok(msg)
 }
 
-/// With `data_config.auto_expand_input_fields`, a field named `f[1-3]`
-/// stands for f1, f2, f3 (same type and default).
+/// The value of field `name` of `m` when it is set (looking does not set
+/// it, as `get_field_mut` alone would for a message field).
+fn set_field_mut<'m>(m: &'m mut DynamicMessage, name: &str) -> Option<&'m mut Value> {
+    let fd = m.descriptor().get_field_by_name(name).expect("schema field");
+    m.has_field(&fd).then(|| m.get_field_mut(&fd))
+}
+
+/// With `data_config.auto_expand_input_fields` (the caller checks it), a
+/// field named `f[1-3]` stands for f1, f2, f3 (same type and default).
 fn expand_input_fields(message: &mut DynamicMessage) -> Result<(), ConfigError> {
-    let desc = message.descriptor();
-    let data_fd = desc.get_field_by_name("data_config").expect("schema field");
-    if !message.has_field(&data_fd) {
-        return Ok(());
-    }
-    let Value::Message(data) = message.get_field_mut(&data_fd) else {
+    let Some(Value::Message(data)) = set_field_mut(message, "data_config") else {
         return Ok(());
     };
-    let ddesc = data.descriptor();
-    let flag = ddesc
-        .get_field_by_name("auto_expand_input_fields")
-        .expect("schema field");
-    if !data.get_field(&flag).as_bool().unwrap_or(false) {
-        return Ok(());
-    }
-    let fields_fd = ddesc.get_field_by_name("input_fields").expect("schema field");
-    let Value::List(items) = data.get_field_mut(&fields_fd) else {
+    let Some(Value::List(items)) = set_field_mut(data, "input_fields") else {
         return Ok(());
     };
     expand_list(
@@ -142,6 +138,7 @@ fn expand_list(
     Ok(())
 }
 
+/// Whether `data_config.auto_expand_input_fields` is on.
 fn auto_expand_input_fields(message: &DynamicMessage) -> bool {
     message
         .get_field_by_name("data_config")
@@ -155,83 +152,59 @@ fn auto_expand_input_fields(message: &DynamicMessage) -> bool {
 /// config as EasyRec appends them; names are ranges like `f[2-3]` with
 /// `auto_expand_input_fields`.
 fn expand_shared_features(message: &mut DynamicMessage, auto_expand: bool) -> Result<(), ConfigError> {
-    let mut lists: Vec<(String, &mut Vec<Value>)> = Vec::new();
-    let (mut top, mut nested) = (None, None);
-    for (name, field) in message.fields_mut() {
-        match (name.name(), field) {
-            ("feature_configs", Value::List(items)) => top = Some(items),
-            ("feature_config", Value::Message(fc)) => nested = Some(fc),
-            _ => {}
+    if let Some(Value::List(items)) = set_field_mut(message, "feature_configs") {
+        expand_shared_list("feature_configs", items, auto_expand)?;
+    }
+    if let Some(Value::Message(fc)) = set_field_mut(message, "feature_config") {
+        if let Some(Value::List(items)) = set_field_mut(fc, "features") {
+            expand_shared_list("feature_config.features", items, auto_expand)?;
         }
     }
-    if let Some(items) = top {
-        lists.push(("feature_configs".into(), items));
-    }
-    let mut holder;
-    if let Some(fc) = nested {
-        holder = fc
-            .fields_mut()
-            .filter(|(f, _)| f.name() == "features")
-            .collect::<Vec<_>>();
-        if let Some((_, Value::List(items))) = holder.pop() {
-            lists.push(("feature_config.features".into(), items));
+    Ok(())
+}
+
+/// `expand_shared_features` on one list of feature configs at `path`.
+fn expand_shared_list(path: &str, items: &mut Vec<Value>, auto_expand: bool) -> Result<(), ConfigError> {
+    let mut copies = Vec::new();
+    for (i, item) in items.iter_mut().enumerate() {
+        let Value::Message(f) = item else { continue };
+        let shared: Vec<String> = match f.get_field_by_name("shared_names").as_deref() {
+            Some(Value::List(names)) => names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect(),
+            _ => Vec::new(),
+        };
+        if shared.is_empty() {
+            continue;
         }
-    }
-    for (path, items) in lists {
-        let mut copies = Vec::new();
-        for (i, item) in items.iter_mut().enumerate() {
-            let Value::Message(f) = item else { continue };
-            let shared: Vec<String> = match f.get_field_by_name("shared_names").as_deref() {
-                Some(Value::List(names)) => names.iter().filter_map(|n| n.as_str().map(str::to_string)).collect(),
-                _ => Vec::new(),
+        f.clear_field_by_name("shared_names");
+        for name in shared {
+            let names = match auto_expand.then(|| expand_range(&name)).flatten() {
+                Some(Ok(names)) => names,
+                Some(Err(msg)) => return Err(ConfigError::invalid(format!("{path}[{i}].shared_names"), msg)),
+                None => vec![name],
             };
-            if shared.is_empty() {
-                continue;
-            }
-            f.clear_field_by_name("shared_names");
-            for name in shared {
-                let names = match auto_expand.then(|| expand_range(&name)).flatten() {
-                    Some(Ok(names)) => names,
-                    Some(Err(msg)) => return Err(ConfigError::invalid(format!("{path}[{i}].shared_names"), msg)),
-                    None => vec![name],
-                };
-                for n in names {
-                    let mut copy = f.clone();
-                    copy.set_field_by_name("input_names", Value::List(vec![Value::String(n)]));
-                    copies.push(Value::Message(copy));
-                }
+            for n in names {
+                let mut copy = f.clone();
+                copy.set_field_by_name("input_names", Value::List(vec![Value::String(n)]));
+                copies.push(Value::Message(copy));
             }
         }
-        items.extend(copies);
     }
+    items.extend(copies);
     Ok(())
 }
 
 /// A feature group's `feature_names` entry `f[1-3]` stands for f1, f2, f3,
 /// always (EasyRec's FeatureGroup expands them without a flag).
 fn expand_feature_names(message: &mut DynamicMessage) -> Result<(), ConfigError> {
-    let desc = message.descriptor();
-    let model_fd = desc.get_field_by_name("model_config").expect("schema field");
-    if !message.has_field(&model_fd) {
-        return Ok(());
-    }
-    let Value::Message(model) = message.get_field_mut(&model_fd) else {
+    let Some(Value::Message(model)) = set_field_mut(message, "model_config") else {
         return Ok(());
     };
-    let groups_fd = model
-        .descriptor()
-        .get_field_by_name("feature_groups")
-        .expect("schema field");
-    let Value::List(groups) = model.get_field_mut(&groups_fd) else {
+    let Some(Value::List(groups)) = set_field_mut(model, "feature_groups") else {
         return Ok(());
     };
     for (g, group) in groups.iter_mut().enumerate() {
         let Value::Message(group) = group else { continue };
-        let names_fd = group
-            .descriptor()
-            .get_field_by_name("feature_names")
-            .expect("schema field");
-        let Value::List(names) = group.get_field_mut(&names_fd) else {
+        let Some(Value::List(names)) = set_field_mut(group, "feature_names") else {
             continue;
         };
         expand_list(
