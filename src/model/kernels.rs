@@ -524,12 +524,13 @@ pub fn in_batch_logits(t: &Towers) -> Vec<f32> {
 }
 
 /// EasyRec's listwise SOFTMAX_CROSS_ENTROPY of a match model without
-/// sampled negatives: over the in-batch logits `L = Us · Vᵀ` the mean of
-/// `−log(softmax(L_i)_i + 1e-12)` (`cross_entropy_loss`), plus the mean of
-/// `relu(−u_i · v_i)` (`reg_pos_loss`). The loss and its gradients.
-pub fn in_batch_softmax(t: &Towers) -> (f32, TowerGrads) {
+/// sampled negatives: over the in-batch logits `L = Us · Vᵀ`
+/// (`in_batch_logits`, consumed) the mean of `−log(softmax(L_i)_i + 1e-12)`
+/// (`cross_entropy_loss`), plus the mean of `relu(−u_i · v_i)`
+/// (`reg_pos_loss`). The loss and its gradients.
+pub fn in_batch_softmax(t: &Towers, logits: Vec<f32>) -> (f32, TowerGrads) {
     let (d, b) = (t.d, t.us.len() / t.d.max(1));
-    let mut p = in_batch_logits(t);
+    let mut p = logits;
     p.par_chunks_mut(b.max(1)).for_each(softmax_in_place);
     let mut total = 0.0f64;
     // dL_ij = c_i (p_ij − δ_ij) / b with c_i = p_ii / (p_ii + 1e-12), the
@@ -564,11 +565,9 @@ pub fn in_batch_softmax(t: &Towers) -> (f32, TowerGrads) {
 }
 
 /// Where each row's own item ranks among the batch's items by its in-batch
-/// logits: how many score higher, ties going to the lower column as
-/// TensorFlow's `top_k` breaks them. `recall@k` counts the rows under `k`.
-pub fn in_batch_ranks(t: &Towers) -> Vec<u32> {
-    let b = t.us.len() / t.d.max(1);
-    let l = in_batch_logits(t);
+/// logits (`[b, b]`): how many score higher, ties going to the lower column
+/// as TensorFlow's `top_k` breaks them. `recall@k` counts the rows under `k`.
+pub fn in_batch_ranks(l: &[f32], b: usize) -> Vec<u32> {
     (0..b)
         .map(|i| {
             let row = &l[i * b..(i + 1) * b];
@@ -653,8 +652,9 @@ mod tests {
             d: 1,
         };
         // Rows: [0.5 0.5 -1], [-0.5 -0.5 1], [1 1 -2].
-        assert_eq!(in_batch_ranks(&t), vec![0, 2, 2]);
-        let (loss, _) = in_batch_softmax(&t);
+        let logits = in_batch_logits(&t);
+        assert_eq!(in_batch_ranks(&logits, 3), vec![0, 2, 2]);
+        let (loss, _) = in_batch_softmax(&t, logits);
         let row = |l: [f64; 3], i: usize| -(l[i].exp() / l.iter().map(|x| x.exp()).sum::<f64>()).ln();
         let ce = row([0.5, 0.5, -1.0], 0) + row([-0.5, -0.5, 1.0], 1) + row([1.0, 1.0, -2.0], 2);
         // Row 1's own pair scores -0.5, row 2's -2: relu(0.5) + relu(2).

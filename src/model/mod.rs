@@ -414,15 +414,8 @@ impl Model {
         let mut seeds = Vec::new();
         for (t, out) in tasks.iter().zip(self.task_outputs(tasks)) {
             if t.in_batch() {
-                let [us, v, u] = self.tower_outputs();
-                let d = self.graph.width(v);
-                let towers = kernels::Towers {
-                    us: tape.value(us),
-                    v: tape.value(v),
-                    u: tape.value(u),
-                    d,
-                };
-                let (l, gr) = kernels::in_batch_softmax(&towers);
+                let ([us, v, u], towers) = self.towers(&tape);
+                let (l, gr) = kernels::in_batch_softmax(&towers, kernels::in_batch_logits(&towers));
                 let w = t.weight;
                 loss += w * l;
                 for (n, mut g) in [(us, gr.us), (v, gr.v), (u, gr.u)] {
@@ -481,6 +474,18 @@ impl Model {
         })
     }
 
+    /// The tower outputs' nodes and their values on `tape`.
+    fn towers<'t>(&self, tape: &'t cpu::Tape) -> ([NodeId; 3], kernels::Towers<'t>) {
+        let [us, v, u] = self.tower_outputs();
+        let towers = kernels::Towers {
+            us: tape.value(us),
+            v: tape.value(v),
+            u: tape.value(u),
+            d: self.graph.width(v),
+        };
+        ([us, v, u], towers)
+    }
+
     /// Inference-mode scores of a labelled batch for each task, with the
     /// task's batch loss and, for in-batch tasks, each row's rank among
     /// the batch's items (`kernels::in_batch_ranks`).
@@ -510,17 +515,12 @@ impl Model {
                         ranks: Vec::new(),
                     };
                 }
-                let [us, v, u] = self.tower_outputs();
-                let towers = kernels::Towers {
-                    us: tape.value(us),
-                    v: tape.value(v),
-                    u: tape.value(u),
-                    d: self.graph.width(v),
-                };
+                let (_, towers) = self.towers(&tape);
+                let logits = kernels::in_batch_logits(&towers);
                 BatchEval {
                     scores,
-                    loss: kernels::in_batch_softmax(&towers).0 as f64,
-                    ranks: kernels::in_batch_ranks(&towers),
+                    ranks: kernels::in_batch_ranks(&logits, b),
+                    loss: kernels::in_batch_softmax(&towers, logits).0 as f64,
                 }
             })
             .collect()
