@@ -243,20 +243,14 @@ impl ExportedModel {
     /// Each task's scores of an encoded batch (in `plan.tasks` order):
     /// probabilities (classification) or values (regression), and logits.
     pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
-        let inputs: TVec<TValue> = self.graph_inputs(batch)?.into_iter().map(|t| t.into_tvalue()).collect();
-        let out = self
-            .runnable
-            .run(inputs)
-            .with_context(|| format!("running {}", self.dir.join(MODEL_FILE).display()))?;
-        let column = |i: usize| -> anyhow::Result<Vec<f32>> {
-            Ok(out[i].to_plain_array_view::<f32>()?.iter().copied().collect())
-        };
         // Per task, its logits then its scores (see `export::graph`).
+        let mut out = self.outputs(batch)?.into_iter();
         (0..self.plan.tasks.len())
-            .map(|t| {
+            .map(|_| {
+                let mut next = || out.next().context("the export has fewer outputs than tasks");
                 Ok(TaskScores {
-                    logits: column(2 * t)?,
-                    scores: column(2 * t + 1)?,
+                    logits: next()?,
+                    scores: next()?,
                 })
             })
             .collect()
@@ -265,13 +259,18 @@ impl ExportedModel {
     /// The values of the export's outputs after the tasks' (a match model's
     /// tower embeddings, `[batch, d]` row-major), in the graph's order.
     pub fn embeddings(&self, batch: &Batch) -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut all = self.outputs(batch)?;
+        Ok(all.split_off((2 * self.plan.tasks.len()).min(all.len())))
+    }
+
+    /// Every output of the graph on an encoded batch, flat, in order.
+    fn outputs(&self, batch: &Batch) -> anyhow::Result<Vec<Vec<f32>>> {
         let inputs: TVec<TValue> = self.graph_inputs(batch)?.into_iter().map(|t| t.into_tvalue()).collect();
         let out = self
             .runnable
             .run(inputs)
             .with_context(|| format!("running {}", self.dir.join(MODEL_FILE).display()))?;
         out.iter()
-            .skip(2 * self.plan.tasks.len())
             .map(|o| Ok(o.to_plain_array_view::<f32>()?.iter().copied().collect()))
             .collect()
     }
