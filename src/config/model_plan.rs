@@ -194,14 +194,6 @@ impl Metric {
             Metric::RecallAtTopK { .. } => "recall_at_topk",
         }
     }
-
-    /// The name EasyRec reports the metric under (`recall@5`).
-    pub fn report_name(&self) -> String {
-        match self {
-            Metric::RecallAtTopK { k } => format!("recall@{k}"),
-            m => m.name().to_string(),
-        }
-    }
 }
 
 pub fn input_fields(data: &proto::DatasetConfig) -> Result<Vec<InputField>, ConfigError> {

@@ -202,33 +202,21 @@ pub fn match_loss_kind(loss_type: proto::LossType, num_class: u32) -> Result<Los
 /// CLASSIFICATION, `mean_absolute_error` with L2_LOSS, `recall_at_topk`
 /// with the listwise loss; it stops on any other, and so does this.
 pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), ConfigError> {
-    for (i, m) in metrics.iter().enumerate() {
-        let fits = match loss {
-            LossKind::BinaryClassification => *m == Metric::Auc,
-            LossKind::Regression => *m == Metric::Mae,
-            LossKind::InBatchSoftmax => matches!(m, Metric::RecallAtTopK { .. }),
-        };
-        if !fits {
-            return Err(ConfigError::invalid(
-                format!("eval_config.metrics_set[{i}]"),
-                format!(
-                    "a match model trained with {} evaluates {}, not {}",
-                    match loss {
-                        LossKind::BinaryClassification => "CLASSIFICATION",
-                        LossKind::Regression => "L2_LOSS",
-                        LossKind::InBatchSoftmax => "SOFTMAX_CROSS_ENTROPY",
-                    },
-                    match loss {
-                        LossKind::BinaryClassification => "auc",
-                        LossKind::Regression => "mean_absolute_error",
-                        LossKind::InBatchSoftmax => "recall_at_topk",
-                    },
-                    m.name()
-                ),
-            ));
-        }
+    let (trained, evaluates) = match loss {
+        LossKind::BinaryClassification => ("CLASSIFICATION", "auc"),
+        LossKind::Regression => ("L2_LOSS", "mean_absolute_error"),
+        LossKind::InBatchSoftmax => ("SOFTMAX_CROSS_ENTROPY", "recall_at_topk"),
+    };
+    match metrics.iter().position(|m| m.name() != evaluates) {
+        Some(i) => Err(ConfigError::invalid(
+            format!("eval_config.metrics_set[{i}]"),
+            format!(
+                "a match model trained with {trained} evaluates {evaluates}, not {}",
+                metrics[i].name()
+            ),
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The fields task towers of both kinds share.

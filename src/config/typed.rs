@@ -623,15 +623,14 @@ impl TrainingPlan {
                     })?,
                     None => 0,
                 };
+                let metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
                 let loss = if kind == ModelKind::Dssm {
-                    super::tasks::match_loss_kind(model.loss_type(), model.num_class())?
+                    let loss = super::tasks::match_loss_kind(model.loss_type(), model.num_class())?;
+                    super::tasks::check_match_metrics(loss, &metrics)?;
+                    loss
                 } else {
                     loss_kind(model.loss_type(), model.num_class(), "model_config")?
                 };
-                let metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
-                if kind == ModelKind::Dssm {
-                    super::tasks::check_match_metrics(loss, &metrics)?;
-                }
                 vec![Task {
                     name: String::new(),
                     label,

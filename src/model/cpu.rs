@@ -665,13 +665,8 @@ impl<'a> Tape<'a> {
                             .zip(self.value(*x))
                             .map(|(d, v)| (*d as f64) * (*v as f64))
                             .sum();
-                        let sign = if wv > 0.0 {
-                            1.0
-                        } else if wv < 0.0 {
-                            -1.0
-                        } else {
-                            0.0
-                        };
+                        // d|w|/dw: the sign, 0 at 0 as TensorFlow's abs has it.
+                        let sign = if wv == 0.0 { 0.0 } else { wv.signum() as f64 };
                         dense[p.specs[*w].range()][0] += (dot * (*factor as f64) * sign) as f32;
                     }
                     if needs[x.0] {
