@@ -58,6 +58,13 @@ fn model_block(name: &str) -> &'static str {
   feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
   deepfm { dnn { hidden_units: [8, 4] } } }"#
         }
+        "DeepFM with variational dropout" => {
+            r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } }
+  variational_dropout { regularization_lambda: 0.5 } }"#
+        }
         "DCN" => {
             r#"model_config { model_class: "DCN"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
@@ -170,7 +177,28 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 23] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 25] = [
+    (
+        "DBMTL with sequence_features and a variational dropout rate per embedding column",
+        r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d2", "c1", "d1", "c2"]
+    sequence_features { group_name: "seq" seq_dnn { hidden_units: [4, 1] }
+      seq_att_map { key: "c1" hist_seq: "hist" } } }
+  dbmtl { bottom_dnn { hidden_units: [8] }
+          task_towers { tower_name: "ctr" dnn { hidden_units: [5] } }
+          task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } }
+  variational_dropout { embedding_wise_variational_dropout: true } }"#,
+    ),
+    (
+        "FM with a variational dropout rate per feature of its wide and deep groups",
+        r#"model_config { model_class: "FM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c3", "c1", "c2"] wide_deep: DEEP }
+  fm { }
+  variational_dropout { regularization_lambda: 0.1 } }"#,
+    ),
     (
         "DSSM, in-batch softmax over cosines with a temperature and a learned scale, dropout",
         r#"model_config { model_class: "DSSM"
@@ -452,10 +480,11 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 13] = [
+const MODELS: [&str; 14] = [
     "WideAndDeep",
     "DLRM",
     "DeepFM",
+    "DeepFM with variational dropout",
     "FM",
     "DCN",
     "MultiTower",
@@ -691,6 +720,75 @@ fn batches_with_non_finite_gradients_are_skipped_while_allowed() {
         err.contains("at step 3")
             && err.contains("1 batches skipped already, as many as --skip_nonfinite_batches allows"),
         "{err}"
+    );
+}
+
+/// Variational dropout learns a dropout logit per feature of each group,
+/// named as EasyRec names them, and its penalty on keeping features,
+/// `lambda / batch * Σ (1 - sigmoid(logit))`, is part of the step's
+/// regularization loss, with its gradient.
+#[test]
+fn variational_dropout_penalizes_kept_features_in_the_regularization_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer(dir.path(), "DeepFM with variational dropout");
+    let logits: Vec<(String, usize)> = t
+        .model
+        .dropout_logits
+        .iter()
+        .map(|&i| (t.model.params.specs[i].name.clone(), t.model.params.specs[i].len()))
+        .collect();
+    // One rate per feature: wide c1, c2, c3; deep c1, c2, c3, d1, d2.
+    assert_eq!(
+        logits,
+        [("logit_p_wide".to_string(), 3), ("logit_p_deep".to_string(), 5)]
+    );
+    let sigmoid = |x: f32| 1.0 / (1.0 + (-x as f64).exp());
+    let keep_sum: f64 = t
+        .model
+        .dropout_logits
+        .iter()
+        .flat_map(|&i| t.model.params.slice(i).to_vec())
+        .map(|l| 1.0 - sigmoid(l))
+        .sum();
+    let l2: f64 = t
+        .model
+        .params
+        .specs
+        .iter()
+        .filter(|s| s.l2)
+        .map(|s| {
+            t.model.params.values[s.range()]
+                .iter()
+                .map(|w| (*w as f64).powi(2))
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        * 0.5
+        * t.plan.l2_regularization as f64;
+    let batch = first_batch(&t);
+    let st = t.train_step(&batch).unwrap();
+    let want = l2 + 0.5 / batch.size as f64 * keep_sum;
+    assert!(
+        (st.reg_loss as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+        "regularization loss {} vs {want}",
+        st.reg_loss
+    );
+    // The penalty's gradient against central differences.
+    let i = t.model.dropout_logits[1];
+    let at = t.model.params.specs[i].offset + 2;
+    let mut grad = vec![0.0f32; t.model.params.values.len()];
+    t.model.dropout_penalty(0.5, 16.0, &mut grad);
+    let eps = 1e-3f32;
+    let mut g = vec![0.0f32; grad.len()];
+    t.model.params.values[at] += eps;
+    let up = t.model.dropout_penalty(0.5, 16.0, &mut g);
+    t.model.params.values[at] -= 2.0 * eps;
+    let down = t.model.dropout_penalty(0.5, 16.0, &mut g);
+    let numeric = (up - down) / (2.0 * eps as f64);
+    assert!(
+        (numeric - grad[at] as f64).abs() <= 1e-5,
+        "d penalty: numeric {numeric} vs {}",
+        grad[at]
     );
 }
 

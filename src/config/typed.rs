@@ -386,6 +386,8 @@ pub struct TrainingPlan {
     pub arch: Arch,
     pub l2_regularization: f32,
     pub embedding_regularization: f32,
+    /// `model_config.variational_dropout`, applied to every feature group.
+    pub variational_dropout: Option<VariationalDropout>,
     pub shuffle: bool,
     pub shuffle_buffer_size: usize,
     pub prefetch_size: usize,
@@ -399,6 +401,15 @@ pub struct TrainingPlan {
     /// What the config will allocate, checked against the machine before
     /// anything is.
     pub memory: super::sizes::Claims,
+}
+
+/// EasyRec's variational dropout (`model_config.variational_dropout`): each
+/// feature group's features (`embedding_wise`: each of their columns) learn
+/// a dropout rate, and the loss gains `lambda / batch * Σ (1 - rate)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VariationalDropout {
+    pub lambda: f32,
+    pub embedding_wise: bool,
 }
 
 /// `fine_tune_checkpoint` with its `fine_tune_ckpt_var_map` file.
@@ -657,6 +668,7 @@ impl TrainingPlan {
             arch,
             l2_regularization,
             embedding_regularization: model.embedding_regularization(),
+            variational_dropout: variational_dropout(model)?,
             shuffle: data.shuffle(),
             shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
             prefetch_size: data.prefetch_size().max(1) as usize,
@@ -683,6 +695,29 @@ impl TrainingPlan {
             features,
         })
     }
+}
+
+fn variational_dropout(model: &proto::EasyRecModel) -> Result<Option<VariationalDropout>, ConfigError> {
+    let Some(vd) = &model.variational_dropout else {
+        return Ok(None);
+    };
+    if model.backbone.is_some() {
+        return Err(ConfigError::unsupported(
+            "model_config.variational_dropout",
+            "variational dropout in a backbone model's input layers",
+        ));
+    }
+    let lambda = vd.regularization_lambda();
+    if !lambda.is_finite() || lambda < 0.0 {
+        return Err(ConfigError::invalid(
+            "model_config.variational_dropout.regularization_lambda",
+            format!("{lambda} is not a finite value >= 0"),
+        ));
+    }
+    Ok(Some(VariationalDropout {
+        lambda,
+        embedding_wise: vd.embedding_wise_variational_dropout(),
+    }))
 }
 
 /// train_config options that change what EasyRec does and that this

@@ -18,7 +18,7 @@ use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
 use crate::config::typed::{LossKind, TrainingPlan};
 use crate::model::graph::{BN_EPS, LN_EPS};
-use crate::model::{Model, Op, ParamStore, SeqPartKind};
+use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
 
 /// How one feature enters the graph.
 #[derive(Debug, Clone, PartialEq)]
@@ -554,6 +554,14 @@ impl Builder<'_> {
                         }
                         None => y,
                     }
+                }
+                Op::VariationalDropout { x, p, index } => {
+                    // Inference keeps `1 - rate` of each column: a constant
+                    // of the trained logits.
+                    let (keep, _) = kernels::concrete_keep(self.params.slice(*p), 1, None);
+                    let k: Vec<f32> = index.iter().map(|&j| keep[j]).collect();
+                    let k = self.g.f32s(None, &[1, width], &k);
+                    self.g.op("Mul", &[&v[x.0], &k])
                 }
                 Op::AttnPool { w, x } => {
                     let n = graph.width(*w) as i64;

@@ -6,18 +6,37 @@ use anyhow::{bail, Context};
 
 use super::graph::{Graph, NodeId, Scope};
 use super::params::Init;
-use super::GroupLayout;
+use super::{GroupDropout, GroupLayout};
 use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, TaskTower};
 
 /// The graph of `arch` over `groups`, its parameters added to `scope`.
 /// Single-task models have the output `logits`; multi-task ones
 /// `logits_<tower>` per task tower.
-pub fn build(arch: &Arch, groups: &[GroupLayout], scope: &mut Scope) -> anyhow::Result<Graph> {
+///
+/// A group with `dropout` has its plain columns go through variational
+/// dropout before anything reads them (EasyRec's input layer does it).
+pub fn build(
+    arch: &Arch,
+    (groups, dropout): (&[GroupLayout], &[Option<GroupDropout>]),
+    scope: &mut Scope,
+) -> anyhow::Result<Graph> {
     let mut g = Graph::default();
     let mut xs = Vec::with_capacity(groups.len());
     for (i, l) in groups.iter().enumerate() {
         let x = g.input(i, l.width);
-        xs.push(super::sequence::group_features(l, x, &mut g, scope)?);
+        // (A group of sequence attentions alone has no plain columns.)
+        let mut plain = if l.plain_width == 0 {
+            x
+        } else {
+            g.slice(x, 0, l.plain_width)
+        };
+        if let Some(d) = &dropout[i] {
+            let p = scope
+                .params
+                .add(&d.name, 1, d.entries, Init::GlorotUniformVector, false, scope.rng);
+            plain = g.variational_dropout(plain, scope.params, p, d.index.clone());
+        }
+        xs.push(super::sequence::group_features(l, x, plain, &mut g, scope)?);
     }
     let b = Builder { groups, xs };
     let g_ = &mut g;

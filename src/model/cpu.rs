@@ -35,6 +35,12 @@ enum Saved {
     Mask(Vec<f32>),
     /// Cross: `xl · w` per row.
     Scalars(Vec<f32>),
+    /// Variational dropout: the keep values and their derivatives by the
+    /// dropout logits, `[b, entries]`.
+    Keep {
+        keep: Vec<f32>,
+        dkeep: Vec<f32>,
+    },
     /// Layer norm: the normalised values and `1 / sqrt(var + eps)` per row.
     Ln {
         xhat: Vec<f32>,
@@ -148,6 +154,26 @@ impl<'a> Tape<'a> {
                 }
                 Mode::Infer => (self.value(*x).to_vec(), Saved::None),
             },
+            Op::VariationalDropout { x, p: lp, index } => {
+                let lp = p.slice(*lp);
+                let (keep, dkeep) = match mode {
+                    Mode::Train { rng, .. } => {
+                        let u: Vec<f32> = (0..b * lp.len()).map(|_| rng.uniform() as f32).collect();
+                        kernels::concrete_keep(lp, b, Some(&u))
+                    }
+                    Mode::Infer => kernels::concrete_keep(lp, b, None),
+                };
+                let n = lp.len();
+                let mut y = self.value(*x).to_vec();
+                y.par_chunks_mut(width)
+                    .zip(keep.par_chunks(n))
+                    .for_each(|(row, k)| row.iter_mut().zip(index).for_each(|(v, j)| *v *= k[*j]));
+                let saved = match mode {
+                    Mode::Train { .. } => Saved::Keep { keep, dkeep },
+                    Mode::Infer => Saved::None,
+                };
+                (y, saved)
+            }
             Op::Concat(xs) => {
                 let mut y = vec![0.0f32; b * width];
                 let mut col = 0;
@@ -488,6 +514,26 @@ impl<'a> Tape<'a> {
                         unreachable!("backward runs on a training tape")
                     };
                     dy.iter_mut().zip(mask).for_each(|(g, m)| *g *= m);
+                    accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::VariationalDropout { x, p: lp, index } => {
+                    let Saved::Keep { keep, dkeep } = &self.saved[i] else {
+                        unreachable!("backward runs on a training tape")
+                    };
+                    let n = p.specs[*lp].len();
+                    let mut dp = vec![0.0f64; n];
+                    let xv = self.value(*x);
+                    for (r, (dyr, xr)) in dy.chunks_exact_mut(width).zip(xv.chunks_exact(width)).enumerate() {
+                        let (k, dk) = (&keep[r * n..(r + 1) * n], &dkeep[r * n..(r + 1) * n]);
+                        for ((d, v), j) in dyr.iter_mut().zip(xr).zip(index) {
+                            dp[*j] += (*d as f64) * (*v as f64) * dk[*j] as f64;
+                            *d *= k[*j];
+                        }
+                    }
+                    dense[p.specs[*lp].range()]
+                        .iter_mut()
+                        .zip(dp)
+                        .for_each(|(d, s)| *d += s as f32);
                     accumulate(&mut grads, needs, *x, dy);
                 }
                 Op::Concat(xs) => {

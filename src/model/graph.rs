@@ -158,7 +158,24 @@ pub enum Op {
         factor: f32,
         w: Option<usize>,
     },
+    /// EasyRec's variational dropout of a group's features: column `c` is
+    /// scaled by a keep value of entry `index[c]` of the logits `p` (a
+    /// `[1, n]` parameter, `sigmoid(p)` the dropout rates). In training the
+    /// keep value is the concrete relaxation of a Bernoulli draw,
+    /// `1 - sigmoid((logit(rate) + logit(u)) / VD_TEMP)` with `u` uniform
+    /// per row and entry; otherwise it is `1 - rate`.
+    VariationalDropout {
+        x: NodeId,
+        p: usize,
+        index: Vec<usize>,
+    },
 }
+
+/// The temperature of `Op::VariationalDropout`'s concrete relaxation.
+pub const VD_TEMP: f32 = 0.1;
+/// What `Op::VariationalDropout` adds inside its logarithms (NumPy's
+/// double epsilon, as EasyRec).
+pub const VD_EPS: f32 = f64::EPSILON as f32;
 
 /// The floor of the squared norm `Op::L2Normalize` divides by (TensorFlow's
 /// `l2_normalize` epsilon).
@@ -184,6 +201,7 @@ impl Op {
             | Op::Fold { x, .. }
             | Op::L2Normalize { x }
             | Op::Scale { x, .. }
+            | Op::VariationalDropout { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Sub(a, b) => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
@@ -418,6 +436,20 @@ impl Graph {
         self.push(Op::Scale { x, factor, w }, width)
     }
 
+    /// Variational dropout of `x`'s columns, column `c` by entry `index[c]`
+    /// of the dropout logits `p` (`Op::VariationalDropout`).
+    pub fn variational_dropout(&mut self, x: NodeId, params: &ParamStore, p: usize, index: Vec<usize>) -> NodeId {
+        let w = self.width(x);
+        assert_eq!(index.len(), w, "one dropout entry per column");
+        let n = params.specs[p].len();
+        assert!(
+            index.iter().all(|&j| j < n),
+            "dropout entries within `{}`",
+            params.specs[p].name
+        );
+        self.push(Op::VariationalDropout { x, p, index }, w)
+    }
+
     /// Names `x` an output: a task's logits (one column), or a value
     /// exported beside them (a match model's tower embeddings).
     pub fn output(&mut self, name: &str, x: NodeId) {
@@ -437,7 +469,11 @@ impl Graph {
         for (i, n) in self.nodes.iter().enumerate() {
             needs[i] = match &n.op {
                 Op::Input { group } => trained_inputs[*group],
-                Op::Linear { .. } | Op::BatchNorm { .. } | Op::Cross { .. } | Op::LayerNorm { .. } => true,
+                Op::Linear { .. }
+                | Op::BatchNorm { .. }
+                | Op::Cross { .. }
+                | Op::LayerNorm { .. }
+                | Op::VariationalDropout { .. } => true,
                 Op::Zeros { .. } => false,
                 op => op.operands().iter().any(|x| needs[x.0]),
             };

@@ -285,6 +285,39 @@ pub fn dropout_mask(rate: f32, len: usize, rng: &mut Rng) -> Vec<f32> {
         .collect()
 }
 
+/// Variational dropout's keep values over `rows` rows of the dropout
+/// logits `lp` (`Op::VariationalDropout`), `[rows, lp.len()]`, with their
+/// derivatives by the logits. `u`: one uniform draw per value in training
+/// (the concrete relaxation of a Bernoulli keep), none otherwise (the
+/// expected keep `1 - rate`, derivatives left empty).
+pub fn concrete_keep(lp: &[f32], rows: usize, u: Option<&[f32]>) -> (Vec<f32>, Vec<f32>) {
+    use super::graph::{VD_EPS, VD_TEMP};
+    let rates: Vec<f64> = lp.iter().map(|l| sigmoid(*l as f64)).collect();
+    let Some(u) = u else {
+        let keep = rates.iter().map(|r| (1.0 - r) as f32);
+        return (keep.cycle().take(rows * lp.len()).collect(), Vec::new());
+    };
+    assert_eq!(u.len(), rows * lp.len(), "one draw per row and entry");
+    let (eps, t) = (VD_EPS as f64, VD_TEMP as f64);
+    let logit_rate: Vec<f64> = rates.iter().map(|r| (r + eps).ln() - (1.0 - r + eps).ln()).collect();
+    // d logit(rate) / d lp through rate = sigmoid(lp).
+    let dlogit: Vec<f64> = rates
+        .iter()
+        .map(|r| (1.0 / (r + eps) + 1.0 / (1.0 - r + eps)) * r * (1.0 - r))
+        .collect();
+    let mut keep = Vec::with_capacity(u.len());
+    let mut dkeep = Vec::with_capacity(u.len());
+    for (k, u) in u.iter().enumerate() {
+        let j = k % lp.len();
+        let u = *u as f64;
+        let z = (logit_rate[j] + (u + eps).ln() - (1.0 - u + eps).ln()) / t;
+        let s = sigmoid(z);
+        keep.push((1.0 - s) as f32);
+        dkeep.push((-s * (1.0 - s) / t * dlogit[j]) as f32);
+    }
+    (keep, dkeep)
+}
+
 /// Samples per interaction block: the lanes of its vector loops.
 pub const LANES: usize = 16;
 

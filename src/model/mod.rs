@@ -209,6 +209,60 @@ pub struct Model {
     /// Non-trained state (batch-norm moving statistics).
     pub buffers: ParamStore,
     pub graph: Graph,
+    /// The parameters holding variational dropout's logits, one per group.
+    pub dropout_logits: Vec<usize>,
+}
+
+/// The name EasyRec gives variational dropout's logits (`logit_p` for the
+/// group `all`, `logit_p_<group>` otherwise).
+pub const DROPOUT_LOGITS: &str = "logit_p";
+
+/// Variational dropout of a group's plain columns (`Op::VariationalDropout`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupDropout {
+    /// The logits' name.
+    pub name: String,
+    /// How many dropout rates the group learns.
+    pub entries: usize,
+    /// The rate of each plain column, by entry.
+    pub index: Vec<usize>,
+}
+
+impl GroupDropout {
+    /// EasyRec's entries: one per feature (`embedding_wise`: per column)
+    /// in the order its input layer concatenates the features, whatever
+    /// order the group's columns are in here. `None` for a group without
+    /// plain columns.
+    fn of(l: &GroupLayout, plan: &TrainingPlan, embedding_wise: bool) -> Option<Self> {
+        if l.plain_width == 0 {
+            return None;
+        }
+        let mut easyrec: Vec<usize> = (0..l.parts.len()).collect();
+        easyrec.sort_by_cached_key(|&k| plan.features[l.parts[k].feature].easyrec_column());
+        // Each part's first entry.
+        let mut first = vec![0; l.parts.len()];
+        let mut next = 0;
+        for &k in &easyrec {
+            first[k] = next;
+            next += if embedding_wise { l.parts[k].dim } else { 1 };
+        }
+        let mut index = vec![0; l.plain_width];
+        for (k, p) in l.parts.iter().enumerate() {
+            for c in 0..p.dim {
+                index[p.col + c] = first[k] + if embedding_wise { c } else { 0 };
+            }
+        }
+        let name = if l.name == "all" {
+            DROPOUT_LOGITS.to_string()
+        } else {
+            format!("{DROPOUT_LOGITS}_{}", l.name)
+        };
+        Some(GroupDropout {
+            name,
+            entries: next,
+            index,
+        })
+    }
 }
 
 /// Loss of a batch and its gradients: every dense parameter (flat, in
@@ -369,14 +423,43 @@ impl Model {
             buffers: &mut buffers,
             rng: &mut rng,
         };
-        let graph = builders::build(&plan.arch, &groups, &mut scope)?;
+        let dropout: Vec<Option<GroupDropout>> = groups
+            .iter()
+            .map(|l| {
+                plan.variational_dropout
+                    .and_then(|vd| GroupDropout::of(l, plan, vd.embedding_wise))
+            })
+            .collect();
+        let graph = builders::build(&plan.arch, (&groups, &dropout), &mut scope)?;
+        let dropout_logits = (0..params.specs.len())
+            .filter(|&i| params.specs[i].name.starts_with(DROPOUT_LOGITS))
+            .collect();
         Ok(Model {
             groups,
             tables,
             params,
             buffers,
             graph,
+            dropout_logits,
         })
+    }
+
+    /// Variational dropout's penalty on keeping features, EasyRec's
+    /// `lambda / rows * Σ (1 - sigmoid(logit))` over every group's logits,
+    /// for a batch of `rows`; its gradient is added to `grad` (the dense
+    /// parameters' flat gradient).
+    pub fn dropout_penalty(&self, lambda: f32, rows: f64, grad: &mut [f32]) -> f64 {
+        let per_row = lambda as f64 / rows.max(1.0);
+        let mut penalty = 0.0;
+        for &i in &self.dropout_logits {
+            let range = self.params.specs[i].range();
+            for (g, l) in grad[range.clone()].iter_mut().zip(&self.params.values[range]) {
+                let rate = 1.0 / (1.0 + (-*l as f64).exp());
+                penalty += per_row * (1.0 - rate);
+                *g -= (per_row * rate * (1.0 - rate)) as f32;
+            }
+        }
+        penalty
     }
 
     /// Whether each group's input is trained (holds embedded features).

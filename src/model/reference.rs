@@ -5,7 +5,7 @@
 use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Op, BN_EPS, L2_EPS, LN_EPS};
+use super::graph::{BnStats, Graph, Op, BN_EPS, L2_EPS, LN_EPS, VD_EPS, VD_TEMP};
 use super::params::{to_vec, ParamStore};
 use crate::config::model_plan::Activation;
 use crate::config::tasks::{LossTermKind, Task};
@@ -179,6 +179,24 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                     Some(w) => y * ctx.p[*w].clone().abs().reshape([1, 1]),
                     None => y,
                 }
+            }
+            Op::VariationalDropout { x, p: lp, index } => {
+                let lp = ctx.p[*lp].clone();
+                let n = lp.dims()[1];
+                let rate = sigmoid(lp);
+                let keep = if ctx.training {
+                    let u: Vec<f32> = (0..b * n).map(|_| ctx.rng.uniform() as f32).collect();
+                    let u = ctx.constant(u, b, n);
+                    let logit =
+                        |q: Tensor<2>| q.clone().add_scalar(VD_EPS).log() - q.neg().add_scalar(1.0 + VD_EPS).log();
+                    let z = (logit(rate) + logit(u)).div_scalar(VD_TEMP);
+                    sigmoid(z).neg().add_scalar(1.0)
+                } else {
+                    rate.neg().add_scalar(1.0)
+                };
+                let flat: Vec<i64> = index.iter().map(|&j| j as i64).collect();
+                let idx = Tensor::<1, Int>::from_data(TensorData::new(flat, [width]), ctx.device);
+                v[x.0].clone() * keep.select(1, idx)
             }
             Op::AttnPool { w, x } => {
                 let n = graph.width(*w);

@@ -19,15 +19,22 @@ use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::{GroupLayout, SeqLayout};
 use crate::config::model_plan::{Activation, DnnSpec};
 
-/// The features of group `l` from its input matrix `x`: its plain columns,
+/// The features of group `l` from its input matrix `x`: its plain columns
+/// (`plain`, what the model makes of `x`'s first `plain_width` columns),
 /// then the output of each target attention.
-pub fn group_features(l: &GroupLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+pub fn group_features(
+    l: &GroupLayout,
+    x: NodeId,
+    plain: NodeId,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
     if l.seq.is_empty() {
-        return Ok(x);
+        return Ok(plain);
     }
     let mut outs = Vec::new();
     if l.plain_width > 0 {
-        outs.push(g.slice(x, 0, l.plain_width));
+        outs.push(plain);
     }
     for sl in &l.seq {
         outs.push(target_attention(sl, x, g, s)?);

@@ -228,6 +228,9 @@ impl Trainer {
                 reg += 0.5 * l2 as f64 * squared_norm(w);
             }
         }
+        if let Some(vd) = self.plan.variational_dropout {
+            reg += self.model.dropout_penalty(vd.lambda, global_rows, &mut dense_grad);
+        }
 
         // Embedding backward: d loss / d group input, scattered to rows
         // and delivered to the ranks that update them.

@@ -96,6 +96,14 @@ pub const MODELS: &[(&str, &str)] = &[
   deepfm { wide_output_dim: 2 dnn { hidden_units: [8] } final_dnn { hidden_units: [4] use_bn: true } } }"#,
     ),
     (
+        "DeepFM+variational_dropout",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d2", "c1", "c3", "c4", "d1"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8] } }
+  variational_dropout { regularization_lambda: 0.2 embedding_wise_variational_dropout: true } }"#,
+    ),
+    (
         "FM",
         r#"model_config { model_class: "FM"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
