@@ -58,6 +58,17 @@ fn model_block(name: &str) -> &'static str {
   feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
   deepfm { dnn { hidden_units: [8, 4] } } }"#
         }
+        "DeepFM over pooled sequences" => {
+            r#"feature_configs { input_names: "c3" feature_name: "title" feature_type: SequenceFeature separator: "|"
+  hash_bucket_size: 30 embedding_dim: 4
+  sequence_combiner { text_cnn { filter_sizes: [1, 2] num_filters: [3, 1] pad_sequence_length: 3 activation: "tanh" } } }
+feature_configs { input_names: "c3" feature_name: "att" feature_type: SequenceFeature separator: "|"
+  hash_bucket_size: 20 embedding_dim: 4 max_seq_len: 2 sequence_combiner { attention {} } }
+model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["title", "c1", "d1", "att", "c2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] activation: "tanh" } } }"#
+        }
         "DeepFM with variational dropout" => {
             r#"model_config { model_class: "DeepFM"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
@@ -177,7 +188,32 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 25] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 27] = [
+    (
+        "DeepFM over sequences pooled by a text CNN and by attention, FM over them, raw values between",
+        r#"feature_configs { input_names: "c3" feature_name: "title" feature_type: SequenceFeature separator: "|"
+  hash_bucket_size: 30 embedding_dim: 4
+  sequence_combiner { text_cnn { filter_sizes: [1, 2] num_filters: [3, 1] pad_sequence_length: 3 activation: "tanh" } } }
+feature_configs { input_names: "c3" feature_name: "att" feature_type: SequenceFeature separator: "|"
+  hash_bucket_size: 20 embedding_dim: 4 max_seq_len: 2 sequence_combiner { attention {} } }
+model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["title", "c1", "d1", "att", "c2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } } }"#,
+    ),
+    (
+        "MultiTower with a text CNN of two sizes and a variational dropout rate per column",
+        r#"feature_configs { input_names: "c3" feature_name: "title" feature_type: SequenceFeature separator: "|"
+  hash_bucket_size: 30 embedding_dim: 3
+  sequence_combiner { text_cnn { filter_sizes: [2, 3] num_filters: [4, 2] pad_sequence_length: 4 } } }
+model_config { model_class: "MultiTower"
+  feature_groups { group_name: "user" feature_names: ["c1", "title", "d2"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d1"] }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
+                towers { input: "item" dnn { hidden_units: [4] } }
+                final_dnn { hidden_units: [3] } }
+  variational_dropout { embedding_wise_variational_dropout: true } }"#,
+    ),
     (
         "DBMTL with sequence_features and a variational dropout rate per embedding column",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
@@ -480,10 +516,11 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 14] = [
+const MODELS: [&str; 15] = [
     "WideAndDeep",
     "DLRM",
     "DeepFM",
+    "DeepFM over pooled sequences",
     "DeepFM with variational dropout",
     "FM",
     "DCN",

@@ -286,9 +286,113 @@ pub enum FeatureKind {
         buckets: Bucketing,
         separator: String,
         max_len: usize,
-        /// The `sequence_combiner` set, by name.
-        combiner: Option<String>,
+        /// How a feature group pools it (`sequence_combiner`), if set.
+        combiner: Option<SeqCombiner>,
     },
+}
+
+/// How a SequenceFeature among a feature group's features is pooled into
+/// the group (its `sequence_combiner`), after the group's other features.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqCombiner {
+    /// A score per position (a dense layer of one unit without bias),
+    /// softmaxed over the positions the row has; the embeddings pooled
+    /// with those weights.
+    Attention,
+    /// EasyRec's TextCNN: the sequence padded or cut to `pad` positions
+    /// (`pad_sequence_length`, else the feature's `max_seq_len`), a
+    /// Keras Conv1D (valid padding, then `activation`) per filter size,
+    /// each max-pooled over time; the pooled filters side by side.
+    TextCnn {
+        filter_sizes: Vec<usize>,
+        num_filters: Vec<usize>,
+        pad: usize,
+        activation: model_plan::Activation,
+    },
+}
+
+impl SeqCombiner {
+    /// Positions of the sequence the combiner reads, for a feature that
+    /// keeps `max_len`.
+    pub fn positions(&self, max_len: usize) -> usize {
+        match self {
+            SeqCombiner::Attention => max_len,
+            SeqCombiner::TextCnn { pad, .. } => *pad,
+        }
+    }
+
+    /// Its output width for embeddings of `dim`.
+    pub fn width(&self, dim: usize) -> usize {
+        match self {
+            SeqCombiner::Attention => dim,
+            SeqCombiner::TextCnn { num_filters, .. } => num_filters.iter().sum(),
+        }
+    }
+}
+
+/// `max_len`: the positions the sequence keeps (`max_seq_len`).
+fn seq_combiner(c: &proto::SequenceCombiner, path: &str, max_len: usize) -> Result<Option<SeqCombiner>, ConfigError> {
+    use proto::sequence_combiner::Combiner;
+    Ok(match &c.combiner {
+        None => None,
+        Some(Combiner::Attention(_)) => Some(SeqCombiner::Attention),
+        Some(Combiner::MultiHeadAttention(_)) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.multi_head_attention"),
+                "the multi_head_attention sequence combiner",
+            ))
+        }
+        Some(Combiner::TextCnn(t)) => {
+            let path = format!("{path}.text_cnn");
+            if t.mlp.is_some() {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.mlp"),
+                    "an MLP after the text CNN",
+                ));
+            }
+            let pad = match t.pad_sequence_length as usize {
+                0 => {
+                    // EasyRec then convolves each batch padded to its own
+                    // longest row, so a row's score depends on its batch
+                    // (EasyRec warns so); the fixed length closest to it
+                    // is the longest a row can be.
+                    log::warn!(
+                        "{path}: without pad_sequence_length EasyRec pads each batch to its longest row and its scores depend on the batch; here every row is padded to max_seq_len ({max_len})"
+                    );
+                    max_len
+                }
+                p => p,
+            };
+            if t.filter_sizes.is_empty() || t.filter_sizes.len() != t.num_filters.len() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.num_filters"),
+                    format!(
+                        "{} filter_sizes and {} num_filters: give one count per size",
+                        t.filter_sizes.len(),
+                        t.num_filters.len()
+                    ),
+                ));
+            }
+            if let Some(k) = t.filter_sizes.iter().find(|k| **k == 0 || **k as usize > pad) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.filter_sizes"),
+                    format!("a filter of size {k} over {pad} positions (pad_sequence_length, else max_seq_len)"),
+                ));
+            }
+            if t.num_filters.contains(&0) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.num_filters"),
+                    "a filter count of 0",
+                ));
+            }
+            Some(SeqCombiner::TextCnn {
+                filter_sizes: t.filter_sizes.iter().map(|k| *k as usize).collect(),
+                num_filters: t.num_filters.iter().map(|k| *k as usize).collect(),
+                pad,
+                activation: model_plan::activation(t.activation(), &format!("{path}.activation"))?,
+            })
+        }
+    })
 }
 
 /// A sequence's length when `max_seq_len` does not say: the model gives
@@ -554,9 +658,16 @@ impl TrainingPlan {
                 g.feature_names.iter().chain(seq).map(String::as_str)
             })
             .collect();
+        // Features a group pools: only their sequence_combiner matters.
+        let pooled: std::collections::HashSet<&str> = model
+            .feature_groups
+            .iter()
+            .flat_map(|g| g.feature_names.iter().map(String::as_str))
+            .collect();
         let mut features = Vec::with_capacity(feats.len());
         for (i, f) in feats.iter().enumerate() {
-            match feature(f, &format!("{prefix}[{i}]")) {
+            let name = validate::feature_name(f);
+            match feature(f, &format!("{prefix}[{i}]"), pooled.contains(name)) {
                 Ok(spec) => features.push(spec),
                 // A feature no group reads changes nothing EasyRec computes:
                 // one of a kind this trainer cannot build is left out, said.
@@ -583,7 +694,11 @@ impl TrainingPlan {
                         .position(|f| validate::feature_name(f) == features[fi].name);
                     let path = format!("{prefix}[{}].sequence_combiner", i.unwrap_or(fi));
                     return Err(match combiner {
-                        Some(c) => ConfigError::unsupported(path, format!("the {c} sequence combiner")),
+                        Some(_) if !g.wide => continue,
+                        Some(_) => ConfigError::unsupported(
+                            format!("model_config.feature_groups.feature_names ({})", features[fi].name),
+                            format!("a SequenceFeature in the WIDE group `{}`", g.name),
+                        ),
                         None if model.backbone.is_some() => ConfigError::unsupported(
                             format!("model_config.feature_groups.feature_names ({})", features[fi].name),
                             "sequence features that backbone blocks read unpooled",
@@ -988,7 +1103,10 @@ fn buckets(f: &proto::FeatureConfig) -> Option<Bucketing> {
     }
 }
 
-fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigError> {
+/// `pooled`: a feature group lists the feature among its features, so a
+/// sequence is pooled by its `sequence_combiner` (which histories of
+/// `sequence_features` ignore).
+fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<FeatureSpec, ConfigError> {
     let name = validate::feature_name(f).to_string();
     let need_buckets = || {
         buckets(f).ok_or_else(|| {
@@ -1058,15 +1176,10 @@ fn feature(f: &proto::FeatureConfig, path: &str) -> Result<FeatureSpec, ConfigEr
                 },
                 separator: f.separator().to_string(),
                 max_len,
-                combiner: f.sequence_combiner.as_ref().and_then(|c| c.combiner.as_ref()).map(|c| {
-                    use proto::sequence_combiner::Combiner;
-                    match c {
-                        Combiner::Attention(_) => "attention",
-                        Combiner::MultiHeadAttention(_) => "multi_head_attention",
-                        Combiner::TextCnn(_) => "text_cnn",
-                    }
-                    .to_string()
-                }),
+                combiner: match &f.sequence_combiner {
+                    Some(c) if pooled => seq_combiner(c, &format!("{path}.sequence_combiner"), max_len)?,
+                    _ => None,
+                },
             }
         }
         FeatureType::RawFeature => {

@@ -563,6 +563,15 @@ impl Builder<'_> {
                     let k = self.g.f32s(None, &[1, width], &k);
                     self.g.op("Mul", &[&v[x.0], &k])
                 }
+                Op::MaxBlocks { x, n } => {
+                    let x3 = self.reshape(&v[x.0], &[-1, *n as i64, width as i64]);
+                    self.g.node(
+                        "ReduceMax",
+                        &[&x3],
+                        vec![("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(0))],
+                        None,
+                    )
+                }
                 Op::AttnPool { w, x } => {
                     let n = graph.width(*w) as i64;
                     let ax1 = self.axes(&[1]);

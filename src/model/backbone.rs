@@ -169,9 +169,9 @@ fn block(
 /// EasyRec's input layer over a group.
 fn input_layer(l: &GroupLayout, x: NodeId, mode: InputMode, g: &mut Graph) -> anyhow::Result<Val> {
     let list = |g: &mut Graph| -> Vec<NodeId> {
-        l.listed
-            .iter()
-            .map(|&p| g.slice(x, l.parts[p].col, l.parts[p].dim))
+        l.feature_columns()
+            .into_iter()
+            .map(|(col, width)| g.slice(x, col, width))
             .collect()
     };
     Ok(match mode {

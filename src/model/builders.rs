@@ -24,19 +24,25 @@ pub fn build(
     let mut xs = Vec::with_capacity(groups.len());
     for (i, l) in groups.iter().enumerate() {
         let x = g.input(i, l.width);
-        // (A group of sequence attentions alone has no plain columns.)
-        let mut plain = if l.plain_width == 0 {
-            x
-        } else {
-            g.slice(x, 0, l.plain_width)
-        };
-        if let Some(d) = &dropout[i] {
+        // The plain parts, then the combined sequences (a group of
+        // sequence attentions alone has neither).
+        let mut feats: Vec<NodeId> = (l.plain_width > 0)
+            .then(|| g.slice(x, 0, l.plain_width))
+            .into_iter()
+            .collect();
+        let mut seqs: Vec<_> = l.combined.iter().collect();
+        seqs.sort_by_key(|c| c.out_col);
+        for c in seqs {
+            feats.push(super::sequence::combine(c, l, x, &mut g, scope)?);
+        }
+        let mut features = (!feats.is_empty()).then(|| g.concat(&feats));
+        if let (Some(d), Some(f)) = (&dropout[i], features) {
             let p = scope
                 .params
                 .add(&d.name, 1, d.entries, Init::GlorotUniformVector, false, scope.rng);
-            plain = g.variational_dropout(plain, scope.params, p, d.index.clone());
+            features = Some(g.variational_dropout(f, scope.params, p, d.index.clone()));
         }
-        xs.push(super::sequence::group_features(l, x, plain, &mut g, scope)?);
+        xs.push(super::sequence::group_features(l, x, features, &mut g, scope)?);
     }
     let b = Builder { groups, xs };
     let g_ = &mut g;
@@ -238,8 +244,7 @@ impl Builder<'_> {
         let deep = self.deep_group(model)?;
         let x = self.xs[deep];
         let fm_out = if fm {
-            let (n, d) = fm_parts(&self.groups[deep], model)?;
-            let v = g.slice(x, 0, n * d);
+            let (v, n) = fm_input(&self.groups[deep], x, model, g)?;
             Some(g.fm(v, n))
         } else {
             None
@@ -271,8 +276,7 @@ impl Builder<'_> {
     /// columns, plus `fm_bias`.
     fn fm(&self, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
         let deep = self.deep_group("FM")?;
-        let (n, d) = fm_parts(&self.groups[deep], "FM")?;
-        let v = g.slice(self.xs[deep], 0, n * d);
+        let (v, n) = fm_input(&self.groups[deep], self.xs[deep], "FM", g)?;
         let pairwise = g.fm(v, n);
         let fm_sum = g.row_sum(pairwise);
         let wide = self.wide(g, s, 1).unwrap_or_else(|| g.zeros(fm_sum, 1));
@@ -293,8 +297,8 @@ impl Builder<'_> {
         let dense = self.group("dense", "DLRM")?;
         let sparse = self.group("sparse", "DLRM")?;
         let sg = &self.groups[sparse];
-        if sg.parts.iter().any(|p| p.table.is_none()) {
-            bail!("DLRM: group `sparse` may only hold embedded features");
+        if sg.parts.iter().any(|p| p.table.is_none()) || !sg.combined.is_empty() {
+            bail!("DLRM: group `sparse` may only hold embedded features, not sequences");
         }
         let n_sparse = sg.parts.len();
         let dim = sg.parts.first().map_or(0, |p| p.dim);
@@ -550,18 +554,27 @@ fn bayes_towers(g: &mut Graph, s: &mut Scope, inputs: Vec<NodeId>, towers: &[Tas
     }
 }
 
-/// The FM features of a deep group: its leading run of embedded parts of
-/// one dimension, as `(count, dim)`.
-fn fm_parts(g: &GroupLayout, model: &str) -> anyhow::Result<(usize, usize)> {
-    let sparse: Vec<_> = g.sparse_parts().collect();
-    let Some(first) = sparse.first() else {
-        bail!("{model}: group `{}` has no embedded features for the FM part", g.name)
+/// The FM features of a deep group from its features `x`: its leading
+/// run of embedded parts, then its combined sequences, all of one width,
+/// side by side, with their count.
+fn fm_input(l: &GroupLayout, x: NodeId, model: &str, g: &mut Graph) -> anyhow::Result<(NodeId, usize)> {
+    let sparse: Vec<_> = l.sparse_parts().collect();
+    let Some(d) = sparse.first().map(|p| p.dim).or(l.combined.first().map(|c| c.width)) else {
+        bail!("{model}: group `{}` has no embedded features for the FM part", l.name)
     };
-    if sparse.iter().any(|p| p.dim != first.dim) {
+    if sparse.iter().any(|p| p.dim != d) || l.combined.iter().any(|c| c.width != d) {
         bail!(
-            "{model}: every embedded feature of group `{}` needs the same embedding_dim",
-            g.name
+            "{model}: every embedded feature of group `{}` needs the same embedding_dim (a sequence's combiner output included)",
+            l.name
         );
     }
-    Ok((sparse.len(), first.dim))
+    let mut blocks = Vec::new();
+    if !sparse.is_empty() {
+        blocks.push(g.slice(x, 0, sparse.len() * d));
+    }
+    let mut seqs: Vec<_> = l.combined.iter().collect();
+    seqs.sort_by_key(|c| c.out_col);
+    blocks.extend(seqs.iter().map(|c| g.slice(x, c.out_col, d)));
+    let v = g.concat(&blocks);
+    Ok((v, sparse.len() + seqs.len()))
 }

@@ -223,6 +223,19 @@ impl<'a> Tape<'a> {
                     });
                 (y, Saved::None)
             }
+            Op::MaxBlocks { x, n } => {
+                let d = width;
+                let mut y = vec![0.0f32; b * d];
+                y.par_chunks_mut(d)
+                    .zip(self.value(*x).par_chunks(n * d))
+                    .for_each(|(out, row)| {
+                        out.copy_from_slice(&row[..d]);
+                        for blk in row.chunks_exact(d).skip(1) {
+                            out.iter_mut().zip(blk).for_each(|(o, v)| *o = o.max(*v));
+                        }
+                    });
+                (y, Saved::None)
+            }
             Op::Fm { x, n } => {
                 let d = width;
                 let mut y = vec![0.0f32; b * d];
@@ -572,6 +585,22 @@ impl<'a> Tape<'a> {
                             .zip(dy.par_chunks(width))
                             .for_each(|(row, d)| {
                                 row.chunks_exact_mut(width).for_each(|blk| blk.copy_from_slice(d));
+                            });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::MaxBlocks { x, n } => {
+                    if needs[x.0] {
+                        let mut dx = vec![0.0f32; b * n * width];
+                        let (xv, yv) = (self.value(*x), &self.vals[i]);
+                        dx.par_chunks_mut(n * width)
+                            .zip(xv.par_chunks(n * width))
+                            .zip(yv.par_chunks(width).zip(dy.par_chunks(width)))
+                            .for_each(|((out, row), (y, d))| {
+                                for c in 0..width {
+                                    let k = (0..*n).find(|k| row[k * width + c] == y[c]).unwrap_or(0);
+                                    out[k * width + c] = d[c];
+                                }
                             });
                         accumulate(&mut grads, needs, *x, dx);
                     }

@@ -68,6 +68,13 @@ pub enum Op {
         x: NodeId,
         n: usize,
     },
+    /// `[b, n * d] -> [b, d]`: the largest of the `n` column blocks, column
+    /// by column (Keras' global max pooling over `n` steps). The gradient
+    /// goes to the first block holding the maximum.
+    MaxBlocks {
+        x: NodeId,
+        n: usize,
+    },
     /// Factorization machine's pairwise term over the `n` blocks `v_k` of
     /// `[b, n * d]`: `0.5 * ((Σ v_k)² - Σ v_k²)`, `[b, d]`.
     Fm {
@@ -192,6 +199,7 @@ impl Op {
             | Op::Dropout { x, .. }
             | Op::Slice { x, .. }
             | Op::SumBlocks { x, .. }
+            | Op::MaxBlocks { x, .. }
             | Op::Fm { x, .. }
             | Op::RowSum { x }
             | Op::Bias { x, .. }
@@ -329,6 +337,12 @@ impl Graph {
         let w = self.width(x);
         assert!(n > 0 && w.is_multiple_of(n), "sum over blocks");
         self.push(Op::SumBlocks { x, n }, w / n)
+    }
+
+    pub fn max_blocks(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        assert!(n > 0 && w.is_multiple_of(n), "max over blocks");
+        self.push(Op::MaxBlocks { x, n }, w / n)
     }
 
     pub fn fm(&mut self, x: NodeId, n: usize) -> NodeId {

@@ -22,7 +22,7 @@ pub use graph::{BnStats, Graph, NodeId, Op};
 pub use params::{ParamSpec, ParamStore};
 
 use crate::config::model_plan::{FeatureGroup, SeqAttention};
-use crate::config::typed::{EmbeddingInit, FeatureKind, LossKind, Task, TrainingPlan};
+use crate::config::typed::{EmbeddingInit, FeatureKind, LossKind, SeqCombiner, Task, TrainingPlan};
 use crate::features::Encoder;
 use crate::util::Rng;
 
@@ -53,13 +53,32 @@ pub struct GroupLayout {
     /// Indices into `parts` in the group's `feature_names` order (EasyRec's
     /// per-feature list).
     pub listed: Vec<usize>,
-    /// Columns after the plain parts, for `seq`.
+    /// Columns after the plain parts, for `combined` and `seq`.
     pub seq_parts: Vec<SeqPart>,
+    /// Sequence features among the group's features, each pooled by its
+    /// combiner, in the group's `feature_names` order.
+    pub combined: Vec<CombinedSeq>,
     /// Target attentions over sequences, appended to the group's features.
     pub seq: Vec<SeqLayout>,
 }
 
 impl GroupLayout {
+    /// The width of the group's features as the model reads them: its
+    /// plain parts, then its combined sequences' outputs.
+    pub fn features_width(&self) -> usize {
+        self.plain_width + self.combined.iter().map(|c| c.width).sum::<usize>()
+    }
+
+    /// Each feature's `(col, width)` in the group's features (plain parts
+    /// by `listed`, then the combined sequences), in `feature_names` order
+    /// as EasyRec lists them: plain features first.
+    pub fn feature_columns(&self) -> Vec<(usize, usize)> {
+        let plain = self.listed.iter().map(|&p| (self.parts[p].col, self.parts[p].dim));
+        plain
+            .chain(self.combined.iter().map(|c| (c.out_col, c.width)))
+            .collect()
+    }
+
     pub fn sparse_parts(&self) -> impl Iterator<Item = &Part> {
         self.parts.iter().filter(|p| p.table.is_some())
     }
@@ -70,6 +89,26 @@ impl GroupLayout {
     pub fn embedded(&self) -> bool {
         self.sparse_parts().next().is_some() || self.seq_parts.iter().any(|p| p.kind.table().is_some())
     }
+}
+
+/// A sequence among a group's features, pooled by its combiner: it reads
+/// the positions (and, for attention, the length) columns of its input,
+/// its output sits at `out_col` of the group's features (after the plain
+/// parts, the combined sequences ordered as EasyRec's input layer
+/// concatenates them, by column name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CombinedSeq {
+    pub feature: usize,
+    /// The feature's name, which its layers are named after.
+    pub name: String,
+    pub combiner: SeqCombiner,
+    /// `(col, dim)` of the positions block, `len * dim` wide.
+    pub positions: (usize, usize),
+    pub len: usize,
+    /// The column of the row's length, where the combiner masks by it.
+    pub len_col: Option<usize>,
+    pub out_col: usize,
+    pub width: usize,
 }
 
 /// A column block that the sequence layers of a group read.
@@ -230,11 +269,11 @@ pub struct GroupDropout {
 
 impl GroupDropout {
     /// EasyRec's entries: one per feature (`embedding_wise`: per column)
-    /// in the order its input layer concatenates the features, whatever
-    /// order the group's columns are in here. `None` for a group without
-    /// plain columns.
+    /// in the order its input layer concatenates the features (combined
+    /// sequences last), whatever order the group's columns are in here.
+    /// `None` for a group without features of its own.
     fn of(l: &GroupLayout, plan: &TrainingPlan, embedding_wise: bool) -> Option<Self> {
-        if l.plain_width == 0 {
+        if l.features_width() == 0 {
             return None;
         }
         let mut easyrec: Vec<usize> = (0..l.parts.len()).collect();
@@ -246,11 +285,19 @@ impl GroupDropout {
             first[k] = next;
             next += if embedding_wise { l.parts[k].dim } else { 1 };
         }
-        let mut index = vec![0; l.plain_width];
+        let mut index = vec![0; l.features_width()];
         for (k, p) in l.parts.iter().enumerate() {
             for c in 0..p.dim {
                 index[p.col + c] = first[k] + if embedding_wise { c } else { 0 };
             }
+        }
+        let mut seqs: Vec<&CombinedSeq> = l.combined.iter().collect();
+        seqs.sort_by_key(|s| s.out_col);
+        for s in seqs {
+            for c in 0..s.width {
+                index[s.out_col + c] = next + if embedding_wise { c } else { 0 };
+            }
+            next += if embedding_wise { s.width } else { 1 };
         }
         let name = if l.name == "all" {
             DROPOUT_LOGITS.to_string()
@@ -281,8 +328,18 @@ impl Model {
         let mut groups = Vec::new();
         for g in &plan.groups {
             let mut parts = Vec::new();
+            let mut pooled = Vec::new();
             for &fi in &g.features {
                 let f = &plan.features[fi];
+                if let FeatureKind::Sequence {
+                    combiner: Some(c),
+                    max_len,
+                    ..
+                } = &f.kind
+                {
+                    pooled.push((fi, c.clone(), *max_len));
+                    continue;
+                }
                 let part = match enc.table_rows(fi) {
                     None => Part {
                         feature: fi,
@@ -322,6 +379,7 @@ impl Model {
             let listed = g
                 .features
                 .iter()
+                .filter(|f| !pooled.iter().any(|(p, ..)| p == *f))
                 .map(|f| {
                     parts
                         .iter()
@@ -331,6 +389,41 @@ impl Model {
                 .collect();
             let plain_width = col;
             let mut seq_parts = Vec::new();
+            let mut combined = Vec::new();
+            for (fi, combiner, max_len) in pooled {
+                let rows = enc.table_rows(fi).expect("a sequence has ids");
+                let (table, dim) = table_of(&mut tables, plan, (g, false), fi, rows)?;
+                let len = combiner.positions(max_len);
+                let mut add = |kind: SeqPartKind| {
+                    let at = col;
+                    col += kind.width();
+                    seq_parts.push(SeqPart {
+                        feature: fi,
+                        col: at,
+                        kind,
+                    });
+                    at
+                };
+                let pos = add(SeqPartKind::Positions { table, dim, len });
+                let len_col = matches!(combiner, SeqCombiner::Attention).then(|| add(SeqPartKind::Length { len }));
+                combined.push(CombinedSeq {
+                    feature: fi,
+                    name: plan.features[fi].name.clone(),
+                    width: combiner.width(dim),
+                    combiner,
+                    positions: (pos, dim),
+                    len,
+                    len_col,
+                    out_col: 0,
+                });
+            }
+            let mut by_column: Vec<usize> = (0..combined.len()).collect();
+            by_column.sort_by_cached_key(|&k| plan.features[combined[k].feature].easyrec_column());
+            let mut out = plain_width;
+            for k in by_column {
+                combined[k].out_col = out;
+                out += combined[k].width;
+            }
             let mut seq = Vec::new();
             for att in &g.seq {
                 let mut add = |kind: SeqPartKind, feature: usize, col: &mut usize| {
@@ -412,6 +505,7 @@ impl Model {
                 parts,
                 listed,
                 seq_parts,
+                combined,
                 seq,
             });
         }

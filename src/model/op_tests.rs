@@ -69,6 +69,10 @@ fn cases() -> Vec<Case> {
         case("batch norm+tanh", true, |g, s, x| s.batch_norm(g, x[0], "bn", tanh)),
         case("act", true, |g, _, x| g.act(x[0], tanh)),
         case("dropout", true, |g, _, x| g.dropout(x[0], 0.4)),
+        case("max over blocks", true, |g, _, x| {
+            let both = g.concat(&[x[0], x[1]]);
+            g.max_blocks(both, 4)
+        }),
         case("variational dropout by feature", true, |g, s, x| {
             let p = s.params.add("logit_p", 1, 3, Init::GlorotUniformVector, false, s.rng);
             g.variational_dropout(x[0], s.params, p, vec![0, 0, 1, 1, 1, 2])

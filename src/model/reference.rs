@@ -119,6 +119,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             Op::Add(xs) => xs[1..].iter().fold(v[xs[0].0].clone(), |acc, x| acc + v[x.0].clone()),
             Op::Mul(a, c) => v[a.0].clone() * v[c.0].clone(),
             Op::SumBlocks { x, n } => v[x.0].clone().reshape([b, *n, width]).sum_dim(1).reshape([b, width]),
+            Op::MaxBlocks { x, n } => v[x.0].clone().reshape([b, *n, width]).max_dim(1).reshape([b, width]),
             Op::Fm { x, n } => {
                 let blocks: Tensor<3> = v[x.0].clone().reshape([b, *n, width]);
                 let s: Tensor<2> = blocks.clone().sum_dim(1).reshape([b, width]);

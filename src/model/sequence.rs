@@ -16,30 +16,84 @@
 use anyhow::bail;
 
 use super::graph::{Graph, Kernel, NodeId, Scope};
-use super::{GroupLayout, SeqLayout};
+use super::{CombinedSeq, GroupLayout, SeqLayout};
 use crate::config::model_plan::{Activation, DnnSpec};
+use crate::config::typed::SeqCombiner;
 
-/// The features of group `l` from its input matrix `x`: its plain columns
-/// (`plain`, what the model makes of `x`'s first `plain_width` columns),
-/// then the output of each target attention.
+/// The features of group `l` from its input matrix `x`: its own features
+/// (`features`: the plain parts and combined sequences, `features_width`
+/// wide; none in a group of attentions alone), then the output of each
+/// target attention.
 pub fn group_features(
     l: &GroupLayout,
     x: NodeId,
-    plain: NodeId,
+    features: Option<NodeId>,
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
     if l.seq.is_empty() {
-        return Ok(plain);
+        return Ok(features.unwrap_or(x));
     }
-    let mut outs = Vec::new();
-    if l.plain_width > 0 {
-        outs.push(plain);
-    }
+    let mut outs: Vec<NodeId> = features.into_iter().collect();
     for sl in &l.seq {
         outs.push(target_attention(sl, x, g, s)?);
     }
     Ok(g.concat(&outs))
+}
+
+/// A sequence among the group's features pooled by its combiner
+/// (EasyRec's input layer: `attention` or `text_cnn`), `[b, c.width]`.
+pub fn combine(c: &CombinedSeq, l: &GroupLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+    let ((col, dim), n) = (c.positions, c.len);
+    let h = g.slice(x, col, n * dim);
+    let name = format!("{}/{}", l.name, c.name);
+    Ok(match &c.combiner {
+        SeqCombiner::Attention => {
+            // tf.layers.dense(units=1, use_bias=False) with the kernel
+            // regularizer, per position.
+            let k = Kernel {
+                bias: false,
+                ..Kernel::DENSE
+            };
+            let rows = g.unfold(h, n);
+            let z = s.layer(g, rows, &format!("{name}/attention"), 1, k, Activation::Linear);
+            let scores = g.fold(z, n);
+            let len = g.slice(x, c.len_col.expect("attention masks by the length"), 1);
+            let w = g.masked_softmax(scores, len);
+            g.attn_pool(w, h)
+        }
+        SeqCombiner::TextCnn {
+            filter_sizes,
+            num_filters,
+            activation,
+            ..
+        } => {
+            // Keras' Conv1D (valid padding) as a dense layer over each
+            // window of `size` positions: its kernel `[size, dim, filters]`
+            // is the `[size * dim, filters]` matrix of a window's columns.
+            // No regularizer.
+            let k = Kernel {
+                l2: false,
+                ..Kernel::DENSE
+            };
+            let mut pooled = Vec::new();
+            for (i, (&size, &filters)) in filter_sizes.iter().zip(num_filters).enumerate() {
+                let steps = n + 1 - size;
+                let windows: Vec<NodeId> = (0..steps).map(|t| g.slice(h, t * dim, size * dim)).collect();
+                let w = g.concat(&windows);
+                let rows = g.unfold(w, steps);
+                let conv = if i == 0 {
+                    "conv1d".to_string()
+                } else {
+                    format!("conv1d_{i}")
+                };
+                let y = s.layer(g, rows, &format!("{name}_text_cnn/{conv}"), filters, k, *activation);
+                let y = g.fold(y, steps);
+                pooled.push(g.max_blocks(y, steps));
+            }
+            g.concat(&pooled)
+        }
+    })
 }
 
 fn target_attention(sl: &SeqLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
@@ -130,4 +184,123 @@ fn scoring_dnn(s: &mut Scope, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSp
         Activation::Linear,
     );
     g.dropout(z, spec.dropout.get(last).copied().unwrap_or(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cpu::{Mode, Tape};
+    use crate::model::params::ParamStore;
+    use crate::util::Rng;
+
+    /// A group of one combined sequence of `n` positions of width `d`,
+    /// with its length column after them; the output of `combine` on
+    /// random rows, the rows and the parameters.
+    fn run(combiner: SeqCombiner, n: usize, d: usize, lens: &[f32]) -> (Vec<f32>, Vec<f32>, ParamStore) {
+        let width = n * d + 1;
+        let l = GroupLayout {
+            name: "g".into(),
+            wide: false,
+            width,
+            plain_width: 0,
+            parts: Vec::new(),
+            listed: Vec::new(),
+            seq_parts: Vec::new(),
+            combined: Vec::new(),
+            seq: Vec::new(),
+        };
+        let c = CombinedSeq {
+            feature: 0,
+            name: "s".into(),
+            width: combiner.width(d),
+            combiner,
+            positions: (0, d),
+            len: n,
+            len_col: Some(n * d),
+            out_col: 0,
+        };
+        let (mut params, mut buffers, mut rng) = (ParamStore::default(), ParamStore::default(), Rng::new(7));
+        let mut s = Scope {
+            params: &mut params,
+            buffers: &mut buffers,
+            rng: &mut rng,
+        };
+        let mut g = Graph::default();
+        let x = g.input(0, width);
+        let out = combine(&c, &l, x, &mut g, &mut s).unwrap();
+        // Non-zero biases.
+        for v in params.values.iter_mut() {
+            *v += 0.1;
+        }
+        let mut r = Rng::new(3);
+        let b = lens.len();
+        let mut rows: Vec<f32> = (0..b * width).map(|_| r.normal() as f32).collect();
+        for (k, len) in lens.iter().enumerate() {
+            rows[k * width + n * d] = *len;
+        }
+        let inputs = [rows.clone()];
+        let t = Tape::forward(&g, (&params, &buffers), &inputs, b, Mode::Infer);
+        (t.value(out).to_vec(), rows, params)
+    }
+
+    /// Keras' Conv1D (kernel `[size, dim, filters]`, valid padding) then
+    /// global max pooling, per filter size, computed directly.
+    #[test]
+    fn text_cnn_is_keras_conv1d_then_global_max_pooling() {
+        let (n, d) = (5, 3);
+        let (sizes, counts) = (vec![2, 4], vec![3, 2]);
+        let combiner = SeqCombiner::TextCnn {
+            filter_sizes: sizes.clone(),
+            num_filters: counts.clone(),
+            pad: n,
+            activation: Activation::Relu,
+        };
+        let (y, rows, p) = run(combiner, n, d, &[5.0, 2.0]);
+        let width = n * d + 1;
+        for (r, row) in rows.chunks(width).enumerate() {
+            let mut want = Vec::new();
+            for (i, (&k, &f)) in sizes.iter().zip(&counts).enumerate() {
+                let (w, bias) = (p.slice(2 * i), p.slice(2 * i + 1));
+                for o in 0..f {
+                    let best = (0..=n - k)
+                        .map(|t| {
+                            let mut z = bias[o];
+                            for j in 0..k {
+                                for c in 0..d {
+                                    z += row[(t + j) * d + c] * w[(j * d + c) * f + o];
+                                }
+                            }
+                            z.max(0.0)
+                        })
+                        .fold(f32::MIN, f32::max);
+                    want.push(best);
+                }
+            }
+            let got = &y[r * want.len()..(r + 1) * want.len()];
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "row {r}: {got:?} vs {want:?}");
+            }
+        }
+    }
+
+    /// EasyRec's attention combiner: a score per position, softmaxed over
+    /// the row's positions, the embeddings pooled with those weights.
+    #[test]
+    fn attention_combiner_pools_the_positions_a_row_has() {
+        let (n, d) = (4, 2);
+        let (y, rows, p) = run(SeqCombiner::Attention, n, d, &[3.0, 1.0, 0.0]);
+        let w = p.slice(0);
+        for (r, row) in rows.chunks(n * d + 1).enumerate() {
+            let len = row[n * d] as usize;
+            let scores: Vec<f32> = (0..len).map(|t| (0..d).map(|c| row[t * d + c] * w[c]).sum()).collect();
+            let m = scores.iter().copied().fold(f32::MIN, f32::max);
+            let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+            let total: f32 = e.iter().sum();
+            for c in 0..d {
+                let want: f32 = (0..len).map(|t| e[t] / total * row[t * d + c]).sum();
+                let got = y[r * d + c];
+                assert!((got - want).abs() < 1e-5, "row {r} col {c}: {got} vs {want}");
+            }
+        }
+    }
 }

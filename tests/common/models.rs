@@ -104,6 +104,18 @@ pub const MODELS: &[(&str, &str)] = &[
   variational_dropout { regularization_lambda: 0.2 embedding_wise_variational_dropout: true } }"#,
     ),
     (
+        "DeepFM+sequence_combiners",
+        r#"feature_configs { input_names: "c3" feature_name: "title" feature_type: SequenceFeature separator: "|"
+  hash_bucket_size: 30 embedding_dim: 4
+  sequence_combiner { text_cnn { filter_sizes: [1, 2] num_filters: [2, 2] pad_sequence_length: 3 } } }
+feature_configs { input_names: "c3" feature_name: "att" feature_type: SequenceFeature separator: "|"
+  hash_bucket_size: 20 embedding_dim: 4 max_seq_len: 2 sequence_combiner { attention {} } }
+model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["att", "c1", "title", "c2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8] } } }"#,
+    ),
+    (
         "FM",
         r#"model_config { model_class: "FM"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
