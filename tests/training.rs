@@ -98,6 +98,13 @@ model_config { model_class: "DeepFM"
          task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
          task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } weight: 0.5 } } }"#
         }
+        "SimpleMultiTask" => {
+            r#"model_config { model_class: "SimpleMultiTask"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  simple_multi_task {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [8, 4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] use_bn: false } weight: 0.5 } } }"#
+        }
         "DBMTL" => {
             r#"model_config { model_class: "DBMTL"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
@@ -516,7 +523,8 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 15] = [
+const MODELS: [&str; 16] = [
+    "SimpleMultiTask",
     "WideAndDeep",
     "DLRM",
     "DeepFM",

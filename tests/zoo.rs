@@ -118,6 +118,8 @@ const PASSING: &[&str] = &[
     "zoo/multi_tower_with_embed.config",
     "zoo/rtp.config",
     "zoo/simple_multi_task_backbone_on_taobao.config",
+    "zoo/simple_multi_task_on_sequence_feature_taobao.config",
+    "zoo/simple_multi_task_on_taobao.config",
     "zoo/wide_and_deep_backbone_on_avazau.config",
     "zoo/wide_and_deep_on_avazau_ctr.config",
     "zoo/wide_and_deep_on_sequence_feature_taobao.config",

@@ -115,7 +115,8 @@ pub enum Arch {
         final_dnn: DnnSpec,
     },
     /// Multi-gate mixture of experts: experts over one group, a softmax
-    /// gate per task mixing them, a tower per task.
+    /// gate per task mixing them, a tower per task. Without experts, each
+    /// tower reads the group itself (EasyRec's SimpleMultiTask).
     Mmoe {
         experts: Vec<DnnSpec>,
         towers: Vec<TaskTower>,
@@ -325,6 +326,22 @@ pub fn arch(
             let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
             let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
             (Arch::Mmoe { experts: ex, towers }, x.l2_regularization, Some(tasks))
+        }
+        Some(M::SimpleMultiTask(x)) => {
+            let path = format!("{m}.simple_multi_task");
+            if model.backbone.is_some() {
+                return Err(ConfigError::unsupported(
+                    "model_config.backbone",
+                    "SimpleMultiTask over a backbone (use model_class MultiTaskModel)",
+                ));
+            }
+            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
+            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
+            let arch = Arch::Mmoe {
+                experts: Vec::new(),
+                towers,
+            };
+            (arch, x.l2_regularization, Some(tasks))
         }
         Some(M::ModelParams(p)) if model.model_class == "MultiTaskModel" => {
             let path = format!("{m}.model_params");

@@ -218,6 +218,8 @@ pub enum ModelKind {
     MultiTowerDin,
     Mmoe,
     Dbmtl,
+    /// A tower per task over the `all` group.
+    SimpleMultiTask,
     /// A `backbone` DAG with EasyRec's rank head.
     RankModel,
     /// A `backbone` DAG with task towers.
@@ -625,6 +627,7 @@ impl TrainingPlan {
             "MultiTowerDIN" => ModelKind::MultiTowerDin,
             "MMoE" => ModelKind::Mmoe,
             "DBMTL" => ModelKind::Dbmtl,
+            "SimpleMultiTask" => ModelKind::SimpleMultiTask,
             "RankModel" => ModelKind::RankModel,
             "MultiTaskModel" => ModelKind::MultiTaskModel,
             "DSSM" => ModelKind::Dssm,
@@ -632,7 +635,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, RankModel, MultiTaskModel, DSSM)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, SimpleMultiTask, RankModel, MultiTaskModel, DSSM)".into(),
                 })
             }
         };

@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 10] = [
+pub const MODEL_BLOCKS: [(&str, &str); 11] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -81,6 +81,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 10] = [
     ("DLRM", "dlrm"),
     ("MMoE", "mmoe"),
     ("DBMTL", "dbmtl"),
+    ("SimpleMultiTask", "simple_multi_task"),
     ("DSSM", "dssm"),
 ];
 
@@ -98,6 +99,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Dlrm(_) => "dlrm",
         Mmoe(_) => "mmoe",
         Dbmtl(_) => "dbmtl",
+        SimpleMultiTask(_) => "simple_multi_task",
         Dssm(_) => "dssm",
     }
 }

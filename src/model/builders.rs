@@ -490,8 +490,12 @@ impl Builder<'_> {
     }
 
     fn mmoe(&self, g: &mut Graph, s: &mut Scope, experts: &[DnnSpec], towers: &[TaskTower]) -> anyhow::Result<()> {
-        let x = self.all_group("MMoE")?;
-        let inputs = self.mixture(g, s, x, experts, towers.len())?;
+        let x = self.all_group(if experts.is_empty() { "SimpleMultiTask" } else { "MMoE" })?;
+        let inputs = if experts.is_empty() {
+            vec![x; towers.len()]
+        } else {
+            self.mixture(g, s, x, experts, towers.len())?
+        };
         for (i, (t, input)) in towers.iter().zip(inputs).enumerate() {
             let h = match &t.dnn {
                 Some(d) => s.dnn(g, input, &t.name, d),

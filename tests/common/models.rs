@@ -140,6 +140,14 @@ model_config { model_class: "DeepFM"
                 final_dnn { hidden_units: [4] } } }"#,
     ),
     (
+        "SimpleMultiTask",
+        r#"model_config { model_class: "SimpleMultiTask"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c3", "c4"] }
+  simple_multi_task {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [8] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
         "MMoE",
         r#"model_config { model_class: "MMoE"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4", "c1_x_c2"] }
