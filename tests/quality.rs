@@ -135,7 +135,7 @@ fn movielens_100k_din_learns_a_label_planted_in_the_rating_history() {
     );
 }
 
-/// MMoE and DBMTL learn both MovieLens tasks, `like` (rating >= 4) and
+/// MMoE, DBMTL and PLE learn both MovieLens tasks, `like` (rating >= 4) and
 /// `love` (rating 5), report metrics per task under EasyRec's names, and
 /// export a graph with both tasks' outputs.
 /// DSSM's towers learn which movies a user rates: on held-out ratings
@@ -202,7 +202,11 @@ fn movielens_100k_multi_task_models_learn_both_tasks() {
     let src = common::shared_dir().join("data/real/ml-100k");
     rustrec::datagen::prepare_movielens(&src, data.path(), 0.2, 1).unwrap();
     let (train_csv, eval_csv) = (data.path().join("train.csv"), data.path().join("eval.csv"));
-    for config in ["samples/dbmtl_ml100k.config", "samples/mmoe_ml100k.config"] {
+    for config in [
+        "samples/dbmtl_ml100k.config",
+        "samples/mmoe_ml100k.config",
+        "samples/ple_ml100k.config",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let result = train(config, &train_csv, &eval_csv, dir.path(), &[]);
         let like = result["auc_like"].as_f64().unwrap();

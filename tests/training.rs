@@ -98,6 +98,17 @@ model_config { model_class: "DeepFM"
          task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
          task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } weight: 0.5 } } }"#
         }
+        "PLE" => {
+            r#"model_config { model_class: "PLE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  ple {
+    extraction_networks { network_name: "layer1" expert_num_per_task: 2 share_num: 2
+      task_expert_net { hidden_units: [8, 4] } share_expert_net { hidden_units: [6, 4] use_bn: false } }
+    extraction_networks { network_name: "layer2" expert_num_per_task: 1
+      task_expert_net { hidden_units: [3] activation: "tanh" } }
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" weight: 0.5 } } }"#
+        }
         "SimpleMultiTask" => {
             r#"model_config { model_class: "SimpleMultiTask"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
@@ -195,7 +206,21 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 27] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 28] = [
+    (
+        "PLE: three levels, shared experts with dropout, a last level without shared experts",
+        r#"model_config { model_class: "PLE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  ple {
+    extraction_networks { network_name: "a" expert_num_per_task: 1 share_num: 2
+      task_expert_net { hidden_units: [6, 4] } share_expert_net { hidden_units: [5, 4] dropout_ratio: [0.2, 0.1] } }
+    extraction_networks { network_name: "b" expert_num_per_task: 2 share_num: 1
+      task_expert_net { hidden_units: [3] use_bn: false } share_expert_net { hidden_units: [3] } }
+    extraction_networks { network_name: "c" expert_num_per_task: 2
+      task_expert_net { hidden_units: [4] activation: "tanh" } }
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" } } }"#,
+    ),
     (
         "DeepFM over sequences pooled by a text CNN and by attention, FM over them, raw values between",
         r#"feature_configs { input_names: "c3" feature_name: "title" feature_type: SequenceFeature separator: "|"
@@ -523,7 +548,8 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 16] = [
+const MODELS: [&str; 17] = [
+    "PLE",
     "SimpleMultiTask",
     "WideAndDeep",
     "DLRM",

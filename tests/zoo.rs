@@ -116,6 +116,8 @@ const PASSING: &[&str] = &[
     "zoo/multi_tower_on_taobao_sok.config",
     "zoo/multi_tower_on_taobao_unblanace.config",
     "zoo/multi_tower_with_embed.config",
+    "zoo/ple_on_sequence_feature_taobao.config",
+    "zoo/ple_on_taobao.config",
     "zoo/rtp.config",
     "zoo/simple_multi_task_backbone_on_taobao.config",
     "zoo/simple_multi_task_on_sequence_feature_taobao.config",

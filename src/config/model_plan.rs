@@ -121,6 +121,15 @@ pub enum Arch {
         experts: Vec<DnnSpec>,
         towers: Vec<TaskTower>,
     },
+    /// Progressive layered extraction over the `all` group: per level,
+    /// experts of each task and shared experts, each task's gate mixing
+    /// its own and the shared ones (and, below the last level, a shared
+    /// gate mixing all of them for the next level's shared experts); a
+    /// tower per task over its last mixture.
+    Ple {
+        levels: Vec<PleLevel>,
+        towers: Vec<TaskTower>,
+    },
     /// Deep Bayesian multi-task learning: an optional shared bottom DNN,
     /// optional MMoE experts, a tower per task and relation DNNs that feed
     /// each task the relation outputs of the tasks it depends on.
@@ -150,6 +159,17 @@ pub enum Arch {
         temperature: f32,
         scale_simi: bool,
     },
+}
+
+/// One of PLE's `extraction_networks`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PleLevel {
+    pub name: String,
+    pub per_task: usize,
+    pub task_net: DnnSpec,
+    /// The shared experts' count and network.
+    pub shared: usize,
+    pub share_net: Option<DnnSpec>,
 }
 
 /// A task tower's layers (its label, loss and metrics are a `tasks::Task`).
@@ -326,6 +346,55 @@ pub fn arch(
             let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
             let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
             (Arch::Mmoe { experts: ex, towers }, x.l2_regularization, Some(tasks))
+        }
+        Some(M::Ple(x)) => {
+            let path = format!("{m}.ple");
+            if model.backbone.is_some() {
+                return Err(ConfigError::unsupported(
+                    "model_config.backbone",
+                    "PLE over a backbone (use model_class MultiTaskModel)",
+                ));
+            }
+            if x.extraction_networks.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.extraction_networks"),
+                    "PLE needs at least one extraction network",
+                ));
+            }
+            let levels = x
+                .extraction_networks
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let p = format!("{path}.extraction_networks[{i}]");
+                    if n.expert_num_per_task == 0 {
+                        return Err(ConfigError::invalid(
+                            format!("{p}.expert_num_per_task"),
+                            "each task needs at least one expert",
+                        ));
+                    }
+                    let share_net = match (&n.share_expert_net, n.share_num()) {
+                        (_, 0) => None,
+                        (Some(d), _) => Some(dnn(d, &format!("{p}.share_expert_net"))?),
+                        (None, _) => {
+                            return Err(ConfigError::invalid(
+                                format!("{p}.share_expert_net"),
+                                "share_num is set, so the shared experts need share_expert_net",
+                            ))
+                        }
+                    };
+                    Ok(PleLevel {
+                        name: n.network_name.clone(),
+                        per_task: n.expert_num_per_task as usize,
+                        task_net: dnn(&n.task_expert_net, &format!("{p}.task_expert_net"))?,
+                        shared: if share_net.is_some() { n.share_num() as usize } else { 0 },
+                        share_net,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
+            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
+            (Arch::Ple { levels, towers }, x.l2_regularization(), Some(tasks))
         }
         Some(M::SimpleMultiTask(x)) => {
             let path = format!("{m}.simple_multi_task");

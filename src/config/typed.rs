@@ -220,6 +220,8 @@ pub enum ModelKind {
     Dbmtl,
     /// A tower per task over the `all` group.
     SimpleMultiTask,
+    /// Progressive layered extraction.
+    Ple,
     /// A `backbone` DAG with EasyRec's rank head.
     RankModel,
     /// A `backbone` DAG with task towers.
@@ -628,6 +630,7 @@ impl TrainingPlan {
             "MMoE" => ModelKind::Mmoe,
             "DBMTL" => ModelKind::Dbmtl,
             "SimpleMultiTask" => ModelKind::SimpleMultiTask,
+            "PLE" => ModelKind::Ple,
             "RankModel" => ModelKind::RankModel,
             "MultiTaskModel" => ModelKind::MultiTaskModel,
             "DSSM" => ModelKind::Dssm,
@@ -635,7 +638,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, SimpleMultiTask, RankModel, MultiTaskModel, DSSM)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM)".into(),
                 })
             }
         };

@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 11] = [
+pub const MODEL_BLOCKS: [(&str, &str); 12] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -82,6 +82,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 11] = [
     ("MMoE", "mmoe"),
     ("DBMTL", "dbmtl"),
     ("SimpleMultiTask", "simple_multi_task"),
+    ("PLE", "ple"),
     ("DSSM", "dssm"),
 ];
 
@@ -100,6 +101,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Mmoe(_) => "mmoe",
         Dbmtl(_) => "dbmtl",
         SimpleMultiTask(_) => "simple_multi_task",
+        Ple(_) => "ple",
         Dssm(_) => "dssm",
     }
 }

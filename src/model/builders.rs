@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use super::graph::{Graph, NodeId, Scope};
 use super::params::Init;
 use super::{GroupDropout, GroupLayout};
-use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, TaskTower};
+use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, PleLevel, TaskTower};
 
 /// The graph of `arch` over `groups`, its parameters added to `scope`.
 /// Single-task models have the output `logits`; multi-task ones
@@ -87,6 +87,10 @@ pub fn build(
             b.mmoe(g_, scope, experts, towers)?;
             return Ok(g);
         }
+        Arch::Ple { levels, towers } => {
+            b.ple(g_, scope, levels, towers)?;
+            return Ok(g);
+        }
         Arch::Dbmtl {
             bottom,
             experts,
@@ -161,7 +165,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
             ..
         } => named(&[deep_input.as_str(), cross_input.as_str()]),
         Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
-        Arch::Mmoe { .. } | Arch::Dbmtl { .. } => named(&["all"]),
+        Arch::Mmoe { .. } | Arch::Ple { .. } | Arch::Dbmtl { .. } => named(&["all"]),
         Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } => Vec::new(),
         Arch::Dssm { .. } => named(&["user", "item"]),
     };
@@ -507,6 +511,51 @@ impl Builder<'_> {
         Ok(())
     }
 
+    /// EasyRec's PLE: per level (`<level>`), the experts of task `t`
+    /// (`<level>_task_<t>_expert_<e>/dnn`) and the shared ones
+    /// (`<level>_share/dnn_expert_<e>/dnn`); task `t`'s gate
+    /// (`<level>_task_<t>_gate/dnn`) over its experts then the shared
+    /// ones, and below the last level the shared gate
+    /// (`<level>_share_gate/dnn`) over every expert; then the task towers.
+    fn ple(&self, g: &mut Graph, s: &mut Scope, levels: &[PleLevel], towers: &[TaskTower]) -> anyhow::Result<()> {
+        let x = self.all_group("PLE")?;
+        let mut task_in = vec![x; towers.len()];
+        let mut shared_in = x;
+        for (li, level) in levels.iter().enumerate() {
+            let name = &level.name;
+            let shared: Vec<NodeId> = (0..level.shared)
+                .map(|e| {
+                    let net = level.share_net.as_ref().expect("shared experts have a network");
+                    s.dnn(g, shared_in, &format!("{name}_share/dnn_expert_{e}/dnn"), net)
+                })
+                .collect();
+            let mut all = Vec::new();
+            let mut next = Vec::new();
+            for (t, &input) in task_in.iter().enumerate() {
+                let own: Vec<NodeId> = (0..level.per_task)
+                    .map(|e| s.dnn(g, input, &format!("{name}_task_{t}_expert_{e}/dnn"), &level.task_net))
+                    .collect();
+                let mixed: Vec<NodeId> = own.iter().chain(&shared).copied().collect();
+                next.push(gate(g, s, input, &mixed, &format!("{name}_task_{t}"))?);
+                all.extend(own);
+            }
+            if li + 1 < levels.len() {
+                all.extend(&shared);
+                shared_in = gate(g, s, shared_in, &all, &format!("{name}_share"))?;
+            }
+            task_in = next;
+        }
+        for (i, (t, input)) in towers.iter().zip(task_in).enumerate() {
+            let h = match &t.dnn {
+                Some(d) => s.dnn(g, input, &t.name, d),
+                None => input,
+            };
+            let logits = s.dense(g, h, &format!("dnn_output_{i}"), 1, Activation::Linear);
+            g.output(&format!("logits_{}", t.name), logits);
+        }
+        Ok(())
+    }
+
     fn dbmtl(
         &self,
         g: &mut Graph,
@@ -527,6 +576,23 @@ impl Builder<'_> {
         bayes_towers(g, s, inputs, towers, "/dnn");
         Ok(())
     }
+}
+
+/// PLE's gate `<name>_gate/dnn`: a softmax over `experts` from `selector`,
+/// mixing them.
+fn gate(g: &mut Graph, s: &mut Scope, selector: NodeId, experts: &[NodeId], name: &str) -> anyhow::Result<NodeId> {
+    if experts.iter().any(|e| g.width(*e) != g.width(experts[0])) {
+        bail!("PLE: the experts that gate `{name}` mixes must end with the same width");
+    }
+    let w = s.dense(
+        g,
+        selector,
+        &format!("{name}_gate/dnn"),
+        experts.len(),
+        Activation::Linear,
+    );
+    let w = g.softmax(w);
+    Ok(g.weighted_sum(w, experts))
 }
 
 /// DBMTL's (and MultiTaskModel's) task towers over one input each: a DNN

@@ -140,6 +140,18 @@ model_config { model_class: "DeepFM"
                 final_dnn { hidden_units: [4] } } }"#,
     ),
     (
+        "PLE",
+        r#"model_config { model_class: "PLE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c3", "c4", "c1_x_c2"] }
+  ple {
+    extraction_networks { network_name: "l1" expert_num_per_task: 1 share_num: 2
+      task_expert_net { hidden_units: [8, 4] } share_expert_net { hidden_units: [4] } }
+    extraction_networks { network_name: "l2" expert_num_per_task: 2 share_num: 1
+      task_expert_net { hidden_units: [4] } share_expert_net { hidden_units: [4] } }
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
         "SimpleMultiTask",
         r#"model_config { model_class: "SimpleMultiTask"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c3", "c4"] }
