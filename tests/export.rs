@@ -450,3 +450,67 @@ fn a_packed_serving_input_scores_like_the_rows_it_packs() {
     let err = plain.score_packed(&rows).unwrap_err().to_string();
     assert!(err.contains("takes one input per feature"), "{err}");
 }
+
+/// `filter_inputs: false`: a packed serving row holds every input field but
+/// the labels, the columns no feature reads included (EasyRec's
+/// placeholders then cover them all), and scores as the file's rows do.
+#[test]
+fn packed_rows_hold_every_field_without_filter_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "export_config { multi_placeholder: false filter_inputs: false }";
+    let cfg = setup(dir.path(), "WideAndDeep+final_dnn", extra);
+    // No feature reads c4.
+    let text: String = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("feature_configs { input_names: \"c4\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&cfg, text).unwrap();
+    let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+    let mut t = Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap();
+    t.run().unwrap();
+    let root = dir.path().join("packed");
+    let request = ExportRequest {
+        config_text: &loaded.to_text(),
+        asset_files: &[],
+        metrics: &[],
+        checkpoint: None,
+        external_min_bytes: EXTERNAL_MIN_BYTES,
+    };
+    export_bundle(&Bundle::of(&t).unwrap(), &root, &request).unwrap();
+    let packed = ExportedModel::load(&root).unwrap();
+    // No feature reads c4; it comes along.
+    let layout = packed.packed.clone().expect("a packed serving input");
+    assert_eq!(layout.fields, ["d1", "d2", "c1", "c2", "c3", "c4"]);
+    let batch = t
+        .stream(&t.plan.eval_paths.clone(), false, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let text = std::fs::read_to_string(dir.path().join("data.csv")).unwrap();
+    let rows: Vec<String> = text
+        .lines()
+        .take(batch.size)
+        .map(|l| l.split(',').skip(1).take(6).collect::<Vec<_>>().join(","))
+        .collect();
+    let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+    let (got, want) = (packed.score_packed(&rows).unwrap(), packed.score(&batch).unwrap());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.scores, w.scores);
+    }
+
+    // Filtered (the default), the row holds the fields features read
+    // (EasyRec's effective fields: every configured feature's inputs).
+    t.plan.export.filter_inputs = true;
+    let root = dir.path().join("filtered");
+    let text = loaded.to_text().replace("filter_inputs: false", "");
+    let request = ExportRequest {
+        config_text: &text,
+        ..request
+    };
+    export_bundle(&Bundle::of(&t).unwrap(), &root, &request).unwrap();
+    let filtered = ExportedModel::load(&root).unwrap().packed.unwrap();
+    assert_eq!(filtered.fields, ["d1", "d2", "c1", "c2", "c3"]);
+}

@@ -891,3 +891,103 @@ model_config { model_class: "DBMTL"
     let st = t.train_step(&batch).unwrap();
     assert!(st.loss.is_finite());
 }
+
+/// RTPInput: the same rows as RTP lines (the labels in columns of their
+/// own, every other field in one column split on `separator`) train the
+/// same model as the CSV rows; a line with a feature too few is refused
+/// naming its line.
+#[test]
+fn rtp_input_trains_like_the_same_rows_as_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv_dir = dir.path().join("csv");
+    std::fs::create_dir_all(&csv_dir).unwrap();
+    let mut csv = trainer(&csv_dir, "WideAndDeep");
+    csv.run().unwrap();
+
+    let rows = std::fs::read_to_string(csv_dir.join("data.csv")).unwrap();
+    let rtp_line = |line: &str| {
+        let f: Vec<&str> = line.split(',').collect();
+        // label, filler, label2, then d1..c3 in one column.
+        format!("{};x;{};{}", f[0], f[6], f[1..6].join("\u{2}"))
+    };
+    let rtp_rows: Vec<String> = rows.lines().map(rtp_line).collect();
+    let rtp_data = dir.path().join("rtp.txt");
+    std::fs::write(&rtp_data, rtp_rows.join("\n") + "\n").unwrap();
+    let text = COMMON
+        .replace("DATA", rtp_data.to_str().unwrap())
+        .replace("MODEL_DIR", dir.path().join("rtp_model").to_str().unwrap())
+        .replace(
+            "input_type: CSVInput",
+            "input_type: RTPInput selected_cols: \"0,2,3\" rtp_separator: \";\" separator: \"\\002\"",
+        )
+        .replace(
+            "  input_fields { input_name: \"label2\" input_type: INT32 }\n",
+            "",
+        )
+        .replace(
+            "  input_fields { input_name: \"label\" input_type: INT32 }\n",
+            "  input_fields { input_name: \"label\" input_type: INT32 }\n  input_fields { input_name: \"label2\" input_type: INT32 }\n",
+        )
+        + model_block("WideAndDeep");
+    let cfg = dir.path().join("rtp.config");
+    std::fs::write(&cfg, text).unwrap();
+    let plan = |cfg: &Path| TrainingPlan::from_config(&load_pipeline(cfg, &Default::default()).unwrap().config);
+    let mut rtp = Trainer::new(plan(&cfg).unwrap()).unwrap();
+    rtp.run().unwrap();
+    assert_eq!(rtp.model.params.values, csv.model.params.values);
+    let paths = rtp.plan.train_paths.clone();
+    let (a, b) = (
+        rtp.evaluate(&paths).unwrap(),
+        csv.evaluate(&csv.plan.train_paths.clone()).unwrap(),
+    );
+    assert_eq!(a[0].preds, b[0].preds);
+
+    // A line whose feature column lacks a value.
+    let mut bad = rtp_rows.clone();
+    bad[4] = bad[4].rsplit_once('\u{2}').unwrap().0.to_string();
+    std::fs::write(&rtp_data, bad.join("\n") + "\n").unwrap();
+    let err = format!("{:#}", rtp.evaluate(&paths).unwrap_err());
+    assert!(
+        err.contains("line 5") && err.contains("4 feature values in column 3"),
+        "{err}"
+    );
+    // Labels that are not the first input fields.
+    let swapped = std::fs::read_to_string(&cfg).unwrap().replace(
+        "label_fields: [\"label\", \"label2\"]",
+        "label_fields: [\"label\", \"d1\"]",
+    );
+    std::fs::write(&cfg, swapped).unwrap();
+    let err = plan(&cfg).unwrap_err().to_string();
+    assert!(
+        err.contains("input_fields[1]") && err.contains("not a label field"),
+        "{err}"
+    );
+}
+
+/// `enable_oss_stop_signal`: once model_dir holds `OSS_STOP_SIGNAL`, the
+/// chief ends training after the step it sees it at (the first step is
+/// always looked at), and saves its checkpoint as at num_steps.
+#[test]
+fn a_stop_signal_in_model_dir_ends_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let block = model_block("WideAndDeep");
+    let mut t = trainer_of(dir.path(), "WideAndDeep", block);
+    assert!(!t.plan.stop_signal);
+    let cfg = dir.path().join("WideAndDeep.config");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("num_steps: 10", "num_steps: 10 enable_oss_stop_signal: true");
+    std::fs::write(&cfg, text).unwrap();
+    t = Trainer::new(TrainingPlan::from_config(&load_pipeline(&cfg, &Default::default()).unwrap().config).unwrap())
+        .unwrap();
+    std::fs::create_dir_all(&t.plan.model_dir).unwrap();
+    std::fs::write(t.plan.model_dir.join("OSS_STOP_SIGNAL"), "").unwrap();
+    t.run().unwrap();
+    assert_eq!(t.step, 1);
+    let latest = rustrec::checkpoint::latest(&t.plan.model_dir).unwrap().unwrap();
+    assert!(
+        latest.to_string_lossy().contains("model.ckpt-1"),
+        "{}",
+        latest.display()
+    );
+}

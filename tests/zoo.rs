@@ -122,6 +122,9 @@ const PASSING: &[&str] = &[
     "zoo/simple_multi_task_backbone_on_taobao.config",
     "zoo/simple_multi_task_on_sequence_feature_taobao.config",
     "zoo/simple_multi_task_on_taobao.config",
+    "zoo/taobao_fg.config",
+    "zoo/taobao_fg_signal_stop.config",
+    "zoo/taobao_fg_test_dtype.config",
     "zoo/wide_and_deep_backbone_on_avazau.config",
     "zoo/wide_and_deep_on_avazau_ctr.config",
     "zoo/wide_and_deep_on_sequence_feature_taobao.config",
@@ -272,7 +275,10 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
         Ok(p) => p,
         Err(e) => return refused_or_failed(e.into()),
     };
-    if !matches!(plan.format, InputFormat::Csv { .. } | InputFormat::Parquet { .. }) {
+    if !matches!(
+        plan.format,
+        InputFormat::Csv { .. } | InputFormat::Parquet { .. } | InputFormat::Rtp { .. }
+    ) {
         return Outcome::Failed("a plan for an input that is not a file".into());
     }
     cap_tables(&mut plan);

@@ -27,6 +27,9 @@ pub struct ExportPlan {
     /// model's input fields joined by the data separator (EasyRec's single
     /// `features` placeholder), instead of one input per feature.
     pub packed_input: bool,
+    /// `filter_inputs` (default true): serving inputs are the input fields
+    /// the model reads; false: every input field but the labels.
+    pub filter_inputs: bool,
     /// An export option this exporter cannot honour (field, what it asks
     /// for). Configs that set one still load and train with exporter_type
     /// "none"; exporting reports it (see `check`).
@@ -56,6 +59,7 @@ impl Default for ExportPlan {
             batch_size: None,
             asset_files: Vec::new(),
             packed_input: false,
+            filter_inputs: true,
             unsupported: None,
         }
     }
@@ -77,11 +81,6 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
             e.placeholder_named_by_input(),
             "placeholder_named_by_input",
             "inputs named by column",
-        ),
-        (
-            !e.filter_inputs(),
-            "filter_inputs",
-            "inputs for features the model does not read",
         ),
         (e.export_features(), "export_features", "features as outputs"),
         (e.export_rtp_outputs(), "export_rtp_outputs", "RTP outputs"),
@@ -116,6 +115,7 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
         batch_size: usize::try_from(e.batch_size()).ok().filter(|b| *b > 0),
         asset_files: e.asset_files.clone(),
         packed_input: !e.multi_placeholder(),
+        filter_inputs: e.filter_inputs(),
         unsupported,
     })
 }

@@ -21,6 +21,36 @@ pub enum InputFormat {
     Parquet {
         packed: bool,
     },
+    /// EasyRec's RTPInput: text lines whose non-label fields share one
+    /// column, split on `separator`.
+    Rtp {
+        separator: String,
+        layout: RtpLayout,
+    },
+}
+
+/// EasyRec's RTPInput layout: a line's columns (split on `rtp_separator`)
+/// hold the label fields at `label_cols` (the first input fields, in
+/// order) and the other fields, in `input_fields` order, in column
+/// `feature_col`, split on the separator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RtpLayout {
+    pub rtp_separator: String,
+    pub label_cols: Vec<usize>,
+    pub feature_col: usize,
+}
+
+impl InputFormat {
+    /// The separator of a row's fields as a packed serving string carries
+    /// them ("," for Parquet input, EasyRec's default).
+    pub fn field_separator(&self) -> &str {
+        match self {
+            InputFormat::Csv { separator, .. } | InputFormat::Rtp { separator, .. } if !separator.is_empty() => {
+                separator
+            }
+            _ => ",",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,6 +364,57 @@ impl SeqCombiner {
     }
 }
 
+/// Where RTPInput's fields are (`selected_cols`: the label columns, then
+/// the feature column), checked against the input fields: EasyRec reads
+/// the labels into the first input fields.
+fn rtp_layout(data: &proto::DatasetConfig) -> Result<RtpLayout, ConfigError> {
+    let path = "data_config.selected_cols";
+    let cols = data
+        .selected_cols()
+        .split(',')
+        .map(|c| c.trim().parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| {
+            ConfigError::invalid(
+                path,
+                format!(
+                    "`{}` is not a list of column numbers (the label columns, then the feature column)",
+                    data.selected_cols()
+                ),
+            )
+        })?;
+    let (feature_col, label_cols) = cols.split_last().expect("split yields one item");
+    if label_cols.len() != data.label_fields.len() {
+        return Err(ConfigError::invalid(
+            path,
+            format!(
+                "{} label columns for {} label_fields: RTPInput reads one column per label, then the feature column",
+                label_cols.len(),
+                data.label_fields.len()
+            ),
+        ));
+    }
+    for (i, f) in data.input_fields.iter().take(label_cols.len()).enumerate() {
+        if !data.label_fields.contains(&f.input_name) {
+            return Err(ConfigError::invalid(
+                format!("data_config.input_fields[{i}]"),
+                format!(
+                    "`{}` is not a label field: RTPInput reads its label columns into the first input fields",
+                    f.input_name
+                ),
+            ));
+        }
+    }
+    if data.rtp_separator().is_empty() {
+        return Err(ConfigError::invalid("data_config.rtp_separator", "must not be empty"));
+    }
+    Ok(RtpLayout {
+        rtp_separator: data.rtp_separator().to_string(),
+        label_cols: label_cols.to_vec(),
+        feature_col: *feature_col,
+    })
+}
+
 /// `max_len`: the positions the sequence keeps (`max_seq_len`).
 fn seq_combiner(c: &proto::SequenceCombiner, path: &str, max_len: usize) -> Result<Option<SeqCombiner>, ConfigError> {
     use proto::sequence_combiner::Combiner;
@@ -398,6 +479,10 @@ fn seq_combiner(c: &proto::SequenceCombiner, path: &str, max_len: usize) -> Resu
         }
     })
 }
+
+/// The file in model_dir whose appearance ends training when
+/// `enable_oss_stop_signal` is set (EasyRec's name).
+pub const STOP_SIGNAL: &str = "OSS_STOP_SIGNAL";
 
 /// A sequence's length when `max_seq_len` does not say: the model gives
 /// each of its positions a slot, and longer rows keep their first values.
@@ -479,6 +564,9 @@ pub struct TrainingPlan {
     pub strategy: Strategy,
     pub checkpoints: CheckpointCadence,
     pub keep_checkpoint_max: u32,
+    /// `enable_oss_stop_signal`: training ends (as at num_steps) once the
+    /// file `STOP_SIGNAL` appears in model_dir.
+    pub stop_signal: bool,
     pub log_step_count_steps: u32,
     pub save_summary_steps: u32,
     pub gradient_clip_norm: Option<f32>,
@@ -583,6 +671,10 @@ impl TrainingPlan {
             },
             InputType::ParquetInput => InputFormat::Parquet { packed: true },
             InputType::ParquetInputV2 => InputFormat::Parquet { packed: false },
+            InputType::RtpInput => InputFormat::Rtp {
+                separator: data.separator().to_string(),
+                layout: rtp_layout(&data)?,
+            },
             other => {
                 return Err(ConfigError::unsupported(
                     "data_config.input_type",
@@ -807,6 +899,7 @@ impl TrainingPlan {
             strategy,
             checkpoints,
             keep_checkpoint_max: train.keep_checkpoint_max(),
+            stop_signal: train.enable_oss_stop_signal(),
             log_step_count_steps: train.log_step_count_steps().max(1),
             save_summary_steps: train.save_summary_steps(),
             gradient_clip_norm: Some(train.gradient_clipping_by_norm()).filter(|c| *c > 0.0),
@@ -846,7 +939,7 @@ fn variational_dropout(model: &proto::EasyRecModel) -> Result<Option<Variational
 /// hints, such as thread counts, `protocol` or `write_graph`, change no
 /// result and are accepted; the README lists them.)
 fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
-    let set: [(&str, &str, bool); 6] = [
+    let set: [(&str, &str, bool); 5] = [
         ("is_profiling", "profiling", train.is_profiling()),
         (
             "incr_save_config",
@@ -867,11 +960,6 @@ fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
             "summary_model_vars",
             "summaries of every variable",
             train.summary_model_vars(),
-        ),
-        (
-            "enable_oss_stop_signal",
-            "OSS stop signals",
-            train.enable_oss_stop_signal(),
         ),
     ];
     if let Some((field, what, _)) = set.iter().find(|(_, _, on)| *on) {

@@ -1,5 +1,8 @@
 //! CSVInput: one record per line, columns in `input_fields` order, split on
-//! `data_config.separator`; empty values take the field's default.
+//! `data_config.separator`; empty values take the field's default. RTPInput:
+//! one record per line as well, its columns split on `rtp_separator`, the
+//! labels in some of them and every other field in one column of its own,
+//! split on `separator` (`RtpLayout`).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Cursor};
@@ -7,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::column::{Column, RawBatch};
 use super::{CellError, DataError, Projection};
+use crate::config::typed::RtpLayout;
 
 /// Lines of CSV text: a file's, or text in memory.
 type Lines = Box<dyn Iterator<Item = std::io::Result<String>> + Send>;
@@ -26,6 +30,7 @@ pub struct CsvChunks {
     lines: Lines,
     line_no: usize,
     separator: String,
+    rtp: Option<RtpLayout>,
     num_fields: usize,
     /// What declares the fields, for a row with another count.
     declared_by: &'static str,
@@ -53,6 +58,20 @@ impl CsvChunks {
             declared_by: "data_config.input_fields",
         };
         Self::over(path, lines, layout, projection, chunk_rows)
+    }
+
+    /// An RTPInput file (`rtp` says where the fields are).
+    pub fn open_rtp(
+        path: &Path,
+        separator: &str,
+        rtp: &RtpLayout,
+        field_names: &[String],
+        projection: &Projection,
+        chunk_rows: usize,
+    ) -> Result<Self, DataError> {
+        let mut c = Self::open(path, separator, false, field_names, projection, chunk_rows)?;
+        c.rtp = Some(rtp.clone());
+        Ok(c)
     }
 
     /// Rows held in memory (`name` stands for them in messages), one per
@@ -118,12 +137,57 @@ impl CsvChunks {
             } else {
                 separator.into()
             },
+            rtp: None,
             num_fields: field_names.len(),
             declared_by,
             projection: projection.clone(),
             positions,
             chunk_rows,
         })
+    }
+
+    /// A line's fields in `input_fields` order.
+    fn fields<'l>(&self, line: &'l str) -> Result<Vec<&'l str>, String> {
+        let sep = self.separator.as_str();
+        let Some(rtp) = &self.rtp else {
+            let fields: Vec<&str> = line.split(sep).collect();
+            if fields.len() != self.num_fields {
+                return Err(format!(
+                    "{} fields, but {} declares {}",
+                    fields.len(),
+                    self.declared_by,
+                    self.num_fields
+                ));
+            }
+            return Ok(fields);
+        };
+        let cols: Vec<&str> = line.split(rtp.rtp_separator.as_str()).collect();
+        let needed = rtp
+            .label_cols
+            .iter()
+            .chain([&rtp.feature_col])
+            .max()
+            .map_or(0, |c| c + 1);
+        if cols.len() < needed {
+            return Err(format!(
+                "{} columns split on rtp_separator `{}`, but data_config.selected_cols reads column {}",
+                cols.len(),
+                rtp.rtp_separator,
+                needed - 1
+            ));
+        }
+        let mut fields: Vec<&str> = rtp.label_cols.iter().map(|&c| cols[c]).collect();
+        fields.extend(cols[rtp.feature_col].split(sep));
+        if fields.len() != self.num_fields {
+            return Err(format!(
+                "{} feature values in column {} (split on `{}`), but data_config.input_fields declares {} besides the labels",
+                fields.len() - rtp.label_cols.len(),
+                rtp.feature_col,
+                sep.escape_default(),
+                self.num_fields - rtp.label_cols.len()
+            ));
+        }
+        Ok(fields)
     }
 
     fn parse_error(&self, column: &str, message: String) -> DataError {
@@ -158,19 +222,16 @@ impl Iterator for CsvChunks {
             if line.is_empty() {
                 continue;
             }
-            let fields: Vec<&str> = line.split(self.separator.as_str()).collect();
-            if fields.len() != self.num_fields {
-                return Some(Err(DataError::Row {
-                    file: self.path.clone(),
-                    location: format!("line {}", self.line_no),
-                    message: format!(
-                        "{} fields, but {} declares {}",
-                        fields.len(),
-                        self.declared_by,
-                        self.num_fields
-                    ),
-                }));
-            }
+            let fields = match self.fields(line) {
+                Ok(f) => f,
+                Err(message) => {
+                    return Some(Err(DataError::Row {
+                        file: self.path.clone(),
+                        location: format!("line {}", self.line_no),
+                        message,
+                    }))
+                }
+            };
             for ((col, spec), &pos) in columns.iter_mut().zip(&self.projection.columns).zip(&self.positions) {
                 if let Err(e) = spec.push_cell(col, fields[pos]) {
                     let what = match e {

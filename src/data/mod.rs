@@ -233,7 +233,7 @@ impl StreamSpec {
         let mut all = Vec::new();
         for f in &self.files {
             match self.format {
-                InputFormat::Csv { .. } => all.push(Split {
+                InputFormat::Csv { .. } | InputFormat::Rtp { .. } => all.push(Split {
                     path: f.clone(),
                     row_group: None,
                 }),
@@ -268,6 +268,17 @@ impl StreamSpec {
                     &split.path,
                     separator,
                     *with_header,
+                    &names,
+                    &self.projection,
+                    chunk_rows,
+                )?)
+            }
+            (InputFormat::Rtp { separator, layout }, _) => {
+                let names: Vec<String> = self.fields.iter().map(|f| f.name.clone()).collect();
+                Box::new(csv::CsvChunks::open_rtp(
+                    &split.path,
+                    separator,
+                    layout,
                     &names,
                     &self.projection,
                     chunk_rows,

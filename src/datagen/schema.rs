@@ -144,6 +144,30 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
             }
             std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
         }
+        InputFormat::Rtp { layout, .. } => {
+            let separator = plan.format.field_separator();
+            // The label fields in their columns, every other field in the
+            // feature column; columns nothing reads hold a filler.
+            let width = layout
+                .label_cols
+                .iter()
+                .chain([&layout.feature_col])
+                .max()
+                .map_or(0, |c| c + 1);
+            let nlab = layout.label_cols.len();
+            let mut text = String::new();
+            for row in &table {
+                let mut cols = vec!["-".to_string(); width];
+                for (i, &c) in layout.label_cols.iter().enumerate() {
+                    cols[c] = row[i].text();
+                }
+                let feats: Vec<String> = row[nlab..].iter().map(Cell::text).collect();
+                cols[layout.feature_col] = feats.join(separator);
+                text.push_str(&cols.join(&layout.rtp_separator));
+                text.push('\n');
+            }
+            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+        }
         InputFormat::Parquet { .. } => {
             let mut fields = Vec::new();
             let mut columns: Vec<ArrayRef> = Vec::new();

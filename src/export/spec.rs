@@ -18,13 +18,21 @@ pub const FORMAT: &str = "rustrec-feature-spec-3";
 
 /// The input fields a packed serving row holds, in `input_fields` order:
 /// those the features read and GAUC's uid fields, as EasyRec's single
-/// `features` placeholder takes them (labels left out).
+/// `features` placeholder takes them (labels left out); with
+/// `filter_inputs: false` every field but the labels.
 pub fn packed_fields(plan: &TrainingPlan) -> Vec<String> {
     let uid_fields: Vec<&str> = plan.gauc_uid_fields().collect();
+    let read = |name: &str| {
+        if plan.export.filter_inputs {
+            plan.features.iter().any(|f| f.inputs.iter().any(|i| i == name)) || uid_fields.contains(&name)
+        } else {
+            !plan.label_fields.iter().any(|l| l == name)
+        }
+    };
     plan.fields
         .iter()
         .map(|f| f.name.as_str())
-        .filter(|name| plan.features.iter().any(|f| f.inputs.iter().any(|i| i == name)) || uid_fields.contains(name))
+        .filter(|name| read(name))
         .map(str::to_string)
         .collect()
 }
@@ -32,10 +40,7 @@ pub fn packed_fields(plan: &TrainingPlan) -> Vec<String> {
 /// The separator of a packed serving row: the CSV separator the model was
 /// trained on ("," for Parquet input, EasyRec's default).
 pub fn packed_separator(plan: &TrainingPlan) -> String {
-    match &plan.format {
-        crate::config::typed::InputFormat::Csv { separator, .. } if !separator.is_empty() => separator.clone(),
-        _ => ",".into(),
-    }
+    plan.format.field_separator().to_string()
 }
 
 /// How a serving request carries a row: one input per feature (the graph's
@@ -51,8 +56,14 @@ fn serving_input(plan: &TrainingPlan) -> Value {
             "note": "one string per row: these input fields' values joined by the separator, as in the \
                      training data; then each feature's transform as below",
         })
-    } else {
+    } else if plan.export.filter_inputs {
         json!({ "kind": "per_feature" })
+    } else {
+        json!({
+            "kind": "per_feature",
+            "note": "filter_inputs: false: a request may carry every input field but the labels; the model reads \
+                     the features' columns below and ignores the others",
+        })
     }
 }
 

@@ -132,7 +132,7 @@ impl Trainer {
             Some(1)
         } else if p.num_epochs > 0 {
             Some(p.num_epochs)
-        } else if matches!(p.format, InputFormat::Csv { .. }) && p.num_steps.is_some() {
+        } else if matches!(p.format, InputFormat::Csv { .. } | InputFormat::Rtp { .. }) && p.num_steps.is_some() {
             None
         } else {
             Some(1)

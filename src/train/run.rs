@@ -13,6 +13,9 @@ use crate::checkpoint;
 use crate::config::typed::CheckpointCadence;
 use crate::summary::SummaryWriter;
 
+/// How often the chief looks for the stop signal (EasyRec's hook: 10 s).
+const STOP_SIGNAL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// See `Trainer::run_with`.
 pub type AfterEval<'a> = dyn FnMut(&Path, &[(String, f64)], bool) -> anyhow::Result<()> + 'a;
 
@@ -65,21 +68,38 @@ impl Trainer {
             None
         };
         let mut summary_window = (Instant::now(), self.step);
+        // The stop signal: looked for after the first step and then every
+        // STOP_SIGNAL_EVERY, by the chief, as EasyRec's hook does.
+        let signal = p.model_dir.join(crate::config::typed::STOP_SIGNAL);
+        let mut signal_checked: Option<Instant> = None;
+        let mut signalled = false;
         loop {
             if target.is_some_and(|t| self.step >= t) {
                 break;
             }
             // Ranks reading their own shares agree to stop when the first
-            // runs out, so no rank waits in a collective for the others.
+            // runs out (or the chief saw the stop signal), so no rank waits
+            // in a collective for the others.
             let next = stream.next();
-            let mut out_of_data = [f64::from(u8::from(next.is_none()))];
-            self.comm.all_reduce_sum(&mut out_of_data);
-            let Some(batch) = next.filter(|_| out_of_data[0] == 0.0) else {
+            let mut stop = [f64::from(u8::from(next.is_none() || signalled))];
+            self.comm.all_reduce_sum(&mut stop);
+            let Some(batch) = next.filter(|_| stop[0] == 0.0) else {
                 break;
             };
             let batch = batch.context("reading training data")?;
             let lr = p.optimizers[self.assign.dense].lr.at(self.step);
             let step_stats = self.train_step(&batch)?;
+            if p.stop_signal && lead && signal_checked.is_none_or(|t| t.elapsed() >= STOP_SIGNAL_EVERY) {
+                signal_checked = Some(Instant::now());
+                signalled = signal.exists();
+                if signalled {
+                    log::info!(
+                        "stop signal {} found at step {}: training ends here",
+                        signal.display(),
+                        self.step
+                    );
+                }
+            }
             samples += batch.size as u64;
             window.1 += batch.size as u64;
             // A skipped batch has no loss: logs and summaries show the last
