@@ -991,3 +991,43 @@ fn a_stop_signal_in_model_dir_ends_training() {
         latest.display()
     );
 }
+
+/// `enable_early_stop`: training stops at the first evaluation that comes
+/// `max_check_steps` or more after the best one (here nothing learns at a
+/// learning rate of 0, so the first evaluation stays the best), then saves,
+/// evaluates and exports as at num_steps; a Python `early_stop_func` is
+/// refused by name.
+#[test]
+fn early_stopping_ends_training_when_the_metric_stops_improving() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("early.config");
+    let data = dir.path().join("data.csv");
+    write_data(&data, 64, 5);
+    let text = COMMON
+        .replace("learning_rate: 0.1", "learning_rate: 0.0")
+        .replace("learning_rate: 0.01", "learning_rate: 0.0")
+        .replace("num_steps: 10", "num_steps: 40 save_checkpoints_steps: 2")
+        .replace("batch_size: 16", "batch_size: 4")
+        .replace("eval_config {", "eval_config { eval_interval_secs: 0")
+        .replace("DATA", data.to_str().unwrap())
+        .replace("MODEL_DIR", dir.path().join("model").to_str().unwrap())
+        + model_block("WideAndDeep")
+        + "\nexport_config { exporter_type: \"none\" enable_early_stop: true max_check_steps: 4 }";
+    std::fs::write(&cfg, &text).unwrap();
+    let plan = |cfg: &Path| TrainingPlan::from_config(&load_pipeline(cfg, &Default::default()).unwrap().config);
+    let mut t = Trainer::new(plan(&cfg).unwrap()).unwrap();
+    t.run().unwrap();
+    // Evaluations at steps 2 (the best), 4 and 6: 6 - 2 >= 4.
+    assert_eq!(t.step, 6);
+
+    let custom = text.replace(
+        "max_check_steps: 4",
+        "max_check_steps: 4 early_stop_func: \"my.module.stop\"",
+    );
+    std::fs::write(&cfg, custom).unwrap();
+    let err = load_pipeline(&cfg, &Default::default()).unwrap_err().to_string();
+    assert!(
+        err.contains("early_stop_func") && err.contains("my.module.stop"),
+        "{err}"
+    );
+}

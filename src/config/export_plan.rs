@@ -30,6 +30,9 @@ pub struct ExportPlan {
     /// `filter_inputs` (default true): serving inputs are the input fields
     /// the model reads; false: every input field but the labels.
     pub filter_inputs: bool,
+    /// `enable_early_stop`: training stops once an evaluation comes
+    /// `max_check_steps` steps after the best one.
+    pub early_stop: Option<EarlyStop>,
     /// An export option this exporter cannot honour (field, what it asks
     /// for). Configs that set one still load and train with exporter_type
     /// "none"; exporting reports it (see `check`).
@@ -60,9 +63,65 @@ impl Default for ExportPlan {
             asset_files: Vec::new(),
             packed_input: false,
             filter_inputs: true,
+            early_stop: None,
             unsupported: None,
         }
     }
+}
+
+/// EasyRec's early stopping (`stop_if_no_increase_hook` /
+/// `stop_if_no_decrease_hook` on `best_exporter_metric`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EarlyStop {
+    pub metric: String,
+    pub bigger: bool,
+    pub max_steps: u64,
+}
+
+impl EarlyStop {
+    /// Records an evaluation of `metrics` at `step` into `best` (the best
+    /// value and its step so far); whether training stops: this evaluation
+    /// is `max_steps` or more after the best one (TensorFlow's
+    /// `_stop_if_no_metric_improvement_fn`, over this run's evaluations).
+    pub fn observe(&self, best: &mut Option<(f64, u64)>, step: u64, metrics: &[(String, f64)]) -> anyhow::Result<bool> {
+        let Some(&(_, value)) = metrics.iter().find(|(k, _)| *k == self.metric) else {
+            let have: Vec<&str> = metrics.iter().map(|(k, _)| k.as_str()).collect();
+            anyhow::bail!(
+                "export_config.best_exporter_metric `{}` (early stopping) is not among the evaluated metrics ({})",
+                self.metric,
+                have.join(", ")
+            );
+        };
+        let better = best.is_none_or(|(b, _)| if self.bigger { value > b } else { value < b });
+        if better {
+            *best = Some((value, step));
+        }
+        let (_, best_step) = best.expect("set above");
+        Ok(step - best_step >= self.max_steps)
+    }
+}
+
+fn early_stop(e: &proto::ExportConfig) -> Result<Option<EarlyStop>, ConfigError> {
+    if !e.enable_early_stop() {
+        return Ok(None);
+    }
+    if e.early_stop_func.as_deref().is_some_and(|f| !f.is_empty()) {
+        return Err(ConfigError::unsupported(
+            "export_config.early_stop_func",
+            format!("the Python early-stopping function `{}`", e.early_stop_func()),
+        ));
+    }
+    let max_steps = u64::try_from(e.max_check_steps()).map_err(|_| {
+        ConfigError::invalid(
+            "export_config.max_check_steps",
+            format!("{} is negative", e.max_check_steps()),
+        )
+    })?;
+    Ok(Some(EarlyStop {
+        metric: e.best_exporter_metric().to_string(),
+        bigger: e.metric_bigger(),
+        max_steps,
+    }))
 }
 
 pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, ConfigError> {
@@ -70,7 +129,6 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
         return Ok(ExportPlan::default());
     };
     let unsupported = [
-        (e.enable_early_stop(), "enable_early_stop", "early stopping"),
         (
             e.multi_value_fields.is_some(),
             "multi_value_fields",
@@ -116,6 +174,7 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
         asset_files: e.asset_files.clone(),
         packed_input: !e.multi_placeholder(),
         filter_inputs: e.filter_inputs(),
+        early_stop: early_stop(e)?,
         unsupported,
     })
 }

@@ -198,6 +198,12 @@ pub enum OptimizerKind {
     Momentum {
         momentum: f32,
     },
+    /// Momentum with decoupled weight decay (TensorFlow's MomentumW): each
+    /// updated value first shrinks by `weight_decay` times itself.
+    MomentumW {
+        momentum: f32,
+        weight_decay: f32,
+    },
     Adam {
         beta1: f32,
         beta2: f32,
@@ -1042,7 +1048,11 @@ fn optimizer(o: &proto::Optimizer, path: &str) -> Result<OptimizerSpec, ConfigEr
             decay: r.decay(),
             epsilon: r.epsilon(),
         },
-        O::MomentumwOptimizer(_) | O::AdamAsyncOptimizer(_) | O::AdamAsyncwOptimizer(_) => {
+        O::MomentumwOptimizer(m) => OptimizerKind::MomentumW {
+            momentum: m.momentum_optimizer_value(),
+            weight_decay: m.weight_decay(),
+        },
+        O::AdamAsyncOptimizer(_) | O::AdamAsyncwOptimizer(_) => {
             return Err(ConfigError::unsupported(
                 format!("{path}.{name}"),
                 format!("optimizer {name}"),

@@ -47,7 +47,7 @@ impl Assignment {
 pub fn slot_inits(kind: &OptimizerKind) -> Vec<f32> {
     match kind {
         OptimizerKind::Momentum { momentum } if *momentum == 0.0 => vec![],
-        OptimizerKind::Momentum { .. } => vec![0.0],
+        OptimizerKind::Momentum { .. } | OptimizerKind::MomentumW { .. } => vec![0.0],
         OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } | OptimizerKind::AdamW { .. } => {
             vec![0.0, 0.0]
         }
@@ -63,7 +63,7 @@ pub fn slot_inits(kind: &OptimizerKind) -> Vec<f32> {
 pub fn slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
     match kind {
         OptimizerKind::Momentum { momentum } if *momentum == 0.0 => &[],
-        OptimizerKind::Momentum { .. } => &["momentum"],
+        OptimizerKind::Momentum { .. } | OptimizerKind::MomentumW { .. } => &["momentum"],
         OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } | OptimizerKind::AdamW { .. } => &["m", "v"],
         OptimizerKind::Adagrad { .. } => &["accumulator"],
         OptimizerKind::Ftrl { .. } => &["accumulator", "linear"],
@@ -78,7 +78,7 @@ pub fn slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
 pub fn tf_slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
     match kind {
         OptimizerKind::Momentum { momentum } if *momentum == 0.0 => &[],
-        OptimizerKind::Momentum { .. } => &["Momentum"],
+        OptimizerKind::Momentum { .. } | OptimizerKind::MomentumW { .. } => &["Momentum"],
         OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } => &["Adam", "Adam_1"],
         OptimizerKind::Adagrad { .. } => &["Adagrad"],
         OptimizerKind::Ftrl { .. } => &["Ftrl", "Ftrl_1"],
@@ -143,6 +143,14 @@ impl Rule {
                         a[i] = a[i] * momentum + g[i];
                         w[i] -= lr * a[i];
                     }
+                }
+            }
+            OptimizerKind::MomentumW { momentum, weight_decay } => {
+                let a = &mut *slots[0];
+                for i in 0..w.len() {
+                    w[i] -= weight_decay * w[i];
+                    a[i] = a[i] * momentum + g[i];
+                    w[i] -= lr * a[i];
                 }
             }
             OptimizerKind::Adam { beta1, beta2 }
@@ -294,6 +302,27 @@ mod tests {
         r.apply(&mut w, &[2.0], &mut [&mut a]);
         assert!((a[0] - 4.1).abs() < 1e-6);
         assert!((w[0] - (1.0 - 0.5 * 2.0 / 4.1f32.sqrt())).abs() < 1e-6);
+    }
+
+    /// MomentumW: the value decays by `wd * w` first, then momentum SGD
+    /// (`a = m * a + g; w -= lr * a`), two steps by hand.
+    #[test]
+    fn momentumw_decays_then_steps() {
+        let r = rule(
+            OptimizerKind::MomentumW {
+                momentum: 0.5,
+                weight_decay: 0.1,
+            },
+            0.2,
+            1,
+        );
+        let (mut w, mut a) = ([2.0f32], [0.0f32]);
+        r.apply(&mut w, &[1.0], &mut [&mut a]);
+        // 2 - 0.2 = 1.8; a = 1; w = 1.8 - 0.2 = 1.6.
+        assert!((a[0] - 1.0).abs() < 1e-6 && (w[0] - 1.6).abs() < 1e-6, "{w:?} {a:?}");
+        r.apply(&mut w, &[1.0], &mut [&mut a]);
+        // 1.6 - 0.16 = 1.44; a = 1.5; w = 1.44 - 0.3 = 1.14.
+        assert!((a[0] - 1.5).abs() < 1e-6 && (w[0] - 1.14).abs() < 1e-6, "{w:?} {a:?}");
     }
 
     #[test]

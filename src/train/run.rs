@@ -73,6 +73,8 @@ impl Trainer {
         let signal = p.model_dir.join(crate::config::typed::STOP_SIGNAL);
         let mut signal_checked: Option<Instant> = None;
         let mut signalled = false;
+        // Early stopping's best evaluation so far (value, step).
+        let mut best_eval: Option<(f64, u64)> = None;
         loop {
             if target.is_some_and(|t| self.step >= t) {
                 break;
@@ -172,6 +174,19 @@ impl Trainer {
                     let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
                     last_eval = Instant::now();
                     after_eval(&path, &metrics, false)?;
+                    // Every rank has the metrics, so all stop together.
+                    if let Some(es) = &p.export.early_stop {
+                        if es.observe(&mut best_eval, self.step, &metrics)? {
+                            let (v, at) = best_eval.expect("observed");
+                            log::info!(
+                                "early stopping at step {}: {} has not improved on {v} (step {at}) for {} steps",
+                                self.step,
+                                es.metric,
+                                es.max_steps
+                            );
+                            break;
+                        }
+                    }
                 }
             }
         }
