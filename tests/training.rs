@@ -206,7 +206,16 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 28] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 29] = [
+    (
+        "MMoE whose ctr tower trains on a losses list (cross entropy and pairwise)",
+        r#"model_config { model_class: "MMoE"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  mmoe { expert_dnn { hidden_units: [6, 4] } num_expert: 2
+         task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } weight: 0.7
+           losses { loss_type: CLASSIFICATION weight: 0.4 } losses { loss_type: PAIR_WISE_LOSS } }
+         task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } } } }"#,
+    ),
     (
         "PLE: three levels, shared experts with dropout, a last level without shared experts",
         r#"model_config { model_class: "PLE"
@@ -1030,4 +1039,34 @@ fn early_stopping_ends_training_when_the_metric_stops_improving() {
         err.contains("early_stop_func") && err.contains("my.module.stop"),
         "{err}"
     );
+}
+
+/// `session_auc` is GAUC grouped by `session_id_field`: over the same field
+/// both report the same value; grouping two metrics by two fields is
+/// refused by name.
+#[test]
+fn session_auc_is_the_gauc_of_its_session_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let block = model_block("WideAndDeep");
+    // Writes the data and the config.
+    let _ = trainer_of(dir.path(), "WideAndDeep", block);
+    let cfg = dir.path().join("WideAndDeep.config");
+    let both = std::fs::read_to_string(&cfg).unwrap().replace(
+        "eval_config { metrics_set { auc {} } }",
+        "eval_config { metrics_set { gauc { uid_field: \"c2\" } } metrics_set { session_auc { session_id_field: \"c2\" } } }",
+    );
+    std::fs::write(&cfg, &both).unwrap();
+    let plan = |cfg: &Path| TrainingPlan::from_config(&load_pipeline(cfg, &Default::default()).unwrap().config);
+    let summary = Trainer::new(plan(&cfg).unwrap()).unwrap().run().unwrap();
+    let get = |k: &str| summary.metrics.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+    let (g, s) = (get("gauc").unwrap(), get("session_auc").unwrap());
+    assert!(g.is_finite() && g == s, "gauc {g} vs session_auc {s}");
+
+    std::fs::write(
+        &cfg,
+        both.replace("session_id_field: \"c2\"", "session_id_field: \"c1\""),
+    )
+    .unwrap();
+    let err = plan(&cfg).unwrap_err().to_string();
+    assert!(err.contains("grouped by two fields (`c2` and `c1`)"), "{err}");
 }

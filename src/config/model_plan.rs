@@ -189,6 +189,11 @@ pub enum Metric {
     Gauc {
         uid_field: String,
     },
+    /// EasyRec's `session_auc`: GAUC's mean of per-group AUCs, the groups
+    /// by `session_id_field`.
+    SessionAuc {
+        session_id_field: String,
+    },
     Accuracy,
     Mse,
     Rmse,
@@ -207,6 +212,7 @@ impl Metric {
         match self {
             Metric::Auc => "auc",
             Metric::Gauc { .. } => "gauc",
+            Metric::SessionAuc { .. } => "session_auc",
             Metric::Accuracy => "accuracy",
             Metric::Mse => "mean_squared_error",
             Metric::Rmse => "root_mean_squared_error",
@@ -880,6 +886,17 @@ pub fn metric_list(list: &[proto::EvalMetrics], path: &str) -> Result<Vec<Metric
                 }
                 Metric::Gauc {
                     uid_field: g.uid_field.clone(),
+                }
+            }
+            Some(M::SessionAuc(g)) => {
+                if g.reduction() != "mean" {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.session_auc.reduction"),
+                        format!("reduction `{}` (supported: mean)", g.reduction()),
+                    ));
+                }
+                Metric::SessionAuc {
+                    session_id_field: g.session_id_field.clone(),
                 }
             }
             Some(M::Accuracy(_)) => Metric::Accuracy,

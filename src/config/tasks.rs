@@ -47,26 +47,44 @@ pub enum LossTermKind {
 /// `model_config.losses` of a single-task model, checked: EasyRec's Fixed
 /// weighting of the loss types built here, or a refusal naming the entry.
 pub fn loss_terms(model: &proto::EasyRecModel, output: LossKind) -> Result<Vec<LossTerm>, ConfigError> {
-    use proto::easy_rec_model::LossWeightStrategy;
-    use proto::loss::LossParam;
     if model.losses.is_empty() {
         return Ok(Vec::new());
     }
+    fixed_weights(model)?;
+    terms_of(&model.losses, "model_config.losses", output)
+}
+
+/// EasyRec's loss weighting: only `Fixed` is built here (its `Uncertainty`
+/// and `Random` strategies learn or draw the weights).
+pub fn fixed_weights(model: &proto::EasyRecModel) -> Result<(), ConfigError> {
+    use proto::easy_rec_model::LossWeightStrategy;
     if model.loss_weight_strategy() != LossWeightStrategy::Fixed {
         return Err(ConfigError::unsupported(
             "model_config.loss_weight_strategy",
             format!("{} loss weighting", model.loss_weight_strategy().as_str_name()),
         ));
     }
+    Ok(())
+}
+
+/// A `losses` list (at `path`) as loss terms on logits trained for `output`.
+fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<LossTerm>, ConfigError> {
+    use proto::loss::LossParam;
     if output != LossKind::BinaryClassification {
         return Err(ConfigError::unsupported(
-            "model_config.losses",
+            path,
             "extra losses of a model not trained by sigmoid cross entropy",
         ));
     }
     let mut terms = Vec::new();
-    for (i, l) in model.losses.iter().enumerate() {
-        let path = format!("model_config.losses[{i}]");
+    for (i, l) in losses.iter().enumerate() {
+        let path = format!("{path}[{i}]");
+        if l.learn_loss_weight() {
+            return Err(ConfigError::unsupported(
+                format!("{path}.learn_loss_weight"),
+                "learned loss weights",
+            ));
+        }
         let kind = match (l.loss_type(), &l.loss_param) {
             (proto::LossType::Classification, None) => LossTermKind::CrossEntropy,
             (proto::LossType::F1ReweightedLoss, None) => LossTermKind::F1Reweighted {
@@ -229,7 +247,7 @@ pub struct TowerFields<'a> {
     pub dnn: Option<&'a proto::Dnn>,
     pub weight: f32,
     pub task_space_indicator_label: Option<&'a str>,
-    pub extra_losses: usize,
+    pub losses: &'a [proto::Loss],
     /// BayesTaskTower only.
     pub relation_tower_names: &'a [String],
     pub relation_dnn: Option<&'a proto::Dnn>,
@@ -247,7 +265,7 @@ impl<'a> From<&'a proto::TaskTower> for TowerFields<'a> {
             dnn: t.dnn.as_ref(),
             weight: t.weight(),
             task_space_indicator_label: t.task_space_indicator_label.as_deref(),
-            extra_losses: t.losses.len(),
+            losses: &t.losses,
             relation_tower_names: &[],
             relation_dnn: None,
             use_ait_module: false,
@@ -266,7 +284,7 @@ impl<'a> From<&'a proto::BayesTaskTower> for TowerFields<'a> {
             dnn: t.dnn.as_ref(),
             weight: t.weight(),
             task_space_indicator_label: t.task_space_indicator_label.as_deref(),
-            extra_losses: t.losses.len(),
+            losses: &t.losses,
             relation_tower_names: &t.relation_tower_names,
             relation_dnn: t.relation_dnn.as_ref(),
             use_ait_module: t.use_ait_module(),
@@ -299,12 +317,6 @@ pub fn task_towers(
             return Err(ConfigError::invalid(
                 format!("{p}.tower_name"),
                 format!("`{}` names two towers", t.name),
-            ));
-        }
-        if t.extra_losses > 0 {
-            return Err(ConfigError::unsupported(
-                format!("{p}.losses"),
-                "a list of losses per task",
             ));
         }
         if t.task_space_indicator_label.is_some() {
@@ -358,16 +370,36 @@ pub fn task_towers(
             relation_dnn: opt_dnn(t.relation_dnn, "relation_dnn")?,
             relations,
         });
+        let loss = loss_kind(t.loss_type, t.num_class, &p)?;
         tasks.push(Task {
-            terms: Vec::new(),
+            terms: tower_terms(t.losses, &format!("{p}.losses"), loss)?,
             name: t.name.to_string(),
             label,
             weight: t.weight,
-            loss: loss_kind(t.loss_type, t.num_class, &p)?,
+            loss,
             metrics: metric_list(t.metrics, &format!("{p}.metrics_set"))?,
         });
     }
     Ok((layers, tasks))
+}
+
+/// A task tower's `losses`: trained instead of its `loss_type`, each
+/// weighted by the FIRST loss's `weight`, as EasyRec's `build_loss_graph`
+/// indexes the tower's weights (per loss op, from 0 for every loss), times
+/// the tower's weight.
+fn tower_terms(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<LossTerm>, ConfigError> {
+    let Some(first) = losses.first() else {
+        return Ok(Vec::new());
+    };
+    let w = first.weight();
+    if losses.iter().any(|l| l.weight() != w) {
+        log::warn!(
+            "{path}: EasyRec weighs every loss of a task tower by the first one's weight ({w}); so does this trainer"
+        );
+    }
+    let mut terms = terms_of(losses, path, output)?;
+    terms.iter_mut().for_each(|t| t.weight = w);
+    Ok(terms)
 }
 
 #[cfg(test)]
@@ -411,5 +443,49 @@ mod tests {
             err.contains("PAIR_WISE_LOSS does not take the parameters given with it"),
             "{err}"
         );
+    }
+
+    /// A task tower's losses replace its loss_type, each weighted by the
+    /// first loss's weight (EasyRec's indexing), the tower's weight apart.
+    #[test]
+    fn tower_losses_take_the_first_weight_as_easyrec_does() {
+        let m =
+            model("losses { loss_type: CLASSIFICATION weight: 0.5 } losses { loss_type: PAIR_WISE_LOSS weight: 2.0 }");
+        let fields = TowerFields {
+            name: "ctr",
+            label_name: None,
+            metrics: &[],
+            loss_type: proto::LossType::Classification,
+            num_class: 1,
+            dnn: None,
+            weight: 3.0,
+            task_space_indicator_label: None,
+            losses: &m.losses,
+            relation_tower_names: &[],
+            relation_dnn: None,
+            use_ait_module: false,
+        };
+        let (_, tasks) = task_towers(&[fields], "model_config.mmoe", &["label".to_string()]).unwrap();
+        let t = &tasks[0];
+        assert_eq!(t.weight, 3.0);
+        let kinds: Vec<(LossTermKind, f32)> = t.terms.iter().map(|t| (t.kind, t.weight)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (LossTermKind::CrossEntropy, 0.5),
+                (
+                    LossTermKind::PairWise {
+                        margin: 0.0,
+                        temperature: 1.0
+                    },
+                    0.5
+                )
+            ]
+        );
+        let learned = model("losses { loss_type: CLASSIFICATION learn_loss_weight: true }");
+        let err = terms_of(&learned.losses, "x.losses", LossKind::BinaryClassification)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("x.losses[0].learn_loss_weight"), "{err}");
     }
 }

@@ -630,10 +630,12 @@ fn paths(s: &str) -> Vec<String> {
 }
 
 impl TrainingPlan {
-    /// The `uid_field` of every GAUC metric of every task, in task order.
+    /// The field every grouped AUC (GAUC's `uid_field`, session AUC's
+    /// `session_id_field`) of every task groups rows by, in task order.
     pub fn gauc_uid_fields(&self) -> impl Iterator<Item = &str> {
         self.tasks.iter().flat_map(|t| &t.metrics).filter_map(|m| match m {
             Metric::Gauc { uid_field } => Some(uid_field.as_str()),
+            Metric::SessionAuc { session_id_field } => Some(session_id_field.as_str()),
             _ => None,
         })
     }
@@ -828,6 +830,7 @@ impl TrainingPlan {
         let tasks = match multi {
             // A tower without metrics_set takes eval_config's.
             Some(mut tasks) => {
+                super::tasks::fixed_weights(model)?;
                 if !model.losses.is_empty() {
                     // Multi-task models take losses per task tower.
                     return Err(ConfigError::unsupported(
@@ -879,7 +882,7 @@ impl TrainingPlan {
                     .filter(|m| !m.is_empty())
                     .map(PathBuf::from),
             });
-        Ok(TrainingPlan {
+        let plan = TrainingPlan {
             memory: super::sizes::Claims::of(cfg, optimizer_slots(kind, &optimizers))?,
             fields: model_plan::input_fields(&data)?,
             label_fields: data.label_fields.clone(),
@@ -913,7 +916,20 @@ impl TrainingPlan {
             model: kind,
             tasks,
             features,
-        })
+        };
+        // Rows are grouped by one field for every grouped AUC.
+        let groups: Vec<&str> = plan.gauc_uid_fields().collect();
+        if let Some(other) = groups.iter().find(|f| **f != groups[0]) {
+            return Err(ConfigError::unsupported(
+                "eval_config.metrics_set",
+                format!(
+                    "GAUC / session AUC grouped by two fields (`{}` and `{other}`)",
+                    groups[0]
+                ),
+            ));
+        }
+        drop(groups);
+        Ok(plan)
     }
 }
 

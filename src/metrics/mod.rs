@@ -156,7 +156,7 @@ impl EvalState {
                     continue;
                 }
                 Metric::Auc => auc(&self.preds, &self.labels),
-                Metric::Gauc { .. } => gauc(&self.preds, &self.labels, &self.uids),
+                Metric::Gauc { .. } | Metric::SessionAuc { .. } => gauc(&self.preds, &self.labels, &self.uids),
                 Metric::Accuracy => Some(
                     self.preds
                         .iter()
