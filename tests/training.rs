@@ -206,7 +206,20 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 29] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 30] = [
+    (
+        "RankModel: Highway layers, one projected to emb_size with two layers and dropout, one by default",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  feature_groups { group_name: "ids" feature_names: ["c1", "c3"] }
+  backbone {
+    blocks { name: "hw" inputs { feature_group_name: "deep" }
+      keras_layer { class_name: "Highway" highway { emb_size: 5 activation: "tanh" num_layers: 2 dropout_rate: 0.2 init_gate_bias: -1.0 } } }
+    blocks { name: "plain" inputs { feature_group_name: "ids" } keras_layer { class_name: "Highway" } }
+    concat_blocks: ["hw", "plain"]
+  }
+  model_params { l2_regularization: 1e-4 } }"#,
+    ),
     (
         "MMoE whose ctr tower trains on a losses list (cross entropy and pairwise)",
         r#"model_config { model_class: "MMoE"
@@ -1069,4 +1082,28 @@ fn session_auc_is_the_gauc_of_its_session_field() {
     .unwrap();
     let err = plan(&cfg).unwrap_err().to_string();
     assert!(err.contains("grouped by two fields (`c2` and `c1`)"), "{err}");
+}
+
+/// Highway's gates start at `init_gate_bias` (-3 unless set), and its
+/// layers carry Keras' names.
+#[test]
+fn highway_gates_start_at_their_bias() {
+    let dir = tempfile::tempdir().unwrap();
+    let (label, block) = EXECUTOR_VARIANTS[0];
+    assert!(label.starts_with("RankModel: Highway"));
+    let t = trainer_of(dir.path(), "highway", block);
+    let p = &t.model.params;
+    let values = |name: &str| {
+        let s = p
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        p.values[s.range()].to_vec()
+    };
+    assert_eq!(values("hw/gate_0/bias"), vec![-1.0; 5]);
+    assert_eq!(values("hw/gate_1/bias"), vec![-1.0; 5]);
+    assert_eq!(values("hw/input_projection/bias").len(), 5);
+    assert_eq!(values("hw/dense_1/bias"), vec![0.0; 5]);
+    assert_eq!(values("plain/gate_0/bias"), vec![-3.0; 8]);
 }

@@ -106,6 +106,7 @@ const PASSING: &[&str] = &[
     "zoo/export_filter_input.config",
     "zoo/fm_on_taobao.config",
     "zoo/fm_variational_dropout_on_taobao.config",
+    "zoo/highway_on_movielens.config",
     "zoo/kv_tag.config",
     "zoo/masknet_on_taobao.config",
     "zoo/mmoe_on_taobao.config",

@@ -117,6 +117,16 @@ pub enum Keras {
         projection_dim: Option<usize>,
         use_bias: bool,
     },
+    /// EasyRec's Highway: an optional projection to `emb_size`, then per
+    /// layer `v + gate * (act(Dense(v)) - v)` with a sigmoid gate whose
+    /// bias starts at `init_gate_bias`.
+    Highway {
+        emb_size: Option<usize>,
+        num_layers: usize,
+        activation: Activation,
+        dropout: f32,
+        init_gate_bias: f32,
+    },
     /// MaskNet: instance-guided masks over (layer-normed) inputs, in
     /// parallel (concatenated) or in series, then an optional MLP.
     MaskNet {
@@ -299,7 +309,7 @@ impl StParams<'_> {
     }
 }
 
-const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, MaskNet";
+const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, MaskNet, Highway";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -396,6 +406,44 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
             Keras::Cross {
                 projection_dim: st.count("projection_dim")?,
                 use_bias: st.boolean("use_bias")?.unwrap_or(true),
+            }
+        }
+        "Highway" => {
+            let (emb_size, num_layers, act, dropout, bias) = match &k.params {
+                Some(Params::Highway(h)) => (
+                    Some(h.emb_size as usize).filter(|e| *e > 0),
+                    h.num_layers() as usize,
+                    h.activation.clone(),
+                    h.dropout_rate(),
+                    h.init_gate_bias(),
+                ),
+                _ => {
+                    params_for("`highway` or st_params")?;
+                    st.check_keys(
+                        &["emb_size", "num_layers", "activation", "dropout_rate", "init_gate_bias"],
+                        class,
+                    )?;
+                    (
+                        st.count("emb_size")?,
+                        st.count("num_layers")?.unwrap_or(1),
+                        st.string("activation")?.unwrap_or("relu").to_string(),
+                        st.number("dropout_rate")?.unwrap_or(0.0) as f32,
+                        st.number("init_gate_bias")?.unwrap_or(-3.0) as f32,
+                    )
+                }
+            };
+            if !(0.0..1.0).contains(&dropout) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.dropout_rate"),
+                    format!("{dropout} is outside [0, 1)"),
+                ));
+            }
+            Keras::Highway {
+                emb_size,
+                num_layers,
+                activation: activation(&act, &format!("{path}.activation"))?,
+                dropout,
+                init_gate_bias: bias,
             }
         }
         "MaskNet" => match &k.params {

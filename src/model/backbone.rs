@@ -333,6 +333,42 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             Val::T(s.layer(g, x, name, *units, k, *activation))
         }
         Keras::Dropout { rate } => Val::T(g.dropout(tensor(&v, g).context("Dropout")?, *rate)),
+        Keras::Highway {
+            emb_size,
+            num_layers,
+            activation,
+            dropout,
+            init_gate_bias,
+        } => {
+            // Keras' Dense layers: glorot uniform, no regularizer.
+            let k = Kernel {
+                init: Init::GlorotUniform,
+                l2: false,
+                bias: true,
+            };
+            let mut x = tensor(&v, g).context("Highway")?;
+            if let Some(e) = emb_size.filter(|e| *e != g.width(x)) {
+                x = s.layer(g, x, &format!("{name}/input_projection"), e, k, Activation::Linear);
+            }
+            let d = g.width(x);
+            for i in 0..*num_layers {
+                let gate = s.layer(g, x, &format!("{name}/gate_{i}"), d, k, Activation::Sigmoid);
+                let bias = s.params.specs.len() - 1;
+                s.params.slice_mut(bias).fill(*init_gate_bias);
+                // The transforms are Keras' unnamed Dense layers.
+                let dense = if i == 0 {
+                    "dense".to_string()
+                } else {
+                    format!("dense_{i}")
+                };
+                let t = s.layer(g, x, &format!("{name}/{dense}"), d, k, *activation);
+                let t = g.dropout(t, *dropout);
+                let diff = g.sub(t, x);
+                let gated = g.mul(gate, diff);
+                x = g.add(&[x, gated]);
+            }
+            Val::T(x)
+        }
         Keras::Add => match v {
             Val::L(items) => apply(Expr::AddN, Val::L(items), g).context("Add")?,
             other => bail!("Add takes a list, got {}", other.describe(g)),
