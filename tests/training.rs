@@ -206,7 +206,22 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 30] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 31] = [
+    (
+        "RankModel: SENet over field embeddings, two squeeze groups with skip and layer norm, one group bare",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "ids" feature_names: ["c1", "c2", "c3"] }
+  feature_groups { group_name: "mixed" feature_names: ["d1", "c1", "d2"] }
+  backbone {
+    blocks { name: "ids" inputs { feature_group_name: "ids" } input_layer { only_output_feature_list: true } }
+    blocks { name: "se" inputs { block_name: "ids" } keras_layer { class_name: "SENet" senet { reduction_ratio: 3 } } }
+    blocks { name: "mixed" inputs { feature_group_name: "mixed" } input_layer { only_output_feature_list: true } }
+    blocks { name: "se1" inputs { block_name: "mixed" }
+      keras_layer { class_name: "SENet" senet { reduction_ratio: 2 num_squeeze_group: 1 use_skip_connection: false use_output_layer_norm: false } } }
+    concat_blocks: ["se", "se1"]
+  }
+  model_params { l2_regularization: 1e-4 } }"#,
+    ),
     (
         "RankModel: Highway layers, one projected to emb_size with two layers and dropout, one by default",
         r#"model_config { model_class: "RankModel"
@@ -1089,7 +1104,7 @@ fn session_auc_is_the_gauc_of_its_session_field() {
 #[test]
 fn highway_gates_start_at_their_bias() {
     let dir = tempfile::tempdir().unwrap();
-    let (label, block) = EXECUTOR_VARIANTS[0];
+    let (label, block) = EXECUTOR_VARIANTS[1];
     assert!(label.starts_with("RankModel: Highway"));
     let t = trainer_of(dir.path(), "highway", block);
     let p = &t.model.params;

@@ -117,6 +117,17 @@ pub enum Keras {
         projection_dim: Option<usize>,
         use_bias: bool,
     },
+    /// FiBiNet++'s SENet over a list of field embeddings: per field and
+    /// squeeze group the max and the mean, a relu layer `W1` of
+    /// `max(1, fields * groups * 2 / reduction_ratio)` units, a linear
+    /// layer `W2` to one weight per embedding value; the embeddings
+    /// reweighted, plus themselves (`skip`), layer-normed (`layer_norm`).
+    SeNet {
+        reduction_ratio: usize,
+        groups: usize,
+        skip: bool,
+        layer_norm: bool,
+    },
     /// EasyRec's Highway: an optional projection to `emb_size`, then per
     /// layer `v + gate * (act(Dense(v)) - v)` with a sigmoid gate whose
     /// bias starts at `init_gate_bias`.
@@ -309,7 +320,7 @@ impl StParams<'_> {
     }
 }
 
-const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, MaskNet, Highway";
+const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, MaskNet, Highway, SENet";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -406,6 +417,46 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
             Keras::Cross {
                 projection_dim: st.count("projection_dim")?,
                 use_bias: st.boolean("use_bias")?.unwrap_or(true),
+            }
+        }
+        "SENet" => {
+            let (r, groups, skip, ln) = match &k.params {
+                Some(Params::Senet(p)) => (
+                    p.reduction_ratio as usize,
+                    p.num_squeeze_group() as usize,
+                    p.use_skip_connection(),
+                    p.use_output_layer_norm(),
+                ),
+                _ => {
+                    params_for("`senet` or st_params")?;
+                    st.check_keys(
+                        &[
+                            "reduction_ratio",
+                            "num_squeeze_group",
+                            "use_skip_connection",
+                            "use_output_layer_norm",
+                        ],
+                        class,
+                    )?;
+                    (
+                        st.count("reduction_ratio")?.unwrap_or(4),
+                        st.count("num_squeeze_group")?.unwrap_or(2),
+                        st.boolean("use_skip_connection")?.unwrap_or(true),
+                        st.boolean("use_output_layer_norm")?.unwrap_or(true),
+                    )
+                }
+            };
+            if r == 0 || groups == 0 {
+                return Err(ConfigError::invalid(
+                    path,
+                    "SENet's reduction_ratio and num_squeeze_group must be at least 1",
+                ));
+            }
+            Keras::SeNet {
+                reduction_ratio: r,
+                groups,
+                skip,
+                layer_norm: ln,
             }
         }
         "Highway" => {

@@ -277,6 +277,74 @@ fn fields(v: &Val, g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize)> {
     }
 }
 
+/// Keras' truncated-normal variance scaling: the standard deviation of
+/// `he_normal` (`fan_avg: false`) or `glorot_normal` (`fan_avg: true`).
+fn truncated_std(fan_in: usize, fan_out: usize, fan_avg: bool) -> f32 {
+    // The normal cut at two standard deviations has this much less spread.
+    const CUT: f64 = 0.879_625_661_034_239_8;
+    let var = if fan_avg {
+        2.0 / (fan_in + fan_out) as f64
+    } else {
+        2.0 / fan_in as f64
+    };
+    (var.sqrt() / CUT) as f32
+}
+
+/// FiBiNet++'s SENet (EasyRec's `SENet` Keras layer) over a list of field
+/// embeddings, each of a width divisible by `groups`.
+fn senet(
+    v: &Val,
+    name: &str,
+    (ratio, groups): (usize, usize),
+    (skip, layer_norm): (bool, bool),
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
+    let Val::L(items) = v else {
+        bail!("SENet takes a list of field embeddings, got {}", v.describe(g));
+    };
+    let fields = items.iter().map(|x| tensor(x, g)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut squeezed = Vec::new();
+    for &f in &fields {
+        let dim = g.width(f);
+        if dim < groups || !dim.is_multiple_of(groups) {
+            bail!("SENet: a field embedding of dimension {dim} is not divisible into {groups} squeeze groups");
+        }
+        // Each group's values as a row of their own: max and mean per row.
+        let per = dim / groups;
+        let rows = g.unfold(f, groups);
+        let max = g.max_blocks(rows, per);
+        let sum = g.sum_blocks(rows, per);
+        let mean = g.scale(sum, 1.0 / per as f32, None);
+        squeezed.push(g.fold(max, groups));
+        squeezed.push(g.fold(mean, groups));
+    }
+    let z = g.concat(&squeezed);
+    let emb = g.concat(&fields);
+    let (zw, ew) = (g.width(z), g.width(emb));
+    let reduction = (fields.len() * groups * 2 / ratio).max(1);
+    let w1 = Kernel {
+        init: Init::TruncatedNormal(truncated_std(zw, reduction, false)),
+        l2: false,
+        bias: true,
+    };
+    let a1 = s.layer(g, z, &format!("{name}/W1"), reduction, w1, Activation::Relu);
+    let w2 = Kernel {
+        init: Init::TruncatedNormal(truncated_std(reduction, ew, true)),
+        l2: false,
+        bias: true,
+    };
+    let weights = s.layer(g, a1, &format!("{name}/W2"), ew, w2, Activation::Linear);
+    let mut out = g.mul(emb, weights);
+    if skip {
+        out = g.add(&[out, emb]);
+    }
+    if layer_norm {
+        out = s.layer_norm(g, out, &format!("{name}/output_ln"));
+    }
+    Ok(out)
+}
+
 fn apply(e: Expr, v: Val, g: &mut Graph) -> anyhow::Result<Val> {
     Ok(match (e, v) {
         (Expr::Index(i), Val::L(items)) => {
@@ -333,6 +401,19 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             Val::T(s.layer(g, x, name, *units, k, *activation))
         }
         Keras::Dropout { rate } => Val::T(g.dropout(tensor(&v, g).context("Dropout")?, *rate)),
+        Keras::SeNet {
+            reduction_ratio,
+            groups,
+            skip,
+            layer_norm,
+        } => Val::T(senet(
+            &v,
+            name,
+            (*reduction_ratio, *groups),
+            (*skip, *layer_norm),
+            g,
+            s,
+        )?),
         Keras::Highway {
             emb_size,
             num_layers,
@@ -584,4 +665,83 @@ fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
         x = g.dropout(x, l.dropout);
     }
     x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cpu::{Mode, Tape};
+    use crate::model::graph::LN_EPS;
+    use crate::model::params::ParamStore;
+    use crate::util::Rng;
+
+    /// SENet against a direct computation: squeeze each field's groups to
+    /// their max and mean (field by field, max before mean), W1 with relu,
+    /// W2, reweight, skip, layer norm.
+    #[test]
+    fn senet_squeezes_excites_and_reweights_as_fibinet_plus_plus() {
+        let (b, widths, groups) = (3, [4usize, 6], 2);
+        let (mut params, mut buffers, mut rng) = (ParamStore::default(), ParamStore::default(), Rng::new(4));
+        let mut s = Scope {
+            params: &mut params,
+            buffers: &mut buffers,
+            rng: &mut rng,
+        };
+        let mut g = Graph::default();
+        let inputs: Vec<NodeId> = widths.iter().enumerate().map(|(i, w)| g.input(i, *w)).collect();
+        let v = Val::L(inputs.iter().map(|x| Val::T(*x)).collect());
+        let out = senet(&v, "se", (2, groups), (true, true), &mut g, &mut s).unwrap();
+        for x in params.values.iter_mut() {
+            *x += 0.05; // non-zero biases and layer-norm offsets
+        }
+        let mut r = Rng::new(8);
+        let xs: Vec<Vec<f32>> = widths
+            .iter()
+            .map(|w| (0..b * w).map(|_| r.normal() as f32).collect())
+            .collect();
+        let tape = Tape::forward(&g, (&params, &buffers), &xs, b, Mode::Infer);
+        let got = tape.value(out);
+        let p = |name: &str| {
+            let s = params.specs.iter().find(|s| s.name == name).unwrap();
+            (params.values[s.range()].to_vec(), s.cols)
+        };
+        let ((w1, n1), (b1, _)) = (p("se/W1/kernel"), p("se/W1/bias"));
+        let ((w2, n2), (b2, _)) = (p("se/W2/kernel"), p("se/W2/bias"));
+        let ((gamma, _), (beta, _)) = (p("se/output_ln/gamma"), p("se/output_ln/beta"));
+        assert_eq!(
+            (n1, n2),
+            (4, 10),
+            "max(1, 2 fields * 2 groups * 2 / 2) units, then one per value"
+        );
+        for row in 0..b {
+            let fields: Vec<&[f32]> = widths
+                .iter()
+                .zip(&xs)
+                .map(|(w, x)| &x[row * w..(row + 1) * w])
+                .collect();
+            let mut z = Vec::new();
+            for f in &fields {
+                let per = f.len() / groups;
+                let chunks: Vec<&[f32]> = f.chunks(per).collect();
+                z.extend(chunks.iter().map(|c| c.iter().copied().fold(f32::MIN, f32::max)));
+                z.extend(chunks.iter().map(|c| c.iter().sum::<f32>() / per as f32));
+            }
+            let dense = |x: &[f32], w: &[f32], bias: &[f32], n: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|j| bias[j] + x.iter().enumerate().map(|(i, v)| v * w[i * n + j]).sum::<f32>())
+                    .collect()
+            };
+            let a1: Vec<f32> = dense(&z, &w1, &b1, n1).into_iter().map(|v| v.max(0.0)).collect();
+            let weights = dense(&a1, &w2, &b2, n2);
+            let emb: Vec<f32> = fields.concat();
+            let y: Vec<f32> = emb.iter().zip(&weights).map(|(e, w)| e * w + e).collect();
+            let mean = y.iter().sum::<f32>() / y.len() as f32;
+            let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / y.len() as f32;
+            for (j, v) in y.iter().enumerate() {
+                let want = (v - mean) / (var + LN_EPS).sqrt() * gamma[j] + beta[j];
+                let have = got[row * n2 + j];
+                assert!((have - want).abs() < 1e-4, "row {row} value {j}: {have} vs {want}");
+            }
+        }
+    }
 }
