@@ -598,8 +598,11 @@ impl<'a> Tape<'a> {
                             .zip(yv.par_chunks(width).zip(dy.par_chunks(width)))
                             .for_each(|((out, row), (y, d))| {
                                 for c in 0..width {
-                                    let k = (0..*n).find(|k| row[k * width + c] == y[c]).unwrap_or(0);
-                                    out[k * width + c] = d[c];
+                                    let ties = (0..*n).filter(|k| row[k * width + c] == y[c]).count();
+                                    let share = d[c] / ties.max(1) as f32;
+                                    for k in (0..*n).filter(|k| row[k * width + c] == y[c]) {
+                                        out[k * width + c] = share;
+                                    }
                                 }
                             });
                         accumulate(&mut grads, needs, *x, dx);

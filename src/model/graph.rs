@@ -70,7 +70,8 @@ pub enum Op {
     },
     /// `[b, n * d] -> [b, d]`: the largest of the `n` column blocks, column
     /// by column (Keras' global max pooling over `n` steps). The gradient
-    /// goes to the first block holding the maximum.
+    /// is shared equally by the blocks holding the maximum, as
+    /// TensorFlow's `reduce_max` gradient is.
     MaxBlocks {
         x: NodeId,
         n: usize,

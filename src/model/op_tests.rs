@@ -69,6 +69,11 @@ fn cases() -> Vec<Case> {
         case("batch norm+tanh", true, |g, s, x| s.batch_norm(g, x[0], "bn", tanh)),
         case("act", true, |g, _, x| g.act(x[0], tanh)),
         case("dropout", true, |g, _, x| g.dropout(x[0], 0.4)),
+        case("max over tied blocks", false, |g, _, x| {
+            // Every column's maximum twice: the gradient splits between them.
+            let twice = g.concat(&[x[0], x[0]]);
+            g.max_blocks(twice, 2)
+        }),
         case("max over blocks", true, |g, _, x| {
             let both = g.concat(&[x[0], x[1]]);
             g.max_blocks(both, 4)

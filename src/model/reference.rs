@@ -119,7 +119,26 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             Op::Add(xs) => xs[1..].iter().fold(v[xs[0].0].clone(), |acc, x| acc + v[x.0].clone()),
             Op::Mul(a, c) => v[a.0].clone() * v[c.0].clone(),
             Op::SumBlocks { x, n } => v[x.0].clone().reshape([b, *n, width]).sum_dim(1).reshape([b, width]),
-            Op::MaxBlocks { x, n } => v[x.0].clone().reshape([b, *n, width]).max_dim(1).reshape([b, width]),
+            Op::MaxBlocks { x, n } => {
+                // The maximum as a weighted sum of the blocks: weights of
+                // 1 / ties at the maxima (a constant), TensorFlow's gradient.
+                let xv = to_vec(v[x.0].clone());
+                let mut w = vec![0.0f32; xv.len()];
+                for (row, wr) in xv.chunks(n * width).zip(w.chunks_mut(n * width)) {
+                    for c in 0..width {
+                        let m = (0..*n).map(|k| row[k * width + c]).fold(f32::NEG_INFINITY, f32::max);
+                        let at: Vec<usize> = (0..*n).filter(|k| row[k * width + c] == m).collect();
+                        for k in &at {
+                            wr[k * width + c] = 1.0 / at.len() as f32;
+                        }
+                    }
+                }
+                let w = ctx.constant(w, b, n * width);
+                (v[x.0].clone() * w)
+                    .reshape([b, *n, width])
+                    .sum_dim(1)
+                    .reshape([b, width])
+            }
             Op::Fm { x, n } => {
                 let blocks: Tensor<3> = v[x.0].clone().reshape([b, *n, width]);
                 let s: Tensor<2> = blocks.clone().sum_dim(1).reshape([b, width]);
