@@ -500,14 +500,7 @@ impl Builder<'_> {
         } else {
             self.mixture(g, s, x, experts, towers.len())?
         };
-        for (i, (t, input)) in towers.iter().zip(inputs).enumerate() {
-            let h = match &t.dnn {
-                Some(d) => s.dnn(g, input, &t.name, d),
-                None => input,
-            };
-            let logits = s.dense(g, h, &format!("dnn_output_{i}"), 1, Activation::Linear);
-            g.output(&format!("logits_{}", t.name), logits);
-        }
+        task_heads(g, s, towers, inputs);
         Ok(())
     }
 
@@ -545,14 +538,7 @@ impl Builder<'_> {
             }
             task_in = next;
         }
-        for (i, (t, input)) in towers.iter().zip(task_in).enumerate() {
-            let h = match &t.dnn {
-                Some(d) => s.dnn(g, input, &t.name, d),
-                None => input,
-            };
-            let logits = s.dense(g, h, &format!("dnn_output_{i}"), 1, Activation::Linear);
-            g.output(&format!("logits_{}", t.name), logits);
-        }
+        task_heads(g, s, towers, task_in);
         Ok(())
     }
 
@@ -575,6 +561,20 @@ impl Builder<'_> {
         };
         bayes_towers(g, s, inputs, towers, "/dnn");
         Ok(())
+    }
+}
+
+/// MMoE's, SimpleMultiTask's and PLE's task towers over one input each:
+/// the tower's DNN (named after it), then `dnn_output_<i>`, the output
+/// `logits_<tower>`.
+fn task_heads(g: &mut Graph, s: &mut Scope, towers: &[TaskTower], inputs: Vec<NodeId>) {
+    for (i, (t, input)) in towers.iter().zip(inputs).enumerate() {
+        let h = match &t.dnn {
+            Some(d) => s.dnn(g, input, &t.name, d),
+            None => input,
+        };
+        let logits = s.dense(g, h, &format!("dnn_output_{i}"), 1, Activation::Linear);
+        g.output(&format!("logits_{}", t.name), logits);
     }
 }
 
