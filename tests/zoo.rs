@@ -100,6 +100,7 @@ const PASSING: &[&str] = &[
     "zoo/examples_configs__dlrm_backbone_on_criteo.config",
     "zoo/examples_configs__dlrm_on_criteo.config",
     "zoo/examples_configs__dlrm_senet_on_criteo.config",
+    "zoo/examples_configs__dssm_senet_on_taobao.config",
     "zoo/examples_configs__mlp_on_movielens.config",
     "zoo/examples_configs__multi_tower_on_movielens.config",
     "zoo/examples_configs__wide_and_deep_backbone_on_movielens.config",

@@ -158,6 +158,9 @@ pub enum Arch {
         cosine: bool,
         temperature: f32,
         scale_simi: bool,
+        /// DSSM_SENet: each tower's features first go through a SENet
+        /// (`reduction_ratio`, `num_squeeze_group`), user's then item's.
+        senet: Option<[(usize, usize); 2]>,
     },
 }
 
@@ -597,61 +600,56 @@ fn single_task_arch(
                 p.l2_regularization(),
             )
         }
-        Some(M::Dssm(d)) => {
-            let path = format!("{m}.dssm");
-            if d.item_id.as_deref().is_some_and(|i| !i.is_empty()) {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.item_id"),
-                    "masking in-batch negatives that share the positive's item id",
-                ));
-            }
-            if d.ignore_in_batch_neg_sam {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.ignore_in_batch_neg_sam"),
-                    "ignoring in-batch negatives (it goes with negative samplers)",
-                ));
-            }
-            let tower = |t: &proto::DssmTower, name: &str| -> Result<DnnSpec, ConfigError> {
-                let spec = dnn(&t.dnn, &format!("{path}.{name}.dnn"))?;
-                if spec.hidden_units.is_empty() {
+        Some(M::DssmSenet(d)) => {
+            let path = format!("{m}.dssm_senet");
+            let senet = |t: &proto::DssmSeNetTower, name: &str| -> Result<(usize, usize), ConfigError> {
+                let (r, g) = (t.senet.reduction_ratio as usize, t.senet.num_squeeze_group() as usize);
+                if r == 0 || g == 0 {
                     return Err(ConfigError::invalid(
-                        format!("{path}.{name}.dnn.hidden_units"),
-                        "the tower's last layer is its embedding: it needs at least one layer",
+                        format!("{path}.{name}.senet"),
+                        "reduction_ratio and num_squeeze_group must be at least 1",
                     ));
                 }
-                Ok(spec)
+                Ok((r, g))
             };
-            let user = tower(&d.user_tower, "user_tower")?;
-            let item = tower(&d.item_tower, "item_tower")?;
-            if user.hidden_units.last() != item.hidden_units.last() {
-                return Err(ConfigError::invalid(
-                    format!("{path}.item_tower.dnn.hidden_units"),
-                    format!(
-                        "the towers' last layers must be equally wide to be compared ({} and {})",
-                        user.hidden_units.last().unwrap_or(&0),
-                        item.hidden_units.last().unwrap_or(&0)
-                    ),
-                ));
-            }
-            let cosine = d.simi_func() == proto::Similarity::Cosine;
-            let temperature = if cosine { d.temperature() } else { 1.0 };
-            if !(temperature.is_finite() && temperature > 0.0) {
-                return Err(ConfigError::invalid(
-                    format!("{path}.temperature"),
-                    format!("{temperature} is not a positive number"),
-                ));
-            }
-            (
-                Arch::Dssm {
-                    user,
-                    item,
-                    cosine,
-                    temperature,
-                    scale_simi: d.scale_simi(),
-                },
-                d.l2_regularization,
-            )
+            let senets = [senet(&d.user_tower, "user_tower")?, senet(&d.item_tower, "item_tower")?];
+            let towers = |t: &proto::DssmSeNetTower| proto::DssmTower {
+                id: t.id.clone(),
+                dnn: t.dnn.clone(),
+            };
+            let plain = proto::Dssm {
+                user_tower: towers(&d.user_tower),
+                item_tower: towers(&d.item_tower),
+                l2_regularization: d.l2_regularization,
+                simi_func: d.simi_func,
+                scale_simi: d.scale_simi,
+                item_id: d.item_id.clone(),
+                ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
+                temperature: d.temperature,
+            };
+            let (arch, l2) = dssm(&plain, &path)?;
+            let Arch::Dssm {
+                user,
+                item,
+                cosine,
+                temperature,
+                scale_simi,
+                ..
+            } = arch
+            else {
+                unreachable!("dssm builds a DSSM")
+            };
+            let arch = Arch::Dssm {
+                user,
+                item,
+                cosine,
+                temperature,
+                scale_simi,
+                senet: Some(senets),
+            };
+            (arch, l2)
         }
+        Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
         _ if matches!(model.model_class.as_str(), "RankModel" | "MultiTaskModel") => {
             return Err(ConfigError::invalid(
                 m,
@@ -665,6 +663,63 @@ fn single_task_arch(
             ))
         }
     })
+}
+
+/// DSSM's towers and similarity (`path`: where `d` sits in the config).
+fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
+    if d.item_id.as_deref().is_some_and(|i| !i.is_empty()) {
+        return Err(ConfigError::unsupported(
+            format!("{path}.item_id"),
+            "masking in-batch negatives that share the positive's item id",
+        ));
+    }
+    if d.ignore_in_batch_neg_sam {
+        return Err(ConfigError::unsupported(
+            format!("{path}.ignore_in_batch_neg_sam"),
+            "ignoring in-batch negatives (it goes with negative samplers)",
+        ));
+    }
+    let tower = |t: &proto::DssmTower, name: &str| -> Result<DnnSpec, ConfigError> {
+        let spec = dnn(&t.dnn, &format!("{path}.{name}.dnn"))?;
+        if spec.hidden_units.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{path}.{name}.dnn.hidden_units"),
+                "the tower's last layer is its embedding: it needs at least one layer",
+            ));
+        }
+        Ok(spec)
+    };
+    let user = tower(&d.user_tower, "user_tower")?;
+    let item = tower(&d.item_tower, "item_tower")?;
+    if user.hidden_units.last() != item.hidden_units.last() {
+        return Err(ConfigError::invalid(
+            format!("{path}.item_tower.dnn.hidden_units"),
+            format!(
+                "the towers' last layers must be equally wide to be compared ({} and {})",
+                user.hidden_units.last().unwrap_or(&0),
+                item.hidden_units.last().unwrap_or(&0)
+            ),
+        ));
+    }
+    let cosine = d.simi_func() == proto::Similarity::Cosine;
+    let temperature = if cosine { d.temperature() } else { 1.0 };
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(ConfigError::invalid(
+            format!("{path}.temperature"),
+            format!("{temperature} is not a positive number"),
+        ));
+    }
+    Ok((
+        Arch::Dssm {
+            user,
+            item,
+            cosine,
+            temperature,
+            scale_simi: d.scale_simi(),
+            senet: None,
+        },
+        d.l2_regularization,
+    ))
 }
 
 /// The feature groups' names, as blocks of a backbone name them.

@@ -733,12 +733,13 @@ impl TrainingPlan {
             "PLE" => ModelKind::Ple,
             "RankModel" => ModelKind::RankModel,
             "MultiTaskModel" => ModelKind::MultiTaskModel,
-            "DSSM" => ModelKind::Dssm,
+            // DSSM_SENet is DSSM with a SENet in each tower.
+            "DSSM" | "DSSM_SENet" => ModelKind::Dssm,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
                 })
             }
         };

@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 12] = [
+pub const MODEL_BLOCKS: [(&str, &str); 13] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -84,6 +84,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 12] = [
     ("SimpleMultiTask", "simple_multi_task"),
     ("PLE", "ple"),
     ("DSSM", "dssm"),
+    ("DSSM_SENet", "dssm_senet"),
 ];
 
 fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
@@ -103,6 +104,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         SimpleMultiTask(_) => "simple_multi_task",
         Ple(_) => "ple",
         Dssm(_) => "dssm",
+        DssmSenet(_) => "dssm_senet",
     }
 }
 

@@ -290,22 +290,30 @@ fn truncated_std(fan_in: usize, fan_out: usize, fan_avg: bool) -> f32 {
     (var.sqrt() / CUT) as f32
 }
 
-/// FiBiNet++'s SENet (EasyRec's `SENet` Keras layer) over a list of field
-/// embeddings, each of a width divisible by `groups`.
-fn senet(
-    v: &Val,
+/// Which of EasyRec's two SENets: the Keras layer (FiBiNet++'s: `W1` with
+/// he_normal, `W2`, no regularizer, optional skip connection and layer
+/// norm) or DSSM_SENet's (`reduce` with the model's l2_regularization,
+/// `excite`, nothing after the reweighting).
+#[derive(Debug, Clone, Copy)]
+pub enum SeNetStyle {
+    Keras { skip: bool, layer_norm: bool },
+    Classic,
+}
+
+/// A SENet over field embeddings `fields`, each of a width divisible by
+/// `groups`: per field and group the max and the mean, a relu layer of
+/// `max(1, fields * groups * 2 / ratio)` units, a layer to one weight per
+/// embedding value (glorot_normal), the embeddings reweighted.
+pub fn senet(
+    fields: &[NodeId],
     name: &str,
     (ratio, groups): (usize, usize),
-    (skip, layer_norm): (bool, bool),
+    style: SeNetStyle,
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
-    let Val::L(items) = v else {
-        bail!("SENet takes a list of field embeddings, got {}", v.describe(g));
-    };
-    let fields = items.iter().map(|x| tensor(x, g)).collect::<anyhow::Result<Vec<_>>>()?;
     let mut squeezed = Vec::new();
-    for &f in &fields {
+    for &f in fields {
         let dim = g.width(f);
         if dim < groups || !dim.is_multiple_of(groups) {
             bail!("SENet: a field embedding of dimension {dim} is not divisible into {groups} squeeze groups");
@@ -320,27 +328,36 @@ fn senet(
         squeezed.push(g.fold(mean, groups));
     }
     let z = g.concat(&squeezed);
-    let emb = g.concat(&fields);
+    let emb = g.concat(fields);
     let (zw, ew) = (g.width(z), g.width(emb));
     let reduction = (fields.len() * groups * 2 / ratio).max(1);
-    let w1 = Kernel {
-        init: Init::TruncatedNormal(truncated_std(zw, reduction, false)),
-        l2: false,
-        bias: true,
+    let (reduce, excite, w1) = match style {
+        SeNetStyle::Keras { .. } => (
+            "W1",
+            "W2",
+            Kernel {
+                init: Init::TruncatedNormal(truncated_std(zw, reduction, false)),
+                l2: false,
+                bias: true,
+            },
+        ),
+        SeNetStyle::Classic => ("reduce", "excite", Kernel::DENSE),
     };
-    let a1 = s.layer(g, z, &format!("{name}/W1"), reduction, w1, Activation::Relu);
+    let a1 = s.layer(g, z, &format!("{name}/{reduce}"), reduction, w1, Activation::Relu);
     let w2 = Kernel {
         init: Init::TruncatedNormal(truncated_std(reduction, ew, true)),
         l2: false,
         bias: true,
     };
-    let weights = s.layer(g, a1, &format!("{name}/W2"), ew, w2, Activation::Linear);
+    let weights = s.layer(g, a1, &format!("{name}/{excite}"), ew, w2, Activation::Linear);
     let mut out = g.mul(emb, weights);
-    if skip {
-        out = g.add(&[out, emb]);
-    }
-    if layer_norm {
-        out = s.layer_norm(g, out, &format!("{name}/output_ln"));
+    if let SeNetStyle::Keras { skip, layer_norm } = style {
+        if skip {
+            out = g.add(&[out, emb]);
+        }
+        if layer_norm {
+            out = s.layer_norm(g, out, &format!("{name}/output_ln"));
+        }
     }
     Ok(out)
 }
@@ -406,14 +423,17 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             groups,
             skip,
             layer_norm,
-        } => Val::T(senet(
-            &v,
-            name,
-            (*reduction_ratio, *groups),
-            (*skip, *layer_norm),
-            g,
-            s,
-        )?),
+        } => {
+            let Val::L(items) = &v else {
+                bail!("SENet takes a list of field embeddings, got {}", v.describe(g));
+            };
+            let fields = items.iter().map(|x| tensor(x, g)).collect::<anyhow::Result<Vec<_>>>()?;
+            let style = SeNetStyle::Keras {
+                skip: *skip,
+                layer_norm: *layer_norm,
+            };
+            Val::T(senet(&fields, name, (*reduction_ratio, *groups), style, g, s)?)
+        }
         Keras::Highway {
             emb_size,
             num_layers,
@@ -689,8 +709,11 @@ mod tests {
         };
         let mut g = Graph::default();
         let inputs: Vec<NodeId> = widths.iter().enumerate().map(|(i, w)| g.input(i, *w)).collect();
-        let v = Val::L(inputs.iter().map(|x| Val::T(*x)).collect());
-        let out = senet(&v, "se", (2, groups), (true, true), &mut g, &mut s).unwrap();
+        let style = SeNetStyle::Keras {
+            skip: true,
+            layer_norm: true,
+        };
+        let out = senet(&inputs, "se", (2, groups), style, &mut g, &mut s).unwrap();
         for x in params.values.iter_mut() {
             *x += 0.05; // non-zero biases and layer-norm offsets
         }

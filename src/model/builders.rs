@@ -105,7 +105,8 @@ pub fn build(
             cosine,
             temperature,
             scale_simi,
-        } => b.dssm(g_, scope, (user, item), *cosine, *temperature, *scale_simi)?,
+            senet,
+        } => b.dssm(g_, scope, (user, item), *senet, (*cosine, *temperature, *scale_simi))?,
     };
     g.output("logits", logits);
     Ok(g)
@@ -417,12 +418,22 @@ impl Builder<'_> {
         g: &mut Graph,
         s: &mut Scope,
         (user, item): (&DnnSpec, &DnnSpec),
-        cosine: bool,
-        temperature: f32,
-        scale_simi: bool,
+        senet: Option<[(usize, usize); 2]>,
+        (cosine, temperature, scale_simi): (bool, f32, bool),
     ) -> anyhow::Result<NodeId> {
-        let mut tower = |name: &str, spec: &DnnSpec| -> anyhow::Result<NodeId> {
-            let x = self.xs[self.group(name, "DSSM")?];
+        let mut tower = |name: &str, spec: &DnnSpec, se: Option<(usize, usize)>| -> anyhow::Result<NodeId> {
+            let gi = self.group(name, "DSSM")?;
+            let mut x = self.xs[gi];
+            if let Some(params) = se {
+                // DSSM_SENet reads the group's plain features, one by one.
+                let l = &self.groups[gi];
+                if !l.seq.is_empty() || !l.combined.is_empty() {
+                    bail!("DSSM_SENet: group `{name}` holds sequences, which its SENet does not read");
+                }
+                let fields: Vec<NodeId> = l.feature_columns().into_iter().map(|(c, w)| g.slice(x, c, w)).collect();
+                let style = super::backbone::SeNetStyle::Classic;
+                x = super::backbone::senet(&fields, &format!("{name}_senet"), params, style, g, s)?;
+            }
             let n = spec.hidden_units.len();
             let hidden = DnnSpec {
                 hidden_units: spec.hidden_units[..n - 1].to_vec(),
@@ -439,8 +450,8 @@ impl Builder<'_> {
             );
             Ok(if cosine { g.l2_normalize(e) } else { e })
         };
-        let u = tower("user", user)?;
-        let v = tower("item", item)?;
+        let u = tower("user", user, senet.map(|s| s[0]))?;
+        let v = tower("item", item, senet.map(|s| s[1]))?;
         let (w, b) = if scale_simi {
             (
                 Some(s.params.add("sim_w", 1, 1, Init::Ones, false, s.rng)),

@@ -54,6 +54,14 @@ pub const MODELS: &[(&str, &str)] = &[
          temperature: 0.5 } }"#,
     ),
     (
+        "DSSM_SENet",
+        r#"model_config { model_class: "DSSM_SENet"
+  feature_groups { group_name: "user" feature_names: ["c1", "c3", "c4"] }
+  feature_groups { group_name: "item" feature_names: ["d2", "c2"] }
+  dssm_senet { user_tower { id: "c1" senet { reduction_ratio: 2 } dnn { hidden_units: [8, 4] } }
+               item_tower { id: "c2" senet { reduction_ratio: 4 } dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
         "WideAndDeep",
         r#"model_config { model_class: "WideAndDeep"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "c4", "d1"] wide_deep: WIDE }
