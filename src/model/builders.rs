@@ -30,9 +30,7 @@ pub fn build(
             .then(|| g.slice(x, 0, l.plain_width))
             .into_iter()
             .collect();
-        let mut seqs: Vec<_> = l.combined.iter().collect();
-        seqs.sort_by_key(|c| c.out_col);
-        for c in seqs {
+        for c in l.combined_in_order() {
             feats.push(super::sequence::combine(c, l, x, &mut g, scope)?);
         }
         let mut features = (!feats.is_empty()).then(|| g.concat(&feats));
@@ -653,8 +651,7 @@ fn fm_input(l: &GroupLayout, x: NodeId, model: &str, g: &mut Graph) -> anyhow::R
     if !sparse.is_empty() {
         blocks.push(g.slice(x, 0, sparse.len() * d));
     }
-    let mut seqs: Vec<_> = l.combined.iter().collect();
-    seqs.sort_by_key(|c| c.out_col);
+    let seqs = l.combined_in_order();
     blocks.extend(seqs.iter().map(|c| g.slice(x, c.out_col, d)));
     let v = g.concat(&blocks);
     Ok((v, sparse.len() + seqs.len()))

@@ -79,6 +79,14 @@ impl GroupLayout {
             .collect()
     }
 
+    /// The combined sequences in the order their outputs follow the plain
+    /// parts (EasyRec's input layer concatenates them by column name).
+    pub fn combined_in_order(&self) -> Vec<&CombinedSeq> {
+        let mut seqs: Vec<&CombinedSeq> = self.combined.iter().collect();
+        seqs.sort_by_key(|c| c.out_col);
+        seqs
+    }
+
     pub fn sparse_parts(&self) -> impl Iterator<Item = &Part> {
         self.parts.iter().filter(|p| p.table.is_some())
     }
@@ -160,6 +168,15 @@ pub struct SeqLayout {
     pub len: usize,
     /// The column holding each row's history length.
     pub len_col: usize,
+}
+
+/// Appends a column block of `kind` for `feature` at `col` (moved past it);
+/// returns where the block starts.
+fn add_seq_part(seq_parts: &mut Vec<SeqPart>, col: &mut usize, feature: usize, kind: SeqPartKind) -> usize {
+    let at = *col;
+    *col += kind.width();
+    seq_parts.push(SeqPart { feature, col: at, kind });
+    at
 }
 
 /// The table of embedded feature `fi` in group `g` (made on first use) and
@@ -276,28 +293,21 @@ impl GroupDropout {
         if l.features_width() == 0 {
             return None;
         }
-        let mut easyrec: Vec<usize> = (0..l.parts.len()).collect();
-        easyrec.sort_by_cached_key(|&k| plan.features[l.parts[k].feature].easyrec_column());
-        // Each part's first entry.
-        let mut first = vec![0; l.parts.len()];
-        let mut next = 0;
-        for &k in &easyrec {
-            first[k] = next;
-            next += if embedding_wise { l.parts[k].dim } else { 1 };
-        }
+        // Each feature's `(col, width)` in EasyRec's order: the plain parts
+        // by column name, then the combined sequences.
+        let mut plain: Vec<&Part> = l.parts.iter().collect();
+        plain.sort_by_cached_key(|p| plan.features[p.feature].easyrec_column());
+        let blocks = plain
+            .iter()
+            .map(|p| (p.col, p.dim))
+            .chain(l.combined_in_order().into_iter().map(|c| (c.out_col, c.width)));
         let mut index = vec![0; l.features_width()];
-        for (k, p) in l.parts.iter().enumerate() {
-            for c in 0..p.dim {
-                index[p.col + c] = first[k] + if embedding_wise { c } else { 0 };
+        let mut next = 0;
+        for (col, width) in blocks {
+            for c in 0..width {
+                index[col + c] = next + if embedding_wise { c } else { 0 };
             }
-        }
-        let mut seqs: Vec<&CombinedSeq> = l.combined.iter().collect();
-        seqs.sort_by_key(|s| s.out_col);
-        for s in seqs {
-            for c in 0..s.width {
-                index[s.out_col + c] = next + if embedding_wise { c } else { 0 };
-            }
-            next += if embedding_wise { s.width } else { 1 };
+            next += if embedding_wise { width } else { 1 };
         }
         let name = if l.name == "all" {
             DROPOUT_LOGITS.to_string()
@@ -394,18 +404,9 @@ impl Model {
                 let rows = enc.table_rows(fi).expect("a sequence has ids");
                 let (table, dim) = table_of(&mut tables, plan, (g, false), fi, rows)?;
                 let len = combiner.positions(max_len);
-                let mut add = |kind: SeqPartKind| {
-                    let at = col;
-                    col += kind.width();
-                    seq_parts.push(SeqPart {
-                        feature: fi,
-                        col: at,
-                        kind,
-                    });
-                    at
-                };
-                let pos = add(SeqPartKind::Positions { table, dim, len });
-                let len_col = matches!(combiner, SeqCombiner::Attention).then(|| add(SeqPartKind::Length { len }));
+                let pos = add_seq_part(&mut seq_parts, &mut col, fi, SeqPartKind::Positions { table, dim, len });
+                let len_col = matches!(combiner, SeqCombiner::Attention)
+                    .then(|| add_seq_part(&mut seq_parts, &mut col, fi, SeqPartKind::Length { len }));
                 combined.push(CombinedSeq {
                     feature: fi,
                     name: plan.features[fi].name.clone(),
@@ -426,12 +427,6 @@ impl Model {
             }
             let mut seq = Vec::new();
             for att in &g.seq {
-                let mut add = |kind: SeqPartKind, feature: usize, col: &mut usize| {
-                    let at = *col;
-                    *col += kind.width();
-                    seq_parts.push(SeqPart { feature, col: at, kind });
-                    at
-                };
                 let mut keys = Vec::new();
                 for &fi in &att.keys {
                     match parts.iter().find(|p| p.feature == fi) {
@@ -444,7 +439,8 @@ impl Model {
                             })?;
                             let (table, dim) = table_of(&mut tables, plan, (g, true), fi, rows)?;
                             let mean = plan.features[fi].mean_combiner;
-                            keys.push((add(SeqPartKind::Pooled { table, dim, mean }, fi, &mut col), dim));
+                            let kind = SeqPartKind::Pooled { table, dim, mean };
+                            keys.push((add_seq_part(&mut seq_parts, &mut col, fi, kind), dim));
                         }
                     }
                 }
@@ -468,18 +464,12 @@ impl Model {
                         }
                         let rows = enc.table_rows(fi).expect("a sequence has ids");
                         let (table, dim) = table_of(&mut tables, plan, (g, true), fi, rows)?;
-                        out.push((
-                            add(
-                                SeqPartKind::Positions {
-                                    table,
-                                    dim,
-                                    len: max_len,
-                                },
-                                fi,
-                                col,
-                            ),
+                        let kind = SeqPartKind::Positions {
+                            table,
                             dim,
-                        ));
+                            len: max_len,
+                        };
+                        out.push((add_seq_part(&mut seq_parts, col, fi, kind), dim));
                     }
                     Ok(out)
                 };
@@ -487,7 +477,7 @@ impl Model {
                 let aux = positions(&att.aux, &mut col)?;
                 let len = len.expect("a sequence group has a history");
                 // The first history's length masks the attention, as in EasyRec.
-                let len_col = add(SeqPartKind::Length { len }, att.hist[0], &mut col);
+                let len_col = add_seq_part(&mut seq_parts, &mut col, att.hist[0], SeqPartKind::Length { len });
                 seq.push(SeqLayout {
                     att: att.clone(),
                     keys,
@@ -525,8 +515,15 @@ impl Model {
             })
             .collect();
         let graph = builders::build(&plan.arch, (&groups, &dropout), &mut scope)?;
-        let dropout_logits = (0..params.specs.len())
-            .filter(|&i| params.specs[i].name.starts_with(DROPOUT_LOGITS))
+        // The logits the graph's variational dropouts read (not found by
+        // name: a backbone block may be called `logit_p...` too).
+        let dropout_logits = graph
+            .nodes
+            .iter()
+            .filter_map(|n| match n.op {
+                Op::VariationalDropout { p, .. } => Some(p),
+                _ => None,
+            })
             .collect();
         Ok(Model {
             groups,
