@@ -30,9 +30,9 @@ pub struct ExportPlan {
     /// `filter_inputs` (default true): serving inputs are the input fields
     /// the model reads; false: every input field but the labels.
     pub filter_inputs: bool,
-    /// `enable_early_stop`: training stops once an evaluation comes
-    /// `max_check_steps` steps after the best one.
-    pub early_stop: Option<EarlyStop>,
+    /// `enable_early_stop`: training stops once an evaluation comes this
+    /// many steps (`max_check_steps`) after the best `best_metric`.
+    pub early_stop: Option<u64>,
     /// An export option this exporter cannot honour (field, what it asks
     /// for). Configs that set one still load and train with exporter_type
     /// "none"; exporting reports it (see `check`).
@@ -69,39 +69,53 @@ impl Default for ExportPlan {
     }
 }
 
-/// EasyRec's early stopping (`stop_if_no_increase_hook` /
-/// `stop_if_no_decrease_hook` on `best_exporter_metric`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EarlyStop {
-    pub metric: String,
-    pub bigger: bool,
-    pub max_steps: u64,
-}
+impl ExportPlan {
+    /// `best_metric`'s value among an evaluation's `metrics`.
+    pub fn best_value(&self, metrics: &[(String, f64)]) -> anyhow::Result<f64> {
+        match metrics.iter().find(|(k, _)| *k == self.best_metric) {
+            Some(&(_, value)) => Ok(value),
+            None => {
+                let have: Vec<&str> = metrics.iter().map(|(k, _)| k.as_str()).collect();
+                anyhow::bail!(
+                    "export_config.best_exporter_metric `{}` is not among the evaluated metrics ({})",
+                    self.best_metric,
+                    have.join(", ")
+                )
+            }
+        }
+    }
 
-impl EarlyStop {
-    /// Records an evaluation of `metrics` at `step` into `best` (the best
-    /// value and its step so far); whether training stops: this evaluation
-    /// is `max_steps` or more after the best one (TensorFlow's
+    /// Whether `value` of `best_metric` improves on `best` (bigger or
+    /// smaller by `metric_bigger`); anything improves on none.
+    pub fn improves(&self, value: f64, best: Option<f64>) -> bool {
+        best.is_none_or(|b| if self.metric_bigger { value > b } else { value < b })
+    }
+
+    /// Early stopping (EasyRec's `stop_if_no_increase_hook` /
+    /// `stop_if_no_decrease_hook`): records an evaluation of `metrics` at
+    /// `step` into `best` (the best value and its step so far) and says
+    /// whether training stops, this evaluation coming `early_stop` or more
+    /// steps after the best one (TensorFlow's
     /// `_stop_if_no_metric_improvement_fn`, over this run's evaluations).
-    pub fn observe(&self, best: &mut Option<(f64, u64)>, step: u64, metrics: &[(String, f64)]) -> anyhow::Result<bool> {
-        let Some(&(_, value)) = metrics.iter().find(|(k, _)| *k == self.metric) else {
-            let have: Vec<&str> = metrics.iter().map(|(k, _)| k.as_str()).collect();
-            anyhow::bail!(
-                "export_config.best_exporter_metric `{}` (early stopping) is not among the evaluated metrics ({})",
-                self.metric,
-                have.join(", ")
-            );
+    pub fn stops_early(
+        &self,
+        best: &mut Option<(f64, u64)>,
+        step: u64,
+        metrics: &[(String, f64)],
+    ) -> anyhow::Result<bool> {
+        let Some(max_steps) = self.early_stop else {
+            return Ok(false);
         };
-        let better = best.is_none_or(|(b, _)| if self.bigger { value > b } else { value < b });
-        if better {
+        let value = self.best_value(metrics)?;
+        if self.improves(value, best.map(|(b, _)| b)) {
             *best = Some((value, step));
         }
         let (_, best_step) = best.expect("set above");
-        Ok(step - best_step >= self.max_steps)
+        Ok(step - best_step >= max_steps)
     }
 }
 
-fn early_stop(e: &proto::ExportConfig) -> Result<Option<EarlyStop>, ConfigError> {
+fn early_stop(e: &proto::ExportConfig) -> Result<Option<u64>, ConfigError> {
     if !e.enable_early_stop() {
         return Ok(None);
     }
@@ -117,11 +131,7 @@ fn early_stop(e: &proto::ExportConfig) -> Result<Option<EarlyStop>, ConfigError>
             format!("{} is negative", e.max_check_steps()),
         )
     })?;
-    Ok(Some(EarlyStop {
-        metric: e.best_exporter_metric().to_string(),
-        bigger: e.metric_bigger(),
-        max_steps,
-    }))
+    Ok(Some(max_steps))
 }
 
 pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, ConfigError> {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 use super::{export_checkpoint, list_exports, prune, ExportRequest, EXTERNAL_MIN_BYTES};
 use crate::checkpoint;
@@ -57,21 +57,11 @@ impl TrainExporter {
                 if metrics.is_empty() {
                     return Ok(None);
                 }
-                let Some(&(_, value)) = metrics.iter().find(|(k, _)| *k == e.best_metric) else {
-                    let have: Vec<&str> = metrics.iter().map(|(k, _)| k.as_str()).collect();
-                    bail!(
-                        "export_config.best_exporter_metric `{}` is not among the evaluated metrics ({})",
-                        e.best_metric,
-                        have.join(", ")
-                    );
-                };
+                let value = e.best_value(metrics)?;
                 if self.best.is_none() {
                     self.best = self.previous_best()?;
                 }
-                let better = self
-                    .best
-                    .is_none_or(|b| if e.metric_bigger { value > b } else { value < b });
-                if !better {
+                if !e.improves(value, self.best) {
                     return Ok(None);
                 }
                 self.best = Some(value);

@@ -175,17 +175,15 @@ impl Trainer {
                     last_eval = Instant::now();
                     after_eval(&path, &metrics, false)?;
                     // Every rank has the metrics, so all stop together.
-                    if let Some(es) = &p.export.early_stop {
-                        if es.observe(&mut best_eval, self.step, &metrics)? {
-                            let (v, at) = best_eval.expect("observed");
-                            log::info!(
-                                "early stopping at step {}: {} has not improved on {v} (step {at}) for {} steps",
-                                self.step,
-                                es.metric,
-                                es.max_steps
-                            );
-                            break;
-                        }
+                    if p.export.stops_early(&mut best_eval, self.step, &metrics)? {
+                        let (v, at) = best_eval.expect("observed");
+                        log::info!(
+                            "early stopping at step {}: {} has not improved on {v} (step {at}) for {} steps",
+                            self.step,
+                            p.export.best_metric,
+                            self.step - at
+                        );
+                        break;
                     }
                 }
             }
