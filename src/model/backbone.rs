@@ -453,9 +453,8 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             }
             let d = g.width(x);
             for i in 0..*num_layers {
-                let gate = s.layer(g, x, &format!("{name}/gate_{i}"), d, k, Activation::Sigmoid);
-                let bias = s.params.specs.len() - 1;
-                s.params.slice_mut(bias).fill(*init_gate_bias);
+                let gate_name = format!("{name}/gate_{i}");
+                let gate = s.layer_biased(g, x, &gate_name, (d, *init_gate_bias), k, Activation::Sigmoid);
                 // The transforms are Keras' unnamed Dense layers.
                 let dense = if i == 0 {
                     "dense".to_string()

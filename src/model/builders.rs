@@ -485,16 +485,9 @@ impl Builder<'_> {
             .enumerate()
             .map(|(e, spec)| s.dnn(g, x, &format!("mmoe/expert_{e}"), spec))
             .collect();
-        if outs.iter().any(|o| g.width(*o) != g.width(outs[0])) {
-            bail!("MMoE: every expert must end with the same width to be mixed");
-        }
-        Ok((0..tasks)
-            .map(|t| {
-                let gate = s.dense(g, x, &format!("mmoe/gate_{t}/dnn"), experts.len(), Activation::Linear);
-                let gate = g.softmax(gate);
-                g.weighted_sum(gate, &outs)
-            })
-            .collect())
+        (0..tasks)
+            .map(|t| gate(g, s, x, &outs, &format!("mmoe/gate_{t}/dnn")))
+            .collect()
     }
 
     /// The group `all` that multi-task models read.
@@ -538,12 +531,12 @@ impl Builder<'_> {
                     .map(|e| s.dnn(g, input, &format!("{name}_task_{t}_expert_{e}/dnn"), &level.task_net))
                     .collect();
                 let mixed: Vec<NodeId> = own.iter().chain(&shared).copied().collect();
-                next.push(gate(g, s, input, &mixed, &format!("{name}_task_{t}"))?);
+                next.push(gate(g, s, input, &mixed, &format!("{name}_task_{t}_gate/dnn"))?);
                 all.extend(own);
             }
             if li + 1 < levels.len() {
                 all.extend(&shared);
-                shared_in = gate(g, s, shared_in, &all, &format!("{name}_share"))?;
+                shared_in = gate(g, s, shared_in, &all, &format!("{name}_share_gate/dnn"))?;
             }
             task_in = next;
         }
@@ -587,19 +580,13 @@ fn task_heads(g: &mut Graph, s: &mut Scope, towers: &[TaskTower], inputs: Vec<No
     }
 }
 
-/// PLE's gate `<name>_gate/dnn`: a softmax over `experts` from `selector`,
-/// mixing them.
-fn gate(g: &mut Graph, s: &mut Scope, selector: NodeId, experts: &[NodeId], name: &str) -> anyhow::Result<NodeId> {
+/// An expert gate (MMoE's and PLE's): the dense layer `layer` over
+/// `selector`, one logit per expert, softmaxed, mixing `experts`.
+fn gate(g: &mut Graph, s: &mut Scope, selector: NodeId, experts: &[NodeId], layer: &str) -> anyhow::Result<NodeId> {
     if experts.iter().any(|e| g.width(*e) != g.width(experts[0])) {
-        bail!("PLE: the experts that gate `{name}` mixes must end with the same width");
+        bail!("the experts that gate `{layer}` mixes must end with the same width");
     }
-    let w = s.dense(
-        g,
-        selector,
-        &format!("{name}_gate/dnn"),
-        experts.len(),
-        Activation::Linear,
-    );
+    let w = s.dense(g, selector, layer, experts.len(), Activation::Linear);
     let w = g.softmax(w);
     Ok(g.weighted_sum(w, experts))
 }

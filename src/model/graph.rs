@@ -543,6 +543,24 @@ impl Scope<'_> {
         g.linear(x, self.params, w, b, act)
     }
 
+    /// `layer` of `units` whose bias starts at `bias` everywhere (Keras'
+    /// `Constant` bias initializer) rather than at zeros.
+    pub fn layer_biased(
+        &mut self,
+        g: &mut Graph,
+        x: NodeId,
+        name: &str,
+        (units, bias): (usize, f32),
+        k: Kernel,
+        act: Activation,
+    ) -> NodeId {
+        assert!(k.bias, "`{name}` has a bias to start");
+        let y = self.layer(g, x, name, units, k, act);
+        let b = self.params.by_name(&format!("{name}/bias")).expect("the layer's bias");
+        self.params.slice_mut(b).fill(bias);
+        y
+    }
+
     /// The one-logit output layer `name` whose kernel EasyRec leaves out
     /// of l2_regularization (MultiTower's and DCN's `output`).
     pub fn unregularized_output(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
