@@ -919,18 +919,18 @@ impl TrainingPlan {
             features,
         };
         // Rows are grouped by one field for every grouped AUC.
-        let groups: Vec<&str> = plan.gauc_uid_fields().collect();
-        if let Some(other) = groups.iter().find(|f| **f != groups[0]) {
-            return Err(ConfigError::unsupported(
+        let clash = {
+            let mut fields = plan.gauc_uid_fields();
+            let first = fields.next();
+            first.and_then(|a| fields.find(|b| *b != a).map(|b| format!("(`{a}` and `{b}`)")))
+        };
+        match clash {
+            Some(which) => Err(ConfigError::unsupported(
                 "eval_config.metrics_set",
-                format!(
-                    "GAUC / session AUC grouped by two fields (`{}` and `{other}`)",
-                    groups[0]
-                ),
-            ));
+                format!("GAUC / session AUC grouped by two fields {which}"),
+            )),
+            None => Ok(plan),
         }
-        drop(groups);
-        Ok(plan)
     }
 }
 
