@@ -1,7 +1,7 @@
 //! Evaluation metrics as pure functions over (prediction, label) pairs, and
 //! an accumulator that can be merged across batches (and ranks).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use crate::config::model_plan::Metric;
 use crate::config::tasks::Task;
@@ -69,9 +69,10 @@ pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
     (pos > 0.0 && neg > 0.0).then(|| (rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg))
 }
 
-/// Mean of per-user AUCs over users that have both classes.
+/// Mean of per-user AUCs over users that have both classes, summed in
+/// user order so that the same rows always give the same bits.
 pub fn gauc(scores: &[f32], labels: &[f32], uids: &[u64]) -> Option<f64> {
-    let mut by_user: HashMap<u64, (Vec<f32>, Vec<f32>)> = HashMap::new();
+    let mut by_user: BTreeMap<u64, (Vec<f32>, Vec<f32>)> = BTreeMap::new();
     for ((s, l), u) in scores.iter().zip(labels).zip(uids) {
         let e = by_user.entry(*u).or_default();
         e.0.push(*s);
