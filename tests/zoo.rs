@@ -90,8 +90,14 @@ const PASSING: &[&str] = &[
     "zoo/dlrm_on_criteo_parquet_ep_v2.config",
     "zoo/dssm_distribute_eval_reg_on_taobao.config",
     "zoo/dssm_inner_prod_on_taobao.config",
+    "zoo/dssm_neg_sampler_need_key_feature.config",
+    "zoo/dssm_neg_sampler_on_taobao.config",
+    "zoo/dssm_neg_sampler_sequence_feature.config",
+    "zoo/dssm_neg_sampler_with_sample_weight.config",
     "zoo/dssm_on_sequence_feature_taobao.config",
     "zoo/dssm_on_taobao.config",
+    "zoo/dssm_senet_on_taobao.config",
+    "zoo/dssm_with_sample_weight.config",
     "zoo/examples_configs__dcn_backbone_on_movielens.config",
     "zoo/examples_configs__deepfm_backbone_on_criteo.config",
     "zoo/examples_configs__deepfm_backbone_on_movielens.config",
@@ -291,9 +297,19 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
         return Outcome::Failed("a plan for an input that is not a file".into());
     }
     cap_tables(&mut plan);
+    // A negative sampler's item table is data too: generated where the
+    // config's path would be.
+    let items = dir.join("items.txt");
+    if let Some(s) = &mut plan.negative_sampling {
+        s.items_path = items.to_str().unwrap().to_string();
+    }
     let run = || -> anyhow::Result<()> {
         rustrec::datagen::generate_for_plan(&plan, 64, 1, &train)?;
         rustrec::datagen::generate_for_plan(&plan, 48, 2, &eval)?;
+        if let Some(s) = &plan.negative_sampling {
+            let rows = (s.num_sample.max(s.num_eval_sample) as usize + 16).max(64);
+            rustrec::datagen::generate_item_table(&plan, rows, 3, &items)?;
+        }
         let mut trainer = Trainer::new(plan.clone())?;
         let summary = trainer.run()?;
         anyhow::ensure!(trainer.step == 3, "trained to step {}, not 3", trainer.step);

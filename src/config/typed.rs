@@ -590,6 +590,13 @@ pub struct TrainingPlan {
     pub embedding_regularization: f32,
     /// `model_config.variational_dropout`, applied to every feature group.
     pub variational_dropout: Option<VariationalDropout>,
+    /// `data_config.negative_sampler`: items appended to every batch as
+    /// negatives of a match model's users.
+    pub negative_sampling: Option<NegativeSampling>,
+    /// `data_config.sample_weight`: the field that weighs each example's
+    /// loss (TensorFlow's losses divide the weighted sum by the count of
+    /// non-zero weights; a match model's listwise loss by their sum).
+    pub sample_weight: Option<String>,
     pub shuffle: bool,
     pub shuffle_buffer_size: usize,
     pub prefetch_size: usize,
@@ -612,6 +619,97 @@ pub struct TrainingPlan {
 pub struct VariationalDropout {
     pub lambda: f32,
     pub embedding_wise: bool,
+}
+
+/// EasyRec's `negative_sampler` (graph-learn's, drawing by the items'
+/// weights) or `negative_sampler_in_memory` (uniform, without
+/// replacement): `num_sample` items of the table at `items_path` follow a
+/// training batch's examples, `num_eval_sample` an evaluation batch's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NegativeSampling {
+    pub items_path: String,
+    pub num_sample: u32,
+    pub num_eval_sample: u32,
+    /// The input fields the table's attributes fill, in their order.
+    pub attr_fields: Vec<String>,
+    /// The field of a batch's item ids, which are not drawn as negatives.
+    pub item_id_field: String,
+    pub attr_delimiter: String,
+    pub weighted: bool,
+}
+
+/// `data_config`'s sampler, checked against its input fields.
+fn negative_sampling(data: &proto::DatasetConfig) -> Result<Option<NegativeSampling>, ConfigError> {
+    use proto::dataset_config::Sampler;
+    let (name, s, weighted) = match &data.sampler {
+        None => return Ok(None),
+        Some(Sampler::NegativeSampler(s)) => ("negative_sampler", s.clone(), true),
+        Some(Sampler::NegativeSamplerInMemory(s)) => (
+            "negative_sampler_in_memory",
+            proto::NegativeSampler {
+                input_path: s.input_path.clone(),
+                num_sample: s.num_sample,
+                attr_fields: s.attr_fields.clone(),
+                item_id_field: s.item_id_field.clone(),
+                attr_delimiter: s.attr_delimiter.clone(),
+                num_eval_sample: s.num_eval_sample,
+                field_delimiter: s.field_delimiter.clone(),
+            },
+            false,
+        ),
+        Some(Sampler::NegativeSamplerV2(_)) => {
+            return Err(ConfigError::unsupported(
+                "data_config.negative_sampler_v2",
+                "negative sampling that avoids each user's positive items (user and edge tables)",
+            ))
+        }
+        Some(Sampler::HardNegativeSampler(_)) => {
+            return Err(ConfigError::unsupported(
+                "data_config.hard_negative_sampler",
+                "hard negatives from an edge table",
+            ))
+        }
+        Some(Sampler::HardNegativeSamplerV2(_)) => {
+            return Err(ConfigError::unsupported(
+                "data_config.hard_negative_sampler_v2",
+                "hard negatives from an edge table",
+            ))
+        }
+    };
+    let path = format!("data_config.{name}");
+    let declared = |f: &str| data.input_fields.iter().any(|i| i.input_name == f);
+    if let Some(f) = s.attr_fields.iter().find(|f| !declared(f)) {
+        return Err(ConfigError::invalid(
+            format!("{path}.attr_fields"),
+            format!("`{f}` is not among data_config.input_fields"),
+        ));
+    }
+    if !declared(&s.item_id_field) {
+        return Err(ConfigError::invalid(
+            format!("{path}.item_id_field"),
+            format!("`{}` is not among data_config.input_fields", s.item_id_field),
+        ));
+    }
+    if s.num_sample == 0 {
+        return Err(ConfigError::invalid(
+            format!("{path}.num_sample"),
+            "a sampler draws at least one item",
+        ));
+    }
+    if s.field_delimiter() != "\u{1}" {
+        log::warn!(
+            "{path}.field_delimiter: EasyRec uses it only on its DataScience platform; item tables in files are tab-separated, as EasyRec reads them"
+        );
+    }
+    Ok(Some(NegativeSampling {
+        items_path: s.input_path.clone(),
+        num_sample: s.num_sample,
+        num_eval_sample: s.num_eval_sample(),
+        attr_fields: s.attr_fields.clone(),
+        item_id_field: s.item_id_field.clone(),
+        attr_delimiter: s.attr_delimiter().to_string(),
+        weighted,
+    }))
 }
 
 /// `fine_tune_checkpoint` with its `fine_tune_ckpt_var_map` file.
@@ -690,15 +788,8 @@ impl TrainingPlan {
                 ))
             }
         };
-        if data.sampler.is_some() {
-            return Err(ConfigError::unsupported("data_config", "negative sampling"));
-        }
-        if data.sample_weight.as_deref().is_some_and(|w| !w.is_empty()) {
-            return Err(ConfigError::unsupported(
-                "data_config.sample_weight",
-                "per-sample weights of the loss",
-            ));
-        }
+        let negative_sampling = negative_sampling(&data)?;
+        let sample_weight = data.sample_weight.clone().filter(|w| !w.is_empty());
         let train = cfg.train_config.clone().unwrap_or_default();
         refuse_unhonoured(&train)?;
         let strategy = strategy(train.train_distribute())?;
@@ -892,6 +983,8 @@ impl TrainingPlan {
             l2_regularization,
             embedding_regularization: model.embedding_regularization(),
             variational_dropout: variational_dropout(model)?,
+            negative_sampling,
+            sample_weight,
             shuffle: data.shuffle(),
             shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
             prefetch_size: data.prefetch_size().max(1) as usize,
@@ -918,6 +1011,44 @@ impl TrainingPlan {
             tasks,
             features,
         };
+        if let Some(w) = plan.sample_weight.as_deref() {
+            match plan.fields.iter().find(|f| f.name == w) {
+                None => {
+                    return Err(ConfigError::invalid(
+                        "data_config.sample_weight",
+                        format!("`{w}` is not among data_config.input_fields"),
+                    ))
+                }
+                Some(f) if f.ty == model_plan::ColumnType::Str => {
+                    return Err(ConfigError::invalid(
+                        "data_config.sample_weight",
+                        format!("`{w}` is a STRING field; weights are numbers"),
+                    ))
+                }
+                Some(_) => {}
+            }
+            match plan.tasks.as_slice() {
+                [t] if t.terms.is_empty() => {}
+                [_] => {
+                    return Err(ConfigError::unsupported(
+                        "data_config.sample_weight",
+                        "per-sample weights of a model_config.losses list",
+                    ))
+                }
+                _ => {
+                    return Err(ConfigError::unsupported(
+                        "data_config.sample_weight",
+                        "per-sample weights of a multi-task model's losses",
+                    ))
+                }
+            }
+        }
+        if plan.negative_sampling.is_some() && !plan.tasks.iter().all(Task::in_batch) {
+            return Err(ConfigError::invalid(
+                "data_config.negative_sampler",
+                "sampled negatives feed a match model's listwise loss (loss_type: SOFTMAX_CROSS_ENTROPY), which this model does not train",
+            ));
+        }
         // Rows are grouped by one field for every grouped AUC.
         let clash = {
             let mut fields = plan.gauc_uid_fields();

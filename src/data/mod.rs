@@ -4,6 +4,7 @@
 pub mod column;
 pub mod csv;
 pub mod parquet;
+pub mod sampler;
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -365,7 +366,11 @@ pub struct Prefetch<T> {
 
 impl<T: Send + 'static> Prefetch<T> {
     /// Streams `spec`, mapping each raw batch through `map` on the reader thread.
-    pub fn start(spec: StreamSpec, depth: usize, map: impl Fn(RawBatch) -> anyhow::Result<T> + Send + 'static) -> Self {
+    pub fn start(
+        spec: StreamSpec,
+        depth: usize,
+        mut map: impl FnMut(RawBatch) -> anyhow::Result<T> + Send + 'static,
+    ) -> Self {
         let (tx, rx) = sync_channel(depth.max(1));
         let handle = std::thread::Builder::new()
             .name("reader".into())

@@ -211,3 +211,38 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
         }
     }
 }
+
+/// Writes the item table of the plan's negative sampler to `path`: `rows`
+/// items with ids `0..rows`, random weights, and attributes that fit the
+/// features reading each of `attr_fields`, in EasyRec's layout (a
+/// `name:type` header, then id, weight and the attributes joined by
+/// `attr_delimiter`, tab-separated).
+pub fn generate_item_table(plan: &TrainingPlan, rows: usize, seed: u64, path: &Path) -> anyhow::Result<()> {
+    let s = plan
+        .negative_sampling
+        .as_ref()
+        .context("the config has no negative sampler")?;
+    let mut rng = Rng::new(seed);
+    let mut text = String::from("id:int64\tweight:float\tfeature:string\n");
+    for id in 0..rows {
+        let attrs: Vec<String> = s
+            .attr_fields
+            .iter()
+            .map(|a| {
+                let ty = plan
+                    .fields
+                    .iter()
+                    .find(|f| f.name == *a)
+                    .map_or(ColumnType::Str, |f| f.ty);
+                cell(plan, a, ty, &mut rng).text()
+            })
+            .collect();
+        let _ = writeln!(
+            text,
+            "{id}\t{:.3}\t{}",
+            0.5 + rng.uniform(),
+            attrs.join(&s.attr_delimiter)
+        );
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}

@@ -434,6 +434,7 @@ impl Builder<'_> {
                     mean,
                     var,
                     act,
+                    ..
                 } => {
                     let y = self.batch_norm(&v[x.0], (*gamma, *beta), (*mean, *var));
                     self.act(*act, y)

@@ -248,10 +248,13 @@ impl ExportedModel {
         (0..self.plan.tasks.len())
             .map(|_| {
                 let mut next = || out.next().context("the export has fewer outputs than tasks");
-                Ok(TaskScores {
+                let mut s = TaskScores {
                     logits: next()?,
                     scores: next()?,
-                })
+                };
+                // Sampled items are no examples to score.
+                s.truncate(batch.examples());
+                Ok(s)
             })
             .collect()
     }

@@ -38,6 +38,32 @@ pub struct Batch {
     pub features: Vec<Encoded>,
     /// Hashed `uid_field` per row, when a GAUC metric needs it.
     pub uids: Option<Vec<u64>>,
+    /// Each example's `data_config.sample_weight`, when the config names one.
+    pub weights: Option<Vec<f32>>,
+    /// The last rows are this many items drawn by a negative sampler, no
+    /// examples: `labels`, `weights` and `uids` cover only the
+    /// `size - sampled` before.
+    pub sampled: usize,
+}
+
+impl Batch {
+    /// The rows that are examples.
+    pub fn examples(&self) -> usize {
+        self.size - self.sampled
+    }
+
+    /// Marks the last `n` rows as sampled items: they lose their labels.
+    pub fn mark_sampled(&mut self, n: usize) {
+        self.sampled = n;
+        let rows = self.examples();
+        self.labels.iter_mut().for_each(|l| l.truncate(rows));
+        if let Some(u) = &mut self.uids {
+            u.truncate(rows);
+        }
+        if let Some(w) = &mut self.weights {
+            w.truncate(rows);
+        }
+    }
 }
 
 /// The bucket of a `hash_bucket_size` feature's value, exactly as
@@ -195,6 +221,8 @@ pub struct Encoder {
     /// must lie in [0, 1].
     binary_labels: Vec<bool>,
     uid_col: Option<usize>,
+    /// `data_config.sample_weight`'s column (training and evaluation).
+    weight_col: Option<usize>,
 }
 
 impl Encoder {
@@ -317,6 +345,16 @@ impl Encoder {
             encs.push(enc);
         }
         let uid_col = uid_field.map(|u| col(&mut projection, u, false)).transpose()?;
+        let weight_col = plan
+            .sample_weight
+            .as_deref()
+            .filter(|_| with_label)
+            .map(|w| col(&mut projection, w, false))
+            .transpose()?;
+        if let Some(s) = plan.negative_sampling.as_ref().filter(|_| with_label) {
+            // The sampler skips the batch's own items.
+            col(&mut projection, &s.item_id_field, false)?;
+        }
         Ok(Encoder {
             projection,
             names: plan.features.iter().map(|f| f.name.clone()).collect(),
@@ -326,6 +364,7 @@ impl Encoder {
                 .map(|l| plan.tasks.iter().any(|t| t.label == l && t.classification()))
                 .collect(),
             uid_col,
+            weight_col,
         })
     }
 
@@ -392,6 +431,22 @@ impl Encoder {
                 );
             }
         }
+        let weights = match self.weight_col.map(|c| (c, &raw.columns[c])) {
+            None => None,
+            Some((_, Column::Float(v))) => Some(v.iter().map(|x| *x as f32).collect::<Vec<f32>>()),
+            Some((_, Column::Int(v))) => Some(v.iter().map(|x| *x as f32).collect()),
+            Some((c, other)) => bail!(
+                "sample weight column `{}` holds {} values; it must be numeric",
+                self.projection.columns[c].name,
+                other.type_name()
+            ),
+        };
+        if let Some(v) = weights.iter().flatten().find(|v| !v.is_finite() || **v < 0.0) {
+            bail!(
+                "sample weight column `{}` holds {v}, which is not a finite number >= 0",
+                self.projection.columns[self.weight_col.unwrap_or(0)].name
+            );
+        }
         let features = self
             .encs
             .iter()
@@ -409,6 +464,8 @@ impl Encoder {
             labels,
             features,
             uids,
+            weights,
+            sampled: 0,
         })
     }
 }

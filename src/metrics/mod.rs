@@ -104,8 +104,10 @@ pub struct EvalState {
     pub preds: Vec<f32>,
     pub labels: Vec<f32>,
     pub uids: Vec<u64>,
-    /// In-batch tasks: each row's own item's rank among its batch's items.
-    pub ranks: Vec<u32>,
+    /// In-batch tasks: each user's ranks of its own item among all items
+    /// (the batch's and the sampled ones), among the batch's, and among its
+    /// own and the sampled ones.
+    pub ranks: Vec<[u32; 3]>,
     pub loss_sum: f64,
     /// Each evaluation batch's mean loss: EasyRec's `loss` is their
     /// unweighted mean (TensorFlow's streaming mean over batches), so a
@@ -146,14 +148,11 @@ impl EvalState {
                     // Without sampled negatives the in-batch recall is the
                     // recall, and the own item always leads the (empty)
                     // sampled list; EasyRec reports all three.
-                    let hits = self.ranks.iter().filter(|&&r| (r as usize) < *k).count();
-                    let recall = (!self.ranks.is_empty()).then(|| hits as f64 / self.ranks.len() as f64);
-                    out.push((format!("recall@{k}"), recall.unwrap_or(f64::NAN)));
-                    out.push((format!("recall_in_batch@{k}"), recall.unwrap_or(f64::NAN)));
-                    out.push((
-                        format!("recall_neg_sam@{k}"),
-                        if self.ranks.is_empty() { f64::NAN } else { 1.0 },
-                    ));
+                    for (i, name) in ["recall", "recall_in_batch", "recall_neg_sam"].into_iter().enumerate() {
+                        let hits = self.ranks.iter().filter(|r| (r[i] as usize) < *k).count();
+                        let recall = (!self.ranks.is_empty()).then(|| hits as f64 / self.ranks.len() as f64);
+                        out.push((format!("{name}@{k}"), recall.unwrap_or(f64::NAN)));
+                    }
                     continue;
                 }
                 Metric::Auc => auc(&self.preds, &self.labels),

@@ -18,6 +18,8 @@ pub enum Mode<'a> {
     Train {
         rng: &'a mut Rng,
         stats: &'a mut Vec<BnStats>,
+        /// The leading rows that are examples (the rest sampled items).
+        examples: usize,
     },
     /// Moving averages, no dropout.
     Infer,
@@ -55,6 +57,8 @@ pub struct Tape<'a> {
     vals: Vec<Vec<f32>>,
     saved: Vec<Saved>,
     pub b: usize,
+    /// The leading batch rows that are examples (`Mode::Train`'s).
+    examples: usize,
 }
 
 impl<'a> Tape<'a> {
@@ -74,12 +78,17 @@ impl<'a> Tape<'a> {
         b: usize,
         mut mode: Mode,
     ) -> Self {
+        let examples = match mode {
+            Mode::Train { examples, .. } => examples,
+            Mode::Infer => b,
+        };
         let mut t = Tape {
             graph,
             inputs,
             vals: Vec::with_capacity(graph.nodes.len()),
             saved: Vec::with_capacity(graph.nodes.len()),
             b,
+            examples,
         };
         for node in &graph.nodes {
             let (v, s) = t.run(&node.op, (node.width, node.rows), (params, buffers), &mut mode);
@@ -122,11 +131,13 @@ impl<'a> Tape<'a> {
                 mean,
                 var,
                 act,
+                examples_only,
             } => {
                 let mut z = self.value(*x).to_vec();
                 let (m, v, train) = match mode {
                     Mode::Train { stats, .. } => {
-                        let (m, v) = kernels::batch_moments(&z, width);
+                        let rows = if *examples_only { self.examples * rows } else { b };
+                        let (m, v) = kernels::batch_moments(&z[..rows * width], width);
                         stats.push(BnStats {
                             mean_buffer: *mean,
                             var_buffer: *var,
@@ -503,13 +514,23 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::BatchNorm {
-                    x, gamma, beta, act, ..
+                    x,
+                    gamma,
+                    beta,
+                    act,
+                    examples_only,
+                    ..
                 } => {
                     let Saved::Bn { xhat, inv } = &self.saved[i] else {
                         unreachable!("backward runs on a training tape")
                     };
                     kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
-                    let (dgamma, dbeta) = kernels::bn_bwd(&mut dy, xhat, inv, p.slice(*gamma));
+                    let rows = if *examples_only {
+                        self.examples * g.nodes[i].rows
+                    } else {
+                        b
+                    };
+                    let (dgamma, dbeta) = kernels::bn_bwd(&mut dy, xhat, inv, p.slice(*gamma), rows);
                     for (param, sums) in [(*gamma, &dgamma), (*beta, &dbeta)] {
                         dense[p.specs[param].range()]
                             .iter_mut()

@@ -34,7 +34,9 @@ pub enum Op {
     },
     /// TensorFlow's batch normalization then `act`: batch statistics in
     /// training, the moving averages (`mean`, `var` in the buffer store)
-    /// otherwise.
+    /// otherwise. `examples_only`: the statistics are over the batch's
+    /// examples, not the sampled items after them (a match model's user
+    /// tower, which EasyRec runs on the examples alone).
     BatchNorm {
         x: NodeId,
         gamma: usize,
@@ -42,6 +44,7 @@ pub enum Op {
         mean: usize,
         var: usize,
         act: Activation,
+        examples_only: bool,
     },
     Act {
         x: NodeId,
@@ -465,6 +468,30 @@ impl Graph {
         self.push(Op::VariationalDropout { x, p, index }, w)
     }
 
+    /// The nodes `n` reads, directly or not, and `n` itself.
+    fn ancestors(&self, n: NodeId) -> Vec<bool> {
+        let mut seen = vec![false; self.nodes.len()];
+        let mut todo = vec![n];
+        while let Some(m) = todo.pop() {
+            if !std::mem::replace(&mut seen[m.0], true) {
+                todo.extend(self.nodes[m.0].op.operands());
+            }
+        }
+        seen
+    }
+
+    /// Makes the batch norms that `of` reads and `not_of` does not count
+    /// only the batch's examples: a match model's user tower, whose sampled
+    /// rows are no users.
+    pub fn norm_examples_only(&mut self, of: NodeId, not_of: NodeId) {
+        let (a, b) = (self.ancestors(of), self.ancestors(not_of));
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if let Op::BatchNorm { examples_only, .. } = &mut node.op {
+                *examples_only = a[i] && !b[i];
+            }
+        }
+    }
+
     /// Names `x` an output: a task's logits (one column), or a value
     /// exported beside them (a match model's tower embeddings).
     pub fn output(&mut self, name: &str, x: NodeId) {
@@ -621,6 +648,7 @@ impl Scope<'_> {
                 mean,
                 var,
                 act,
+                examples_only: false,
             },
             d,
         )

@@ -255,9 +255,9 @@ pub fn bn_inv(var: &[f32]) -> Vec<f32> {
 /// Backward of training-mode batch norm: `g` holds the gradient of its
 /// output (before the activation's slope is applied by the caller) and
 /// becomes that of its input; returns the gradients of gamma and beta.
-pub fn bn_bwd(g: &mut [f32], xhat: &[f32], inv: &[f32], gamma: &[f32]) -> (Vec<f64>, Vec<f64>) {
+pub fn bn_bwd(g: &mut [f32], xhat: &[f32], inv: &[f32], gamma: &[f32], stat_rows: usize) -> (Vec<f64>, Vec<f64>) {
     let n = inv.len();
-    let b = (g.len() / n.max(1)) as f64;
+    let b = stat_rows.max(1) as f64;
     let dbeta = col_sums_f64(g, g, n, |v, _, _| v as f64);
     let dgamma = col_sums_f64(g, xhat, n, |v, x, _| (v * x) as f64);
     let m1: Vec<f32> = dbeta.iter().map(|s| (s / b) as f32).collect();
@@ -266,8 +266,14 @@ pub fn bn_bwd(g: &mut [f32], xhat: &[f32], inv: &[f32], gamma: &[f32]) -> (Vec<f
     if n > 0 {
         g.par_chunks_mut(n * ROWS)
             .zip(xhat.par_chunks(n * ROWS))
-            .for_each(|(gc, xc)| {
-                for (gr, xr) in gc.chunks_exact_mut(n).zip(xc.chunks_exact(n)) {
+            .enumerate()
+            .for_each(|(k, (gc, xc))| {
+                for (r, (gr, xr)) in gc.chunks_exact_mut(n).zip(xc.chunks_exact(n)).enumerate() {
+                    // Rows outside the statistics move no mean or variance.
+                    if k * ROWS + r >= stat_rows {
+                        gr.iter_mut().zip(&scale).for_each(|(v, s)| *v *= s);
+                        continue;
+                    }
                     for c in 0..n {
                         gr[c] = scale[c] * (gr[c] - m1[c] - xr[c] * m2[c]);
                     }
@@ -431,6 +437,35 @@ pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f3
     ((total / logits.len().max(1) as f64) as f32, grad)
 }
 
+/// `loss_grad` with EasyRec's `sample_weight`: TensorFlow's losses divide
+/// `Σ w_i l_i` by the count of non-zero weights (SUM_BY_NONZERO_WEIGHTS),
+/// and a batch without one has no loss.
+pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f32]) -> (f32, Vec<f32>) {
+    let nonzero = w.iter().filter(|x| **x != 0.0).count();
+    if nonzero == 0 {
+        return (0.0, vec![0.0; logits.len()]);
+    }
+    let n = nonzero as f32;
+    let mut total = 0.0f64;
+    let grad = logits
+        .iter()
+        .zip(labels)
+        .zip(w)
+        .map(|((&x, &y), &w)| match kind {
+            LossKind::BinaryClassification => {
+                total += w as f64 * (x.max(0.0) - x * y + (-x.abs()).exp().ln_1p()) as f64;
+                w * (1.0 / (1.0 + (-x).exp()) - y) / n
+            }
+            LossKind::Regression => {
+                total += w as f64 * ((x - y) * (x - y)) as f64;
+                w * 2.0 * (x - y) / n
+            }
+            LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
+        })
+        .collect();
+    ((total / nonzero as f64) as f32, grad)
+}
+
 /// A task's batch loss and its gradient with respect to each logit: its
 /// `loss_type`'s mean loss, or with `model_config.losses` their weighted sum.
 pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32]) -> (f32, Vec<f32>) {
@@ -533,12 +568,25 @@ fn pairwise(logits: &[f32], labels: &[f32], margin: f32, temperature: f32) -> (f
 
 /// What a match model's in-batch softmax reads: per row the user
 /// embedding times the similarity's scale (`us`), the item embedding (`v`)
-/// and the plain user embedding (`u`), each `[b, d]`.
+/// and the plain user embedding (`u`), each `[n, d]`. The first `users`
+/// rows are examples; the others are sampled items, whose user rows are
+/// not read.
 pub struct Towers<'a> {
     pub us: &'a [f32],
     pub v: &'a [f32],
     pub u: &'a [f32],
     pub d: usize,
+    pub users: usize,
+    /// The users' sample weights (`None`: all 1).
+    pub weights: Option<&'a [f32]>,
+}
+
+impl Towers<'_> {
+    /// The items every user is scored against: the examples' and the
+    /// sampled ones.
+    fn items(&self) -> usize {
+        self.v.len() / self.d.max(1)
+    }
 }
 
 /// The gradients of `in_batch_softmax` with respect to `us`, `v` and `u`.
@@ -548,67 +596,89 @@ pub struct TowerGrads {
     pub u: Vec<f32>,
 }
 
-/// The in-batch logits `L = Us · Vᵀ`, `[b, b]` row-major.
+/// The in-batch logits `L = Us · Vᵀ` of the users against every item,
+/// `[users, items]` row-major.
 pub fn in_batch_logits(t: &Towers) -> Vec<f32> {
-    let b = t.us.len() / t.d.max(1);
-    let mut l = vec![0.0f32; b * b];
-    matmul(&mut l, t.us, false, t.v, true, (b, t.d, b), false);
+    let (b, n) = (t.users, t.items());
+    let mut l = vec![0.0f32; b * n];
+    matmul(&mut l, &t.us[..b * t.d], false, t.v, true, (b, t.d, n), false);
     l
 }
 
-/// EasyRec's listwise SOFTMAX_CROSS_ENTROPY of a match model without
-/// sampled negatives: over the in-batch logits `L = Us · Vᵀ`
-/// (`in_batch_logits`, consumed) the mean of `−log(softmax(L_i)_i + 1e-12)`
-/// (`cross_entropy_loss`), plus the mean of `relu(−u_i · v_i)`
-/// (`reg_pos_loss`). The loss and its gradients.
+/// EasyRec's listwise SOFTMAX_CROSS_ENTROPY of a match model: over the
+/// logits `L = Us · Vᵀ` of the users against the batch's and the sampled
+/// items (`in_batch_logits`, consumed) the mean of
+/// `−log(softmax(L_i)_i + 1e-12)` (`cross_entropy_loss`), plus the mean of
+/// `relu(−u_i · v_i)` (`reg_pos_loss`); with sample weights both are
+/// weighted means (`Σ w_i l_i / Σ w_i`). The loss and its gradients, with
+/// zeros for the user rows of sampled items.
 pub fn in_batch_softmax(t: &Towers, logits: Vec<f32>) -> (f32, TowerGrads) {
-    let (d, b) = (t.d, t.us.len() / t.d.max(1));
+    let (d, b, n) = (t.d, t.users, t.items());
+    let weight = |i: usize| t.weights.map_or(1.0, |w| w[i]);
+    let mass = t.weights.map_or(b as f32, |w| w.iter().sum());
     let mut p = logits;
-    p.par_chunks_mut(b.max(1)).for_each(softmax_in_place);
+    p.par_chunks_mut(n.max(1)).for_each(softmax_in_place);
     let mut total = 0.0f64;
-    // dL_ij = c_i (p_ij − δ_ij) / b with c_i = p_ii / (p_ii + 1e-12), the
-    // epsilon's share of the log's slope.
+    // dL_ij = c_i w_i (p_ij − δ_ij) / W with c_i = p_ii / (p_ii + 1e-12),
+    // the epsilon's share of the log's slope, and W the weights' sum.
     let mut dl = p;
     for i in 0..b {
-        let pii = dl[i * b + i] as f64;
-        total += -(pii + 1e-12).ln();
+        let pii = dl[i * n + i] as f64;
+        total += -(pii + 1e-12).ln() * weight(i) as f64;
         let c = (pii / (pii + 1e-12)) as f32;
-        let row = &mut dl[i * b..(i + 1) * b];
+        let row = &mut dl[i * n..(i + 1) * n];
         row[i] -= 1.0;
-        row.iter_mut().for_each(|g| *g *= c / b as f32);
+        row.iter_mut().for_each(|g| *g *= c * weight(i) / mass);
     }
-    let mut dus = vec![0.0f32; b * d];
-    matmul(&mut dus, &dl, false, t.v, false, (b, b, d), false);
-    let mut dv = vec![0.0f32; b * d];
-    matmul(&mut dv, &dl, true, t.us, false, (b, b, d), false);
+    let mut dus = vec![0.0f32; n * d];
+    matmul(&mut dus[..b * d], &dl, false, t.v, false, (b, n, d), false);
+    let mut dv = vec![0.0f32; n * d];
+    matmul(&mut dv, &dl, true, &t.us[..b * d], false, (n, b, d), false);
     // reg_pos_loss: a positive pair scored below 0 is pushed up.
-    let mut du = vec![0.0f32; b * d];
+    let mut du = vec![0.0f32; n * d];
     for i in 0..b {
         let (ui, vi) = (&t.u[i * d..(i + 1) * d], &t.v[i * d..(i + 1) * d]);
         let s: f32 = ui.iter().zip(vi).map(|(a, c)| a * c).sum();
         if s < 0.0 {
-            total += -s as f64;
+            total += -s as f64 * weight(i) as f64;
             for k in 0..d {
-                du[i * d + k] = -vi[k] / b as f32;
-                dv[i * d + k] -= ui[k] / b as f32;
+                du[i * d + k] = -vi[k] * weight(i) / mass;
+                dv[i * d + k] -= ui[k] * weight(i) / mass;
             }
         }
     }
-    ((total / b.max(1) as f64) as f32, TowerGrads { us: dus, v: dv, u: du })
+    let grads = TowerGrads { us: dus, v: dv, u: du };
+    if mass == 0.0 {
+        // Users that all weigh 0 (EasyRec's 0/0): no loss, no gradient.
+        return (
+            0.0,
+            TowerGrads {
+                us: vec![0.0; n * d],
+                v: vec![0.0; n * d],
+                u: vec![0.0; n * d],
+            },
+        );
+    }
+    ((total / mass as f64) as f32, grads)
 }
 
-/// Where each row's own item ranks among the batch's items by its in-batch
-/// logits (`[b, b]`): how many score higher, ties going to the lower column
-/// as TensorFlow's `top_k` breaks them. `recall@k` counts the rows under `k`.
-pub fn in_batch_ranks(l: &[f32], b: usize) -> Vec<u32> {
+/// Where each user's own item ranks by its logits (`[b, n]`, `b` users
+/// against the batch's `b` items and `n - b` sampled ones): how many items
+/// score higher, ties going to the lower column as TensorFlow's `top_k`
+/// breaks them. Per user `[among all items, among the batch's, among its
+/// own and the sampled ones]`, EasyRec's `recall@k`, `recall_in_batch@k`
+/// and `recall_neg_sam@k` (which count the users under `k`).
+pub fn in_batch_ranks(l: &[f32], b: usize) -> Vec<[u32; 3]> {
+    let n = l.len() / b.max(1);
     (0..b)
         .map(|i| {
-            let row = &l[i * b..(i + 1) * b];
+            let row = &l[i * n..(i + 1) * n];
             let own = row[i];
-            row.iter()
-                .enumerate()
-                .filter(|&(j, &x)| x > own || (x == own && j < i))
-                .count() as u32
+            let above = |j: usize, x: f32| x > own || (x == own && j < i);
+            let in_batch = row[..b].iter().enumerate().filter(|&(j, &x)| above(j, x)).count() as u32;
+            // Sampled items come after the own one: it wins their ties.
+            let sampled = row[b..].iter().filter(|&&x| x > own).count() as u32;
+            [in_batch + sampled, in_batch, sampled]
         })
         .collect()
 }
@@ -683,16 +753,93 @@ mod tests {
             v: &v,
             u: &u,
             d: 1,
+            users: 3,
+            weights: None,
         };
         // Rows: [0.5 0.5 -1], [-0.5 -0.5 1], [1 1 -2].
         let logits = in_batch_logits(&t);
-        assert_eq!(in_batch_ranks(&logits, 3), vec![0, 2, 2]);
+        assert_eq!(in_batch_ranks(&logits, 3), vec![[0, 0, 0], [2, 2, 0], [2, 2, 0]]);
         let (loss, _) = in_batch_softmax(&t, logits);
         let row = |l: [f64; 3], i: usize| -(l[i].exp() / l.iter().map(|x| x.exp()).sum::<f64>()).ln();
         let ce = row([0.5, 0.5, -1.0], 0) + row([-0.5, -0.5, 1.0], 1) + row([1.0, 1.0, -2.0], 2);
         // Row 1's own pair scores -0.5, row 2's -2: relu(0.5) + relu(2).
         let want = (ce + 0.5 + 2.0) / 3.0;
         assert!((loss as f64 - want).abs() < 1e-5, "loss {loss}, want {want}");
+    }
+
+    /// Sampled items widen every user's softmax and rank list; their user
+    /// rows get no gradient. Checked against central differences.
+    #[test]
+    fn sampled_items_join_the_softmax_of_every_user() {
+        let (d, b, n) = (2, 2, 5);
+        let us: Vec<f32> = (0..n * d).map(|k| ((k * 7 % 5) as f32 - 2.0) * 0.3).collect();
+        let v: Vec<f32> = (0..n * d).map(|k| ((k * 3 % 7) as f32 - 3.0) * 0.25).collect();
+        let u: Vec<f32> = us.iter().map(|x| -x).collect();
+        let loss = |us: &[f32], v: &[f32], u: &[f32]| {
+            let t = Towers {
+                us,
+                v,
+                u,
+                d,
+                users: b,
+                weights: None,
+            };
+            in_batch_softmax(&t, in_batch_logits(&t))
+        };
+        let (l0, g) = loss(&us, &v, &u);
+        assert!(g.us[b * d..].iter().chain(&g.u[b * d..]).all(|x| *x == 0.0));
+        let eps = 1e-3f32;
+        for (which, k) in [(0, 1), (1, 3), (1, 9), (2, 0)] {
+            let bump = |s: f32| {
+                let (mut a, mut c, mut e) = (us.clone(), v.clone(), u.clone());
+                [&mut a, &mut c, &mut e][which][k] += s;
+                loss(&a, &c, &e).0 as f64
+            };
+            let numeric = (bump(eps) - bump(-eps)) / (2.0 * eps as f64);
+            let analytic = [&g.us, &g.v, &g.u][which][k] as f64;
+            assert!(
+                (numeric - analytic).abs() < 2e-3,
+                "{which}/{k}: {numeric} vs {analytic} (loss {l0})"
+            );
+        }
+        // User 0 against items [own, other, s1, s2, s3]: [3, 1, 5, 3, 0];
+        // user 1 against [other, own, s1, s2, s3]: [5, 2, 2, 3, 4].
+        let l = [3.0, 1.0, 5.0, 3.0, 0.0, 5.0, 2.0, 2.0, 3.0, 4.0];
+        assert_eq!(in_batch_ranks(&l, 2), vec![[1, 0, 1], [3, 1, 2]]);
+    }
+
+    /// Sample weights: all 1 is the plain mean; otherwise the weighted sum
+    /// over the count of non-zero weights, with matching gradients.
+    #[test]
+    fn sample_weights_divide_by_the_non_zero_count() {
+        let (z, y) = ([0.3f32, -1.2, 2.0, 0.1], [1.0f32, 0.0, 1.0, 0.0]);
+        for kind in [LossKind::BinaryClassification, LossKind::Regression] {
+            let (plain, pg) = loss_grad(kind, &z, &y);
+            let (ones, og) = weighted_loss_grad(kind, &z, &y, &[1.0; 4]);
+            assert!((plain - ones).abs() < 1e-6 && pg.iter().zip(&og).all(|(a, b)| (a - b).abs() < 1e-7));
+            let w = [2.0f32, 0.0, 0.5, 1.0];
+            let (l, g) = weighted_loss_grad(kind, &z, &y, &w);
+            let per_row: Vec<f32> = (0..4).map(|i| loss_grad(kind, &z[i..=i], &y[i..=i]).0).collect();
+            let want = per_row.iter().zip(&w).map(|(l, w)| l * w).sum::<f32>() / 3.0;
+            assert!((l - want).abs() < 1e-6, "{kind:?}: {l} vs {want}");
+            let eps = 1e-3f32;
+            for k in 0..4 {
+                let (mut up, mut down) = (z, z);
+                up[k] += eps;
+                down[k] -= eps;
+                let numeric =
+                    (weighted_loss_grad(kind, &up, &y, &w).0 - weighted_loss_grad(kind, &down, &y, &w).0) / (2.0 * eps);
+                assert!(
+                    (numeric - g[k]).abs() < 2e-3,
+                    "{kind:?} logit {k}: {numeric} vs {}",
+                    g[k]
+                );
+            }
+        }
+        assert_eq!(
+            weighted_loss_grad(LossKind::Regression, &z, &y, &[0.0; 4]),
+            (0.0, vec![0.0; 4])
+        );
     }
 
     /// A batch without a pair of different labels has no pairwise loss.

@@ -514,7 +514,14 @@ impl Model {
                     .and_then(|vd| GroupDropout::of(l, plan, vd.embedding_wise))
             })
             .collect();
-        let graph = builders::build(&plan.arch, (&groups, &dropout), &mut scope)?;
+        let mut graph = builders::build(&plan.arch, (&groups, &dropout), &mut scope)?;
+        if plan.negative_sampling.is_some() {
+            // EasyRec runs the user tower on the examples alone and the
+            // item tower on them and the sampled items.
+            if let (Some(u), Some(v)) = (graph.output_node("user_tower_emb"), graph.output_node("item_tower_emb")) {
+                graph.norm_examples_only(u, v);
+            }
+        }
         // The logits the graph's variational dropouts read (not found by
         // name: a backbone block may be called `logit_p...` too).
         let dropout_logits = graph
@@ -573,22 +580,41 @@ impl Model {
             .collect()
     }
 
+    /// Rows of the group inputs `x`: the examples, then any sampled items.
+    fn rows_of(&self, x: &[Vec<f32>]) -> usize {
+        self.groups
+            .iter()
+            .zip(x)
+            .find(|(g, _)| g.width > 0)
+            .map_or(0, |(g, v)| v.len() / g.width)
+    }
+
     /// Training-mode loss and gradients of a batch on the CPU executor, from
-    /// group input matrices `[b, width]` and the batch's label fields: the
-    /// tasks' losses weighted and summed. Dropout masks come from `rng`.
-    pub fn loss_and_grads(&self, x: &[Vec<f32>], labels: &[Vec<f32>], tasks: &[Task], rng: &mut Rng) -> PassGrads {
-        let b = labels.first().map_or(0, Vec::len);
+    /// group input matrices `[b, width]` and the batch's label fields (of
+    /// its examples, the rows before any sampled items): the tasks' losses
+    /// weighted and summed, each example weighing `weights` (the config's
+    /// sample weights) where given. Dropout masks come from `rng`.
+    pub fn loss_and_grads(
+        &self,
+        x: &[Vec<f32>],
+        (labels, weights): (&[Vec<f32>], Option<&[f32]>),
+        tasks: &[Task],
+        rng: &mut Rng,
+    ) -> PassGrads {
+        let b = self.rows_of(x);
+        let users = labels.first().map_or(b, Vec::len);
         let mut bn_stats = Vec::new();
         let mode = cpu::Mode::Train {
             rng,
             stats: &mut bn_stats,
+            examples: users,
         };
         let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, mode);
         let mut loss = 0.0f32;
         let mut seeds = Vec::new();
         for (t, out) in tasks.iter().zip(self.task_outputs(tasks)) {
             if t.in_batch() {
-                let ([us, v, u], towers) = self.towers(&tape);
+                let ([us, v, u], towers) = self.towers(&tape, users, weights);
                 let (l, gr) = kernels::in_batch_softmax(&towers, kernels::in_batch_logits(&towers));
                 let w = t.weight;
                 loss += w * l;
@@ -600,7 +626,10 @@ impl Model {
                 }
                 continue;
             }
-            let (l, mut dl) = kernels::task_loss_grad(t, tape.value(out), &labels[t.label]);
+            let (l, mut dl) = match weights {
+                Some(w) => kernels::weighted_loss_grad(t.loss, tape.value(out), &labels[t.label], w),
+                None => kernels::task_loss_grad(t, tape.value(out), &labels[t.label]),
+            };
             loss += t.weight * l;
             if t.weight != 1.0 {
                 dl.iter_mut().for_each(|g| *g *= t.weight);
@@ -648,24 +677,38 @@ impl Model {
         })
     }
 
-    /// The tower outputs' nodes and their values on `tape`.
-    fn towers<'t>(&self, tape: &'t cpu::Tape) -> ([NodeId; 3], kernels::Towers<'t>) {
+    /// The tower outputs' nodes and their values on `tape`, whose first
+    /// `users` rows are examples.
+    fn towers<'t>(
+        &self,
+        tape: &'t cpu::Tape,
+        users: usize,
+        weights: Option<&'t [f32]>,
+    ) -> ([NodeId; 3], kernels::Towers<'t>) {
         let [us, v, u] = self.tower_outputs();
         let towers = kernels::Towers {
             us: tape.value(us),
             v: tape.value(v),
             u: tape.value(u),
             d: self.graph.width(v),
+            users,
+            weights,
         };
         ([us, v, u], towers)
     }
 
-    /// Inference-mode scores of a labelled batch for each task, with the
-    /// task's batch loss and, for in-batch tasks, each row's rank among
-    /// the batch's items (`kernels::in_batch_ranks`).
-    pub fn evaluate_batch(&self, x: &[Vec<f32>], labels: &[Vec<f32>], tasks: &[Task]) -> Vec<BatchEval> {
-        let b = labels.first().map_or(0, Vec::len);
-        if b == 0 {
+    /// Inference-mode scores of a labelled batch's examples for each task,
+    /// with the task's batch loss and, for in-batch tasks, each user's
+    /// ranks of its own item (`kernels::in_batch_ranks`).
+    pub fn evaluate_batch(
+        &self,
+        x: &[Vec<f32>],
+        (labels, weights): (&[Vec<f32>], Option<&[f32]>),
+        tasks: &[Task],
+    ) -> Vec<BatchEval> {
+        let b = self.rows_of(x);
+        let users = labels.first().map_or(b, Vec::len);
+        if users == 0 {
             return tasks
                 .iter()
                 .map(|t| BatchEval {
@@ -680,20 +723,23 @@ impl Model {
             .iter()
             .zip(self.task_outputs(tasks))
             .map(|(t, n)| {
-                let scores = TaskScores::from_logits(t, tape.value(n).to_vec());
+                let scores = TaskScores::from_logits(t, tape.value(n)[..users].to_vec());
                 if !t.in_batch() {
-                    let loss = kernels::loss_value(t, &scores.logits, &labels[t.label]);
+                    let loss = match weights {
+                        Some(w) => kernels::weighted_loss_grad(t.loss, &scores.logits, &labels[t.label], w).0 as f64,
+                        None => kernels::loss_value(t, &scores.logits, &labels[t.label]),
+                    };
                     return BatchEval {
                         scores,
                         loss,
                         ranks: Vec::new(),
                     };
                 }
-                let (_, towers) = self.towers(&tape);
+                let (_, towers) = self.towers(&tape, users, weights);
                 let logits = kernels::in_batch_logits(&towers);
                 BatchEval {
                     scores,
-                    ranks: kernels::in_batch_ranks(&logits, b),
+                    ranks: kernels::in_batch_ranks(&logits, users),
                     loss: kernels::in_batch_softmax(&towers, logits).0 as f64,
                 }
             })
@@ -721,8 +767,9 @@ pub struct BatchEval {
     pub scores: TaskScores,
     /// The batch's mean loss.
     pub loss: f64,
-    /// In-batch tasks: each row's own item's rank among the batch's items.
-    pub ranks: Vec<u32>,
+    /// In-batch tasks: each user's ranks of its own item among all items,
+    /// the batch's and its own with the sampled ones (`kernels::in_batch_ranks`).
+    pub ranks: Vec<[u32; 3]>,
 }
 
 /// One task's predictions for a batch.
@@ -744,5 +791,11 @@ impl TaskScores {
             LossKind::Regression => logits.clone(),
         };
         TaskScores { logits, scores }
+    }
+
+    /// Keeps the first `rows` rows.
+    pub fn truncate(&mut self, rows: usize) {
+        self.logits.truncate(rows);
+        self.scores.truncate(rows);
     }
 }

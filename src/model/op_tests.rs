@@ -5,13 +5,16 @@
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::cpu::{Mode, Tape};
-use super::graph::{Graph, NodeId, Scope};
+use super::graph::{Graph, NodeId, Op, Scope};
 use super::params::{to_vec, Init, ParamStore};
 use super::reference::{self, Ctx};
 use crate::config::model_plan::{Activation, DnnSpec};
 use crate::util::Rng;
 
 const B: usize = 19;
+/// The leading rows that are examples; the rest stand for sampled items
+/// (which batch norms over the examples leave out of their statistics).
+const EXAMPLES: usize = 15;
 
 /// A small graph ending in the op under test, over two inputs of width 6.
 struct Case {
@@ -67,6 +70,13 @@ fn cases() -> Vec<Case> {
             g.linear(x[1], s.params, w, None, Activation::Linear)
         }),
         case("batch norm+tanh", true, |g, s, x| s.batch_norm(g, x[0], "bn", tanh)),
+        case("batch norm over the examples", true, |g, s, x| {
+            let y = s.batch_norm(g, x[0], "bn", tanh);
+            if let Op::BatchNorm { examples_only, .. } = &mut g.nodes[y.0].op {
+                *examples_only = true;
+            }
+            y
+        }),
         case("act", true, |g, _, x| g.act(x[0], tanh)),
         case("dropout", true, |g, _, x| g.dropout(x[0], 0.4)),
         case("max over tied blocks", false, |g, _, x| {
@@ -189,6 +199,7 @@ fn objective(c: &Case, params: &ParamStore, x: &[Vec<f32>], r: &[f32]) -> f64 {
     let mode = Mode::Train {
         rng: &mut rng,
         stats: &mut stats,
+        examples: EXAMPLES,
     };
     let t = Tape::forward(&c.graph, (params, &c.buffers), x, B, mode);
     let out = NodeId(c.graph.nodes.len() - 1);
@@ -214,6 +225,7 @@ fn every_op_matches_burn_and_finite_differences() {
         let mode = Mode::Train {
             rng: &mut rng,
             stats: &mut stats,
+            examples: EXAMPLES,
         };
         let tape = Tape::forward(&c.graph, (&c.params, &c.buffers), &x, B, mode);
         let needs = c.graph.needs_grad(&[true, true]);
@@ -234,6 +246,7 @@ fn every_op_matches_burn_and_finite_differences() {
             device: &device,
             rng: Rng::new(5),
             bn_stats: Vec::new(),
+            examples: EXAMPLES,
         };
         let y = reference::forward(&c.graph, &mut ctx, &xs).swap_remove(out.0);
         assert_eq!(ctx.bn_stats.len(), stats.len(), "{}: batch norms", c.name);

@@ -24,6 +24,8 @@ pub struct Ctx<'a> {
     pub rng: Rng,
     /// Batch statistics seen in training, in node order.
     pub bn_stats: Vec<BnStats>,
+    /// The leading rows that are examples (the rest sampled items).
+    pub examples: usize,
 }
 
 impl Ctx<'_> {
@@ -66,11 +68,17 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 mean,
                 var,
                 act,
+                examples_only,
             } => {
                 let x = v[x.0].clone();
                 let (m, var) = if ctx.training {
-                    let m = x.clone().mean_dim(0);
-                    let c = x.clone() - m.clone();
+                    let stat = if *examples_only {
+                        x.clone().narrow(0, 0, ctx.examples)
+                    } else {
+                        x.clone()
+                    };
+                    let m = stat.clone().mean_dim(0);
+                    let c = stat - m.clone();
                     let var_t = (c.clone() * c).mean_dim(0);
                     ctx.bn_stats.push(BnStats {
                         mean_buffer: *mean,
@@ -255,17 +263,43 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
 }
 
 /// A match model's in-batch softmax on the reference executor, the oracle
-/// of `kernels::in_batch_softmax`: `us`, `v`, `u` are `[b, d]`.
-pub fn in_batch_loss_of(us: Tensor<2>, v: Tensor<2>, u: Tensor<2>) -> Tensor<1> {
-    let b = us.dims()[0];
+/// of `kernels::in_batch_softmax`: `us`, `v`, `u` are `[n, d]`, their
+/// first `users` rows examples (weighing `weights`, else 1) and the rest
+/// sampled items.
+pub fn in_batch_loss_of(us: Tensor<2>, v: Tensor<2>, u: Tensor<2>, users: usize, weights: Option<&[f32]>) -> Tensor<1> {
+    let (b, n) = (users, v.dims()[0]);
     let device = us.device();
+    let us = us.narrow(0, 0, b);
     let logits = us.matmul(v.clone().swap_dims(0, 1));
-    let eye: Vec<f32> = (0..b * b).map(|k| f32::from(u8::from(k / b == k % b))).collect();
-    let eye = Tensor::<2>::from_data(TensorData::new(eye, [b, b]), &device);
+    let eye: Vec<f32> = (0..b * n).map(|k| f32::from(u8::from(k / n == k % n))).collect();
+    let eye = Tensor::<2>::from_data(TensorData::new(eye, [b, n]), &device);
     let hit = (softmax(logits, 1) * eye).sum_dim(1);
-    let ce = hit.add_scalar(1e-12).log().neg().mean();
-    let reg = (u * v).sum_dim(1).neg().clamp_min(0.0).mean();
-    ce + reg
+    let ce = hit.add_scalar(1e-12).log().neg();
+    let reg = (u.narrow(0, 0, b) * v.narrow(0, 0, b)).sum_dim(1).neg().clamp_min(0.0);
+    let w = weights.map_or_else(|| vec![1.0; b], <[f32]>::to_vec);
+    let mass: f32 = w.iter().sum();
+    let w = Tensor::<2>::from_data(TensorData::new(w, [b, 1]), &device);
+    ((ce + reg) * w).sum().div_scalar(mass)
+}
+
+/// A loss with EasyRec's sample weights on the reference executor, the
+/// oracle of `kernels::weighted_loss_grad`: the weighted sum over the
+/// count of non-zero weights.
+pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32], weights: &[f32]) -> Tensor<1> {
+    let device = logits.device();
+    let b = label_values.len();
+    let column = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device);
+    let labels = column(label_values.to_vec());
+    let per_row = match kind {
+        LossKind::BinaryClassification => sigmoid_ce(logits, labels),
+        LossKind::Regression => {
+            let d = logits - labels;
+            d.clone() * d
+        }
+        LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
+    };
+    let nonzero = weights.iter().filter(|w| **w != 0.0).count().max(1);
+    (per_row * column(weights.to_vec())).sum().div_scalar(nonzero as f32)
 }
 
 /// A cross entropy whose gradient is `p − y` exactly (see `loss_of`):

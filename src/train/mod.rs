@@ -12,6 +12,7 @@ use burn::tensor::Device;
 
 use crate::config::typed::{InputFormat, Strategy, TrainingPlan};
 use crate::config::ConfigError;
+use crate::data::sampler::NegativeSampler;
 use crate::data::{expand_paths, Prefetch, StreamSpec};
 use crate::dist::{Communicator, Single};
 use crate::embedding::{Collection, Sharding, Table};
@@ -46,6 +47,8 @@ pub struct Trainer {
     pub reference_device: Device,
     /// The other ranks of a distributed job (a single process alone).
     pub comm: Rc<dyn Communicator>,
+    /// Draws the negatives appended to training and evaluation batches.
+    pub sampler: Option<NegativeSampler>,
 }
 
 impl Trainer {
@@ -99,6 +102,11 @@ impl Trainer {
             .collect();
         let dense_state = SlotState::new(&plan.optimizers[assign.dense].kind, model.params.values.len());
         let embeddings = Collection::new(tables, sharding);
+        let sampler = plan
+            .negative_sampling
+            .as_ref()
+            .map(|s| NegativeSampler::new(s, &enc.projection))
+            .transpose()?;
         Ok(Trainer {
             plan,
             enc,
@@ -112,6 +120,7 @@ impl Trainer {
             seed,
             reference_device: Device::flex().autodiff(),
             comm,
+            sampler,
         })
     }
 
@@ -172,8 +181,28 @@ impl Trainer {
             }
         }
         let enc = self.enc.clone();
+        // Each rank draws its own negatives for its slice, seeded by the
+        // batch's place in the stream, so a resumed run draws as one that
+        // never stopped.
+        let sampling = self.sampler.clone().zip(p.negative_sampling.as_ref()).map(|(s, spec)| {
+            let n = if train { spec.num_sample } else { spec.num_eval_sample };
+            (s, n as usize)
+        });
+        let seed = self.seed ^ crate::util::mix64((rank as u64) << 1 | u64::from(train));
+        let mut index = skip_batches;
         Ok(Prefetch::start(spec, p.prefetch_size.min(8), move |raw| {
-            enc.encode(&raw.part(slice.0, slice.1))
+            let mut raw = raw.part(slice.0, slice.1);
+            let sampled = match &sampling {
+                Some((s, n)) => {
+                    let mut rng = crate::util::Rng::new(seed ^ crate::util::mix64(index));
+                    index += 1;
+                    s.append(&mut raw, &enc.projection, *n, &mut rng)?
+                }
+                None => 0,
+            };
+            let mut batch = enc.encode(&raw)?;
+            batch.mark_sampled(sampled);
+            Ok(batch)
         }))
     }
 
@@ -185,14 +214,16 @@ impl Trainer {
         for batch in self.stream(paths, false, 0)? {
             let batch = batch.context("reading evaluation data")?;
             let inputs = self.group_inputs(&batch);
-            let evals = self.model.evaluate_batch(&inputs, &batch.labels, tasks);
+            let evals = self
+                .model
+                .evaluate_batch(&inputs, (&batch.labels, batch.weights.as_deref()), tasks);
             for ((e, t), ev) in st.iter_mut().zip(tasks).zip(evals) {
                 e.merge(EvalState {
                     preds: ev.scores.scores,
                     labels: batch.labels[t.label].clone(),
                     uids: batch.uids.clone().unwrap_or_default(),
                     ranks: ev.ranks,
-                    loss_sum: ev.loss * batch.size as f64,
+                    loss_sum: ev.loss * batch.examples() as f64,
                     batch_losses: vec![ev.loss],
                 });
             }
@@ -209,10 +240,10 @@ impl Trainer {
                     uids: self.comm.all_gather_u64(&e.uids).concat(),
                     ranks: self
                         .comm
-                        .all_gather_u64(&e.ranks.iter().map(|&r| u64::from(r)).collect::<Vec<_>>())
+                        .all_gather_u64(&e.ranks.iter().flatten().map(|&r| u64::from(r)).collect::<Vec<_>>())
                         .concat()
-                        .into_iter()
-                        .map(|r| r as u32)
+                        .chunks_exact(3)
+                        .map(|r| [r[0] as u32, r[1] as u32, r[2] as u32])
                         .collect(),
                     loss_sum: loss[0],
                     batch_losses: self

@@ -102,14 +102,28 @@ impl Trainer {
     /// the CPU executor.
     pub fn loss_and_grads(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
         let mut rng = self.dropout_rng();
-        let g = self
-            .model
-            .loss_and_grads(inputs, &batch.labels, &self.plan.tasks, &mut rng);
+        let g = self.model.loss_and_grads(
+            inputs,
+            (&batch.labels, batch.weights.as_deref()),
+            &self.plan.tasks,
+            &mut rng,
+        );
         Grads {
             loss: g.loss,
             dense: g.dense,
             inputs: g.inputs,
             bn_stats: g.bn_stats,
+        }
+    }
+
+    /// What the batch's mean loss divides by: its examples, or with sample
+    /// weights the count of non-zero ones (a listwise loss: their sum).
+    /// A rank's loss counts by its share of the global batch's mass.
+    fn loss_mass(&self, batch: &Batch) -> f64 {
+        match &batch.weights {
+            None => batch.examples() as f64,
+            Some(w) if self.plan.tasks.iter().any(|t| t.in_batch()) => w.iter().map(|&x| x as f64).sum(),
+            Some(w) => w.iter().filter(|x| **x != 0.0).count() as f64,
         }
     }
 
@@ -132,6 +146,7 @@ impl Trainer {
             device: &device,
             rng: self.dropout_rng(),
             bn_stats: Vec::new(),
+            examples: batch.examples(),
         };
         let values = reference::forward(&self.model.graph, &mut ctx, &xs);
         let bn_stats = std::mem::take(&mut ctx.bn_stats);
@@ -142,14 +157,20 @@ impl Trainer {
             .map(|t| {
                 if t.in_batch() {
                     let [us, v, u] = self.model.tower_outputs().map(|n| values[n.0].clone());
-                    return reference::in_batch_loss_of(us, v, u).mul_scalar(t.weight);
+                    let w = batch.weights.as_deref();
+                    return reference::in_batch_loss_of(us, v, u, batch.examples(), w).mul_scalar(t.weight);
                 }
                 let out = self
                     .model
                     .graph
                     .output_node(&t.output())
                     .expect("every task has an output");
-                task_loss_of(t, values[out.0].clone(), &batch.labels[t.label]).mul_scalar(t.weight)
+                let logits = values[out.0].clone();
+                match &batch.weights {
+                    Some(w) => reference::weighted_loss_of(t.loss, logits, &batch.labels[t.label], w),
+                    None => task_loss_of(t, logits, &batch.labels[t.label]),
+                }
+                .mul_scalar(t.weight)
             })
             .reduce(|a, c| a + c)
             .expect("a model has a task");
@@ -182,7 +203,7 @@ impl Trainer {
     /// are those of the mean loss over the whole global batch, as one
     /// process computes them.
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
-        let b = batch.size;
+        let b = batch.examples();
         let ranks = self.comm.size();
         let inputs = self.group_inputs(batch);
         let Grads {
@@ -200,12 +221,14 @@ impl Trainer {
                 bn_stats: Vec::new(),
             }
         };
-        let mut totals = [b as f64, local_loss as f64 * b as f64];
+        let mass = self.loss_mass(batch);
+        let mut totals = [mass, local_loss as f64 * mass, b as f64];
         self.comm.all_reduce_sum(&mut totals);
-        let global_rows = totals[0].max(1.0);
-        let loss_value = (totals[1] / global_rows) as f32;
+        let global_mass = totals[0].max(f64::MIN_POSITIVE);
+        let global_rows = totals[2].max(1.0);
+        let loss_value = (totals[1] / global_mass) as f32;
         if ranks > 1 {
-            let share = (b as f64 / global_rows) as f32;
+            let share = (mass / global_mass) as f32;
             dense_grad.iter_mut().for_each(|g| *g *= share);
             self.comm.all_reduce_sum_f32(&mut dense_grad);
             for gin in &mut input_grads {
@@ -332,8 +355,13 @@ impl Trainer {
 
     /// Each task's predictions for a batch (in `plan.tasks` order). With
     /// sharded tables this is a collective: every rank must call it.
+    /// (Of the batch's examples, not of any sampled items.)
     pub fn score(&self, batch: &Batch) -> Vec<TaskScores> {
         let inputs = self.group_inputs(batch);
-        self.model.scores(&inputs, batch.size, &self.plan.tasks)
+        let mut scores = self.model.scores(&inputs, batch.size, &self.plan.tasks);
+        for s in &mut scores {
+            s.truncate(batch.examples());
+        }
+        scores
     }
 }
