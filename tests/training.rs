@@ -632,6 +632,18 @@ const MODELS: [&str; 17] = [
     "DSSM in-batch softmax",
 ];
 
+/// The loss of `batch` (with group inputs `inputs`) with dense parameter
+/// `i` moved by `+eps` and by `-eps`, the parameter then restored.
+fn losses_around(t: &mut Trainer, (batch, inputs): (&Batch, &[Vec<f32>]), i: usize, eps: f32) -> (f64, f64) {
+    let w = t.model.params.values[i];
+    t.model.params.values[i] = w + eps;
+    let up = t.loss_and_grads(batch, inputs).loss as f64;
+    t.model.params.values[i] = w - eps;
+    let down = t.loss_and_grads(batch, inputs).loss as f64;
+    t.model.params.values[i] = w;
+    (up, down)
+}
+
 /// Central differences in f64 of an f32 loss; loose enough for f32 noise,
 /// tight enough to catch a wrong or missing gradient term.
 fn close(numeric: f64, analytic: f64) -> bool {
@@ -653,12 +665,7 @@ fn dense_gradients_of_every_model_match_finite_differences() {
         let mut kinks = 0;
         for _ in 0..40 {
             let i = rng.below(n as u64) as usize;
-            let w = t.model.params.values[i];
-            t.model.params.values[i] = w + eps;
-            let up = t.loss_and_grads(&batch, &inputs).loss as f64;
-            t.model.params.values[i] = w - eps;
-            let down = t.loss_and_grads(&batch, &inputs).loss as f64;
-            t.model.params.values[i] = w;
+            let (up, down) = losses_around(&mut t, (&batch, &inputs), i, eps);
             let numeric = (up - down) / (2.0 * eps as f64);
             // A ReLU switching inside [w - eps, w + eps] makes the one-sided
             // slopes disagree; such coordinates say nothing about the gradient.
@@ -1168,12 +1175,7 @@ fn dssm_senet_gradients_match_finite_differences() {
     let n = t.model.params.values.len();
     for _ in 0..30 {
         let i = rng.below(n as u64) as usize;
-        let w = t.model.params.values[i];
-        t.model.params.values[i] = w + eps;
-        let up = central(&t, &inputs);
-        t.model.params.values[i] = w - eps;
-        let down = central(&t, &inputs);
-        t.model.params.values[i] = w;
+        let (up, down) = losses_around(&mut t, (&batch, &inputs), i, eps);
         let numeric = (up - down) / (2.0 * eps as f64);
         assert!(
             close(numeric, g.dense[i] as f64),
@@ -1263,12 +1265,7 @@ fn sampled_negatives_and_sample_weights_train_a_listwise_dssm() {
     let n = t.model.params.values.len();
     for _ in 0..20 {
         let i = rng.below(n as u64) as usize;
-        let w = t.model.params.values[i];
-        t.model.params.values[i] = w + eps;
-        let up = t.loss_and_grads(&batch, &inputs).loss as f64;
-        t.model.params.values[i] = w - eps;
-        let down = t.loss_and_grads(&batch, &inputs).loss as f64;
-        t.model.params.values[i] = w;
+        let (up, down) = losses_around(&mut t, (&batch, &inputs), i, eps);
         let numeric = (up - down) / (2.0 * eps as f64);
         assert!(
             close(numeric, fast.dense[i] as f64),
