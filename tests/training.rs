@@ -1208,51 +1208,15 @@ fn dssm_senet_gradients_match_finite_differences() {
 #[test]
 fn sampled_negatives_and_sample_weights_train_a_listwise_dssm() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data.csv");
-    write_data(&data, 64, 5);
-    let items = dir.path().join("items.txt");
-    let mut table = String::from("id:int64\tweight:float\tfeature:string\n");
-    for i in 0..40 {
-        table.push_str(&format!(
-            "{i}\t{}\t{}:{:.3}:u{}\n",
-            1 + i % 3,
-            i % 10,
-            i as f64 / 40.0,
-            i % 20
-        ));
-    }
-    std::fs::write(&items, table).unwrap();
-    let sampler = format!(
+    let mut t = sampled_dssm(
+        dir.path(),
         r#"sample_weight: "d2"
-  negative_sampler {{ input_path: "{}" num_sample: 5 num_eval_sample: 7
-    attr_fields: ["c2", "d2", "c1"] item_id_field: "c2" }}
-  label_fields: ["#,
-        items.display()
+  negative_sampler { input_path: "ITEMS" num_sample: 5 num_eval_sample: 7
+    attr_fields: ["c2", "d2", "c1"] item_id_field: "c2" }"#,
     );
-    let text = COMMON
-        .replace("metrics_set { auc {} }", "metrics_set { recall_at_topk { topk: 3 } }")
-        .replace("label_fields: [", &sampler)
-        .replace("DATA", data.to_str().unwrap())
-        .replace("MODEL_DIR", dir.path().join("model").to_str().unwrap())
-        + model_block("DSSM in-batch softmax");
-    let cfg = dir.path().join("sampled.config");
-    std::fs::write(&cfg, text).unwrap();
-    let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
-    let mut t = Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap();
-    let batch = first_batch(&t);
+    let (batch, inputs, fast) = matches_reference(&t);
     assert_eq!((batch.size, batch.sampled, batch.labels[0].len()), (21, 5, 16));
     assert_eq!(batch.weights.as_ref().map(Vec::len), Some(16));
-    let inputs = t.group_inputs(&batch);
-    let fast = t.loss_and_grads(&batch, &inputs);
-    let graph = t.loss_and_grads_graph(&batch, &inputs);
-    let near = |a: f32, b: f32| (a - b).abs() <= 1e-6 + 1e-4 * b.abs();
-    assert!(near(fast.loss, graph.loss), "loss {} vs {}", fast.loss, graph.loss);
-    for (i, (a, b)) in fast.dense.iter().zip(&graph.dense).enumerate() {
-        assert!(near(*a, *b), "dense {i}: cpu {a} vs reference {b}");
-    }
-    for (a, b) in fast.inputs.iter().flatten().zip(graph.inputs.iter().flatten()) {
-        assert!(near(*a, *b), "input gradient: cpu {a} vs reference {b}");
-    }
     // The sampled rows' user tower gets no gradient; their item tower does.
     let user = t.model.groups.iter().position(|g| g.name == "user").unwrap();
     let width = t.model.groups[user].width;
@@ -1290,4 +1254,112 @@ fn sampled_negatives_and_sample_weights_train_a_listwise_dssm() {
         .unwrap()
         .unwrap();
     assert_eq!(eval.sampled, 7);
+}
+
+/// The CPU executor's loss and gradients of `t`'s first batch against
+/// burn's autodiff; returns them with the batch and its group inputs.
+fn matches_reference(t: &Trainer) -> (Batch, Vec<Vec<f32>>, rustrec::train::step::Grads) {
+    let batch = first_batch(t);
+    let inputs = t.group_inputs(&batch);
+    let fast = t.loss_and_grads(&batch, &inputs);
+    let graph = t.loss_and_grads_graph(&batch, &inputs);
+    let near = |a: f32, b: f32| (a - b).abs() <= 1e-6 + 1e-4 * b.abs();
+    assert!(near(fast.loss, graph.loss), "loss {} vs {}", fast.loss, graph.loss);
+    for (i, (a, b)) in fast.dense.iter().zip(&graph.dense).enumerate() {
+        assert!(near(*a, *b), "dense {i}: cpu {a} vs reference {b}");
+    }
+    // An entry that sums to near zero keeps the rounding of its larger
+    // terms: held to its group's gradient scale as well as its own.
+    for (a, b) in fast.inputs.iter().zip(&graph.inputs) {
+        let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-6 + 1e-4 * (y.abs() + 0.05 * scale),
+                "input gradient: cpu {x} vs reference {y} (scale {scale})"
+            );
+        }
+    }
+    (batch, inputs, fast)
+}
+
+/// Hard negatives: each example's user's items from the edge table follow
+/// the drawn ones, and only that user scores them.
+#[test]
+fn hard_negatives_join_their_users_softmax() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = sampled_dssm(
+        dir.path(),
+        r#"hard_negative_sampler { user_input_path: "USERS" item_input_path: "ITEMS"
+    hard_neg_edge_input_path: "EDGES" num_sample: 4 num_hard_sample: 2
+    attr_fields: ["c2", "d2", "c1"] item_id_field: "c2" user_id_field: "c1" }"#,
+    );
+    let (batch, _, fast) = matches_reference(&t);
+    assert!(!batch.hard_negatives.is_empty());
+    assert_eq!(batch.sampled, 4 + batch.hard_negatives.len());
+    let mut per_user = std::collections::HashMap::new();
+    for &(i, r) in &batch.hard_negatives {
+        assert!(i < 16 && r >= 20 && r < batch.size);
+        *per_user.entry(i).or_insert(0) += 1;
+    }
+    assert!(per_user.values().all(|&n| n <= 2), "{per_user:?}");
+    assert!(fast.loss.is_finite());
+    // v2: the drawn items avoid each user's positive edges.
+    let dir = tempfile::tempdir().unwrap();
+    let t = sampled_dssm(
+        dir.path(),
+        r#"negative_sampler_v2 { user_input_path: "USERS" item_input_path: "ITEMS"
+    pos_edge_input_path: "EDGES" num_sample: 4
+    attr_fields: ["c2", "d2", "c1"] item_id_field: "c2" user_id_field: "c1" }"#,
+    );
+    let (batch, _, _) = matches_reference(&t);
+    assert_eq!((batch.sampled, batch.hard_negatives.len()), (4, 0));
+}
+
+/// A DSSM trainer on the training data with `sampler` (its `ITEMS`,
+/// `USERS` and `EDGES` paths filled in) in data_config.
+fn sampled_dssm(dir: &Path, sampler: &str) -> Trainer {
+    let data = dir.join("data.csv");
+    write_data(&data, 64, 5);
+    let items = dir.join("items.txt");
+    let mut table = String::from("id:int64\tweight:float\tfeature:string\n");
+    for i in 0..40 {
+        table.push_str(&format!(
+            "{i}\t{}\t{}:{:.3}:u{}\n",
+            1 + i % 3,
+            i % 10,
+            i as f64 / 40.0,
+            i % 20
+        ));
+    }
+    std::fs::write(&items, table).unwrap();
+    // Users u0..u19 (`c1`); even ones have hard negatives, items 0..3.
+    let users: String = (0..20).map(|i| format!("u{i}\t1\n")).collect();
+    std::fs::write(dir.join("users.txt"), format!("id:int64\tweight:float\n{users}")).unwrap();
+    let edges: String = (0..20)
+        .step_by(2)
+        .flat_map(|i| (0..=i % 4).map(move |k| format!("u{i}\t{k}\t1\n")))
+        .collect();
+    std::fs::write(
+        dir.join("edges.txt"),
+        format!("userid:int64\titemid:int64\tweight:float\n{edges}"),
+    )
+    .unwrap();
+    let text = COMMON
+        .replace("metrics_set { auc {} }", "metrics_set { recall_at_topk { topk: 3 } }")
+        .replace(
+            "label_fields: [",
+            &format!(
+                "{}\n  label_fields: [",
+                sampler.replace("ITEMS", items.to_str().unwrap())
+            ),
+        )
+        .replace("USERS", dir.join("users.txt").to_str().unwrap())
+        .replace("EDGES", dir.join("edges.txt").to_str().unwrap())
+        .replace("DATA", data.to_str().unwrap())
+        .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
+        + model_block("DSSM in-batch softmax");
+    let cfg = dir.join("sampled.config");
+    std::fs::write(&cfg, text).unwrap();
+    let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+    Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap()
 }

@@ -88,11 +88,16 @@ const PASSING: &[&str] = &[
     "zoo/dlrm_backbone_on_taobao.config",
     "zoo/dlrm_on_criteo_parquet.config",
     "zoo/dlrm_on_criteo_parquet_ep_v2.config",
+    "zoo/dssm_distribute_eval_listwise_hard_neg_sampler_on_taobao.config",
     "zoo/dssm_distribute_eval_reg_on_taobao.config",
+    "zoo/dssm_hard_neg_sampler_on_taobao.config",
+    "zoo/dssm_hard_neg_sampler_regular_on_taobao.config",
+    "zoo/dssm_hard_neg_sampler_v2_on_taobao.config",
     "zoo/dssm_inner_prod_on_taobao.config",
     "zoo/dssm_neg_sampler_need_key_feature.config",
     "zoo/dssm_neg_sampler_on_taobao.config",
     "zoo/dssm_neg_sampler_sequence_feature.config",
+    "zoo/dssm_neg_sampler_v2_on_taobao.config",
     "zoo/dssm_neg_sampler_with_sample_weight.config",
     "zoo/dssm_on_sequence_feature_taobao.config",
     "zoo/dssm_on_taobao.config",
@@ -297,18 +302,22 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
         return Outcome::Failed("a plan for an input that is not a file".into());
     }
     cap_tables(&mut plan);
-    // A negative sampler's item table is data too: generated where the
-    // config's path would be.
-    let items = dir.join("items.txt");
+    // A negative sampler's tables are data too: generated in `dir`.
     if let Some(s) = &mut plan.negative_sampling {
-        s.items_path = items.to_str().unwrap().to_string();
+        let at = |name: &str| dir.join(name).to_str().unwrap().to_string();
+        s.items_path = at("items.txt");
+        if let Some(u) = &mut s.users {
+            u.users_path = at("users.txt");
+            u.positive_edges = u.positive_edges.as_ref().map(|_| at("positive_edges.txt"));
+            u.hard_edges = u.hard_edges.as_ref().map(|_| at("hard_edges.txt"));
+        }
     }
     let run = || -> anyhow::Result<()> {
         rustrec::datagen::generate_for_plan(&plan, 64, 1, &train)?;
         rustrec::datagen::generate_for_plan(&plan, 48, 2, &eval)?;
         if let Some(s) = &plan.negative_sampling {
             let rows = (s.num_sample.max(s.num_eval_sample) as usize + 16).max(64);
-            rustrec::datagen::generate_item_table(&plan, rows, 3, &items)?;
+            rustrec::datagen::generate_sampler_tables(&plan, rows, 3)?;
         }
         let mut trainer = Trainer::new(plan.clone())?;
         let summary = trainer.run()?;

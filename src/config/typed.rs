@@ -621,10 +621,42 @@ pub struct VariationalDropout {
     pub embedding_wise: bool,
 }
 
-/// EasyRec's `negative_sampler` (graph-learn's, drawing by the items'
-/// weights) or `negative_sampler_in_memory` (uniform, without
-/// replacement): `num_sample` items of the table at `items_path` follow a
-/// training batch's examples, `num_eval_sample` an evaluation batch's.
+/// How a negative sampler draws its `num_sample` items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleDraw {
+    /// graph-learn's `node_weight` sampler (`negative_sampler`,
+    /// `hard_negative_sampler`): by the items' weights, with replacement,
+    /// skipping the batch's items.
+    Weighted,
+    /// `negative_sampler_in_memory`: uniformly, without replacement,
+    /// skipping the batch's items.
+    Distinct,
+    /// graph-learn's conditional edge sampler (`negative_sampler_v2`,
+    /// `hard_negative_sampler_v2`): uniformly, skipping the items each
+    /// example's user has a positive edge to.
+    AvoidPositives,
+}
+
+/// The user side of a sampler: EasyRec's user table and its edge tables
+/// (`userid:int64 itemid:int64 weight:float`, tab-separated after a header).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerUsers {
+    /// The field of a batch's user ids.
+    pub user_id_field: String,
+    /// Users (`id:int64 weight:float`): edges of other users are left out.
+    pub users_path: String,
+    /// `pos_edge_input_path` (v2 samplers).
+    pub positive_edges: Option<String>,
+    /// `hard_neg_edge_input_path` (hard-negative samplers): each example's
+    /// user's items there, at most `num_hard_sample`, join its softmax.
+    pub hard_edges: Option<String>,
+    pub num_hard_sample: u32,
+}
+
+/// EasyRec's negative samplers: `num_sample` items of the table at
+/// `items_path` follow a training batch's examples, `num_eval_sample` an
+/// evaluation batch's, then (hard-negative samplers) each user's hard
+/// negatives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NegativeSampling {
     pub items_path: String,
@@ -635,80 +667,134 @@ pub struct NegativeSampling {
     /// The field of a batch's item ids, which are not drawn as negatives.
     pub item_id_field: String,
     pub attr_delimiter: String,
-    pub weighted: bool,
+    pub draw: SampleDraw,
+    pub users: Option<SamplerUsers>,
 }
 
 /// `data_config`'s sampler, checked against its input fields.
 fn negative_sampling(data: &proto::DatasetConfig) -> Result<Option<NegativeSampling>, ConfigError> {
     use proto::dataset_config::Sampler;
-    let (name, s, weighted) = match &data.sampler {
+    // Every kind's common fields, then its user side.
+    struct Common<'a> {
+        items: &'a str,
+        num_sample: u32,
+        num_eval_sample: u32,
+        attr_fields: &'a [String],
+        item_id_field: &'a str,
+        attr_delimiter: &'a str,
+        field_delimiter: &'a str,
+    }
+    macro_rules! common {
+        ($s:expr, $items:expr) => {
+            Common {
+                items: $items,
+                num_sample: $s.num_sample,
+                num_eval_sample: $s.num_eval_sample(),
+                attr_fields: &$s.attr_fields,
+                item_id_field: &$s.item_id_field,
+                attr_delimiter: $s.attr_delimiter(),
+                field_delimiter: $s.field_delimiter(),
+            }
+        };
+    }
+    let users = |user_id_field: &str, users_path: &str, pos: Option<&str>, hard: Option<&str>, n: u32| SamplerUsers {
+        user_id_field: user_id_field.to_string(),
+        users_path: users_path.to_string(),
+        positive_edges: pos.map(str::to_string),
+        hard_edges: hard.map(str::to_string),
+        num_hard_sample: n,
+    };
+    let (name, c, draw, users) = match &data.sampler {
         None => return Ok(None),
-        Some(Sampler::NegativeSampler(s)) => ("negative_sampler", s.clone(), true),
+        Some(Sampler::NegativeSampler(s)) => (
+            "negative_sampler",
+            common!(s, &s.input_path),
+            SampleDraw::Weighted,
+            None,
+        ),
         Some(Sampler::NegativeSamplerInMemory(s)) => (
             "negative_sampler_in_memory",
-            proto::NegativeSampler {
-                input_path: s.input_path.clone(),
-                num_sample: s.num_sample,
-                attr_fields: s.attr_fields.clone(),
-                item_id_field: s.item_id_field.clone(),
-                attr_delimiter: s.attr_delimiter.clone(),
-                num_eval_sample: s.num_eval_sample,
-                field_delimiter: s.field_delimiter.clone(),
-            },
-            false,
+            common!(s, &s.input_path),
+            SampleDraw::Distinct,
+            None,
         ),
-        Some(Sampler::NegativeSamplerV2(_)) => {
-            return Err(ConfigError::unsupported(
-                "data_config.negative_sampler_v2",
-                "negative sampling that avoids each user's positive items (user and edge tables)",
-            ))
-        }
-        Some(Sampler::HardNegativeSampler(_)) => {
-            return Err(ConfigError::unsupported(
-                "data_config.hard_negative_sampler",
-                "hard negatives from an edge table",
-            ))
-        }
-        Some(Sampler::HardNegativeSamplerV2(_)) => {
-            return Err(ConfigError::unsupported(
-                "data_config.hard_negative_sampler_v2",
-                "hard negatives from an edge table",
-            ))
-        }
+        Some(Sampler::NegativeSamplerV2(s)) => (
+            "negative_sampler_v2",
+            common!(s, &s.item_input_path),
+            SampleDraw::AvoidPositives,
+            Some(users(
+                &s.user_id_field,
+                &s.user_input_path,
+                Some(&s.pos_edge_input_path),
+                None,
+                0,
+            )),
+        ),
+        Some(Sampler::HardNegativeSampler(s)) => (
+            "hard_negative_sampler",
+            common!(s, &s.item_input_path),
+            SampleDraw::Weighted,
+            Some(users(
+                &s.user_id_field,
+                &s.user_input_path,
+                None,
+                Some(&s.hard_neg_edge_input_path),
+                s.num_hard_sample,
+            )),
+        ),
+        Some(Sampler::HardNegativeSamplerV2(s)) => (
+            "hard_negative_sampler_v2",
+            common!(s, &s.item_input_path),
+            SampleDraw::AvoidPositives,
+            Some(users(
+                &s.user_id_field,
+                &s.user_input_path,
+                Some(&s.pos_edge_input_path),
+                Some(&s.hard_neg_edge_input_path),
+                s.num_hard_sample,
+            )),
+        ),
     };
     let path = format!("data_config.{name}");
     let declared = |f: &str| data.input_fields.iter().any(|i| i.input_name == f);
-    if let Some(f) = s.attr_fields.iter().find(|f| !declared(f)) {
+    if let Some(f) = c.attr_fields.iter().find(|f| !declared(f)) {
         return Err(ConfigError::invalid(
             format!("{path}.attr_fields"),
             format!("`{f}` is not among data_config.input_fields"),
         ));
     }
-    if !declared(&s.item_id_field) {
-        return Err(ConfigError::invalid(
-            format!("{path}.item_id_field"),
-            format!("`{}` is not among data_config.input_fields", s.item_id_field),
-        ));
+    let id_fields = [
+        Some(("item_id_field", c.item_id_field)),
+        users.as_ref().map(|u| ("user_id_field", u.user_id_field.as_str())),
+    ];
+    for (field, f) in id_fields.into_iter().flatten() {
+        if !declared(f) {
+            return Err(ConfigError::invalid(
+                format!("{path}.{field}"),
+                format!("`{f}` is not among data_config.input_fields"),
+            ));
+        }
     }
-    if s.num_sample == 0 {
+    if c.num_sample == 0 {
         return Err(ConfigError::invalid(
             format!("{path}.num_sample"),
             "a sampler draws at least one item",
         ));
     }
-    if s.field_delimiter() != "\u{1}" {
+    if c.field_delimiter != "\u{1}" {
         log::warn!(
-            "{path}.field_delimiter: EasyRec uses it only on its DataScience platform; item tables in files are tab-separated, as EasyRec reads them"
+            "{path}.field_delimiter: EasyRec uses it only on its DataScience platform; tables in files are tab-separated, as EasyRec reads them"
         );
     }
     Ok(Some(NegativeSampling {
-        items_path: s.input_path.clone(),
-        num_sample: s.num_sample,
-        num_eval_sample: s.num_eval_sample(),
-        attr_fields: s.attr_fields.clone(),
-        item_id_field: s.item_id_field.clone(),
-        attr_delimiter: s.attr_delimiter().to_string(),
-        weighted,
+        items_path: c.items.to_string(),
+        num_sample: c.num_sample,
+        num_eval_sample: c.num_eval_sample,
+        attr_fields: c.attr_fields.to_vec(),
+        item_id_field: c.item_id_field.to_string(),
+        attr_delimiter: c.attr_delimiter.to_string(),
+        draw,
+        users,
     }))
 }
 

@@ -8,4 +8,4 @@ mod schema;
 
 pub use criteo::{generate, schema, GenReport, GenSpec, KAGGLE_CARDINALITIES};
 pub use movielens::{prepare_movielens, MovieLensReport};
-pub use schema::{generate_for_plan, generate_item_table};
+pub use schema::{generate_for_plan, generate_sampler_tables};

@@ -212,30 +212,32 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
     }
 }
 
-/// Writes the item table of the plan's negative sampler to `path`: `rows`
-/// items with ids `0..rows`, random weights, and attributes that fit the
-/// features reading each of `attr_fields`, in EasyRec's layout (a
-/// `name:type` header, then id, weight and the attributes joined by
-/// `attr_delimiter`, tab-separated).
-pub fn generate_item_table(plan: &TrainingPlan, rows: usize, seed: u64, path: &Path) -> anyhow::Result<()> {
+/// Writes the tables of the plan's negative sampler where its config puts
+/// them: `items` items with ids `0..items`, random weights, and attributes
+/// that fit the features reading each of `attr_fields`, in EasyRec's
+/// layout (a `name:type` header, then id, weight and the attributes joined
+/// by `attr_delimiter`, tab-separated); and for samplers with a user side
+/// the users that `generate_for_plan` writes, each with three positive and
+/// three hard-negative edges.
+pub fn generate_sampler_tables(plan: &TrainingPlan, items: usize, seed: u64) -> anyhow::Result<()> {
     let s = plan
         .negative_sampling
         .as_ref()
         .context("the config has no negative sampler")?;
+    let ty_of = |name: &str| {
+        plan.fields
+            .iter()
+            .find(|f| f.name == name)
+            .map_or(ColumnType::Str, |f| f.ty)
+    };
+    let write = |path: &str, text: String| std::fs::write(path, text).with_context(|| format!("cannot write {path}"));
     let mut rng = Rng::new(seed);
     let mut text = String::from("id:int64\tweight:float\tfeature:string\n");
-    for id in 0..rows {
+    for id in 0..items {
         let attrs: Vec<String> = s
             .attr_fields
             .iter()
-            .map(|a| {
-                let ty = plan
-                    .fields
-                    .iter()
-                    .find(|f| f.name == *a)
-                    .map_or(ColumnType::Str, |f| f.ty);
-                cell(plan, a, ty, &mut rng).text()
-            })
+            .map(|a| cell(plan, a, ty_of(a), &mut rng).text())
             .collect();
         let _ = writeln!(
             text,
@@ -244,5 +246,27 @@ pub fn generate_item_table(plan: &TrainingPlan, rows: usize, seed: u64, path: &P
             attrs.join(&s.attr_delimiter)
         );
     }
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    write(&s.items_path, text)?;
+    let Some(u) = &s.users else { return Ok(()) };
+    let ty = ty_of(&u.user_id_field);
+    let mut users: Vec<String> = (0..400)
+        .map(|_| cell(plan, &u.user_id_field, ty, &mut rng).text())
+        .collect();
+    users.sort();
+    users.dedup();
+    let mut table = String::from("id:int64\tweight:float\n");
+    users.iter().for_each(|id| {
+        let _ = writeln!(table, "{id}\t1.0");
+    });
+    write(&u.users_path, table)?;
+    for path in [&u.positive_edges, &u.hard_edges].into_iter().flatten() {
+        let mut edges = String::from("userid:int64\titemid:int64\tweight:float\n");
+        for id in &users {
+            for _ in 0..3 {
+                let _ = writeln!(edges, "{id}\t{}\t1.0", rng.below(items as u64));
+            }
+        }
+        write(path, edges)?;
+    }
+    Ok(())
 }

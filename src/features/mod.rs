@@ -44,6 +44,9 @@ pub struct Batch {
     /// examples: `labels`, `weights` and `uids` cover only the
     /// `size - sampled` before.
     pub sampled: usize,
+    /// Among the sampled rows, the hard negatives: per one, the example
+    /// whose user it belongs to and its row.
+    pub hard_negatives: Vec<(usize, usize)>,
 }
 
 impl Batch {
@@ -352,8 +355,11 @@ impl Encoder {
             .map(|w| col(&mut projection, w, false))
             .transpose()?;
         if let Some(s) = plan.negative_sampling.as_ref().filter(|_| with_label) {
-            // The sampler skips the batch's own items.
+            // The sampler skips the batch's own items, or its users'.
             col(&mut projection, &s.item_id_field, false)?;
+            if let Some(u) = &s.users {
+                col(&mut projection, &u.user_id_field, false)?;
+            }
         }
         Ok(Encoder {
             projection,
@@ -466,6 +472,7 @@ impl Encoder {
             uids,
             weights,
             sampled: 0,
+            hard_negatives: Vec::new(),
         })
     }
 }

@@ -570,7 +570,8 @@ fn pairwise(logits: &[f32], labels: &[f32], margin: f32, temperature: f32) -> (f
 /// embedding times the similarity's scale (`us`), the item embedding (`v`)
 /// and the plain user embedding (`u`), each `[n, d]`. The first `users`
 /// rows are examples; the others are sampled items, whose user rows are
-/// not read.
+/// not read. The last of them may be hard negatives, each scored by one
+/// user only (`hard`: per one, its user and its row).
 pub struct Towers<'a> {
     pub us: &'a [f32],
     pub v: &'a [f32],
@@ -579,15 +580,30 @@ pub struct Towers<'a> {
     pub users: usize,
     /// The users' sample weights (`None`: all 1).
     pub weights: Option<&'a [f32]>,
+    pub hard: &'a [(usize, usize)],
 }
 
 impl Towers<'_> {
     /// The items every user is scored against: the examples' and the
-    /// sampled ones.
-    fn items(&self) -> usize {
-        self.v.len() / self.d.max(1)
+    /// drawn ones.
+    fn shared(&self) -> usize {
+        self.v.len() / self.d.max(1) - self.hard.len()
+    }
+
+    /// Per user, its hard negatives' rows in order; and the most any has.
+    fn hard_by_user(&self) -> (Vec<Vec<usize>>, usize) {
+        let mut by = vec![Vec::new(); self.users];
+        for &(i, r) in self.hard {
+            by[i].push(r);
+        }
+        let most = by.iter().map(Vec::len).max().unwrap_or(0);
+        (by, most)
     }
 }
+
+/// What a hard-negative column holds for a user with fewer (EasyRec's
+/// `-1e32` mask, which `exp` turns into 0).
+pub const NO_HARD_NEGATIVE: f32 = -1e32;
 
 /// The gradients of `in_batch_softmax` with respect to `us`, `v` and `u`.
 pub struct TowerGrads {
@@ -596,46 +612,98 @@ pub struct TowerGrads {
     pub u: Vec<f32>,
 }
 
-/// The in-batch logits `L = Us · Vᵀ` of the users against every item,
-/// `[users, items]` row-major.
+/// The logits of the users against the shared items (`Us · Vᵀ`), then
+/// against their own hard negatives (`NO_HARD_NEGATIVE` where a user has
+/// fewer than the most), `[users, shared + most]` row-major.
 pub fn in_batch_logits(t: &Towers) -> Vec<f32> {
-    let (b, n) = (t.users, t.items());
+    let (b, n, d) = (t.users, t.shared(), t.d);
     let mut l = vec![0.0f32; b * n];
-    matmul(&mut l, &t.us[..b * t.d], false, t.v, true, (b, t.d, n), false);
-    l
+    matmul(&mut l, &t.us[..b * d], false, &t.v[..n * d], true, (b, d, n), false);
+    let (by, most) = t.hard_by_user();
+    if most == 0 {
+        return l;
+    }
+    let cols = n + most;
+    let mut out = vec![NO_HARD_NEGATIVE; b * cols];
+    for (i, rows) in by.iter().enumerate() {
+        out[i * cols..i * cols + n].copy_from_slice(&l[i * n..(i + 1) * n]);
+        let ui = &t.us[i * d..(i + 1) * d];
+        for (k, &r) in rows.iter().enumerate() {
+            out[i * cols + n + k] = ui.iter().zip(&t.v[r * d..(r + 1) * d]).map(|(a, c)| a * c).sum();
+        }
+    }
+    out
 }
 
 /// EasyRec's listwise SOFTMAX_CROSS_ENTROPY of a match model: over the
-/// logits `L = Us · Vᵀ` of the users against the batch's and the sampled
-/// items (`in_batch_logits`, consumed) the mean of
+/// logits of the users against the batch's, the drawn and their hard
+/// negative items (`in_batch_logits`, consumed) the mean of
 /// `−log(softmax(L_i)_i + 1e-12)` (`cross_entropy_loss`), plus the mean of
 /// `relu(−u_i · v_i)` (`reg_pos_loss`); with sample weights both are
 /// weighted means (`Σ w_i l_i / Σ w_i`). The loss and its gradients, with
 /// zeros for the user rows of sampled items.
 pub fn in_batch_softmax(t: &Towers, logits: Vec<f32>) -> (f32, TowerGrads) {
-    let (d, b, n) = (t.d, t.users, t.items());
+    let (d, b, n) = (t.d, t.users, t.shared());
+    let rows = t.v.len() / d.max(1);
+    let cols = logits.len() / b.max(1);
     let weight = |i: usize| t.weights.map_or(1.0, |w| w[i]);
     let mass = t.weights.map_or(b as f32, |w| w.iter().sum());
+    if mass == 0.0 {
+        // Users that all weigh 0 (EasyRec's 0/0): no loss, no gradient.
+        let zeros = vec![0.0; rows * d];
+        return (
+            0.0,
+            TowerGrads {
+                us: zeros.clone(),
+                v: zeros.clone(),
+                u: zeros,
+            },
+        );
+    }
     let mut p = logits;
-    p.par_chunks_mut(n.max(1)).for_each(softmax_in_place);
+    p.par_chunks_mut(cols.max(1)).for_each(softmax_in_place);
     let mut total = 0.0f64;
     // dL_ij = c_i w_i (p_ij − δ_ij) / W with c_i = p_ii / (p_ii + 1e-12),
     // the epsilon's share of the log's slope, and W the weights' sum.
     let mut dl = p;
     for i in 0..b {
-        let pii = dl[i * n + i] as f64;
+        let pii = dl[i * cols + i] as f64;
         total += -(pii + 1e-12).ln() * weight(i) as f64;
         let c = (pii / (pii + 1e-12)) as f32;
-        let row = &mut dl[i * n..(i + 1) * n];
+        let row = &mut dl[i * cols..(i + 1) * cols];
         row[i] -= 1.0;
         row.iter_mut().for_each(|g| *g *= c * weight(i) / mass);
     }
-    let mut dus = vec![0.0f32; n * d];
-    matmul(&mut dus[..b * d], &dl, false, t.v, false, (b, n, d), false);
-    let mut dv = vec![0.0f32; n * d];
-    matmul(&mut dv, &dl, true, &t.us[..b * d], false, (n, b, d), false);
+    let mut dus = vec![0.0f32; rows * d];
+    let mut dv = vec![0.0f32; rows * d];
+    if cols == n {
+        matmul(&mut dus[..b * d], &dl, false, &t.v[..n * d], false, (b, n, d), false);
+        matmul(&mut dv[..n * d], &dl, true, &t.us[..b * d], false, (n, b, d), false);
+    } else {
+        let shared: Vec<f32> = dl.chunks_exact(cols).flat_map(|r| r[..n].iter().copied()).collect();
+        matmul(
+            &mut dus[..b * d],
+            &shared,
+            false,
+            &t.v[..n * d],
+            false,
+            (b, n, d),
+            false,
+        );
+        matmul(&mut dv[..n * d], &shared, true, &t.us[..b * d], false, (n, b, d), false);
+        let (by, _) = t.hard_by_user();
+        for (i, hard) in by.iter().enumerate() {
+            for (k, &r) in hard.iter().enumerate() {
+                let g = dl[i * cols + n + k];
+                for c in 0..d {
+                    dus[i * d + c] += g * t.v[r * d + c];
+                    dv[r * d + c] += g * t.us[i * d + c];
+                }
+            }
+        }
+    }
     // reg_pos_loss: a positive pair scored below 0 is pushed up.
-    let mut du = vec![0.0f32; n * d];
+    let mut du = vec![0.0f32; rows * d];
     for i in 0..b {
         let (ui, vi) = (&t.u[i * d..(i + 1) * d], &t.v[i * d..(i + 1) * d]);
         let s: f32 = ui.iter().zip(vi).map(|(a, c)| a * c).sum();
@@ -647,23 +715,12 @@ pub fn in_batch_softmax(t: &Towers, logits: Vec<f32>) -> (f32, TowerGrads) {
             }
         }
     }
-    let grads = TowerGrads { us: dus, v: dv, u: du };
-    if mass == 0.0 {
-        // Users that all weigh 0 (EasyRec's 0/0): no loss, no gradient.
-        return (
-            0.0,
-            TowerGrads {
-                us: vec![0.0; n * d],
-                v: vec![0.0; n * d],
-                u: vec![0.0; n * d],
-            },
-        );
-    }
-    ((total / mass as f64) as f32, grads)
+    ((total / mass as f64) as f32, TowerGrads { us: dus, v: dv, u: du })
 }
 
 /// Where each user's own item ranks by its logits (`[b, n]`, `b` users
-/// against the batch's `b` items and `n - b` sampled ones): how many items
+/// against the batch's `b` items and `n - b` sampled ones, hard negatives
+/// included): how many items
 /// score higher, ties going to the lower column as TensorFlow's `top_k`
 /// breaks them. Per user `[among all items, among the batch's, among its
 /// own and the sampled ones]`, EasyRec's `recall@k`, `recall_in_batch@k`
@@ -755,6 +812,7 @@ mod tests {
             d: 1,
             users: 3,
             weights: None,
+            hard: &[],
         };
         // Rows: [0.5 0.5 -1], [-0.5 -0.5 1], [1 1 -2].
         let logits = in_batch_logits(&t);
@@ -775,33 +833,56 @@ mod tests {
         let us: Vec<f32> = (0..n * d).map(|k| ((k * 7 % 5) as f32 - 2.0) * 0.3).collect();
         let v: Vec<f32> = (0..n * d).map(|k| ((k * 3 % 7) as f32 - 3.0) * 0.25).collect();
         let u: Vec<f32> = us.iter().map(|x| -x).collect();
-        let loss = |us: &[f32], v: &[f32], u: &[f32]| {
-            let t = Towers {
-                us,
-                v,
-                u,
-                d,
-                users: b,
-                weights: None,
+        // Without hard negatives, and with user 1's two (rows 3 and 4;
+        // user 0's column masked).
+        for hard in [&[][..], &[(1, 3), (1, 4)][..]] {
+            let loss = |us: &[f32], v: &[f32], u: &[f32]| {
+                let t = Towers {
+                    us,
+                    v,
+                    u,
+                    d,
+                    users: b,
+                    weights: Some(&[0.5, 2.0]),
+                    hard,
+                };
+                in_batch_softmax(&t, in_batch_logits(&t))
             };
-            in_batch_softmax(&t, in_batch_logits(&t))
-        };
-        let (l0, g) = loss(&us, &v, &u);
-        assert!(g.us[b * d..].iter().chain(&g.u[b * d..]).all(|x| *x == 0.0));
-        let eps = 1e-3f32;
-        for (which, k) in [(0, 1), (1, 3), (1, 9), (2, 0)] {
-            let bump = |s: f32| {
-                let (mut a, mut c, mut e) = (us.clone(), v.clone(), u.clone());
-                [&mut a, &mut c, &mut e][which][k] += s;
-                loss(&a, &c, &e).0 as f64
-            };
-            let numeric = (bump(eps) - bump(-eps)) / (2.0 * eps as f64);
-            let analytic = [&g.us, &g.v, &g.u][which][k] as f64;
-            assert!(
-                (numeric - analytic).abs() < 2e-3,
-                "{which}/{k}: {numeric} vs {analytic} (loss {l0})"
-            );
+            let (l0, g) = loss(&us, &v, &u);
+            assert!(g.us[b * d..].iter().chain(&g.u[b * d..]).all(|x| *x == 0.0));
+            let eps = 1e-3f32;
+            for (which, k) in [(0, 1), (0, 2), (1, 3), (1, 7), (1, 9), (2, 0)] {
+                let bump = |s: f32| {
+                    let (mut a, mut c, mut e) = (us.clone(), v.clone(), u.clone());
+                    [&mut a, &mut c, &mut e][which][k] += s;
+                    loss(&a, &c, &e).0 as f64
+                };
+                let numeric = (bump(eps) - bump(-eps)) / (2.0 * eps as f64);
+                let analytic = [&g.us, &g.v, &g.u][which][k] as f64;
+                assert!(
+                    (numeric - analytic).abs() < 2e-3,
+                    "{hard:?} {which}/{k}: {numeric} vs {analytic} (loss {l0})"
+                );
+            }
         }
+        let t = Towers {
+            us: &us,
+            v: &v,
+            u: &u,
+            d,
+            users: b,
+            weights: None,
+            hard: &[(1, 3), (1, 4)],
+        };
+        let l = in_batch_logits(&t);
+        assert_eq!((l.len(), l[3], l[4]), (2 * 5, NO_HARD_NEGATIVE, NO_HARD_NEGATIVE));
+        let dot = |i: usize, r: usize| (0..d).map(|c| us[i * d + c] * v[r * d + c]).sum::<f32>();
+        assert_eq!((l[8], l[9]), (dot(1, 3), dot(1, 4)));
+    }
+
+    /// Ranks over all items, the batch's, and the own with the sampled.
+    #[test]
+    fn ranks_count_every_item_above_the_own_one() {
         // User 0 against items [own, other, s1, s2, s3]: [3, 1, 5, 3, 0];
         // user 1 against [other, own, s1, s2, s3]: [5, 2, 2, 3, 4].
         let l = [3.0, 1.0, 5.0, 3.0, 0.0, 5.0, 2.0, 2.0, 3.0, 4.0];

@@ -23,7 +23,7 @@ pub use params::{ParamSpec, ParamStore};
 
 use crate::config::model_plan::{FeatureGroup, SeqAttention};
 use crate::config::typed::{EmbeddingInit, FeatureKind, LossKind, SeqCombiner, Task, TrainingPlan};
-use crate::features::Encoder;
+use crate::features::{Batch, Encoder};
 use crate::util::Rng;
 
 /// One feature's columns inside a group's input matrix.
@@ -590,17 +590,10 @@ impl Model {
     }
 
     /// Training-mode loss and gradients of a batch on the CPU executor, from
-    /// group input matrices `[b, width]` and the batch's label fields (of
-    /// its examples, the rows before any sampled items): the tasks' losses
-    /// weighted and summed, each example weighing `weights` (the config's
-    /// sample weights) where given. Dropout masks come from `rng`.
-    pub fn loss_and_grads(
-        &self,
-        x: &[Vec<f32>],
-        (labels, weights): (&[Vec<f32>], Option<&[f32]>),
-        tasks: &[Task],
-        rng: &mut Rng,
-    ) -> PassGrads {
+    /// group input matrices `[b, width]` and the batch's `Targets`: the
+    /// tasks' losses weighted and summed. Dropout masks come from `rng`.
+    pub fn loss_and_grads(&self, x: &[Vec<f32>], targets: Targets, tasks: &[Task], rng: &mut Rng) -> PassGrads {
+        let Targets { labels, weights, .. } = targets;
         let b = self.rows_of(x);
         let users = labels.first().map_or(b, Vec::len);
         let mut bn_stats = Vec::new();
@@ -614,7 +607,7 @@ impl Model {
         let mut seeds = Vec::new();
         for (t, out) in tasks.iter().zip(self.task_outputs(tasks)) {
             if t.in_batch() {
-                let ([us, v, u], towers) = self.towers(&tape, users, weights);
+                let ([us, v, u], towers) = self.towers(&tape, users, targets);
                 let (l, gr) = kernels::in_batch_softmax(&towers, kernels::in_batch_logits(&towers));
                 let w = t.weight;
                 loss += w * l;
@@ -683,7 +676,7 @@ impl Model {
         &self,
         tape: &'t cpu::Tape,
         users: usize,
-        weights: Option<&'t [f32]>,
+        targets: Targets<'t>,
     ) -> ([NodeId; 3], kernels::Towers<'t>) {
         let [us, v, u] = self.tower_outputs();
         let towers = kernels::Towers {
@@ -692,7 +685,8 @@ impl Model {
             u: tape.value(u),
             d: self.graph.width(v),
             users,
-            weights,
+            weights: targets.weights,
+            hard: targets.hard_negatives,
         };
         ([us, v, u], towers)
     }
@@ -700,12 +694,8 @@ impl Model {
     /// Inference-mode scores of a labelled batch's examples for each task,
     /// with the task's batch loss and, for in-batch tasks, each user's
     /// ranks of its own item (`kernels::in_batch_ranks`).
-    pub fn evaluate_batch(
-        &self,
-        x: &[Vec<f32>],
-        (labels, weights): (&[Vec<f32>], Option<&[f32]>),
-        tasks: &[Task],
-    ) -> Vec<BatchEval> {
+    pub fn evaluate_batch(&self, x: &[Vec<f32>], targets: Targets, tasks: &[Task]) -> Vec<BatchEval> {
+        let Targets { labels, weights, .. } = targets;
         let b = self.rows_of(x);
         let users = labels.first().map_or(b, Vec::len);
         if users == 0 {
@@ -735,7 +725,7 @@ impl Model {
                         ranks: Vec::new(),
                     };
                 }
-                let (_, towers) = self.towers(&tape, users, weights);
+                let (_, towers) = self.towers(&tape, users, targets);
                 let logits = kernels::in_batch_logits(&towers);
                 BatchEval {
                     scores,
@@ -758,6 +748,26 @@ impl Model {
             .zip(self.task_outputs(tasks))
             .map(|(t, n)| TaskScores::from_logits(t, tape.value(n).to_vec()))
             .collect()
+    }
+}
+
+/// What a batch's losses compare the model's outputs with: its examples'
+/// label fields and sample weights (`data_config.sample_weight`), and
+/// which sampled rows are whose hard negatives.
+#[derive(Debug, Clone, Copy)]
+pub struct Targets<'a> {
+    pub labels: &'a [Vec<f32>],
+    pub weights: Option<&'a [f32]>,
+    pub hard_negatives: &'a [(usize, usize)],
+}
+
+impl<'a> Targets<'a> {
+    pub fn of(batch: &'a Batch) -> Self {
+        Targets {
+            labels: &batch.labels,
+            weights: batch.weights.as_deref(),
+            hard_negatives: &batch.hard_negatives,
+        }
     }
 }
 

@@ -6,7 +6,9 @@ use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use super::graph::{BnStats, Graph, Op, BN_EPS, L2_EPS, LN_EPS, VD_EPS, VD_TEMP};
+use super::kernels::NO_HARD_NEGATIVE;
 use super::params::{to_vec, ParamStore};
+use super::Targets;
 use crate::config::model_plan::Activation;
 use crate::config::tasks::{LossTermKind, Task};
 use crate::config::typed::LossKind;
@@ -264,22 +266,55 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
 
 /// A match model's in-batch softmax on the reference executor, the oracle
 /// of `kernels::in_batch_softmax`: `us`, `v`, `u` are `[n, d]`, their
-/// first `users` rows examples (weighing `weights`, else 1) and the rest
-/// sampled items.
-pub fn in_batch_loss_of(us: Tensor<2>, v: Tensor<2>, u: Tensor<2>, users: usize, weights: Option<&[f32]>) -> Tensor<1> {
-    let (b, n) = (users, v.dims()[0]);
+/// first `targets.labels` rows examples (weighing `targets.weights`, else
+/// 1) and the rest sampled items, the last of them hard negatives.
+pub fn in_batch_loss_of(us: Tensor<2>, v: Tensor<2>, u: Tensor<2>, targets: Targets) -> Tensor<1> {
+    let b = targets.labels.first().map_or(0, Vec::len);
+    let hard = targets.hard_negatives;
+    let rows = v.dims()[0];
+    let shared = rows - hard.len();
     let device = us.device();
-    let us = us.narrow(0, 0, b);
-    let logits = us.matmul(v.clone().swap_dims(0, 1));
+    let constant =
+        |values: Vec<f32>, shape: [usize; 2]| Tensor::<2>::from_data(TensorData::new(values, shape), &device);
+    let mut logits = us
+        .clone()
+        .narrow(0, 0, b)
+        .matmul(v.clone().narrow(0, 0, shared).swap_dims(0, 1));
+    if !hard.is_empty() {
+        // Each pair's score, gathered and scattered by one-hot matrices
+        // into its user's row; the empty places hold the mask.
+        let mut count = vec![0usize; b];
+        let mut slot = Vec::with_capacity(hard.len());
+        for &(i, _) in hard {
+            slot.push(count[i]);
+            count[i] += 1;
+        }
+        let most = count.iter().copied().max().unwrap_or(0);
+        let k = hard.len();
+        let one_hot = |at: &dyn Fn(usize) -> usize, width: usize| {
+            let mut m = vec![0.0f32; k * width];
+            (0..k).for_each(|j| m[j * width + at(j)] = 1.0);
+            constant(m, [k, width])
+        };
+        let pick_u = one_hot(&|j| hard[j].0, rows);
+        let pick_v = one_hot(&|j| hard[j].1, rows);
+        let scores = (pick_u.matmul(us.clone()) * pick_v.matmul(v.clone())).sum_dim(1);
+        let place = one_hot(&|j| hard[j].0 * most + slot[j], b * most).swap_dims(0, 1);
+        let mut mask = vec![NO_HARD_NEGATIVE; b * most];
+        for (j, &(i, _)) in hard.iter().enumerate() {
+            mask[i * most + slot[j]] = 0.0;
+        }
+        let hard_logits = place.matmul(scores).reshape([b, most]) + constant(mask, [b, most]);
+        logits = Tensor::cat(vec![logits, hard_logits], 1);
+    }
+    let n = logits.dims()[1];
     let eye: Vec<f32> = (0..b * n).map(|k| f32::from(u8::from(k / n == k % n))).collect();
-    let eye = Tensor::<2>::from_data(TensorData::new(eye, [b, n]), &device);
-    let hit = (softmax(logits, 1) * eye).sum_dim(1);
+    let hit = (softmax(logits, 1) * constant(eye, [b, n])).sum_dim(1);
     let ce = hit.add_scalar(1e-12).log().neg();
     let reg = (u.narrow(0, 0, b) * v.narrow(0, 0, b)).sum_dim(1).neg().clamp_min(0.0);
-    let w = weights.map_or_else(|| vec![1.0; b], <[f32]>::to_vec);
+    let w = targets.weights.map_or_else(|| vec![1.0; b], <[f32]>::to_vec);
     let mass: f32 = w.iter().sum();
-    let w = Tensor::<2>::from_data(TensorData::new(w, [b, 1]), &device);
-    ((ce + reg) * w).sum().div_scalar(mass)
+    ((ce + reg) * constant(w, [b, 1])).sum().div_scalar(mass)
 }
 
 /// A loss with EasyRec's sample weights on the reference executor, the

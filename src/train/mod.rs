@@ -192,16 +192,17 @@ impl Trainer {
         let mut index = skip_batches;
         Ok(Prefetch::start(spec, p.prefetch_size.min(8), move |raw| {
             let mut raw = raw.part(slice.0, slice.1);
-            let sampled = match &sampling {
+            let appended = match &sampling {
                 Some((s, n)) => {
                     let mut rng = crate::util::Rng::new(seed ^ crate::util::mix64(index));
                     index += 1;
                     s.append(&mut raw, &enc.projection, *n, &mut rng)?
                 }
-                None => 0,
+                None => Default::default(),
             };
             let mut batch = enc.encode(&raw)?;
-            batch.mark_sampled(sampled);
+            batch.mark_sampled(appended.rows);
+            batch.hard_negatives = appended.hard;
             Ok(batch)
         }))
     }
@@ -216,7 +217,7 @@ impl Trainer {
             let inputs = self.group_inputs(&batch);
             let evals = self
                 .model
-                .evaluate_batch(&inputs, (&batch.labels, batch.weights.as_deref()), tasks);
+                .evaluate_batch(&inputs, crate::model::Targets::of(&batch), tasks);
             for ((e, t), ev) in st.iter_mut().zip(tasks).zip(evals) {
                 e.merge(EvalState {
                     preds: ev.scores.scores,

@@ -102,12 +102,9 @@ impl Trainer {
     /// the CPU executor.
     pub fn loss_and_grads(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
         let mut rng = self.dropout_rng();
-        let g = self.model.loss_and_grads(
-            inputs,
-            (&batch.labels, batch.weights.as_deref()),
-            &self.plan.tasks,
-            &mut rng,
-        );
+        let g = self
+            .model
+            .loss_and_grads(inputs, crate::model::Targets::of(batch), &self.plan.tasks, &mut rng);
         Grads {
             loss: g.loss,
             dense: g.dense,
@@ -157,8 +154,8 @@ impl Trainer {
             .map(|t| {
                 if t.in_batch() {
                     let [us, v, u] = self.model.tower_outputs().map(|n| values[n.0].clone());
-                    let w = batch.weights.as_deref();
-                    return reference::in_batch_loss_of(us, v, u, batch.examples(), w).mul_scalar(t.weight);
+                    let targets = crate::model::Targets::of(batch);
+                    return reference::in_batch_loss_of(us, v, u, targets).mul_scalar(t.weight);
                 }
                 let out = self
                     .model
