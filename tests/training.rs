@@ -1363,3 +1363,31 @@ fn sampled_dssm(dir: &Path, sampler: &str) -> Trainer {
     let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
     Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap()
 }
+
+/// `freeze_gradient`: the variables a pattern matches (by TensorFlow name)
+/// keep their values through training while the others move.
+#[test]
+fn frozen_variables_keep_their_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let block = model_block("DeepFM").replace(
+        "model_config {",
+        r#"train_config { freeze_gradient: ["c1_embedding/embedding_weights", "dnn_0/kernel:0$"] }
+model_config {"#,
+    );
+    let mut t = trainer_of(dir.path(), "DeepFM frozen", &block);
+    let names = rustrec::model::names::table_variables(&t.plan, &t.model);
+    assert_eq!(t.frozen.tables, names.iter().map(|n| n.contains("c1_embedding")).collect::<Vec<_>>());
+    assert!(t.frozen.tables.contains(&true) && t.frozen.dense.contains(&true));
+    let (tables0, dense0) = (
+        t.embeddings.tables.iter().map(|x| x.weights.clone()).collect::<Vec<_>>(),
+        t.model.params.values.clone(),
+    );
+    t.run().unwrap();
+    for ((table, before), frozen) in t.embeddings.tables.iter().zip(&tables0).zip(&t.frozen.tables) {
+        assert_eq!(table.weights == *before, *frozen, "{}", table.name);
+    }
+    for (s, frozen) in t.model.params.specs.iter().zip(&t.frozen.dense) {
+        let (now, then) = (&t.model.params.values[s.range()], &dense0[s.range()]);
+        assert_eq!(now == then, *frozen, "{}", s.name);
+    }
+}

@@ -593,6 +593,9 @@ pub struct TrainingPlan {
     /// `data_config.negative_sampler`: items appended to every batch as
     /// negatives of a match model's users.
     pub negative_sampling: Option<NegativeSampling>,
+    /// `train_config.freeze_gradient`: regular expressions; a variable whose
+    /// TensorFlow name (`deep/dnn_0/kernel:0`) one matches is not trained.
+    pub freeze_gradient: Vec<String>,
     /// `data_config.sample_weight`: the field that weighs each example's
     /// loss (TensorFlow's losses divide the weighted sum by the count of
     /// non-zero weights; a match model's listwise loss by their sum).
@@ -669,6 +672,19 @@ pub struct NegativeSampling {
     pub attr_delimiter: String,
     pub draw: SampleDraw,
     pub users: Option<SamplerUsers>,
+}
+
+/// `train_config.freeze_gradient`, each a valid regular expression.
+fn freeze_patterns(patterns: &[String]) -> Result<Vec<String>, ConfigError> {
+    for (i, p) in patterns.iter().enumerate() {
+        if let Err(e) = regex::Regex::new(p) {
+            return Err(ConfigError::invalid(
+                format!("train_config.freeze_gradient[{i}]"),
+                format!("`{p}` is not a regular expression: {e}"),
+            ));
+        }
+    }
+    Ok(patterns.to_vec())
 }
 
 /// `data_config`'s sampler, checked against its input fields.
@@ -1071,6 +1087,7 @@ impl TrainingPlan {
             variational_dropout: variational_dropout(model)?,
             negative_sampling,
             sample_weight,
+            freeze_gradient: freeze_patterns(&train.freeze_gradient)?,
             shuffle: data.shuffle(),
             shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
             prefetch_size: data.prefetch_size().max(1) as usize,
@@ -1179,17 +1196,12 @@ fn variational_dropout(model: &proto::EasyRecModel) -> Result<Option<Variational
 /// hints, such as thread counts, `protocol` or `write_graph`, change no
 /// result and are accepted; the README lists them.)
 fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
-    let set: [(&str, &str, bool); 5] = [
+    let set: [(&str, &str, bool); 4] = [
         ("is_profiling", "profiling", train.is_profiling()),
         (
             "incr_save_config",
             "incremental saving",
             train.incr_save_config.is_some(),
-        ),
-        (
-            "freeze_gradient",
-            "freezing variables",
-            !train.freeze_gradient.is_empty(),
         ),
         (
             "force_restore_shape_compatible",

@@ -1,6 +1,7 @@
 //! Training: the trainer state (tables, dense model, optimizer slots, global
 //! step), its checkpoints, evaluation, and the step loop.
 
+pub mod freeze;
 pub mod run;
 pub mod state;
 pub mod step;
@@ -49,6 +50,8 @@ pub struct Trainer {
     pub comm: Rc<dyn Communicator>,
     /// Draws the negatives appended to training and evaluation batches.
     pub sampler: Option<NegativeSampler>,
+    /// `train_config.freeze_gradient`'s variables, which are not trained.
+    pub frozen: freeze::Frozen,
 }
 
 impl Trainer {
@@ -107,7 +110,13 @@ impl Trainer {
             .as_ref()
             .map(|s| NegativeSampler::new(s, &enc.projection))
             .transpose()?;
+        let frozen = freeze::Frozen::of(
+            &plan.freeze_gradient,
+            &model.params.specs,
+            &crate::model::names::table_variables(&plan, &model),
+        );
         Ok(Trainer {
+            frozen,
             plan,
             enc,
             model,

@@ -261,9 +261,13 @@ impl Trainer {
                 .embeddings
                 .regularize(&self.model.groups, &inputs, &mut input_grads, emb_reg);
         }
-        let row_grads = self
+        let mut row_grads = self
             .embeddings
             .backward(&self.model.groups, batch, &input_grads, &*self.comm);
+        if self.frozen.any() {
+            self.frozen
+                .clear(&self.model.params.specs, &mut dense_grad, &mut row_grads);
+        }
 
         // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
         let table_sq = self.embeddings.squared_norm(&row_grads, &*self.comm);
@@ -291,8 +295,15 @@ impl Trainer {
             dense_grad.iter_mut().for_each(|g| *g *= scale);
         }
         let n = self.model.params.values.len();
-        let slots = self.dense_state.view(0..n);
-        dense_rule.apply_parallel(&mut self.model.params.values, &dense_grad, slots);
+        if self.frozen.any() {
+            for r in self.frozen.trained_ranges(&self.model.params.specs) {
+                let slots = self.dense_state.view(r.clone());
+                dense_rule.apply_parallel(&mut self.model.params.values[r.clone()], &dense_grad[r], slots);
+            }
+        } else {
+            let slots = self.dense_state.view(0..n);
+            dense_rule.apply_parallel(&mut self.model.params.values, &dense_grad, slots);
+        }
         self.embeddings
             .apply(&row_grads, &self.plan.optimizers, self.step, scale);
         if let Some(name) = self.non_finite_parameter(&row_grads) {
