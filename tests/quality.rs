@@ -229,6 +229,39 @@ fn movielens_100k_multi_task_models_learn_both_tasks() {
     }
 }
 
+/// ESMM with `like` as the click and `love` (only a liked movie is loved)
+/// as the conversion: the CTR tower learns `like`, the product `love`, and
+/// the CVR tower tells the loved among the liked.
+#[test]
+fn movielens_100k_esmm_learns_click_and_conversion() {
+    let data = tempfile::tempdir().unwrap();
+    let src = common::shared_dir().join("data/real/ml-100k");
+    rustrec::datagen::prepare_movielens(&src, data.path(), 0.2, 1).unwrap();
+    let (train_csv, eval_csv) = (data.path().join("train.csv"), data.path().join("eval.csv"));
+    let dir = tempfile::tempdir().unwrap();
+    let result = train("samples/esmm_ml100k.config", &train_csv, &eval_csv, dir.path(), &[]);
+    let auc = |k: &str| result[k].as_f64().unwrap_or(f64::NAN);
+    assert!(
+        auc("auc_like") >= 0.73 && auc("auc_ctcvr") >= 0.75 && auc("auc_love_masked") >= 0.65,
+        "{result}"
+    );
+    for key in ["loss", "loss_ctcvr", "loss_like"] {
+        assert!(result[key].as_f64().is_some_and(f64::is_finite), "{key} in {result}");
+    }
+    assert!(result.get("loss_love_masked").is_none(), "{result}");
+    assert_eq!(
+        exported_outputs(dir.path()),
+        serde_json::json!([
+            "logits_ctcvr",
+            "probs_ctcvr",
+            "logits_like",
+            "probs_like",
+            "logits_love",
+            "probs_love"
+        ])
+    );
+}
+
 #[test]
 fn criteo_shaped_data_dlrm_and_wide_and_deep_approach_the_planted_auc() {
     let data = tempfile::tempdir().unwrap();

@@ -124,6 +124,14 @@ model_config { model_class: "DeepFM"
     task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [8, 4] } }
     task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] use_bn: false } weight: 0.5 } } }"#
         }
+        "ESMM" => {
+            r#"model_config { model_class: "ESMM"
+  feature_groups { group_name: "user" feature_names: ["d1", "c1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["d2", "c2"] }
+  esmm { groups { input: "user" dnn { hidden_units: [8] } } groups { input: "item" dnn { hidden_units: [6] use_bn: false } }
+         cvr_tower { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } weight: 0.7 }
+         ctr_tower { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] use_bn: false } } } }"#
+        }
         "DBMTL" => {
             r#"model_config { model_class: "DBMTL"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
@@ -214,7 +222,7 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 33] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 34] = [
     (
         "DSSM_SENet, in-batch softmax over inner products (raw values keep the user embedding off zero)",
         r#"model_config { model_class: "DSSM_SENet"
@@ -549,6 +557,13 @@ model_config { model_class: "DBMTL"
           task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
           task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
     ),
+    (
+        "ESMM over the all group",
+        r#"model_config { model_class: "ESMM"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  esmm { cvr_tower { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [6, 4] use_bn: false } }
+         ctr_tower { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] use_bn: false } weight: 2.0 } } }"#,
+    ),
 ];
 
 fn write_data(path: &Path, rows: usize, seed: u64) {
@@ -612,8 +627,9 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 17] = [
+const MODELS: [&str; 18] = [
     "PLE",
+    "ESMM",
     "SimpleMultiTask",
     "WideAndDeep",
     "DLRM",
@@ -1376,10 +1392,17 @@ model_config {"#,
     );
     let mut t = trainer_of(dir.path(), "DeepFM frozen", &block);
     let names = rustrec::model::names::table_variables(&t.plan, &t.model);
-    assert_eq!(t.frozen.tables, names.iter().map(|n| n.contains("c1_embedding")).collect::<Vec<_>>());
+    assert_eq!(
+        t.frozen.tables,
+        names.iter().map(|n| n.contains("c1_embedding")).collect::<Vec<_>>()
+    );
     assert!(t.frozen.tables.contains(&true) && t.frozen.dense.contains(&true));
     let (tables0, dense0) = (
-        t.embeddings.tables.iter().map(|x| x.weights.clone()).collect::<Vec<_>>(),
+        t.embeddings
+            .tables
+            .iter()
+            .map(|x| x.weights.clone())
+            .collect::<Vec<_>>(),
         t.model.params.values.clone(),
     );
     t.run().unwrap();

@@ -121,6 +121,17 @@ pub enum Arch {
         experts: Vec<DnnSpec>,
         towers: Vec<TaskTower>,
     },
+    /// ESMM: each of `groups` (a feature group and its DNN) or, without
+    /// them, the `all` group, concatenated, feeds the CVR and the CTR tower
+    /// (a DNN, then `<tower>/dnn_output`); `logits_ctcvr` is the logit of
+    /// their probabilities' product. `labels`: the CVR and CTR tasks' label
+    /// fields, whose product the CTCVR task trains on.
+    Esmm {
+        groups: Vec<(String, DnnSpec)>,
+        cvr: TaskTower,
+        ctr: TaskTower,
+        labels: (usize, usize),
+    },
     /// Progressive layered extraction over the `all` group: per level,
     /// experts of each task and shared experts, each task's gate mixing
     /// its own and the shared ones (and, below the last level, a shared
@@ -355,6 +366,11 @@ pub fn arch(
             let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
             let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
             (Arch::Mmoe { experts: ex, towers }, x.l2_regularization, Some(tasks))
+        }
+        Some(M::Esmm(x)) => {
+            let path = format!("{m}.esmm");
+            let (arch, tasks) = esmm(x, &path, label_fields, model.backbone.is_some())?;
+            (arch, x.l2_regularization, Some(tasks))
         }
         Some(M::Ple(x)) => {
             let path = format!("{m}.ple");
@@ -663,6 +679,81 @@ fn single_task_arch(
             ))
         }
     })
+}
+
+/// ESMM's architecture and tasks: the CTCVR task (`probs_ctcvr` against
+/// the product of the CVR and CTR labels, weighted as the CVR tower) and
+/// the CTR task, both summed over the batch as EasyRec's losses are, then
+/// the CVR tower evaluated only where the CTR label is positive
+/// (`auc_cvr_masked`). The CTCVR label is label field `label_fields.len()`.
+fn esmm(
+    x: &proto::Esmm,
+    path: &str,
+    label_fields: &[String],
+    backbone: bool,
+) -> Result<(Arch, Vec<Task>), ConfigError> {
+    if backbone {
+        return Err(ConfigError::unsupported(
+            "model_config.backbone",
+            "ESMM over a backbone",
+        ));
+    }
+    let groups = x
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| Ok((g.input.clone(), dnn(&g.dnn, &format!("{path}.groups[{i}].dnn"))?)))
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    // EasyRec's tower order: the CVR (main) tower, then the CTR one.
+    let fields = [TowerFields::from(&x.cvr_tower), TowerFields::from(&x.ctr_tower)];
+    for (t, name) in [(&x.cvr_tower, "cvr_tower"), (&x.ctr_tower, "ctr_tower")] {
+        if t.loss_type() != proto::LossType::Classification {
+            return Err(ConfigError::unsupported(
+                format!("{path}.{name}.loss_type"),
+                format!("an ESMM tower trained by {}", t.loss_type().as_str_name()),
+            ));
+        }
+        if !t.losses.is_empty() {
+            return Err(ConfigError::unsupported(
+                format!("{path}.{name}.losses"),
+                "a losses list on an ESMM tower (EasyRec's ESMM trains loss_type)",
+            ));
+        }
+        if t.dnn.is_none() {
+            return Err(ConfigError::invalid(
+                format!("{path}.{name}.dnn"),
+                "an ESMM tower needs its dnn",
+            ));
+        }
+    }
+    let (mut towers, tasks) = task_towers(&fields, path, label_fields)?;
+    let (ctr, cvr) = (towers.pop().expect("two towers"), towers.pop().expect("two towers"));
+    let [cvr_task, ctr_task]: [Task; 2] = tasks.try_into().expect("two tasks");
+    let labels = (cvr_task.label, ctr_task.label);
+    let ctcvr = Task {
+        name: "ctcvr".into(),
+        label: label_fields.len(),
+        summed: true,
+        ..cvr_task.clone()
+    };
+    let masked = Task {
+        weight: 0.0,
+        masked_by: Some(ctr_task.label),
+        ..cvr_task
+    };
+    let ctr_task = Task {
+        summed: true,
+        ..ctr_task
+    };
+    Ok((
+        Arch::Esmm {
+            groups,
+            cvr,
+            ctr,
+            labels,
+        },
+        vec![ctcvr, ctr_task, masked],
+    ))
 }
 
 /// DSSM's towers and similarity (`path`: where `d` sits in the config).

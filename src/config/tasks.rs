@@ -20,6 +20,11 @@ pub struct Task {
     /// sum instead of `loss`'s (which still decides the scores' kind).
     pub terms: Vec<LossTerm>,
     pub metrics: Vec<Metric>,
+    /// The batch loss sums its rows instead of averaging them (ESMM's).
+    pub summed: bool,
+    /// Evaluated only, on the rows whose label at this index is > 0, and
+    /// not trained (ESMM's masked CVR, `auc_cvr_masked`).
+    pub masked_by: Option<usize>,
 }
 
 /// One entry of `model_config.losses`, times its `weight`.
@@ -152,6 +157,20 @@ impl Task {
         } else {
             format!("_{}", self.name)
         }
+    }
+
+    /// What EasyRec appends to this task's metrics: the suffix, then
+    /// `_masked` for a masked task.
+    pub fn metric_suffix(&self) -> String {
+        match self.masked_by {
+            Some(_) => format!("{}_masked", self.suffix()),
+            None => self.suffix(),
+        }
+    }
+
+    /// Whether the task's loss is trained (a masked task is evaluated only).
+    pub fn trained(&self) -> bool {
+        self.masked_by.is_none()
     }
 
     /// The model graph output holding this task's logits.
@@ -378,6 +397,8 @@ pub fn task_towers(
             weight: t.weight,
             loss,
             metrics: metric_list(t.metrics, &format!("{p}.metrics_set"))?,
+            summed: false,
+            masked_by: None,
         });
     }
     Ok((layers, tasks))

@@ -256,6 +256,7 @@ pub enum ModelKind {
     Dbmtl,
     /// A tower per task over the `all` group.
     SimpleMultiTask,
+    Esmm,
     /// Progressive layered extraction.
     Ple,
     /// A `backbone` DAG with EasyRec's rank head.
@@ -584,6 +585,9 @@ pub struct TrainingPlan {
     /// Input columns in file order (CSV) or by name (Parquet).
     pub fields: Vec<InputField>,
     pub label_fields: Vec<String>,
+    /// Labels made of two label fields' product (indices into
+    /// `label_fields`), after them: ESMM's CTCVR label.
+    pub label_products: Vec<(usize, usize)>,
     pub groups: Vec<FeatureGroup>,
     pub arch: Arch,
     pub l2_regularization: f32,
@@ -921,6 +925,7 @@ impl TrainingPlan {
             "MultiTower" => ModelKind::MultiTower,
             "MultiTowerDIN" => ModelKind::MultiTowerDin,
             "MMoE" => ModelKind::Mmoe,
+            "ESMM" => ModelKind::Esmm,
             "DBMTL" => ModelKind::Dbmtl,
             "SimpleMultiTask" => ModelKind::SimpleMultiTask,
             "PLE" => ModelKind::Ple,
@@ -932,7 +937,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
                 })
             }
         };
@@ -1065,6 +1070,8 @@ impl TrainingPlan {
                     loss,
                     terms: super::tasks::loss_terms(model, loss)?,
                     metrics,
+                    summed: false,
+                    masked_by: None,
                 }]
             }
         };
@@ -1080,6 +1087,10 @@ impl TrainingPlan {
             memory: super::sizes::Claims::of(cfg, optimizer_slots(kind, &optimizers))?,
             fields: model_plan::input_fields(&data)?,
             label_fields: data.label_fields.clone(),
+            label_products: match &arch {
+                Arch::Esmm { labels, .. } => vec![*labels],
+                _ => Vec::new(),
+            },
             groups,
             arch,
             l2_regularization,

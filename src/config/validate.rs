@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 13] = [
+pub const MODEL_BLOCKS: [(&str, &str); 14] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -80,6 +80,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 13] = [
     ("AutoInt", "autoint"),
     ("DLRM", "dlrm"),
     ("MMoE", "mmoe"),
+    ("ESMM", "esmm"),
     ("DBMTL", "dbmtl"),
     ("SimpleMultiTask", "simple_multi_task"),
     ("PLE", "ple"),
@@ -100,6 +101,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Autoint(_) => "autoint",
         Dlrm(_) => "dlrm",
         Mmoe(_) => "mmoe",
+        Esmm(_) => "esmm",
         Dbmtl(_) => "dbmtl",
         SimpleMultiTask(_) => "simple_multi_task",
         Ple(_) => "ple",

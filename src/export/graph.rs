@@ -515,6 +515,26 @@ impl Builder<'_> {
                 }
                 Op::LayerNorm { x, gamma, beta } => self.layer_norm(&v[x.0], (*gamma, *beta)),
                 Op::Sub(a, c) => self.g.op("Sub", &[&v[a.0], &v[c.0]]),
+                Op::ProductLogit { a, b: c } => {
+                    // −(m + log Σ exp(z − m)) over z = (−a, −c, −a−c).
+                    let (x, y) = (self.g.op("Neg", &[&v[a.0]]), self.g.op("Neg", &[&v[c.0]]));
+                    let xy = self.g.op("Add", &[&x, &y]);
+                    let z = self
+                        .g
+                        .node("Concat", &[&x, &y, &xy], vec![("axis", Attr::Int(1))], None);
+                    let m = self.g.node(
+                        "ReduceMax",
+                        &[&z],
+                        vec![("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(1))],
+                        None,
+                    );
+                    let e = self.g.op("Sub", &[&z, &m]);
+                    let e = self.g.op("Exp", &[&e]);
+                    let s = self.reduce_sum(&e, 1, true);
+                    let l = self.g.op("Log", &[&s]);
+                    let l = self.g.op("Add", &[&l, &m]);
+                    self.g.op("Neg", &[&l])
+                }
                 Op::Tile { x, n } => {
                     let reps = self.g.i64s(&[2], &[1, *n as i64]);
                     let t = self.g.op("Tile", &[&v[x.0], &reps]);

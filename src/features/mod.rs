@@ -224,6 +224,8 @@ pub struct Encoder {
     /// must lie in [0, 1].
     binary_labels: Vec<bool>,
     uid_col: Option<usize>,
+    /// Labels appended as two labels' product (`TrainingPlan::label_products`).
+    label_products: Vec<(usize, usize)>,
     /// `data_config.sample_weight`'s column (training and evaluation).
     weight_col: Option<usize>,
 }
@@ -371,6 +373,11 @@ impl Encoder {
                 .collect(),
             uid_col,
             weight_col,
+            label_products: if with_label {
+                plan.label_products.clone()
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -416,6 +423,11 @@ impl Encoder {
                 ),
             })
             .collect::<anyhow::Result<Vec<Vec<f32>>>>()?;
+        let mut labels = labels;
+        for &(a, b) in &self.label_products {
+            let product = labels[a].iter().zip(&labels[b]).map(|(x, y)| x * y).collect();
+            labels.push(product);
+        }
         for (values, &c) in labels.iter().zip(&self.label_cols) {
             if let Some(v) = values.iter().find(|v| !v.is_finite()) {
                 bail!(

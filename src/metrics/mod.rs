@@ -201,10 +201,12 @@ pub fn report_tasks(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> 
     let total: f64 = tasks.iter().zip(states).map(|(t, s)| t.weight as f64 * s.loss()).sum();
     let mut out = vec![("loss".to_string(), total)];
     for (t, st) in tasks.iter().zip(states) {
-        let suffix = t.suffix();
+        let suffix = t.metric_suffix();
         out.extend(
             st.report(&t.metrics, t.classification())
                 .into_iter()
+                // A task that is not trained reports its metrics only.
+                .filter(|(k, _)| t.trained() || !matches!(k.as_str(), "loss" | "logloss"))
                 .map(|(k, v)| (format!("{k}{suffix}"), v)),
         );
     }

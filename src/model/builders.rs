@@ -89,6 +89,10 @@ pub fn build(
             b.ple(g_, scope, levels, towers)?;
             return Ok(g);
         }
+        Arch::Esmm { groups, cvr, ctr, .. } => {
+            b.esmm(g_, scope, groups, (cvr, ctr))?;
+            return Ok(g);
+        }
         Arch::Dbmtl {
             bottom,
             experts,
@@ -165,6 +169,10 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         } => named(&[deep_input.as_str(), cross_input.as_str()]),
         Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
         Arch::Mmoe { .. } | Arch::Ple { .. } | Arch::Dbmtl { .. } => named(&["all"]),
+        Arch::Esmm { groups, .. } if !groups.is_empty() => {
+            named(&groups.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
+        }
+        Arch::Esmm { .. } => named(&["all"]),
         Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } => Vec::new(),
         Arch::Dssm { .. } => named(&["user", "item"]),
     };
@@ -503,6 +511,42 @@ impl Builder<'_> {
             self.mixture(g, s, x, experts, towers.len())?
         };
         task_heads(g, s, towers, inputs);
+        Ok(())
+    }
+
+    /// EasyRec's ESMM: each group's DNN (`<group>/dnn_<i>`), or the `all`
+    /// group, concatenated into both towers (`<tower>/dnn_<i>`, then
+    /// `<tower>/dnn_output`): `logits_<cvr>`, `logits_<ctr>`, and
+    /// `logits_ctcvr`, the logit of their probabilities' product.
+    fn esmm(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        groups: &[(String, DnnSpec)],
+        (cvr, ctr): (&TaskTower, &TaskTower),
+    ) -> anyhow::Result<()> {
+        let all = if groups.is_empty() {
+            self.all_group("ESMM")?
+        } else {
+            let parts = groups
+                .iter()
+                .map(|(name, spec)| {
+                    let x = self.xs[self.group(name, "ESMM")?];
+                    Ok(s.dnn(g, x, name, spec))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            g.concat(&parts)
+        };
+        let mut logits = Vec::new();
+        for t in [cvr, ctr] {
+            let spec = t.dnn.as_ref().context("an ESMM tower has a dnn")?;
+            let h = s.dnn(g, all, &t.name, spec);
+            let z = s.dense(g, h, &format!("{}/dnn_output", t.name), 1, Activation::Linear);
+            g.output(&format!("logits_{}", t.name), z);
+            logits.push(z);
+        }
+        let ctcvr = g.product_logit(logits[0], logits[1]);
+        g.output("logits_ctcvr", ctcvr);
         Ok(())
     }
 

@@ -344,6 +344,15 @@ impl<'a> Tape<'a> {
                 let y = self.value(*a).iter().zip(self.value(*c)).map(|(x, y)| x - y).collect();
                 (y, Saved::None)
             }
+            Op::ProductLogit { a, b: c } => {
+                let y = self
+                    .value(*a)
+                    .iter()
+                    .zip(self.value(*c))
+                    .map(|(x, y)| kernels::product_logit(*x, *y).0)
+                    .collect();
+                (y, Saved::None)
+            }
             Op::L2Normalize { x } => {
                 let mut y = self.value(*x).to_vec();
                 let mut inv = vec![0.0f32; b];
@@ -772,6 +781,17 @@ impl<'a> Tape<'a> {
                         let s = factor * wv.abs();
                         accumulate(&mut grads, needs, *x, dy.iter().map(|d| d * s).collect());
                     }
+                }
+                Op::ProductLogit { a, b: c } => {
+                    let (va, vc) = (self.value(*a), self.value(*c));
+                    let (mut da, mut dc) = (vec![0.0f32; dy.len()], vec![0.0f32; dy.len()]);
+                    for (k, d) in dy.iter().enumerate() {
+                        let (_, sa, sc) = kernels::product_logit(va[k], vc[k]);
+                        da[k] = d * sa;
+                        dc[k] = d * sc;
+                    }
+                    accumulate(&mut grads, needs, *a, da);
+                    accumulate(&mut grads, needs, *c, dc);
                 }
                 Op::Sub(a, c) => {
                     if needs[c.0] {

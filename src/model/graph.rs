@@ -103,6 +103,12 @@ pub enum Op {
         w: usize,
         b: usize,
     },
+    /// ESMM's `logit(σ(a)·σ(b))` of two one-column logits, computed
+    /// stably as `−log(e^−a + e^−b + e^−(a+b))`.
+    ProductLogit {
+        a: NodeId,
+        b: NodeId,
+    },
     /// Softmax over the columns of each row.
     Softmax {
         x: NodeId,
@@ -215,7 +221,7 @@ impl Op {
             | Op::Scale { x, .. }
             | Op::VariationalDropout { x, .. }
             | Op::Softmax { x } => vec![*x],
-            Op::Sub(a, b) => vec![*a, *b],
+            Op::Sub(a, b) | Op::ProductLogit { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
             Op::AttnPool { w, x } => vec![*w, *x],
             Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
@@ -490,6 +496,15 @@ impl Graph {
                 *examples_only = a[i] && !b[i];
             }
         }
+    }
+
+    /// `Op::ProductLogit` of the one-column logits `a` and `b`.
+    pub fn product_logit(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        assert!(
+            self.width(a) == 1 && self.width(b) == 1,
+            "a product of two one-column logits"
+        );
+        self.push(Op::ProductLogit { a, b }, 1)
     }
 
     /// Names `x` an output: a task's logits (one column), or a value

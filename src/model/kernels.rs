@@ -469,6 +469,17 @@ pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f
 /// A task's batch loss and its gradient with respect to each logit: its
 /// `loss_type`'s mean loss, or with `model_config.losses` their weighted sum.
 pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32]) -> (f32, Vec<f32>) {
+    if task.summed {
+        // The sum over the rows: the mean's loss and slopes times the rows.
+        let unsummed = Task {
+            summed: false,
+            ..task.clone()
+        };
+        let (l, mut g) = task_loss_grad(&unsummed, logits, labels);
+        let n = logits.len() as f32;
+        g.iter_mut().for_each(|x| *x *= n);
+        return (l * n, g);
+    }
     if task.terms.is_empty() {
         return loss_grad(task.loss, logits, labels);
     }
@@ -599,6 +610,18 @@ impl Towers<'_> {
         let most = by.iter().map(Vec::len).max().unwrap_or(0);
         (by, most)
     }
+}
+
+/// `logit(σ(a)·σ(b)) = −log(e^−a + e^−b + e^−(a+b))` and its slopes in
+/// `a` and `b`: with `s` the softmax of `(−a, −b, −a−b)`, `s₁ + s₃` and
+/// `s₂ + s₃`.
+pub fn product_logit(a: f32, b: f32) -> (f32, f32, f32) {
+    let z = [-(a as f64), -(b as f64), -(a as f64) - b as f64];
+    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e = z.map(|v| (v - m).exp());
+    let sum: f64 = e.iter().sum();
+    let y = -(m + sum.ln());
+    ((y as f32), ((e[0] + e[2]) / sum) as f32, ((e[1] + e[2]) / sum) as f32)
 }
 
 /// What a hard-negative column holds for a user with fewer (EasyRec's
@@ -760,6 +783,8 @@ mod tests {
                 .map(|kind| crate::config::tasks::LossTerm { kind, weight: 1.5 })
                 .collect(),
             metrics: Vec::new(),
+            summed: false,
+            masked_by: None,
         }
     }
 
@@ -887,6 +912,25 @@ mod tests {
         // user 1 against [other, own, s1, s2, s3]: [5, 2, 2, 3, 4].
         let l = [3.0, 1.0, 5.0, 3.0, 0.0, 5.0, 2.0, 2.0, 3.0, 4.0];
         assert_eq!(in_batch_ranks(&l, 2), vec![[1, 0, 1], [3, 1, 2]]);
+    }
+
+    /// The product logit is the logit of the probabilities' product, also
+    /// where they saturate.
+    #[test]
+    fn product_logit_is_the_logit_of_the_product() {
+        for (a, b) in [(0.3f32, -1.2f32), (4.0, 3.0), (-30.0, 2.0), (60.0, 70.0)] {
+            let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+            let p = sig(a as f64) * sig(b as f64);
+            let (y, _, _) = product_logit(a, b);
+            let want = (p / (1.0 - p)).ln();
+            if want.is_finite() {
+                assert!(
+                    (y as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
+                    "{a} {b}: {y} vs {want}"
+                );
+            }
+            assert!(y.is_finite());
+        }
     }
 
     /// Sample weights: all 1 is the plain mean; otherwise the weighted sum

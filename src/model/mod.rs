@@ -606,6 +606,9 @@ impl Model {
         let mut loss = 0.0f32;
         let mut seeds = Vec::new();
         for (t, out) in tasks.iter().zip(self.task_outputs(tasks)) {
+            if !t.trained() {
+                continue;
+            }
             if t.in_batch() {
                 let ([us, v, u], towers) = self.towers(&tape, users, targets);
                 let (l, gr) = kernels::in_batch_softmax(&towers, kernels::in_batch_logits(&towers));

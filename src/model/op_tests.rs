@@ -70,6 +70,10 @@ fn cases() -> Vec<Case> {
             g.linear(x[1], s.params, w, None, Activation::Linear)
         }),
         case("batch norm+tanh", true, |g, s, x| s.batch_norm(g, x[0], "bn", tanh)),
+        case("product logit", true, |g, _, x| {
+            let (a, b) = (g.slice(x[0], 1, 1), g.slice(x[1], 4, 1));
+            g.product_logit(a, b)
+        }),
         case("batch norm over the examples", true, |g, s, x| {
             let y = s.batch_norm(g, x[0], "bn", tanh);
             if let Op::BatchNorm { examples_only, .. } = &mut g.nodes[y.0].op {

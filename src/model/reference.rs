@@ -181,6 +181,12 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             }
             Op::Zeros { .. } => ctx.constant(vec![0.0; b * width], b, width),
             Op::Sub(a, c) => v[a.0].clone() - v[c.0].clone(),
+            Op::ProductLogit { a, b: c } => {
+                let (x, y) = (v[a.0].clone().neg(), v[c.0].clone().neg());
+                let z = Tensor::cat(vec![x.clone(), y.clone(), x + y], 1);
+                let m = z.clone().max_dim(1).detach();
+                ((z - m.clone()).exp().sum_dim(1).log() + m).neg()
+            }
             Op::Tile { x, n } => {
                 let t: Tensor<3> = v[x.0].clone().reshape([b / n, 1, width]);
                 t.repeat_dim(1, *n).reshape([b, width])
@@ -350,6 +356,13 @@ fn sigmoid_ce(z: Tensor<2>, y: Tensor<2>) -> Tensor<2> {
 /// `kernels::task_loss_grad`: its `loss_type`'s, or the weighted sum of
 /// `model_config.losses`.
 pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32]) -> Tensor<1> {
+    if task.summed {
+        let unsummed = Task {
+            summed: false,
+            ..task.clone()
+        };
+        return task_loss_of(&unsummed, logits, label_values).mul_scalar(label_values.len() as f32);
+    }
     let device = logits.device();
     let b = label_values.len();
     let column = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device);

@@ -81,6 +81,13 @@ impl Trainer {
                 .into())
             }
         };
+        if comm.size() > 1 && plan.tasks.iter().any(|t| t.summed) {
+            return Err(ConfigError::unsupported(
+                "model_config.esmm",
+                "ESMM's losses summed over the batch on several ranks",
+            )
+            .into());
+        }
         let shards = if sharding.is_sharded() { comm.size() } else { 1 };
         plan.memory.check_here(shards)?;
         let uid = plan.gauc_uid_fields().next();
@@ -228,10 +235,32 @@ impl Trainer {
                 .model
                 .evaluate_batch(&inputs, crate::model::Targets::of(&batch), tasks);
             for ((e, t), ev) in st.iter_mut().zip(tasks).zip(evals) {
+                // A masked task counts the rows its mask label marks.
+                let kept = |v: &[f32]| -> Vec<f32> {
+                    match t.masked_by {
+                        Some(m) => v
+                            .iter()
+                            .zip(&batch.labels[m])
+                            .filter(|(_, y)| **y > 0.0)
+                            .map(|(x, _)| *x)
+                            .collect(),
+                        None => v.to_vec(),
+                    }
+                };
+                let uids = batch.uids.clone().unwrap_or_default();
+                let uids = match t.masked_by {
+                    Some(m) => uids
+                        .iter()
+                        .zip(&batch.labels[m])
+                        .filter(|(_, y)| **y > 0.0)
+                        .map(|(u, _)| *u)
+                        .collect(),
+                    None => uids,
+                };
                 e.merge(EvalState {
-                    preds: ev.scores.scores,
-                    labels: batch.labels[t.label].clone(),
-                    uids: batch.uids.clone().unwrap_or_default(),
+                    preds: kept(&ev.scores.scores),
+                    labels: kept(&batch.labels[t.label]),
+                    uids,
                     ranks: ev.ranks,
                     loss_sum: ev.loss * batch.examples() as f64,
                     batch_losses: vec![ev.loss],

@@ -151,6 +151,7 @@ impl Trainer {
             .plan
             .tasks
             .iter()
+            .filter(|t| t.trained())
             .map(|t| {
                 if t.in_batch() {
                     let [us, v, u] = self.model.tower_outputs().map(|n| values[n.0].clone());

@@ -176,6 +176,15 @@ model_config { model_class: "DeepFM"
          task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } } } }"#,
     ),
     (
+        "ESMM",
+        r#"model_config { model_class: "ESMM"
+  feature_groups { group_name: "user" feature_names: ["d1", "c1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["d2", "c2", "c4"] }
+  esmm { groups { input: "user" dnn { hidden_units: [8] } } groups { input: "item" dnn { hidden_units: [6] } }
+         cvr_tower { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [4] } }
+         ctr_tower { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
         "DBMTL",
         r#"model_config { model_class: "DBMTL"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
