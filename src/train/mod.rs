@@ -236,31 +236,11 @@ impl Trainer {
                 .evaluate_batch(&inputs, crate::model::Targets::of(&batch), tasks);
             for ((e, t), ev) in st.iter_mut().zip(tasks).zip(evals) {
                 // A masked task counts the rows its mask label marks.
-                let kept = |v: &[f32]| -> Vec<f32> {
-                    match t.masked_by {
-                        Some(m) => v
-                            .iter()
-                            .zip(&batch.labels[m])
-                            .filter(|(_, y)| **y > 0.0)
-                            .map(|(x, _)| *x)
-                            .collect(),
-                        None => v.to_vec(),
-                    }
-                };
-                let uids = batch.uids.clone().unwrap_or_default();
-                let uids = match t.masked_by {
-                    Some(m) => uids
-                        .iter()
-                        .zip(&batch.labels[m])
-                        .filter(|(_, y)| **y > 0.0)
-                        .map(|(u, _)| *u)
-                        .collect(),
-                    None => uids,
-                };
+                let mask = t.masked_by.map(|m| batch.labels[m].as_slice());
                 e.merge(EvalState {
-                    preds: kept(&ev.scores.scores),
-                    labels: kept(&batch.labels[t.label]),
-                    uids,
+                    preds: kept(&ev.scores.scores, mask),
+                    labels: kept(&batch.labels[t.label], mask),
+                    uids: kept(batch.uids.as_deref().unwrap_or_default(), mask),
                     ranks: ev.ranks,
                     loss_sum: ev.loss * batch.examples() as f64,
                     batch_losses: vec![ev.loss],
@@ -303,5 +283,13 @@ impl Trainer {
             .into());
         }
         Ok(st)
+    }
+}
+
+/// The values of `v` whose row `mask` marks (> 0), all without a mask.
+fn kept<T: Copy>(v: &[T], mask: Option<&[f32]>) -> Vec<T> {
+    match mask {
+        Some(m) => v.iter().zip(m).filter(|(_, y)| **y > 0.0).map(|(x, _)| *x).collect(),
+        None => v.to_vec(),
     }
 }
