@@ -387,6 +387,25 @@ fn damaged_export_dirs_give_clear_errors() {
 /// string per row (the features' input fields joined by the separator, as
 /// EasyRec's `features` placeholder), and scoring such rows gives the
 /// scores of the same rows read from the data file.
+/// The first evaluation batch of `t` (trained on `dir`'s `data.csv`) and the
+/// same rows as packed serving rows: the data's columns are label, d1..c4,
+/// label2, and a packed row drops the labels.
+fn eval_batch_and_packed_rows(t: &Trainer, dir: &Path) -> (rustrec::features::Batch, Vec<String>) {
+    let batch = t
+        .stream(&t.plan.eval_paths.clone(), false, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let text = std::fs::read_to_string(dir.join("data.csv")).unwrap();
+    let rows = text
+        .lines()
+        .take(batch.size)
+        .map(|l| l.split(',').skip(1).take(6).collect::<Vec<_>>().join(","))
+        .collect();
+    (batch, rows)
+}
+
 #[test]
 fn a_packed_serving_input_scores_like_the_rows_it_packs() {
     let dir = tempfile::tempdir().unwrap();
@@ -415,19 +434,7 @@ fn a_packed_serving_input_scores_like_the_rows_it_packs() {
     assert_eq!(layout.separator, ",");
     assert_eq!(layout.fields, ["d1", "d2", "c1", "c2", "c3", "c4"]);
 
-    let batch = t
-        .stream(&t.plan.eval_paths.clone(), false, 0)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    let text = std::fs::read_to_string(dir.path().join("data.csv")).unwrap();
-    // The data's columns are label, d1..c4, label2: a packed row drops the labels.
-    let rows: Vec<String> = text
-        .lines()
-        .take(batch.size)
-        .map(|l| l.split(',').skip(1).take(6).collect::<Vec<_>>().join(","))
-        .collect();
+    let (batch, rows) = eval_batch_and_packed_rows(&t, dir.path());
     let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
     let want = packed.score(&batch).unwrap();
     let got = packed.score_packed(&rows).unwrap();
@@ -487,18 +494,7 @@ fn packed_rows_hold_every_field_without_filter_inputs() {
     // No feature reads c4; it comes along.
     let layout = packed.packed.clone().expect("a packed serving input");
     assert_eq!(layout.fields, ["d1", "d2", "c1", "c2", "c3", "c4"]);
-    let batch = t
-        .stream(&t.plan.eval_paths.clone(), false, 0)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    let text = std::fs::read_to_string(dir.path().join("data.csv")).unwrap();
-    let rows: Vec<String> = text
-        .lines()
-        .take(batch.size)
-        .map(|l| l.split(',').skip(1).take(6).collect::<Vec<_>>().join(","))
-        .collect();
+    let (batch, rows) = eval_batch_and_packed_rows(&t, dir.path());
     let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
     let (got, want) = (packed.score_packed(&rows).unwrap(), packed.score(&batch).unwrap());
     for (g, w) in got.iter().zip(&want) {
