@@ -585,9 +585,6 @@ pub struct TrainingPlan {
     /// Input columns in file order (CSV) or by name (Parquet).
     pub fields: Vec<InputField>,
     pub label_fields: Vec<String>,
-    /// Labels made of two label fields' product (indices into
-    /// `label_fields`), after them: ESMM's CTCVR label.
-    pub label_products: Vec<(usize, usize)>,
     pub groups: Vec<FeatureGroup>,
     pub arch: Arch,
     pub l2_regularization: f32,
@@ -834,6 +831,15 @@ fn paths(s: &str) -> Vec<String> {
 }
 
 impl TrainingPlan {
+    /// Labels made of two label fields' product (indices into
+    /// `label_fields`), which tasks find after those: ESMM's CTCVR label.
+    pub fn label_products(&self) -> Vec<(usize, usize)> {
+        match &self.arch {
+            Arch::Esmm { labels, .. } => vec![*labels],
+            _ => Vec::new(),
+        }
+    }
+
     /// The field every grouped AUC (GAUC's `uid_field`, session AUC's
     /// `session_id_field`) of every task groups rows by, in task order.
     pub fn gauc_uid_fields(&self) -> impl Iterator<Item = &str> {
@@ -1087,10 +1093,6 @@ impl TrainingPlan {
             memory: super::sizes::Claims::of(cfg, optimizer_slots(kind, &optimizers))?,
             fields: model_plan::input_fields(&data)?,
             label_fields: data.label_fields.clone(),
-            label_products: match &arch {
-                Arch::Esmm { labels, .. } => vec![*labels],
-                _ => Vec::new(),
-            },
             groups,
             arch,
             l2_regularization,

@@ -373,11 +373,7 @@ impl Encoder {
                 .collect(),
             uid_col,
             weight_col,
-            label_products: if with_label {
-                plan.label_products.clone()
-            } else {
-                Vec::new()
-            },
+            label_products: if with_label { plan.label_products() } else { Vec::new() },
         })
     }
 
