@@ -76,6 +76,11 @@ model_config { model_class: "DeepFM"
   deepfm { dnn { hidden_units: [8, 4] } }
   variational_dropout { regularization_lambda: 0.5 } }"#
         }
+        "AutoInt" => {
+            r#"model_config { model_class: "AutoInt"
+  feature_groups { group_name: "all" feature_names: ["c1", "c2", "c3"] wide_deep: DEEP }
+  autoint { multi_head_num: 2 multi_head_size: 3 interacting_layer_num: 2 } }"#
+        }
         "DCN" => {
             r#"model_config { model_class: "DCN"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
@@ -222,7 +227,13 @@ model_config { model_class: "MultiTowerDIN"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 34] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 35] = [
+    (
+        "AutoInt, one layer of three heads over fields and a pooled tag",
+        r#"model_config { model_class: "AutoInt"
+  feature_groups { group_name: "all" feature_names: ["c3", "c1", "c2"] wide_deep: DEEP }
+  autoint { multi_head_num: 3 multi_head_size: 2 } }"#,
+    ),
     (
         "DSSM_SENet, in-batch softmax over inner products (raw values keep the user embedding off zero)",
         r#"model_config { model_class: "DSSM_SENet"
@@ -627,7 +638,8 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 18] = [
+const MODELS: [&str; 19] = [
+    "AutoInt",
     "PLE",
     "ESMM",
     "SimpleMultiTask",

@@ -100,6 +100,14 @@ pub enum Arch {
     /// EasyRec's FM: the wide side's sum, the FM term over the `deep`
     /// group's embeddings summed, and `fm_bias`.
     Fm,
+    /// AutoInt: the `all` group's embeddings as fields, `layers`
+    /// interacting layers of multi-head self-attention (`heads` heads of
+    /// `head_size` columns, a residual projection, ReLU), then `output`.
+    AutoInt {
+        heads: usize,
+        head_size: usize,
+        layers: usize,
+    },
     Dcn {
         deep_input: String,
         deep: DnnSpec,
@@ -531,6 +539,28 @@ fn single_task_arch(
                 log::warn!("{m}.fm.use_variant: EasyRec's FM model does not read it, and neither does this trainer");
             }
             (Arch::Fm, f.l2_regularization())
+        }
+        Some(M::Autoint(a)) => {
+            for (field, v) in [
+                ("multi_head_num", a.multi_head_num),
+                ("multi_head_size", a.multi_head_size),
+                ("interacting_layer_num", a.interacting_layer_num),
+            ] {
+                if v == 0 {
+                    return Err(ConfigError::invalid(
+                        format!("{m}.autoint.{field}"),
+                        "must be at least 1",
+                    ));
+                }
+            }
+            (
+                Arch::AutoInt {
+                    heads: a.multi_head_num as usize,
+                    head_size: a.multi_head_size as usize,
+                    layers: a.interacting_layer_num as usize,
+                },
+                a.l2_regularization,
+            )
         }
         Some(M::Deepfm(d)) => (
             Arch::DeepFm {

@@ -248,6 +248,7 @@ pub enum ModelKind {
     Dlrm,
     DeepFm,
     Fm,
+    AutoInt,
     Dcn,
     MultiTower,
     /// MultiTower with DIN towers over `seq_att_groups`.
@@ -927,6 +928,7 @@ impl TrainingPlan {
             "DLRM" => ModelKind::Dlrm,
             "DeepFM" => ModelKind::DeepFm,
             "FM" => ModelKind::Fm,
+            "AutoInt" => ModelKind::AutoInt,
             "DCN" => ModelKind::Dcn,
             "MultiTower" => ModelKind::MultiTower,
             "MultiTowerDIN" => ModelKind::MultiTowerDin,
@@ -943,7 +945,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, DCN, MultiTower, MultiTowerDIN, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
                 })
             }
         };

@@ -593,6 +593,34 @@ impl Builder<'_> {
                         None,
                     )
                 }
+                Op::Attention {
+                    q,
+                    k,
+                    v: val,
+                    heads,
+                    scale,
+                } => {
+                    // [batch, n, heads, d] -> [batch, heads, n, d] (keys
+                    // [batch, heads, d, n]), a softmax over the last axis.
+                    let (n, h) = (graph.rows(*q) as i64, *heads as i64);
+                    let mut split = |x: &str, w: usize, perm: Vec<i64>| {
+                        let x4 = self.reshape(x, &[-1, n, h, w as i64 / h]);
+                        self.g.node("Transpose", &[&x4], vec![("perm", Attr::Ints(perm))], None)
+                    };
+                    let wq = graph.width(*q);
+                    let q4 = split(&v[q.0], wq, vec![0, 2, 1, 3]);
+                    let kt = split(&v[k.0], wq, vec![0, 2, 3, 1]);
+                    let v4 = split(&v[val.0], width, vec![0, 2, 1, 3]);
+                    let s = self.g.op("MatMul", &[&q4, &kt]);
+                    let c = self.scalar_f32(*scale);
+                    let s = self.g.op("Mul", &[&s, &c]);
+                    let p = self.g.node("Softmax", &[&s], vec![("axis", Attr::Int(-1))], None);
+                    let o = self.g.op("MatMul", &[&p, &v4]);
+                    let o = self
+                        .g
+                        .node("Transpose", &[&o], vec![("perm", Attr::Ints(vec![0, 2, 1, 3]))], None);
+                    self.reshape(&o, &[-1, width as i64])
+                }
                 Op::AttnPool { w, x } => {
                     let n = graph.width(*w) as i64;
                     let ax1 = self.axes(&[1]);

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, NodeId, Scope};
+use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
 use super::{GroupDropout, GroupLayout};
 use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, PleLevel, TaskTower};
@@ -56,6 +56,11 @@ pub fn build(
             final_dnn,
         } => b.wide_and_deep(g_, scope, *wide_output_dim, dnn, final_dnn.as_ref(), true)?,
         Arch::Fm => b.fm(g_, scope)?,
+        Arch::AutoInt {
+            heads,
+            head_size,
+            layers,
+        } => b.autoint(g_, scope, (*heads, *head_size), *layers)?,
         Arch::Dlrm {
             bot,
             top,
@@ -168,7 +173,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
             ..
         } => named(&[deep_input.as_str(), cross_input.as_str()]),
         Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
-        Arch::Mmoe { .. } | Arch::Ple { .. } | Arch::Dbmtl { .. } => named(&["all"]),
+        Arch::Mmoe { .. } | Arch::Ple { .. } | Arch::Dbmtl { .. } | Arch::AutoInt { .. } => named(&["all"]),
         Arch::Esmm { groups, .. } if !groups.is_empty() => {
             named(&groups.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
         }
@@ -294,6 +299,53 @@ impl Builder<'_> {
         let sum = g.add(&[wide, fm_sum]);
         let bias = s.params.add("fm_bias", 1, 1, Init::Zeros, false, s.rng);
         Ok(g.bias(sum, bias))
+    }
+
+    /// EasyRec's AutoInt over the `all` group, read as fields of one
+    /// embedding_dim (a sequence attention's outputs included): per
+    /// interacting layer, query, key and value projections (no bias) into
+    /// `heads` heads of `head_size`, self-attention among the fields, plus
+    /// a projection of the layer's input, through ReLU; then the fields
+    /// side by side into the one-logit `output`.
+    fn autoint(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        (heads, head_size): (usize, usize),
+        layers: usize,
+    ) -> anyhow::Result<NodeId> {
+        let all = self.group("all", "AutoInt")?;
+        let l = &self.groups[all];
+        let d = l
+            .sparse_parts()
+            .next()
+            .map(|p| p.dim)
+            .context("AutoInt: group `all` has no embedded features")?;
+        let width = g.width(self.xs[all]);
+        if l.dense_width() > 0 || l.sparse_parts().any(|p| p.dim != d) || !width.is_multiple_of(d) {
+            bail!("AutoInt: every feature of group `all` must be an embedding of one embedding_dim ({d}), as EasyRec requires");
+        }
+        let n = width / d;
+        let proj = Kernel {
+            bias: false,
+            ..Kernel::DENSE
+        };
+        let lin = Activation::Linear;
+        let mut t = g.unfold(self.xs[all], n);
+        for i in 0..layers {
+            let name = format!("multi_head_self_attention_layer_{i}");
+            let mut p =
+                |what: &str, g: &mut Graph| s.layer(g, t, &format!("{name}/{what}"), heads * head_size, proj, lin);
+            let (q, k, v) = (p("query/dnn", g), p("key/dnn", g), p("value/dnn", g));
+            // EasyRec divides by head_size ** -0.5: the scores grow with
+            // the head's width rather than being normalised by it.
+            let a = g.attention((q, k, v), heads, (head_size as f32).sqrt());
+            let res = s.layer(g, t, &format!("{name}/dnn"), heads * head_size, proj, lin);
+            let sum = g.add(&[a, res]);
+            t = g.act(sum, Activation::Relu);
+        }
+        let flat = g.fold(t, n);
+        Ok(s.unregularized_output(g, flat, "output"))
     }
 
     fn dlrm(

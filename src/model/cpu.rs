@@ -43,6 +43,8 @@ enum Saved {
         keep: Vec<f32>,
         dkeep: Vec<f32>,
     },
+    /// Attention: the weights `[batch, heads, n, n]`.
+    Probs(Vec<f32>),
     /// Layer norm: the normalised values and `1 / sqrt(var + eps)` per row.
     Ln {
         xhat: Vec<f32>,
@@ -390,6 +392,19 @@ impl<'a> Tape<'a> {
                     kernels::softmax_in_place(live);
                 });
                 (y, Saved::None)
+            }
+            Op::Attention { q, k, v, heads, scale } => {
+                let n = b / self.b;
+                let (wq, wv) = (self.graph.width(*q), width);
+                let mut y = vec![0.0f32; b * wv];
+                let mut probs = vec![0.0f32; self.b * heads * n * n];
+                y.par_chunks_mut(n * wv)
+                    .zip(probs.par_chunks_mut(heads * n * n))
+                    .zip(self.value(*q).par_chunks(n * wq))
+                    .zip(self.value(*k).par_chunks(n * wq))
+                    .zip(self.value(*v).par_chunks(n * wv))
+                    .for_each(|((((o, p), q), k), v)| kernels::attention_fwd((q, k, v), *heads, *scale, o, p));
+                (y, Saved::Probs(probs))
             }
             Op::AttnPool { w, x } => {
                 let n = self.graph.width(*w);
@@ -813,6 +828,32 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::Unfold { x, .. } | Op::Fold { x, .. } => accumulate(&mut grads, needs, *x, dy),
+                Op::Attention { q, k, v, heads, scale } => {
+                    let Saved::Probs(probs) = &self.saved[i] else {
+                        unreachable!("attention saves its weights")
+                    };
+                    let n = b / self.b;
+                    let wq = g.width(*q);
+                    let (mut dq, mut dk, mut dv) =
+                        (vec![0.0f32; b * wq], vec![0.0f32; b * wq], vec![0.0f32; b * width]);
+                    dq.par_chunks_mut(n * wq)
+                        .zip(dk.par_chunks_mut(n * wq))
+                        .zip(dv.par_chunks_mut(n * width))
+                        .zip(probs.par_chunks(heads * n * n))
+                        .zip(dy.par_chunks(n * width))
+                        .enumerate()
+                        .for_each(|(e, ((((dq, dk), dv), p), d))| {
+                            let qkv = (
+                                &self.value(*q)[e * n * wq..][..n * wq],
+                                &self.value(*k)[e * n * wq..][..n * wq],
+                                &self.value(*v)[e * n * width..][..n * width],
+                            );
+                            kernels::attention_bwd(qkv, (*heads, *scale), p, d, (dq, dk, dv));
+                        });
+                    accumulate(&mut grads, needs, *q, dq);
+                    accumulate(&mut grads, needs, *k, dk);
+                    accumulate(&mut grads, needs, *v, dv);
+                }
                 Op::AttnPool { w, x } => {
                     let n = g.width(*w);
                     let (wv, xv) = (self.value(*w), self.value(*x));

@@ -164,6 +164,18 @@ pub enum Op {
         w: NodeId,
         x: NodeId,
     },
+    /// Multi-head scaled dot-product attention among the `rows` positions
+    /// of each batch row (AutoInt's interacting layer, a transformer's
+    /// self-attention): per head `h`, `softmax(q_h · k_hᵀ · scale) · v_h`,
+    /// the heads' columns side by side. `q` and `k` are
+    /// `[r, heads * dk]`, `v` and the output `[r, heads * dv]`.
+    Attention {
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        heads: usize,
+        scale: f32,
+    },
     /// Each row divided by its L2 norm, TensorFlow's `l2_normalize`:
     /// `x / sqrt(max(Σ x², L2_EPS))`.
     L2Normalize {
@@ -224,6 +236,7 @@ impl Op {
             Op::Sub(a, b) | Op::ProductLogit { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
             Op::AttnPool { w, x } => vec![*w, *x],
+            Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
             Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
             Op::Mul(a, b) => vec![*a, *b],
             Op::Cross { x0, xl, .. } => vec![*x0, *xl],
@@ -447,6 +460,17 @@ impl Graph {
             "attention over {n} blocks of width {total}"
         );
         self.push(Op::AttnPool { w, x }, total / n)
+    }
+
+    /// `Op::Attention` of `heads` heads among each batch row's positions.
+    pub fn attention(&mut self, (q, k, v): (NodeId, NodeId, NodeId), heads: usize, scale: f32) -> NodeId {
+        let (wq, wv) = (self.width(q), self.width(v));
+        assert!(
+            heads > 0 && wq == self.width(k) && wq.is_multiple_of(heads) && wv.is_multiple_of(heads),
+            "attention of {heads} heads over queries {wq}, keys {}, values {wv} wide",
+            self.width(k)
+        );
+        self.push(Op::Attention { q, k, v, heads, scale }, wv)
     }
 
     pub fn l2_normalize(&mut self, x: NodeId) -> NodeId {

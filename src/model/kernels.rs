@@ -72,6 +72,77 @@ pub fn softmax_in_place(row: &mut [f32]) {
     row.iter_mut().for_each(|v| *v /= s);
 }
 
+/// `Op::Attention` over one batch row: `q`, `k` `[n, heads * dk]`, `v`
+/// `[n, heads * dv]`; writes `out` `[n, heads * dv]` and the attention
+/// weights `probs` `[heads, n, n]` (for the backward pass).
+pub fn attention_fwd(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    heads: usize,
+    scale: f32,
+    out: &mut [f32],
+    probs: &mut [f32],
+) {
+    let n = (probs.len() / heads).isqrt();
+    let (wq, wv) = (q.len() / n, v.len() / n);
+    let (dk, dv) = (wq / heads, wv / heads);
+    for h in 0..heads {
+        for i in 0..n {
+            let p = &mut probs[(h * n + i) * n..][..n];
+            let qi = &q[i * wq + h * dk..][..dk];
+            for (j, pj) in p.iter_mut().enumerate() {
+                let kj = &k[j * wq + h * dk..][..dk];
+                *pj = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+            }
+            softmax_in_place(p);
+            let o = &mut out[i * wv + h * dv..][..dv];
+            o.fill(0.0);
+            for (j, pj) in p.iter().enumerate() {
+                let vj = &v[j * wv + h * dv..][..dv];
+                o.iter_mut().zip(vj).for_each(|(o, x)| *o += pj * x);
+            }
+        }
+    }
+}
+
+/// The gradients of `attention_fwd` for one batch row, `(dq, dk, dv)`
+/// written whole, from the output's gradient `dout` and the saved weights.
+pub fn attention_bwd(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (heads, scale): (usize, f32),
+    probs: &[f32],
+    dout: &[f32],
+    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+) {
+    let n = (probs.len() / heads).isqrt();
+    let (wq, wv) = (q.len() / n, v.len() / n);
+    let (dkw, dvw) = (wq / heads, wv / heads);
+    dq.fill(0.0);
+    dk.fill(0.0);
+    dv.fill(0.0);
+    let mut ds = vec![0.0f32; n];
+    for h in 0..heads {
+        for i in 0..n {
+            let p = &probs[(h * n + i) * n..][..n];
+            let doi = &dout[i * wv + h * dvw..][..dvw];
+            for (j, (pj, d)) in p.iter().zip(ds.iter_mut()).enumerate() {
+                let (vj, dvj) = (&v[j * wv + h * dvw..][..dvw], &mut dv[j * wv + h * dvw..][..dvw]);
+                *d = doi.iter().zip(vj).map(|(a, b)| a * b).sum();
+                dvj.iter_mut().zip(doi).for_each(|(g, o)| *g += pj * o);
+            }
+            let s: f32 = p.iter().zip(&ds).map(|(a, b)| a * b).sum();
+            let qi = &q[i * wq + h * dkw..][..dkw];
+            for (j, (pj, d)) in p.iter().zip(&ds).enumerate() {
+                let g = pj * (d - s) * scale;
+                let kj = &k[j * wq + h * dkw..][..dkw];
+                let dqi = &mut dq[i * wq + h * dkw..][..dkw];
+                dqi.iter_mut().zip(kj).for_each(|(o, x)| *o += g * x);
+                let dkj = &mut dk[j * wq + h * dkw..][..dkw];
+                dkj.iter_mut().zip(qi).for_each(|(o, x)| *o += g * x);
+            }
+        }
+    }
+}
+
 pub fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
     if n == 0 {
         return;

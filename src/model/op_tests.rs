@@ -168,6 +168,19 @@ fn cases() -> Vec<Case> {
             let y = g.scale(x[1], 0.5, Some(w));
             g.scale(y, -2.0, None)
         }),
+        case("multi-head self-attention", true, |g, s, x| {
+            // 3 positions of width 4 per batch row, 2 heads of 3 query and
+            // 2 value columns each.
+            let both = g.concat(&[x[0], x[1]]);
+            let t = g.unfold(both, 3);
+            let mut proj = |name: &str, w: usize| {
+                let k = s.params.add(name, 4, w, Init::GlorotUniform, true, s.rng);
+                g.linear(t, s.params, k, None, Activation::Linear)
+            };
+            let (q, k, v) = (proj("q", 6), proj("k", 6), proj("v", 4));
+            let a = g.attention((q, k, v), 2, 1.7);
+            g.fold(a, 3)
+        }),
         case("target attention over a masked sequence", true, |g, s, x| {
             // A sequence of 6 positions of width 1 (x[1]), its length from
             // x[0] (fractional: position k is live where k < len), the key

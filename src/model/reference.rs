@@ -234,6 +234,24 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let idx = Tensor::<1, Int>::from_data(TensorData::new(flat, [width]), ctx.device);
                 v[x.0].clone() * keep.select(1, idx)
             }
+            Op::Attention {
+                q,
+                k,
+                v: val,
+                heads,
+                scale,
+            } => {
+                let (n, h) = (node.rows, *heads);
+                let split = |t: Tensor<2>, w: usize| -> Tensor<4> { t.reshape([batch, n, h, w / h]).swap_dims(1, 2) };
+                let wq = graph.width(*q);
+                let (q4, k4, v4) = (
+                    split(v[q.0].clone(), wq),
+                    split(v[k.0].clone(), wq),
+                    split(v[val.0].clone(), width),
+                );
+                let p = softmax(q4.matmul(k4.swap_dims(2, 3)).mul_scalar(*scale), 3);
+                p.matmul(v4).swap_dims(1, 2).reshape([b, width])
+            }
             Op::AttnPool { w, x } => {
                 let n = graph.width(*w);
                 let w3: Tensor<3> = v[w.0].clone().reshape([b, 1, n]);

@@ -131,6 +131,12 @@ model_config { model_class: "DeepFM"
   fm { } }"#,
     ),
     (
+        "AutoInt",
+        r#"model_config { model_class: "AutoInt"
+  feature_groups { group_name: "all" feature_names: ["c1", "d2", "c3", "c4", "c1_x_c2"] wide_deep: DEEP }
+  autoint { multi_head_num: 2 multi_head_size: 3 interacting_layer_num: 2 } }"#,
+    ),
+    (
         "DCN",
         r#"model_config { model_class: "DCN"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
