@@ -72,10 +72,12 @@ fn movielens_100k_wide_and_deep_and_dlrm_reach_auc_075() {
 /// MovieLens rows with a label planted in the rating history: the rated
 /// item is, half the time, one the user liked before (label 1), else one
 /// another user liked before (label 0, so items alike in popularity). Only
-/// the history tells them apart: MultiTowerDIN learns it, and the same
-/// checkpoint on the rows with blanked histories is no better than chance.
+/// the history tells them apart: MultiTowerDIN and MultiTowerBST learn it,
+/// and the same checkpoint on the rows with blanked histories is no better
+/// than chance. (BST has no key-history product as DIN's scoring network
+/// has: it reaches about 0.83 where DIN reaches 0.98.)
 #[test]
-fn movielens_100k_din_learns_a_label_planted_in_the_rating_history() {
+fn movielens_100k_din_and_bst_learn_a_label_planted_in_the_rating_history() {
     let data = tempfile::tempdir().unwrap();
     let src = common::shared_dir().join("data/real/ml-100k");
     rustrec::datagen::prepare_movielens(&src, data.path(), 0.2, 1).unwrap();
@@ -121,18 +123,19 @@ fn movielens_100k_din_learns_a_label_planted_in_the_rating_history() {
     };
     let (train_csv, eval_csv) = (plant("train.csv", 3, false), plant("eval.csv", 4, false));
     let blank_csv = plant("eval.csv", 4, true);
-    let config = "samples/din_ml100k.config";
-    let dir = tempfile::tempdir().unwrap();
-    let result = train(config, &train_csv, &eval_csv, dir.path(), &[]);
-    let auc = result["auc"].as_f64().unwrap();
-    let blanked = evaluate(config, dir.path(), &blank_csv);
-    let without = blanked["auc"].as_f64().unwrap();
-    eprintln!("{config}: planted eval AUC {auc:.4} with histories, {without:.4} with them blanked");
-    assert!(auc >= 0.85, "{config}: planted eval AUC {auc:.4} < 0.85");
-    assert!(
-        without <= 0.65,
-        "{config}: AUC {without:.4} without the histories that carry the label"
-    );
+    for (config, want) in [("samples/din_ml100k.config", 0.85), ("samples/bst_ml100k.config", 0.78)] {
+        let dir = tempfile::tempdir().unwrap();
+        let result = train(config, &train_csv, &eval_csv, dir.path(), &[]);
+        let auc = result["auc"].as_f64().unwrap();
+        let blanked = evaluate(config, dir.path(), &blank_csv);
+        let without = blanked["auc"].as_f64().unwrap();
+        eprintln!("{config}: planted eval AUC {auc:.4} with histories, {without:.4} with them blanked");
+        assert!(auc >= want, "{config}: planted eval AUC {auc:.4} < {want}");
+        assert!(
+            without <= 0.65,
+            "{config}: AUC {without:.4} without the histories that carry the label"
+        );
+    }
 }
 
 /// MMoE, DBMTL and PLE learn both MovieLens tasks, `like` (rating >= 4) and

@@ -54,6 +54,7 @@ const PASSING: &[&str] = &[
     "wide_and_deep_on_avazau_ctr.config",
     "wide_and_deep_two_opti.config",
     "zoo/autoint_on_sequence_feature_taobao.config",
+    "zoo/bst_on_taobao.config",
     "zoo/dbmtl_backbone_on_taobao.config",
     "zoo/dbmtl_mmoe_on_taobao.config",
     "zoo/dbmtl_on_multi_sequence_feature_taobao.config",

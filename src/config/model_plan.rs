@@ -70,6 +70,18 @@ pub struct SeqAttention {
     pub need_key_feature: bool,
     pub allow_key_transform: bool,
     pub transform_dnn: bool,
+    /// MultiTowerBST's tower instead of a DIN attention: a transformer
+    /// block over the history and the key.
+    pub bst: Option<Bst>,
+}
+
+/// One of MultiTowerBST's `bst_towers`: the history cut or padded to
+/// `seq_len - 1` positions, the key after them, through EasyRec's
+/// transformer block of `heads` heads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bst {
+    pub seq_len: usize,
+    pub heads: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,9 +129,10 @@ pub enum Arch {
     },
     MultiTower {
         towers: Vec<(String, DnnSpec)>,
-        /// MultiTowerDIN's DIN towers: groups whose features are a target
-        /// attention's output, concatenated as they are.
-        din_towers: Vec<String>,
+        /// MultiTowerDIN's DIN towers or MultiTowerBST's BST towers: groups
+        /// whose features are a sequence layer's output (a DIN target
+        /// attention or a BST transformer), concatenated as they are.
+        seq_towers: Vec<String>,
         final_dnn: DnnSpec,
     },
     /// Multi-gate mixture of experts: experts over one group, a softmax
@@ -585,21 +598,17 @@ fn single_task_arch(
             d.l2_regularization,
         ),
         Some(M::MultiTower(t)) => {
-            if !t.bst_towers.is_empty() {
-                return Err(ConfigError::unsupported(
-                    format!("{m}.multi_tower.bst_towers"),
-                    "BST sequence towers",
-                ));
-            }
-            let din = model.model_class == "MultiTowerDIN";
-            if !din && !t.din_towers.is_empty() {
-                return Err(ConfigError::invalid(
-                    format!("{m}.multi_tower.din_towers"),
-                    format!(
-                        "model class {} has no DIN towers (MultiTowerDIN has)",
-                        model.model_class
-                    ),
-                ));
+            let class = model.model_class.as_str();
+            for (field, set, owner) in [
+                ("din_towers", !t.din_towers.is_empty(), "MultiTowerDIN"),
+                ("bst_towers", !t.bst_towers.is_empty(), "MultiTowerBST"),
+            ] {
+                if set && class != owner {
+                    return Err(ConfigError::invalid(
+                        format!("{m}.multi_tower.{field}"),
+                        format!("model class {class} reads no {field} ({owner} does)"),
+                    ));
+                }
             }
             let towers = t
                 .towers
@@ -615,7 +624,12 @@ fn single_task_arch(
             (
                 Arch::MultiTower {
                     towers,
-                    din_towers: t.din_towers.iter().map(|d| d.input.clone()).collect(),
+                    seq_towers: t
+                        .din_towers
+                        .iter()
+                        .map(|d| d.input.clone())
+                        .chain(t.bst_towers.iter().map(|b| b.input.clone()))
+                        .collect(),
                     final_dnn: dnn(&t.final_dnn, &format!("{m}.multi_tower.final_dnn"))?,
                 },
                 t.l2_regularization,
@@ -911,42 +925,54 @@ pub fn groups(model: &proto::EasyRecModel, feature_names: &[String]) -> Result<V
     Ok(out)
 }
 
-/// MultiTowerDIN's DIN towers as feature groups of their own: each the
-/// target attention of the `seq_att_groups` entry it names, scored by the
-/// tower's `dnn` (`<input>_dnn`), its key always in the output.
-pub fn din_tower_groups(
+/// The `seq_att_groups` entry a sequence tower at `path` names, and its index.
+fn seq_att_group<'a>(
+    model: &'a proto::EasyRecModel,
+    input: &str,
+    path: &str,
+) -> Result<(usize, &'a proto::SeqAttGroupConfig), ConfigError> {
+    model
+        .seq_att_groups
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.group_name.as_deref() == Some(input))
+        .ok_or_else(|| {
+            ConfigError::invalid(
+                format!("{path}.input"),
+                format!("no seq_att_groups entry is named `{input}`"),
+            )
+        })
+}
+
+/// MultiTowerDIN's DIN towers and MultiTowerBST's BST towers as feature
+/// groups of their own over the `seq_att_groups` entry each names: a DIN
+/// tower is its target attention, scored by the tower's `dnn`
+/// (`<input>_dnn`), its key always in the output; a BST tower is EasyRec's
+/// transformer block over its history and key.
+pub fn seq_tower_groups(
     model: &proto::EasyRecModel,
     feature_names: &[String],
 ) -> Result<Vec<FeatureGroup>, ConfigError> {
     let Some(proto::easy_rec_model::Model::MultiTower(t)) = &model.model else {
         return Ok(Vec::new());
     };
-    if model.model_class != "MultiTowerDIN" {
-        if !model.seq_att_groups.is_empty() {
-            return Err(ConfigError::invalid(
-                "model_config.seq_att_groups",
-                format!(
-                    "model class {} reads no seq_att_groups (MultiTowerDIN does)",
-                    model.model_class
-                ),
-            ));
+    match model.model_class.as_str() {
+        "MultiTowerDIN" => {}
+        "MultiTowerBST" => return bst_tower_groups(model, t, feature_names),
+        class => {
+            if !model.seq_att_groups.is_empty() {
+                return Err(ConfigError::invalid(
+                    "model_config.seq_att_groups",
+                    format!("model class {class} reads no seq_att_groups (MultiTowerDIN and MultiTowerBST do)"),
+                ));
+            }
+            return Ok(Vec::new());
         }
-        return Ok(Vec::new());
     }
     let mut out = Vec::new();
     for (i, tower) in t.din_towers.iter().enumerate() {
         let path = format!("model_config.multi_tower.din_towers[{i}]");
-        let Some((k, sg)) = model
-            .seq_att_groups
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.group_name.as_deref() == Some(&tower.input))
-        else {
-            return Err(ConfigError::invalid(
-                format!("{path}.input"),
-                format!("no seq_att_groups entry is named `{}`", tower.input),
-            ));
-        };
+        let (k, sg) = seq_att_group(model, &tower.input, &path)?;
         let mut att = seq_attention(sg, &format!("model_config.seq_att_groups[{k}]"), feature_names)?;
         if sg.allow_key_transform() || !sg.need_key_feature() || sg.seq_dnn.is_some() || !att.aux.is_empty() {
             log::warn!(
@@ -964,6 +990,54 @@ pub fn din_tower_groups(
         att.need_key_feature = true;
         att.allow_key_transform = false;
         att.aux.clear();
+        out.push(FeatureGroup {
+            name: tower.input.clone(),
+            features: Vec::new(),
+            wide: false,
+            seq: vec![att],
+        });
+    }
+    Ok(out)
+}
+
+fn bst_tower_groups(
+    model: &proto::EasyRecModel,
+    t: &proto::MultiTower,
+    feature_names: &[String],
+) -> Result<Vec<FeatureGroup>, ConfigError> {
+    if t.bst_towers.len() > 1 {
+        return Err(ConfigError::unsupported(
+            "model_config.multi_tower.bst_towers",
+            "more than one BST tower (EasyRec's share some of their variables and not others)",
+        ));
+    }
+    let mut out = Vec::new();
+    for (i, tower) in t.bst_towers.iter().enumerate() {
+        let path = format!("model_config.multi_tower.bst_towers[{i}]");
+        let (k, sg) = seq_att_group(model, &tower.input, &path)?;
+        let mut att = seq_attention(sg, &format!("model_config.seq_att_groups[{k}]"), feature_names)?;
+        if sg.allow_key_transform() || sg.seq_dnn.is_some() || !att.aux.is_empty() {
+            log::warn!(
+                "model_config.seq_att_groups[{k}]: MultiTowerBST ignores seq_dnn, allow_key_transform, need_key_feature and aux_hist_seq, as EasyRec does"
+            );
+        }
+        if tower.seq_len < 2 {
+            return Err(ConfigError::invalid(
+                format!("{path}.seq_len"),
+                "the history's positions and the key: at least 2",
+            ));
+        }
+        if tower.multi_head_size == 0 {
+            return Err(ConfigError::invalid(
+                format!("{path}.multi_head_size"),
+                "must be at least 1",
+            ));
+        }
+        att.aux.clear();
+        att.bst = Some(Bst {
+            seq_len: tower.seq_len as usize,
+            heads: tower.multi_head_size as usize,
+        });
         out.push(FeatureGroup {
             name: tower.input.clone(),
             features: Vec::new(),
@@ -1037,6 +1111,7 @@ fn seq_attention(
         need_key_feature: s.need_key_feature(),
         allow_key_transform: s.allow_key_transform(),
         transform_dnn: s.transform_dnn(),
+        bst: None,
     })
 }
 

@@ -253,6 +253,8 @@ pub enum ModelKind {
     MultiTower,
     /// MultiTower with DIN towers over `seq_att_groups`.
     MultiTowerDin,
+    /// MultiTower with BST towers over `seq_att_groups`.
+    MultiTowerBst,
     Mmoe,
     Dbmtl,
     /// A tower per task over the `all` group.
@@ -932,6 +934,7 @@ impl TrainingPlan {
             "DCN" => ModelKind::Dcn,
             "MultiTower" => ModelKind::MultiTower,
             "MultiTowerDIN" => ModelKind::MultiTowerDin,
+            "MultiTowerBST" => ModelKind::MultiTowerBst,
             "MMoE" => ModelKind::Mmoe,
             "ESMM" => ModelKind::Esmm,
             "DBMTL" => ModelKind::Dbmtl,
@@ -945,7 +948,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
                 })
             }
         };
@@ -996,7 +999,7 @@ impl TrainingPlan {
         let num_steps = train.num_steps.filter(|n| *n > 0);
         let names: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
         let mut groups = model_plan::groups(model, &names)?;
-        groups.extend(model_plan::din_tower_groups(model, &names)?);
+        groups.extend(model_plan::seq_tower_groups(model, &names)?);
         // A SequenceFeature among a group's features is pooled by its
         // sequence_combiner; histories of `sequence_features` need none.
         for g in &groups {

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
 use crate::config::typed::{LossKind, TrainingPlan};
-use crate::model::graph::{BN_EPS, LN_EPS};
+use crate::model::graph::BN_EPS;
 use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
 
 /// How one feature enters the graph.
@@ -388,7 +388,7 @@ impl Builder<'_> {
     }
 
     /// Layer normalization from opset-16 ops (LayerNormalization is 17).
-    fn layer_norm(&mut self, x: &str, (gamma, beta): (usize, usize)) -> String {
+    fn layer_norm(&mut self, x: &str, (gamma, beta): (usize, usize), eps: f32) -> String {
         let mean = |s: &mut Self, t: &str| {
             s.g.node(
                 "ReduceMean",
@@ -401,7 +401,7 @@ impl Builder<'_> {
         let c = self.g.op("Sub", &[x, &m]);
         let sq = self.g.op("Mul", &[&c, &c]);
         let var = mean(self, &sq);
-        let eps = self.scalar_f32(LN_EPS);
+        let eps = self.scalar_f32(eps);
         let var = self.g.op("Add", &[&var, &eps]);
         let sd = self.g.op("Sqrt", &[&var]);
         let c = self.g.op("Div", &[&c, &sd]);
@@ -513,7 +513,7 @@ impl Builder<'_> {
                     let b = self.param(*b);
                     self.g.op("Add", &[&v[x.0], &b])
                 }
-                Op::LayerNorm { x, gamma, beta } => self.layer_norm(&v[x.0], (*gamma, *beta)),
+                Op::LayerNorm { x, gamma, beta, eps } => self.layer_norm(&v[x.0], (*gamma, *beta), *eps),
                 Op::Sub(a, c) => self.g.op("Sub", &[&v[a.0], &v[c.0]]),
                 Op::ProductLogit { a, b: c } => {
                     // −(m + log Σ exp(z − m)) over z = (−a, −c, −a−c).
@@ -564,6 +564,10 @@ impl Builder<'_> {
                     let norm = self.g.op("Sqrt", &[&sq]);
                     self.g.op("Div", &[&v[x.0], &norm])
                 }
+                Op::Shift { x, by } => {
+                    let c = self.scalar_f32(*by);
+                    self.g.op("Add", &[&v[x.0], &c])
+                }
                 Op::Scale { x, factor, w } => {
                     let f = self.scalar_f32(*factor);
                     let y = self.g.op("Mul", &[&v[x.0], &f]);
@@ -599,6 +603,7 @@ impl Builder<'_> {
                     v: val,
                     heads,
                     scale,
+                    len,
                 } => {
                     // [batch, n, heads, d] -> [batch, heads, n, d] (keys
                     // [batch, heads, d, n]), a softmax over the last axis.
@@ -614,7 +619,23 @@ impl Builder<'_> {
                     let s = self.g.op("MatMul", &[&q4, &kt]);
                     let c = self.scalar_f32(*scale);
                     let s = self.g.op("Mul", &[&s, &c]);
-                    let p = self.g.node("Softmax", &[&s], vec![("axis", Attr::Int(-1))], None);
+                    let p = match len {
+                        None => self.g.node("Softmax", &[&s], vec![("axis", Attr::Int(-1))], None),
+                        Some(len) => {
+                            // As MaskedSoftmax, the mask `[batch, 1, 1, n]`.
+                            let ks: Vec<f32> = (0..n).map(|j| j as f32).collect();
+                            let ks = self.g.f32s(None, &[1, n as usize], &ks);
+                            let live = self.g.op("Less", &[&ks, &v[len.0]]);
+                            let live = self.reshape(&live, &[-1, 1, 1, n]);
+                            let mask = self
+                                .g
+                                .node("Cast", &[&live], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
+                            let low = self.scalar_f32(-1e9);
+                            let logits = self.g.op("Where", &[&live, &s, &low]);
+                            let y = self.g.node("Softmax", &[&logits], vec![("axis", Attr::Int(-1))], None);
+                            self.g.op("Mul", &[&y, &mask])
+                        }
+                    };
                     let o = self.g.op("MatMul", &[&p, &v4]);
                     let o = self
                         .g

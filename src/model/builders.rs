@@ -77,9 +77,9 @@ pub fn build(
         } => b.dcn(g_, scope, (deep_input, deep), (cross_input, *cross_num), final_dnn)?,
         Arch::MultiTower {
             towers,
-            din_towers,
+            seq_towers,
             final_dnn,
-        } => b.multi_tower(g_, scope, (towers, din_towers), final_dnn)?,
+        } => b.multi_tower(g_, scope, (towers, seq_towers), final_dnn)?,
         Arch::Backbone(bb) => super::backbone::rank(bb, groups, &b.xs, g_, scope)?,
         Arch::MultiTaskBackbone { backbone, towers } => {
             let inputs = super::backbone::task_inputs(backbone, groups, &b.xs, towers.len(), g_, scope)?;
@@ -339,7 +339,7 @@ impl Builder<'_> {
             let (q, k, v) = (p("query/dnn", g), p("key/dnn", g), p("value/dnn", g));
             // EasyRec divides by head_size ** -0.5: the scores grow with
             // the head's width rather than being normalised by it.
-            let a = g.attention((q, k, v), heads, (head_size as f32).sqrt());
+            let a = g.attention((q, k, v), (heads, (head_size as f32).sqrt()), None);
             let res = s.layer(g, t, &format!("{name}/dnn"), heads * head_size, proj, lin);
             let sum = g.add(&[a, res]);
             t = g.act(sum, Activation::Relu);
@@ -440,10 +440,10 @@ impl Builder<'_> {
         &self,
         g: &mut Graph,
         s: &mut Scope,
-        (towers, din_towers): (&[(String, DnnSpec)], &[String]),
+        (towers, seq_towers): (&[(String, DnnSpec)], &[String]),
         final_dnn: &DnnSpec,
     ) -> anyhow::Result<NodeId> {
-        if towers.is_empty() && din_towers.is_empty() {
+        if towers.is_empty() && seq_towers.is_empty() {
             bail!("MultiTower needs at least one tower");
         }
         let mut outs = Vec::new();
@@ -453,9 +453,9 @@ impl Builder<'_> {
             let x = s.batch_norm(g, self.xs[gi], &format!("{name}_fea_bn"), Activation::Linear);
             outs.push(s.dnn(g, x, &format!("{name}_dnn"), spec));
         }
-        // A DIN tower's attention output joins as it is.
-        for name in din_towers {
-            outs.push(self.xs[self.group(name, "MultiTowerDIN")?]);
+        // A DIN or BST tower's output joins as it is.
+        for name in seq_towers {
+            outs.push(self.xs[self.group(name, "MultiTower")?]);
         }
         let c = g.concat(&outs);
         let top = s.dnn(g, c, "final_dnn", final_dnn);

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::graph::{BnStats, Graph, NodeId, Op, L2_EPS, LN_EPS};
+use super::graph::{BnStats, Graph, NodeId, Op, L2_EPS};
 use super::kernels::{self, Interact, LANES, ROWS};
 use super::params::ParamStore;
 use crate::util::Rng;
@@ -316,7 +316,7 @@ impl<'a> Tape<'a> {
                     .for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
                 (y, Saved::None)
             }
-            Op::LayerNorm { x, gamma, beta } => {
+            Op::LayerNorm { x, gamma, beta, eps } => {
                 let (gamma, beta) = (p.slice(*gamma), p.slice(*beta));
                 let mut xhat = self.value(*x).to_vec();
                 let mut inv = vec![0.0f32; b];
@@ -326,7 +326,7 @@ impl<'a> Tape<'a> {
                         let n = row.len() as f32;
                         let m = row.iter().sum::<f32>() / n;
                         let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / n;
-                        *iv = 1.0 / (var + LN_EPS).sqrt();
+                        *iv = 1.0 / (var + eps).sqrt();
                         row.iter_mut().for_each(|v| *v = (*v - m) * *iv);
                     });
                 let mut y = xhat.clone();
@@ -371,6 +371,7 @@ impl<'a> Tape<'a> {
                 let s = factor * w.map_or(1.0, |w| p.slice(w)[0].abs());
                 (self.value(*x).iter().map(|v| v * s).collect(), Saved::None)
             }
+            Op::Shift { x, by } => (self.value(*x).iter().map(|v| v + by).collect(), Saved::None),
             Op::Tile { x, n } => {
                 let y = self
                     .value(*x)
@@ -393,17 +394,35 @@ impl<'a> Tape<'a> {
                 });
                 (y, Saved::None)
             }
-            Op::Attention { q, k, v, heads, scale } => {
+            Op::Attention {
+                q,
+                k,
+                v,
+                heads,
+                scale,
+                len,
+            } => {
                 let n = b / self.b;
                 let (wq, wv) = (self.graph.width(*q), width);
                 let mut y = vec![0.0f32; b * wv];
                 let mut probs = vec![0.0f32; self.b * heads * n * n];
+                let live: Vec<usize> = match len {
+                    Some(l) => self
+                        .value(*l)
+                        .iter()
+                        .map(|l| (l.max(0.0).ceil() as usize).min(n))
+                        .collect(),
+                    None => vec![n; self.b],
+                };
                 y.par_chunks_mut(n * wv)
                     .zip(probs.par_chunks_mut(heads * n * n))
                     .zip(self.value(*q).par_chunks(n * wq))
                     .zip(self.value(*k).par_chunks(n * wq))
                     .zip(self.value(*v).par_chunks(n * wv))
-                    .for_each(|((((o, p), q), k), v)| kernels::attention_fwd((q, k, v), *heads, *scale, o, p));
+                    .zip(&live)
+                    .for_each(|(((((o, p), q), k), v), &live)| {
+                        kernels::attention_fwd((q, k, v), (*heads, *scale, live), o, p)
+                    });
                 (y, Saved::Probs(probs))
             }
             Op::AttnPool { w, x } => {
@@ -780,6 +799,7 @@ impl<'a> Tape<'a> {
                         accumulate(&mut grads, needs, *x, dx);
                     }
                 }
+                Op::Shift { x, .. } => accumulate(&mut grads, needs, *x, dy),
                 Op::Scale { x, factor, w } => {
                     let wv = w.map_or(1.0, |w| p.slice(w)[0]);
                     if let Some(w) = w {
@@ -828,7 +848,9 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::Unfold { x, .. } | Op::Fold { x, .. } => accumulate(&mut grads, needs, *x, dy),
-                Op::Attention { q, k, v, heads, scale } => {
+                Op::Attention {
+                    q, k, v, heads, scale, ..
+                } => {
                     let Saved::Probs(probs) = &self.saved[i] else {
                         unreachable!("attention saves its weights")
                     };
@@ -882,7 +904,7 @@ impl<'a> Tape<'a> {
                         accumulate(&mut grads, needs, *x, dx);
                     }
                 }
-                Op::LayerNorm { x, gamma, beta } => {
+                Op::LayerNorm { x, gamma, beta, .. } => {
                     let Saved::Ln { xhat, inv } = &self.saved[i] else {
                         unreachable!("backward runs on a training tape")
                     };

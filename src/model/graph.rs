@@ -127,12 +127,19 @@ pub enum Op {
         x: NodeId,
         b: usize,
     },
-    /// Keras' layer normalization over each row's columns:
-    /// `(x - mean) / sqrt(var + LN_EPS) * gamma + beta`.
+    /// Layer normalization over each row's columns:
+    /// `(x - mean) / sqrt(var + eps) * gamma + beta` (Keras' `eps` is
+    /// `LN_EPS`).
     LayerNorm {
         x: NodeId,
         gamma: usize,
         beta: usize,
+        eps: f32,
+    },
+    /// `x + by`, a constant.
+    Shift {
+        x: NodeId,
+        by: f32,
     },
     /// `a - b`.
     Sub(NodeId, NodeId),
@@ -168,13 +175,16 @@ pub enum Op {
     /// of each batch row (AutoInt's interacting layer, a transformer's
     /// self-attention): per head `h`, `softmax(q_h · k_hᵀ · scale) · v_h`,
     /// the heads' columns side by side. `q` and `k` are
-    /// `[r, heads * dk]`, `v` and the output `[r, heads * dv]`.
+    /// `[r, heads * dk]`, `v` and the output `[r, heads * dv]`. With `len`
+    /// (`[batch, 1]`, a count) a batch row's key `j` is attended to only
+    /// where `j < len`; a row with no key left gets zeros.
     Attention {
         q: NodeId,
         k: NodeId,
         v: NodeId,
         heads: usize,
         scale: f32,
+        len: Option<NodeId>,
     },
     /// Each row divided by its L2 norm, TensorFlow's `l2_normalize`:
     /// `x / sqrt(max(Σ x², L2_EPS))`.
@@ -231,12 +241,13 @@ impl Op {
             | Op::Fold { x, .. }
             | Op::L2Normalize { x }
             | Op::Scale { x, .. }
+            | Op::Shift { x, .. }
             | Op::VariationalDropout { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Sub(a, b) | Op::ProductLogit { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
             Op::AttnPool { w, x } => vec![*w, *x],
-            Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
+            Op::Attention { q, k, v, len, .. } => [*q, *k, *v].into_iter().chain(*len).collect(),
             Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
             Op::Mul(a, b) => vec![*a, *b],
             Op::Cross { x0, xl, .. } => vec![*x0, *xl],
@@ -277,6 +288,14 @@ impl Graph {
             Op::Input { .. } => 1,
             Op::Zeros { like } => self.rows(*like),
             Op::Tile { x, n } | Op::Unfold { x, n } => self.rows(*x) * n,
+            Op::Attention { q, k, v, len, .. } => {
+                let r = self.rows(*q);
+                assert!(
+                    self.rows(*k) == r && self.rows(*v) == r && len.is_none_or(|l| self.rows(l) == 1),
+                    "attention among the rows of each batch row, one length per batch row"
+                );
+                r
+            }
             Op::Fold { x, n } => {
                 assert!(
                     self.rows(*x).is_multiple_of(*n),
@@ -463,14 +482,30 @@ impl Graph {
     }
 
     /// `Op::Attention` of `heads` heads among each batch row's positions.
-    pub fn attention(&mut self, (q, k, v): (NodeId, NodeId, NodeId), heads: usize, scale: f32) -> NodeId {
+    pub fn attention(
+        &mut self,
+        (q, k, v): (NodeId, NodeId, NodeId),
+        (heads, scale): (usize, f32),
+        len: Option<NodeId>,
+    ) -> NodeId {
         let (wq, wv) = (self.width(q), self.width(v));
         assert!(
             heads > 0 && wq == self.width(k) && wq.is_multiple_of(heads) && wv.is_multiple_of(heads),
             "attention of {heads} heads over queries {wq}, keys {}, values {wv} wide",
             self.width(k)
         );
-        self.push(Op::Attention { q, k, v, heads, scale }, wv)
+        assert!(len.is_none_or(|l| self.width(l) == 1), "a length column");
+        self.push(
+            Op::Attention {
+                q,
+                k,
+                v,
+                heads,
+                scale,
+                len,
+            },
+            wv,
+        )
     }
 
     pub fn l2_normalize(&mut self, x: NodeId) -> NodeId {
@@ -482,6 +517,12 @@ impl Graph {
     pub fn scale(&mut self, x: NodeId, factor: f32, w: Option<usize>) -> NodeId {
         let width = self.width(x);
         self.push(Op::Scale { x, factor, w }, width)
+    }
+
+    /// `x + by`.
+    pub fn shift(&mut self, x: NodeId, by: f32) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::Shift { x, by }, w)
     }
 
     /// Variational dropout of `x`'s columns, column `c` by entry `index[c]`
@@ -664,11 +705,29 @@ impl Scope<'_> {
         (gamma, beta)
     }
 
-    /// Layer normalization named `name/gamma`, `name/beta`.
+    /// Keras' layer normalization named `name/gamma`, `name/beta`.
     pub fn layer_norm(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
         let d = g.width(x);
         let (gamma, beta) = self.scale_shift(name, d);
-        g.push(Op::LayerNorm { x, gamma, beta }, d)
+        g.push(
+            Op::LayerNorm {
+                x,
+                gamma,
+                beta,
+                eps: LN_EPS,
+            },
+            d,
+        )
+    }
+
+    /// Layer normalization with epsilon `eps`, its scale and offset named
+    /// `gamma` (ones) and `beta` (zeros).
+    pub fn layer_norm_named(&mut self, g: &mut Graph, x: NodeId, (gamma, beta): (&str, &str), eps: f32) -> NodeId {
+        let d = g.width(x);
+        let p = &mut *self.params;
+        let gamma = p.add(gamma, 1, d, Init::Ones, false, self.rng);
+        let beta = p.add(beta, 1, d, Init::Zeros, false, self.rng);
+        g.push(Op::LayerNorm { x, gamma, beta, eps }, d)
     }
 
     /// Batch norm named `name/gamma`, `name/beta`, `name/moving_mean`,

@@ -73,12 +73,12 @@ pub fn softmax_in_place(row: &mut [f32]) {
 }
 
 /// `Op::Attention` over one batch row: `q`, `k` `[n, heads * dk]`, `v`
-/// `[n, heads * dv]`; writes `out` `[n, heads * dv]` and the attention
-/// weights `probs` `[heads, n, n]` (for the backward pass).
+/// `[n, heads * dv]`, keys from `live` on masked; writes `out`
+/// `[n, heads * dv]` and the attention weights `probs` `[heads, n, n]`
+/// (zeros for masked keys, for the backward pass).
 pub fn attention_fwd(
     (q, k, v): (&[f32], &[f32], &[f32]),
-    heads: usize,
-    scale: f32,
+    (heads, scale, live): (usize, f32, usize),
     out: &mut [f32],
     probs: &mut [f32],
 ) {
@@ -87,13 +87,16 @@ pub fn attention_fwd(
     let (dk, dv) = (wq / heads, wv / heads);
     for h in 0..heads {
         for i in 0..n {
-            let p = &mut probs[(h * n + i) * n..][..n];
+            let (p, masked) = probs[(h * n + i) * n..][..n].split_at_mut(live);
+            masked.fill(0.0);
             let qi = &q[i * wq + h * dk..][..dk];
             for (j, pj) in p.iter_mut().enumerate() {
                 let kj = &k[j * wq + h * dk..][..dk];
                 *pj = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
             }
-            softmax_in_place(p);
+            if live > 0 {
+                softmax_in_place(p);
+            }
             let o = &mut out[i * wv + h * dv..][..dv];
             o.fill(0.0);
             for (j, pj) in p.iter().enumerate() {

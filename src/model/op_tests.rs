@@ -178,8 +178,21 @@ fn cases() -> Vec<Case> {
                 g.linear(t, s.params, k, None, Activation::Linear)
             };
             let (q, k, v) = (proj("q", 6), proj("k", 6), proj("v", 4));
-            let a = g.attention((q, k, v), 2, 1.7);
+            let a = g.attention((q, k, v), (2, 1.7), None);
             g.fold(a, 3)
+        }),
+        case("masked single-head attention, a constant shift", true, |g, s, x| {
+            // 4 positions of width 3; keys live below len (the sigmoid's
+            // sum over x[0]'s columns, less 2.5: a few rows mask every key).
+            let sig = g.act(x[0], Activation::Sigmoid);
+            let len = g.row_sum(sig);
+            let len = g.shift(len, -2.5);
+            let both = g.concat(&[x[0], x[1]]);
+            let t = g.unfold(both, 4);
+            let mut proj = |name: &str| s.dense(g, t, name, 3, Activation::Linear);
+            let (q, k, v) = (proj("q"), proj("k"), proj("v"));
+            let a = g.attention((q, k, v), (1, 1.0), Some(len));
+            g.fold(a, 4)
         }),
         case("target attention over a masked sequence", true, |g, s, x| {
             // A sequence of 6 positions of width 1 (x[1]), its length from

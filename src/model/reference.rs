@@ -5,7 +5,7 @@
 use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Op, BN_EPS, L2_EPS, LN_EPS, VD_EPS, VD_TEMP};
+use super::graph::{BnStats, Graph, Op, BN_EPS, L2_EPS, VD_EPS, VD_TEMP};
 use super::kernels::NO_HARD_NEGATIVE;
 use super::params::{to_vec, ParamStore};
 use super::Targets;
@@ -98,12 +98,12 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let inv = var.add_scalar(BN_EPS).sqrt().recip();
                 activate(*act, (x - m) * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone())
             }
-            Op::LayerNorm { x, gamma, beta } => {
+            Op::LayerNorm { x, gamma, beta, eps } => {
                 let x = v[x.0].clone();
                 let m = x.clone().mean_dim(1);
                 let c = x - m;
                 let var = (c.clone() * c.clone()).mean_dim(1);
-                let inv = var.add_scalar(LN_EPS).sqrt().recip();
+                let inv = var.add_scalar(*eps).sqrt().recip();
                 c * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone()
             }
             Op::Act { x, act } => activate(*act, v[x.0].clone()),
@@ -209,6 +209,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let norm = (x.clone() * x.clone()).sum_dim(1).clamp_min(L2_EPS).sqrt();
                 x / norm
             }
+            Op::Shift { x, by } => v[x.0].clone().add_scalar(*by),
             Op::Scale { x, factor, w } => {
                 let y = v[x.0].clone().mul_scalar(*factor);
                 match w {
@@ -240,6 +241,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 v: val,
                 heads,
                 scale,
+                len,
             } => {
                 let (n, h) = (node.rows, *heads);
                 let split = |t: Tensor<2>, w: usize| -> Tensor<4> { t.reshape([batch, n, h, w / h]).swap_dims(1, 2) };
@@ -249,7 +251,22 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                     split(v[k.0].clone(), wq),
                     split(v[val.0].clone(), width),
                 );
-                let p = softmax(q4.matmul(k4.swap_dims(2, 3)).mul_scalar(*scale), 3);
+                let s = q4.matmul(k4.swap_dims(2, 3)).mul_scalar(*scale);
+                let p = match len {
+                    None => softmax(s, 3),
+                    Some(len) => {
+                        // As MaskedSoftmax: masked keys far below the rest,
+                        // then the mask again for rows with none left.
+                        let lens = to_vec(v[len.0].clone());
+                        let mask: Vec<f32> = lens
+                            .iter()
+                            .flat_map(|l| (0..n).map(move |j| if (j as f32) < *l { 1.0 } else { 0.0 }))
+                            .collect();
+                        let mask: Tensor<4> = ctx.constant(mask, batch, n).reshape([batch, 1, 1, n]);
+                        let logits = s * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
+                        softmax(logits, 3) * mask
+                    }
+                };
                 p.matmul(v4).swap_dims(1, 2).reshape([b, width])
             }
             Op::AttnPool { w, x } => {

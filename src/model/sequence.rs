@@ -17,7 +17,7 @@ use anyhow::bail;
 
 use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::{CombinedSeq, GroupLayout, SeqLayout};
-use crate::config::model_plan::{Activation, DnnSpec};
+use crate::config::model_plan::{Activation, Bst, DnnSpec};
 use crate::config::typed::SeqCombiner;
 
 /// The features of group `l` from its input matrix `x`: its own features
@@ -36,7 +36,10 @@ pub fn group_features(
     }
     let mut outs: Vec<NodeId> = features.into_iter().collect();
     for sl in &l.seq {
-        outs.push(target_attention(sl, x, g, s)?);
+        outs.push(match sl.att.bst {
+            Some(bst) => bst_block(sl, bst, x, g, s)?,
+            None => target_attention(sl, x, g, s)?,
+        });
     }
     Ok(g.concat(&outs))
 }
@@ -165,6 +168,95 @@ fn target_attention(sl: &SeqLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> 
     }
     Ok(g.concat(&out))
 }
+
+/// MultiTowerBST's tower, EasyRec's transformer block (`bst`): the keys
+/// side by side and the histories side by side, each position one vector;
+/// the history cut or zero-padded to `seq_len - 1` positions, the key after
+/// them. Per head, a slice of the columns (`ceil(d / heads)` wide, the
+/// last head what is left) gets its own query, key and value layers and
+/// attends (unscaled) to the row's history positions and the key; the
+/// heads' outputs go through `multi_head_attention`, are added to the
+/// input and layer-normalised, then `feed_forward_net` with another add
+/// and norm; out come all positions side by side, `[b, seq_len * d]`.
+///
+/// The key sits first inside the block and moves last at the end: the
+/// block treats positions alike (no position embedding), so the result is
+/// EasyRec's, and the history mask is then "keys below len + 1".
+fn bst_block(sl: &SeqLayout, bst: Bst, x: NodeId, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+    let (n, m) = (sl.len, bst.seq_len - 1);
+    let keys: Vec<NodeId> = sl.keys.iter().map(|&(c, w)| g.slice(x, c, w)).collect();
+    let key = g.concat(&keys);
+    let rows: Vec<NodeId> = sl
+        .hist
+        .iter()
+        .map(|&(c, dim)| {
+            let h = g.slice(x, c, n.min(m) * dim);
+            let h = if n < m {
+                let pad = g.zeros(x, (m - n) * dim);
+                g.concat(&[h, pad])
+            } else {
+                h
+            };
+            g.unfold(h, m)
+        })
+        .collect();
+    let hist = g.concat(&rows);
+    let d = g.width(key);
+    if g.width(hist) != d {
+        bail!(
+            "BST tower `{}`: its keys are {d} wide and its histories {}; EasyRec stacks them as one sequence, so they must match",
+            sl.att.name,
+            g.width(hist)
+        );
+    }
+    let hist = g.fold(hist, m);
+    let all = g.concat(&[key, hist]);
+    let all = g.unfold(all, m + 1);
+    let len = g.slice(x, sl.len_col, 1);
+    let live = g.shift(len, 1.0);
+    // tf.layers.dense without a regularizer, in a scope of its name.
+    let k = Kernel {
+        l2: false,
+        ..Kernel::DENSE
+    };
+    let lin = Activation::Linear;
+    let mut dense =
+        |g: &mut Graph, x: NodeId, name: &str, units: usize| s.layer(g, x, &format!("{name}/{name}_0"), units, k, lin);
+    let part = d.div_ceil(bst.heads);
+    let mut heads = Vec::new();
+    for start in (0..d).step_by(part) {
+        let w = part.min(d - start);
+        let cols = g.slice(all, start, w);
+        let name = format!("multi_head_{start}");
+        let q = dense(g, cols, &format!("{name}_query"), w);
+        let kk = dense(g, cols, &format!("{name}_key"), w);
+        let v = dense(g, cols, &format!("{name}_value"), w);
+        heads.push(g.attention((q, kk, v), (1, 1.0), Some(live)));
+    }
+    let heads = g.concat(&heads);
+    let att = dense(g, heads, "multi_head_attention", d);
+    let sum = g.add(&[all, att]);
+    let t = s.layer_norm_named(g, sum, BST_NORMS[0], BST_LN_EPS);
+    let ff = s.layer(g, t, "feed_forward_net/feed_forward_net_0", d, k, lin);
+    let sum = g.add(&[t, ff]);
+    let out = s.layer_norm_named(g, sum, BST_NORMS[1], BST_LN_EPS);
+    let out = g.fold(out, m + 1);
+    let (key_out, hist_out) = (g.slice(out, 0, d), g.slice(out, d, m * d));
+    Ok(g.concat(&[hist_out, key_out]))
+}
+
+/// EasyRec's own layer normalization (`layers/layer_norm.py`), which BST uses.
+const BST_LN_EPS: f32 = 1e-6;
+const BST_NORMS: [(&str, &str); 2] = [
+    (
+        "layer_normalization/layer_norm_scale",
+        "layer_normalization/layer_norm_bias",
+    ),
+    (
+        "layer_normalization_1/layer_norm_scale",
+        "layer_normalization_1/layer_norm_bias",
+    ),
+];
 
 /// EasyRec's DNN with `last_layer_no_activation` and
 /// `last_layer_no_batch_norm`: the last layer is a plain dense layer.

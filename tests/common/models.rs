@@ -252,6 +252,17 @@ model_config { model_class: "MultiTowerDIN"
                 din_towers { input: "din" dnn { hidden_units: [5, 1] } }
                 final_dnn { hidden_units: [4] } } }"#,
     ),
+    (
+        "MultiTowerBST",
+        r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 2 }
+model_config { model_class: "MultiTowerBST"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c4"] }
+  seq_att_groups { group_name: "bst" seq_att_map { key: "c2" hist_seq: "hist" } }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
+                bst_towers { input: "bst" seq_len: 4 multi_head_size: 2 }
+                final_dnn { hidden_units: [4] } } }"#,
+    ),
 ];
 
 pub fn write_data(path: &Path, rows: usize, seed: u64) {
