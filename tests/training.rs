@@ -220,6 +220,31 @@ model_config { model_class: "MultiTowerBST"
          item_tower { id: "c2" dnn { hidden_units: [6, 4] } }
          l2_regularization: 1e-4 } }"#
         }
+        "MatchModel" => {
+            r#"model_config { model_class: "MatchModel"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c1"] }
+  backbone {
+    blocks { name: "user_fields" inputs { feature_group_name: "user" } input_layer { output_2d_tensor_and_feature_list: true } }
+    blocks { name: "user_tower" inputs { block_name: "user_fields" input_slice: "[0]" } keras_layer { class_name: "MLP" mlp { hidden_units: [6, 4] use_bn: false final_activation: "linear" } } }
+    blocks { name: "item_tower" inputs { feature_group_name: "item" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false final_activation: "linear" } } }
+    output_blocks: ["item_tower", "user_tower"]
+  }
+  model_params { l2_regularization: 1e-4 temperature: 0.3 scale_simi: true user_tower_idx_in_output: 1 item_tower_idx_in_output: 0 } }"#
+        }
+        "RankModel with CIN" => {
+            r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  backbone {
+    blocks { name: "fields" inputs { feature_group_name: "fields" } input_layer { only_output_3d_tensor: true } }
+    blocks { name: "cin" inputs { block_name: "fields" } keras_layer { class_name: "CIN" cin { hidden_feature_sizes: [4, 3] } } }
+    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
+    concat_blocks: ["cin", "dense_mlp"]
+  }
+  model_params { } }"#
+        }
         "DSSM in-batch softmax" => {
             r#"model_config { model_class: "DSSM"
   feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
@@ -659,7 +684,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 20] = [
+const MODELS: [&str; 22] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -680,6 +705,8 @@ const MODELS: [&str; 20] = [
     "MultiTowerDIN",
     "DSSM",
     "DSSM in-batch softmax",
+    "MatchModel",
+    "RankModel with CIN",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

@@ -142,6 +142,7 @@ const PASSING: &[&str] = &[
     "zoo/multi_tower_on_taobao_sok.config",
     "zoo/multi_tower_on_taobao_unblanace.config",
     "zoo/multi_tower_with_embed.config",
+    "zoo/parallel_dssm_on_taobao_backbone.config",
     "zoo/ple_on_sequence_feature_taobao.config",
     "zoo/ple_on_taobao.config",
     "zoo/rtp.config",
@@ -156,6 +157,7 @@ const PASSING: &[&str] = &[
     "zoo/wide_and_deep_on_avazau_ctr.config",
     "zoo/wide_and_deep_on_sequence_feature_taobao.config",
     "zoo/wide_and_deep_two_opti.config",
+    "zoo/xdeepfm_on_taobao_backbone.config",
 ];
 
 /// Configs of EasyRec's repository that EasyRec itself cannot run, with

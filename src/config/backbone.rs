@@ -138,6 +138,13 @@ pub enum Keras {
         dropout: f32,
         init_gate_bias: f32,
     },
+    /// xDeepFM's compressed interaction network over `[batch, fields,
+    /// dim]`: per layer of `k` feature maps, per embedding column,
+    /// `relu(Σ_{a,c} W[k, a, c] · x_i[a] · x_0[c] + b[k])`; each layer's
+    /// maps summed over the columns, the layers' sums side by side.
+    Cin {
+        sizes: Vec<usize>,
+    },
     /// MaskNet: instance-guided masks over (layer-normed) inputs, in
     /// parallel (concatenated) or in series, then an optional MLP.
     MaskNet {
@@ -320,7 +327,7 @@ impl StParams<'_> {
     }
 }
 
-const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, MaskNet, Highway, SENet";
+const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -417,6 +424,26 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
             Keras::Cross {
                 projection_dim: st.count("projection_dim")?,
                 use_bias: st.boolean("use_bias")?.unwrap_or(true),
+            }
+        }
+        "CIN" => {
+            let sizes = match &k.params {
+                Some(Params::Cin(c)) => c.hidden_feature_sizes.clone(),
+                _ => {
+                    return Err(ConfigError::invalid(
+                        path,
+                        "Keras layer CIN takes `cin { hidden_feature_sizes: [...] }`",
+                    ))
+                }
+            };
+            if sizes.is_empty() || sizes.iter().any(|&h| h < 1) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.cin.hidden_feature_sizes"),
+                    "needs at least one layer, each of at least one feature map",
+                ));
+            }
+            Keras::Cin {
+                sizes: sizes.into_iter().map(|h| h as usize).collect(),
             }
         }
         "SENet" => {

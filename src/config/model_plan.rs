@@ -84,6 +84,16 @@ pub struct Bst {
     pub heads: usize,
 }
 
+/// How a match model compares its towers: the cosine (both L2-normalised,
+/// divided by `temperature`) or the inner product, then scaled by
+/// `|sim_w|` and shifted by `sim_b` with `scale_simi`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Similarity {
+    pub cosine: bool,
+    pub temperature: f32,
+    pub scale_simi: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interaction {
     Dot,
@@ -180,6 +190,14 @@ pub enum Arch {
         backbone: super::backbone::Backbone,
         towers: Vec<TaskTower>,
     },
+    /// MatchModel: the backbone's outputs `user` and `item` (indices into
+    /// its output list) as the towers, compared as DSSM's are.
+    MatchBackbone {
+        backbone: super::backbone::Backbone,
+        user: usize,
+        item: usize,
+        sim: Similarity,
+    },
     /// DSSM: the `user` and `item` groups through a DNN each (the last
     /// layer linear), L2-normalised for the cosine, and their similarity
     /// divided by the temperature, then scaled by `|sim_w|` and shifted by
@@ -187,9 +205,7 @@ pub enum Arch {
     Dssm {
         user: DnnSpec,
         item: DnnSpec,
-        cosine: bool,
-        temperature: f32,
-        scale_simi: bool,
+        sim: Similarity,
         /// DSSM_SENet: each tower's features first go through a SENet
         /// (`reduction_ratio`, `num_squeeze_group`), user's then item's.
         senet: Option<[(usize, usize); 2]>,
@@ -347,11 +363,16 @@ pub fn arch(
 ) -> Result<(Arch, f32, Option<Vec<Task>>), ConfigError> {
     use proto::easy_rec_model::Model as M;
     let m = "model_config";
-    if model.backbone.is_some() && !matches!(model.model_class.as_str(), "RankModel" | "MultiTaskModel") {
+    if model.backbone.is_some()
+        && !matches!(
+            model.model_class.as_str(),
+            "RankModel" | "MultiTaskModel" | "MatchModel"
+        )
+    {
         return Err(ConfigError::unsupported(
             format!("{m}.backbone"),
             format!(
-                "a backbone on model class {} (RankModel and MultiTaskModel run backbones)",
+                "a backbone on model class {} (RankModel, MultiTaskModel and MatchModel run backbones)",
                 model.model_class
             ),
         ));
@@ -660,6 +681,47 @@ fn single_task_arch(
                 p.l2_regularization(),
             )
         }
+        Some(M::ModelParams(p)) if model.model_class == "MatchModel" => {
+            let path = format!("{m}.model_params");
+            let b = model
+                .backbone
+                .as_ref()
+                .ok_or_else(|| ConfigError::invalid(format!("{m}.backbone"), "MatchModel needs a backbone"))?;
+            for (field, set) in [
+                ("outputs", !p.outputs.is_empty()),
+                ("task_towers", !p.task_towers.is_empty()),
+            ] {
+                if set {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.{field}"),
+                        format!("`{field}` on a MatchModel"),
+                    ));
+                }
+            }
+            let index = |v: i32, field: &str| {
+                usize::try_from(v)
+                    .map_err(|_| ConfigError::invalid(format!("{path}.{field}"), format!("{v} is not an index")))
+            };
+            let (user, item) = (
+                index(p.user_tower_idx_in_output(), "user_tower_idx_in_output")?,
+                index(p.item_tower_idx_in_output(), "item_tower_idx_in_output")?,
+            );
+            let cosine = p.simi_func() == proto::Similarity::Cosine;
+            let sim = Similarity {
+                cosine,
+                temperature: similarity_temperature(cosine, p.temperature(), &path)?,
+                scale_simi: p.scale_simi(),
+            };
+            (
+                Arch::MatchBackbone {
+                    backbone: super::backbone::backbone(b, &group_names(model), &format!("{m}.backbone"))?,
+                    user,
+                    item,
+                    sim,
+                },
+                p.l2_regularization(),
+            )
+        }
         Some(M::DssmSenet(d)) => {
             let path = format!("{m}.dssm_senet");
             let senet = |t: &proto::DssmSeNetTower, name: &str| -> Result<(usize, usize), ConfigError> {
@@ -688,29 +750,23 @@ fn single_task_arch(
                 temperature: d.temperature,
             };
             let (arch, l2) = dssm(&plain, &path)?;
-            let Arch::Dssm {
-                user,
-                item,
-                cosine,
-                temperature,
-                scale_simi,
-                ..
-            } = arch
-            else {
+            let Arch::Dssm { user, item, sim, .. } = arch else {
                 unreachable!("dssm builds a DSSM")
             };
             let arch = Arch::Dssm {
                 user,
                 item,
-                cosine,
-                temperature,
-                scale_simi,
+                sim,
                 senet: Some(senets),
             };
             (arch, l2)
         }
         Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
-        _ if matches!(model.model_class.as_str(), "RankModel" | "MultiTaskModel") => {
+        _ if matches!(
+            model.model_class.as_str(),
+            "RankModel" | "MultiTaskModel" | "MatchModel"
+        ) =>
+        {
             return Err(ConfigError::invalid(
                 m,
                 format!("{} needs `model_params` and a `backbone`", model.model_class),
@@ -837,24 +893,33 @@ fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
         ));
     }
     let cosine = d.simi_func() == proto::Similarity::Cosine;
-    let temperature = if cosine { d.temperature() } else { 1.0 };
-    if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(ConfigError::invalid(
-            format!("{path}.temperature"),
-            format!("{temperature} is not a positive number"),
-        ));
-    }
+    let sim = Similarity {
+        cosine,
+        temperature: similarity_temperature(cosine, d.temperature(), path)?,
+        scale_simi: d.scale_simi(),
+    };
     Ok((
         Arch::Dssm {
             user,
             item,
-            cosine,
-            temperature,
-            scale_simi: d.scale_simi(),
+            sim,
             senet: None,
         },
         d.l2_regularization,
     ))
+}
+
+/// The temperature a match model divides its similarity by: `temperature`
+/// for the cosine (EasyRec reads it only then), else 1.
+fn similarity_temperature(cosine: bool, temperature: f32, path: &str) -> Result<f32, ConfigError> {
+    let t = if cosine { temperature } else { 1.0 };
+    if !(t.is_finite() && t > 0.0) {
+        return Err(ConfigError::invalid(
+            format!("{path}.temperature"),
+            format!("{t} is not a positive number"),
+        ));
+    }
+    Ok(t)
 }
 
 /// The feature groups' names, as blocks of a backbone name them.

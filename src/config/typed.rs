@@ -268,6 +268,8 @@ pub enum ModelKind {
     MultiTaskModel,
     /// Two-tower retrieval.
     Dssm,
+    /// A `backbone` DAG whose two outputs are a match model's towers.
+    MatchModel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -944,11 +946,12 @@ impl TrainingPlan {
             "MultiTaskModel" => ModelKind::MultiTaskModel,
             // DSSM_SENet is DSSM with a SENet in each tower.
             "DSSM" | "DSSM_SENet" => ModelKind::Dssm,
+            "MatchModel" => ModelKind::MatchModel,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, DSSM, DSSM_SENet)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet)".into(),
                 })
             }
         };
@@ -1067,7 +1070,7 @@ impl TrainingPlan {
                     None => 0,
                 };
                 let metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
-                let loss = if kind == ModelKind::Dssm {
+                let loss = if matches!(kind, ModelKind::Dssm | ModelKind::MatchModel) {
                     let loss = super::tasks::match_loss_kind(model.loss_type(), model.num_class())?;
                     super::tasks::check_match_metrics(loss, &metrics)?;
                     loss

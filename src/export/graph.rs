@@ -564,6 +564,19 @@ impl Builder<'_> {
                     let norm = self.g.op("Sqrt", &[&sq]);
                     self.g.op("Div", &[&v[x.0], &norm])
                 }
+                Op::Transpose { x, n } => {
+                    let x3 = self.reshape(&v[x.0], &[-1, *n as i64, (width / n) as i64]);
+                    let t = self
+                        .g
+                        .node("Transpose", &[&x3], vec![("perm", Attr::Ints(vec![0, 2, 1]))], None);
+                    self.reshape(&t, &[-1, width as i64])
+                }
+                Op::Outer { a, b: c } => {
+                    let a3 = self.reshape(&v[a.0], &[-1, graph.width(*a) as i64, 1]);
+                    let c3 = self.reshape(&v[c.0], &[-1, 1, graph.width(*c) as i64]);
+                    let y = self.g.op("MatMul", &[&a3, &c3]);
+                    self.reshape(&y, &[-1, width as i64])
+                }
                 Op::Shift { x, by } => {
                     let c = self.scalar_f32(*by);
                     self.g.op("Add", &[&v[x.0], &c])

@@ -79,6 +79,39 @@ pub fn task_inputs(
     }
 }
 
+/// MatchModel's user and item towers: outputs `user` and `item` of the
+/// backbone's output list.
+pub fn towers(
+    b: &Backbone,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    (user, item): (usize, usize),
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<(NodeId, NodeId)> {
+    let Val::L(items) = body(b, groups, xs, g, s)? else {
+        bail!("MatchModel's backbone must output a list holding the user and the item tower");
+    };
+    let tower = |i: usize, what: &str, g: &mut Graph| -> anyhow::Result<NodeId> {
+        let v = items.get(i).with_context(|| {
+            format!(
+                "{what}_tower_idx_in_output {i} is past the backbone's {} outputs",
+                items.len()
+            )
+        })?;
+        tensor(v, g).with_context(|| format!("the {what} tower"))
+    };
+    let (u, v) = (tower(user, "user", g)?, tower(item, "item", g)?);
+    if g.width(u) != g.width(v) {
+        bail!(
+            "the user tower is {} wide and the item tower {}: they must match to be compared",
+            g.width(u),
+            g.width(v)
+        );
+    }
+    Ok((u, v))
+}
+
 /// The backbone's output: its output blocks and top MLP.
 fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
     let mut outs: HashMap<&str, Val> = HashMap::new();
@@ -477,6 +510,29 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let (x, n, _) = fields(&v, g).context("FM")?;
             let cross = g.fm(x, n);
             Val::T(if *variant { cross } else { g.row_sum(cross) })
+        }
+        Keras::Cin { sizes } => {
+            let (x, h0, d) = fields(&v, g).context("CIN")?;
+            // One row per embedding column, holding that column of every field.
+            let x0 = g.transpose(x, h0);
+            let x0 = g.unfold(x0, d);
+            let (mut xi, mut hi) = (x0, h0);
+            let mut pooled = Vec::new();
+            for (i, &hk) in sizes.iter().enumerate() {
+                // EasyRec's kernel `[hk, hi, h0]` as the `[hi * h0, hk]`
+                // matrix of the outer products' columns; he_normal by its
+                // fan in (hi * hk, Keras' for a 3-D shape), no regularizer.
+                let init = Init::TruncatedNormal(truncated_std(hi * hk, h0 * hk, false));
+                let p = &mut *s.params;
+                let w = p.add(&format!("{name}/cin_kernel_{i}"), hi * h0, hk, init, false, s.rng);
+                let b = p.add(&format!("{name}/cin_bias_{i}"), 1, hk, Init::Zeros, false, s.rng);
+                let o = g.outer(xi, x0);
+                xi = g.linear(o, s.params, w, Some(b), Activation::Relu);
+                hi = hk;
+                let maps = g.fold(xi, d);
+                pooled.push(g.sum_blocks(maps, d));
+            }
+            Val::T(g.concat(&pooled))
         }
         Keras::DotInteraction { self_interaction } => {
             let (x, n, d) = fields(&v, g).context("DotInteraction")?;

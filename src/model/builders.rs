@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
 use super::{GroupDropout, GroupLayout};
-use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, PleLevel, TaskTower};
+use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, PleLevel, Similarity, TaskTower};
 
 /// The graph of `arch` over `groups`, its parameters added to `scope`.
 /// Single-task models have the output `logits`; multi-task ones
@@ -106,17 +106,47 @@ pub fn build(
             b.dbmtl(g_, scope, bottom.as_ref(), experts, towers)?;
             return Ok(g);
         }
-        Arch::Dssm {
+        Arch::Dssm { user, item, sim, senet } => b.dssm(g_, scope, (user, item), *senet, *sim)?,
+        Arch::MatchBackbone {
+            backbone,
             user,
             item,
-            cosine,
-            temperature,
-            scale_simi,
-            senet,
-        } => b.dssm(g_, scope, (user, item), *senet, (*cosine, *temperature, *scale_simi))?,
+            sim,
+        } => {
+            let (u, v) = super::backbone::towers(backbone, groups, &b.xs, (*user, *item), g_, scope)?;
+            let norm = |g: &mut Graph, x: NodeId| if sim.cosine { g.l2_normalize(x) } else { x };
+            let (u, v) = (norm(g_, u), norm(g_, v));
+            similarity(g_, scope, (u, v), *sim)
+        }
     };
     g.output("logits", logits);
     Ok(g)
+}
+
+/// A match model's logit from its (normalised, for the cosine) tower
+/// embeddings `u` and `v`: `u · v / temperature`, times `|sim_w|` plus
+/// `sim_b` with `scale_simi`. Besides it, the graph gets the outputs
+/// `user_tower_emb`, `item_tower_emb` and `user_scaled` (the user
+/// embedding times the similarity's scale: the in-batch loss's user side).
+fn similarity(g: &mut Graph, s: &mut Scope, (u, v): (NodeId, NodeId), sim: Similarity) -> NodeId {
+    let (w, b) = if sim.scale_simi {
+        (
+            Some(s.params.add("sim_w", 1, 1, Init::Ones, false, s.rng)),
+            Some(s.params.add("sim_b", 1, 1, Init::Zeros, false, s.rng)),
+        )
+    } else {
+        (None, None)
+    };
+    let us = g.scale(u, 1.0 / sim.temperature, w);
+    let uv = g.mul(us, v);
+    let mut logit = g.row_sum(uv);
+    if let Some(b) = b {
+        logit = g.bias(logit, b);
+    }
+    g.output("user_tower_emb", u);
+    g.output("item_tower_emb", v);
+    g.output("user_scaled", us);
+    logit
 }
 
 /// The width of the wide side's embeddings, for the architectures that
@@ -125,7 +155,9 @@ pub fn wide_dim(arch: &Arch) -> Option<usize> {
     match arch {
         Arch::WideAndDeep { wide_output_dim, .. } | Arch::DeepFm { wide_output_dim, .. } => Some(*wide_output_dim),
         Arch::Fm => Some(1),
-        Arch::Backbone(b) | Arch::MultiTaskBackbone { backbone: b, .. } => b.wide_output_dim,
+        Arch::Backbone(b) | Arch::MultiTaskBackbone { backbone: b, .. } | Arch::MatchBackbone { backbone: b, .. } => {
+            b.wide_output_dim
+        }
         _ => None,
     }
 }
@@ -178,7 +210,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
             named(&groups.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
         }
         Arch::Esmm { .. } => named(&["all"]),
-        Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } => Vec::new(),
+        Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } | Arch::MatchBackbone { .. } => Vec::new(),
         Arch::Dssm { .. } => named(&["user", "item"]),
     };
     order.dedup();
@@ -477,7 +509,7 @@ impl Builder<'_> {
         s: &mut Scope,
         (user, item): (&DnnSpec, &DnnSpec),
         senet: Option<[(usize, usize); 2]>,
-        (cosine, temperature, scale_simi): (bool, f32, bool),
+        sim: Similarity,
     ) -> anyhow::Result<NodeId> {
         let mut tower = |name: &str, spec: &DnnSpec, se: Option<(usize, usize)>| -> anyhow::Result<NodeId> {
             let gi = self.group(name, "DSSM")?;
@@ -506,28 +538,11 @@ impl Builder<'_> {
                 spec.hidden_units[n - 1],
                 Activation::Linear,
             );
-            Ok(if cosine { g.l2_normalize(e) } else { e })
+            Ok(if sim.cosine { g.l2_normalize(e) } else { e })
         };
         let u = tower("user", user, senet.map(|s| s[0]))?;
         let v = tower("item", item, senet.map(|s| s[1]))?;
-        let (w, b) = if scale_simi {
-            (
-                Some(s.params.add("sim_w", 1, 1, Init::Ones, false, s.rng)),
-                Some(s.params.add("sim_b", 1, 1, Init::Zeros, false, s.rng)),
-            )
-        } else {
-            (None, None)
-        };
-        let us = g.scale(u, 1.0 / temperature, w);
-        let uv = g.mul(us, v);
-        let mut sim = g.row_sum(uv);
-        if let Some(b) = b {
-            sim = g.bias(sim, b);
-        }
-        g.output("user_tower_emb", u);
-        g.output("item_tower_emb", v);
-        g.output("user_scaled", us);
-        Ok(sim)
+        Ok(similarity(g, s, (u, v), sim))
     }
 
     /// EasyRec's MMoE layer over `x`: the experts, then per task a softmax

@@ -372,6 +372,20 @@ impl<'a> Tape<'a> {
                 (self.value(*x).iter().map(|v| v * s).collect(), Saved::None)
             }
             Op::Shift { x, by } => (self.value(*x).iter().map(|v| v + by).collect(), Saved::None),
+            Op::Transpose { x, n } => (kernels::transpose_rows(self.value(*x), width, *n), Saved::None),
+            Op::Outer { a, b: c } => {
+                let (wa, wc) = (self.graph.width(*a), self.graph.width(*c));
+                let mut y = vec![0.0f32; b * width];
+                y.par_chunks_mut(width.max(1))
+                    .zip(self.value(*a).par_chunks(wa.max(1)))
+                    .zip(self.value(*c).par_chunks(wc.max(1)))
+                    .for_each(|((out, ar), cr)| {
+                        for (blk, x) in out.chunks_exact_mut(wc).zip(ar) {
+                            blk.iter_mut().zip(cr).for_each(|(o, y)| *o = x * y);
+                        }
+                    });
+                (y, Saved::None)
+            }
             Op::Tile { x, n } => {
                 let y = self
                     .value(*x)
@@ -800,6 +814,39 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::Shift { x, .. } => accumulate(&mut grads, needs, *x, dy),
+                // The transpose of `[n, m]` is `[m, n]`: transposing back.
+                Op::Transpose { x, n } => {
+                    let m = width / n;
+                    accumulate(&mut grads, needs, *x, kernels::transpose_rows(&dy, width, m));
+                }
+                Op::Outer { a, b: c } => {
+                    let (wa, wc) = (g.width(*a), g.width(*c));
+                    let (av, cv) = (self.value(*a), self.value(*c));
+                    if needs[a.0] {
+                        let mut da = vec![0.0f32; b * wa];
+                        da.par_chunks_mut(wa.max(1))
+                            .zip(dy.par_chunks(width.max(1)))
+                            .zip(cv.par_chunks(wc.max(1)))
+                            .for_each(|((o, d), cr)| {
+                                for (o, blk) in o.iter_mut().zip(d.chunks_exact(wc)) {
+                                    *o = blk.iter().zip(cr).map(|(g, y)| g * y).sum();
+                                }
+                            });
+                        accumulate(&mut grads, needs, *a, da);
+                    }
+                    if needs[c.0] {
+                        let mut dc = vec![0.0f32; b * wc];
+                        dc.par_chunks_mut(wc.max(1))
+                            .zip(dy.par_chunks(width.max(1)))
+                            .zip(av.par_chunks(wa.max(1)))
+                            .for_each(|((o, d), ar)| {
+                                for (blk, x) in d.chunks_exact(wc).zip(ar) {
+                                    o.iter_mut().zip(blk).for_each(|(o, g)| *o += g * x);
+                                }
+                            });
+                        accumulate(&mut grads, needs, *c, dc);
+                    }
+                }
                 Op::Scale { x, factor, w } => {
                     let wv = w.map_or(1.0, |w| p.slice(w)[0]);
                     if let Some(w) = w {

@@ -136,6 +136,17 @@ pub enum Op {
         beta: usize,
         eps: f32,
     },
+    /// Each row read as an `[n, width / n]` matrix and transposed:
+    /// `[r, n * m] -> [r, m * n]`.
+    Transpose {
+        x: NodeId,
+        n: usize,
+    },
+    /// Each row's outer product `a_i * b_j` at column `i * width(b) + j`.
+    Outer {
+        a: NodeId,
+        b: NodeId,
+    },
     /// `x + by`, a constant.
     Shift {
         x: NodeId,
@@ -242,9 +253,10 @@ impl Op {
             | Op::L2Normalize { x }
             | Op::Scale { x, .. }
             | Op::Shift { x, .. }
+            | Op::Transpose { x, .. }
             | Op::VariationalDropout { x, .. }
             | Op::Softmax { x } => vec![*x],
-            Op::Sub(a, b) | Op::ProductLogit { a, b } => vec![*a, *b],
+            Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
             Op::AttnPool { w, x } => vec![*w, *x],
             Op::Attention { q, k, v, len, .. } => [*q, *k, *v].into_iter().chain(*len).collect(),
@@ -517,6 +529,19 @@ impl Graph {
     pub fn scale(&mut self, x: NodeId, factor: f32, w: Option<usize>) -> NodeId {
         let width = self.width(x);
         self.push(Op::Scale { x, factor, w }, width)
+    }
+
+    /// `Op::Transpose` of each row as `n` rows.
+    pub fn transpose(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        assert!(n > 0 && w.is_multiple_of(n), "transpose of width {w} as {n} rows");
+        self.push(Op::Transpose { x, n }, w)
+    }
+
+    /// `Op::Outer` of `a` and `b`.
+    pub fn outer(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        let w = self.width(a) * self.width(b);
+        self.push(Op::Outer { a, b }, w)
     }
 
     /// `x + by`.

@@ -146,6 +146,23 @@ pub fn attention_bwd(
     }
 }
 
+/// Each `width`-wide row of `x` read as an `[n, width / n]` matrix,
+/// transposed.
+pub fn transpose_rows(x: &[f32], width: usize, n: usize) -> Vec<f32> {
+    let m = width / n;
+    let mut y = vec![0.0f32; x.len()];
+    y.par_chunks_mut(width.max(1))
+        .zip(x.par_chunks(width.max(1)))
+        .for_each(|(out, row)| {
+            for i in 0..n {
+                for j in 0..m {
+                    out[j * n + i] = row[i * m + j];
+                }
+            }
+        });
+    y
+}
+
 pub fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
     if n == 0 {
         return;

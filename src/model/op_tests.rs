@@ -168,6 +168,11 @@ fn cases() -> Vec<Case> {
             let y = g.scale(x[1], 0.5, Some(w));
             g.scale(y, -2.0, None)
         }),
+        case("transpose and outer product", true, |g, _, x| {
+            let t = g.transpose(x[0], 2);
+            let h = g.slice(x[1], 1, 3);
+            g.outer(t, h)
+        }),
         case("multi-head self-attention", true, |g, s, x| {
             // 3 positions of width 4 per batch row, 2 heads of 3 query and
             // 2 value columns each.

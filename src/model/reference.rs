@@ -210,6 +210,16 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 x / norm
             }
             Op::Shift { x, by } => v[x.0].clone().add_scalar(*by),
+            Op::Transpose { x, n } => {
+                let t: Tensor<3> = v[x.0].clone().reshape([b, *n, width / n]);
+                t.swap_dims(1, 2).reshape([b, width])
+            }
+            Op::Outer { a, b: c } => {
+                let (wa, wc) = (graph.width(*a), graph.width(*c));
+                let a3: Tensor<3> = v[a.0].clone().reshape([b, wa, 1]);
+                let c3: Tensor<3> = v[c.0].clone().reshape([b, 1, wc]);
+                a3.matmul(c3).reshape([b, width])
+            }
             Op::Scale { x, factor, w } => {
                 let y = v[x.0].clone().mul_scalar(*factor);
                 match w {

@@ -253,6 +253,33 @@ model_config { model_class: "MultiTowerDIN"
                 final_dnn { hidden_units: [4] } } }"#,
     ),
     (
+        "MatchModel",
+        r#"model_config { model_class: "MatchModel"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c1"] }
+  backbone {
+    blocks { name: "user_fields" inputs { feature_group_name: "user" } input_layer { output_2d_tensor_and_feature_list: true } }
+    blocks { name: "user_tower" inputs { block_name: "user_fields" input_slice: "[0]" } keras_layer { class_name: "MLP" mlp { hidden_units: [6, 4] use_bn: false final_activation: "linear" } } }
+    blocks { name: "item_tower" inputs { feature_group_name: "item" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false final_activation: "linear" } } }
+    output_blocks: ["item_tower", "user_tower"]
+  }
+  model_params { l2_regularization: 1e-4 temperature: 0.3 scale_simi: true user_tower_idx_in_output: 1 item_tower_idx_in_output: 0 } }"#,
+    ),
+    (
+        "RankModel with CIN",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  backbone {
+    blocks { name: "fields" inputs { feature_group_name: "fields" } input_layer { only_output_3d_tensor: true } }
+    blocks { name: "cin" inputs { block_name: "fields" } keras_layer { class_name: "CIN" cin { hidden_feature_sizes: [4, 3] } } }
+    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
+    concat_blocks: ["cin", "dense_mlp"]
+  }
+  model_params { } }"#,
+    ),
+    (
         "MultiTowerBST",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 2 }
