@@ -138,6 +138,27 @@ pub enum Keras {
         dropout: f32,
         init_gate_bias: f32,
     },
+    /// EasyRec's PeriodicEmbedding of raw values `[batch, n]`: per feature
+    /// `dim / 2` coefficients `c` (normal, stddev `sigma`) and
+    /// `[sin(2π c x), cos(2π c x)]`, then, with `linear`, a dense layer of
+    /// `dim` per feature (`nd_linear`) and that activation.
+    Periodic {
+        dim: usize,
+        sigma: f32,
+        linear: Option<Activation>,
+        out: NumericOut,
+    },
+    /// EasyRec's AutoDisEmbedding of raw values `[batch, n]`: per feature a
+    /// leaky-ReLU projection to `bins` scores, mixed by a `[bins, bins]`
+    /// matrix plus `keep_prob` of themselves, softmaxed at `temperature`,
+    /// weighting `bins` meta-embeddings of `dim`.
+    AutoDis {
+        dim: usize,
+        bins: usize,
+        keep_prob: f32,
+        temperature: f32,
+        out: NumericOut,
+    },
     /// xDeepFM's compressed interaction network over `[batch, fields,
     /// dim]`: per layer of `k` feature maps, per embedding column,
     /// `relu(Σ_{a,c} W[k, a, c] · x_i[a] · x_0[c] + b[k])`; each layer's
@@ -153,6 +174,28 @@ pub enum Keras {
         input_layer_norm: bool,
         mlp: Option<Mlp>,
     },
+}
+
+/// What a numeric embedding layer outputs: the embeddings side by side
+/// `[batch, n * dim]`, with `output_3d_tensor` also as `[batch, n, dim]`,
+/// with `output_tensor_list` also as a list of `[batch, dim]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumericOut {
+    Tensor,
+    AndStacked,
+    AndList,
+}
+
+impl NumericOut {
+    fn of(list: bool, stacked: bool) -> Self {
+        if list {
+            NumericOut::AndList
+        } else if stacked {
+            NumericOut::AndStacked
+        } else {
+            NumericOut::Tensor
+        }
+    }
 }
 
 /// One mask block of MaskNet.
@@ -327,7 +370,8 @@ impl StParams<'_> {
     }
 }
 
-const SUPPORTED_LAYERS: &str = "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet";
+const SUPPORTED_LAYERS: &str =
+    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, PeriodicEmbedding, AutoDisEmbedding";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -424,6 +468,115 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
             Keras::Cross {
                 projection_dim: st.count("projection_dim")?,
                 use_bias: st.boolean("use_bias")?.unwrap_or(true),
+            }
+        }
+        "PeriodicEmbedding" => {
+            let (dim, sigma, linear, act, out) = match &k.params {
+                Some(Params::PeriodicEmbedding(p)) => (
+                    p.embedding_dim as usize,
+                    p.sigma,
+                    p.add_linear_layer(),
+                    p.linear_activation().to_string(),
+                    NumericOut::of(p.output_tensor_list(), p.output_3d_tensor()),
+                ),
+                _ => {
+                    params_for("`periodic_embedding` or st_params")?;
+                    st.check_keys(
+                        &[
+                            "embedding_dim",
+                            "sigma",
+                            "add_linear_layer",
+                            "linear_activation",
+                            "output_3d_tensor",
+                            "output_tensor_list",
+                        ],
+                        class,
+                    )?;
+                    (
+                        st.count("embedding_dim")?.unwrap_or(0),
+                        st.number("sigma")?.unwrap_or(f64::NAN) as f32,
+                        st.boolean("add_linear_layer")?.unwrap_or(true),
+                        st.string("linear_activation")?.unwrap_or("relu").to_string(),
+                        NumericOut::of(
+                            st.boolean("output_tensor_list")?.unwrap_or(false),
+                            st.boolean("output_3d_tensor")?.unwrap_or(false),
+                        ),
+                    )
+                }
+            };
+            if dim == 0 || dim % 2 == 1 {
+                return Err(ConfigError::invalid(
+                    format!("{path}.embedding_dim"),
+                    format!("PeriodicEmbedding's embedding_dim must be even and positive, not {dim}"),
+                ));
+            }
+            if !(sigma.is_finite() && sigma > 0.0) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.sigma"),
+                    "PeriodicEmbedding needs a positive sigma",
+                ));
+            }
+            Keras::Periodic {
+                dim,
+                sigma,
+                linear: linear
+                    .then(|| activation(&act, &format!("{path}.linear_activation")))
+                    .transpose()?,
+                out,
+            }
+        }
+        "AutoDisEmbedding" => {
+            let (dim, bins, keep_prob, temperature, out) = match &k.params {
+                Some(Params::AutoDisEmbedding(p)) => (
+                    p.embedding_dim as usize,
+                    p.num_bins as usize,
+                    p.keep_prob,
+                    p.temperature,
+                    NumericOut::of(p.output_tensor_list(), p.output_3d_tensor()),
+                ),
+                _ => {
+                    params_for("`auto_dis_embedding` or st_params")?;
+                    st.check_keys(
+                        &[
+                            "embedding_dim",
+                            "num_bins",
+                            "keep_prob",
+                            "temperature",
+                            "output_3d_tensor",
+                            "output_tensor_list",
+                        ],
+                        class,
+                    )?;
+                    (
+                        st.count("embedding_dim")?.unwrap_or(0),
+                        st.count("num_bins")?.unwrap_or(0),
+                        st.number("keep_prob")?.unwrap_or(0.8) as f32,
+                        st.number("temperature")?.unwrap_or(f64::NAN) as f32,
+                        NumericOut::of(
+                            st.boolean("output_tensor_list")?.unwrap_or(false),
+                            st.boolean("output_3d_tensor")?.unwrap_or(false),
+                        ),
+                    )
+                }
+            };
+            if dim == 0 || bins == 0 {
+                return Err(ConfigError::invalid(
+                    path,
+                    "AutoDisEmbedding needs a positive embedding_dim and num_bins",
+                ));
+            }
+            if !(temperature.is_finite() && temperature > 0.0) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.temperature"),
+                    "AutoDisEmbedding needs a positive temperature",
+                ));
+            }
+            Keras::AutoDis {
+                dim,
+                bins,
+                keep_prob,
+                temperature,
+                out,
             }
         }
         "CIN" => {

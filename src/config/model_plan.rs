@@ -27,6 +27,8 @@ pub enum Activation {
     Sigmoid,
     Tanh,
     Linear,
+    /// `tf.nn.leaky_relu`: `x` above 0, `0.2 x` below.
+    LeakyRelu,
 }
 
 /// EasyRec's DNN block: dense -> batch norm (optional) -> activation -> dropout, per layer.
@@ -313,11 +315,12 @@ pub fn activation(name: &str, path: &str) -> Result<Activation, ConfigError> {
         "relu" => Activation::Relu,
         "sigmoid" => Activation::Sigmoid,
         "tanh" => Activation::Tanh,
+        "leaky_relu" => Activation::LeakyRelu,
         "" | "linear" | "None" | "none" => Activation::Linear,
         other => {
             return Err(ConfigError::unsupported(
                 path,
-                format!("activation `{other}` (supported: relu, sigmoid, tanh, linear)"),
+                format!("activation `{other}` (supported: relu, leaky_relu, sigmoid, tanh, linear)"),
             ))
         }
     })

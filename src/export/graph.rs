@@ -367,6 +367,12 @@ impl Builder<'_> {
             Activation::Sigmoid => self.g.op("Sigmoid", &[&x]),
             Activation::Tanh => self.g.op("Tanh", &[&x]),
             Activation::Linear => x,
+            Activation::LeakyRelu => self.g.node(
+                "LeakyRelu",
+                &[&x],
+                vec![("alpha", Attr::Float(kernels::LEAKY_SLOPE))],
+                None,
+            ),
         }
     }
 
@@ -563,6 +569,36 @@ impl Builder<'_> {
                     let sq = self.g.op("Max", &[&sq, &eps]);
                     let norm = self.g.op("Sqrt", &[&sq]);
                     self.g.op("Div", &[&v[x.0], &norm])
+                }
+                Op::GroupedLinear { x, w, b: bias, n } => {
+                    let (n, din) = (*n as i64, (graph.width(*x) / n) as i64);
+                    let dout = width as i64 / n;
+                    let x3 = self.reshape(&v[x.0], &[-1, n, din]);
+                    let x3 = self
+                        .g
+                        .node("Transpose", &[&x3], vec![("perm", Attr::Ints(vec![1, 0, 2]))], None);
+                    let w = self.param(*w);
+                    let w3 = self.reshape(&w, &[n, din, dout]);
+                    let y = self.g.op("MatMul", &[&x3, &w3]);
+                    let y = self
+                        .g
+                        .node("Transpose", &[&y], vec![("perm", Attr::Ints(vec![1, 0, 2]))], None);
+                    let y = self.reshape(&y, &[-1, width as i64]);
+                    match bias {
+                        Some(bi) => {
+                            let b = self.param(*bi);
+                            self.g.op("Add", &[&y, &b])
+                        }
+                        None => y,
+                    }
+                }
+                Op::SinCos { x, n } => {
+                    let e = (width / (2 * n)) as i64;
+                    let x3 = self.reshape(&v[x.0], &[-1, *n as i64, e]);
+                    let s = self.g.op("Sin", &[&x3]);
+                    let c = self.g.op("Cos", &[&x3]);
+                    let y = self.g.node("Concat", &[&s, &c], vec![("axis", Attr::Int(2))], None);
+                    self.reshape(&y, &[-1, width as i64])
                 }
                 Op::Transpose { x, n } => {
                     let x3 = self.reshape(&v[x.0], &[-1, *n as i64, (width / n) as i64]);

@@ -47,6 +47,7 @@ impl Elem {
 }
 
 pub enum Attr {
+    Float(f32),
     Int(i64),
     Ints(Vec<i64>),
     Str(String),
@@ -104,6 +105,10 @@ impl Graph {
                     ..Default::default()
                 };
                 match a {
+                    Attr::Float(f) => {
+                        p.r#type = AttributeType::Float as i32;
+                        p.f = f;
+                    }
                     Attr::Int(i) => {
                         p.r#type = AttributeType::Int as i32;
                         p.i = i;

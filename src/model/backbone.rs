@@ -10,7 +10,9 @@ use anyhow::{bail, Context};
 use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
 use super::GroupLayout;
-use crate::config::backbone::{Aggregation, Backbone, Block, Expr, InputMode, Keras, Layer, MaskBlock, Mlp, Source};
+use crate::config::backbone::{
+    Aggregation, Backbone, Block, Expr, InputMode, Keras, Layer, MaskBlock, Mlp, NumericOut, Source,
+};
 use crate::config::model_plan::Activation;
 
 /// A value between blocks.
@@ -76,6 +78,19 @@ pub fn task_inputs(
                 .collect()
         }
         one => Ok(vec![tensor(&one, g).context("the task towers' input")?; tasks]),
+    }
+}
+
+/// A numeric embedding layer's output from its embeddings `emb`
+/// (`[batch, n * dim]`), as `out` asks.
+fn numeric_out(emb: NodeId, n: usize, dim: usize, out: NumericOut, g: &mut Graph) -> Val {
+    match out {
+        NumericOut::Tensor => Val::T(emb),
+        NumericOut::AndStacked => Val::L(vec![Val::T(emb), Val::S { x: emb, n, d: dim }]),
+        NumericOut::AndList => {
+            let list = (0..n).map(|k| Val::T(g.slice(emb, k * dim, dim))).collect();
+            Val::L(vec![Val::T(emb), Val::L(list)])
+        }
     }
 }
 
@@ -510,6 +525,87 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let (x, n, _) = fields(&v, g).context("FM")?;
             let cross = g.fm(x, n);
             Val::T(if *variant { cross } else { g.row_sum(cross) })
+        }
+        Keras::Periodic {
+            dim,
+            sigma,
+            linear,
+            out,
+        } => {
+            let x = tensor(&v, g).context("PeriodicEmbedding")?;
+            let n = g.width(x);
+            // Keras' glorot_uniform of NLinear's `[1, n, dim, dim]` weights.
+            let limit = (6.0 / (2 * n * dim) as f32).sqrt();
+            let p = &mut *s.params;
+            let c = p.add(
+                &format!("{name}/coefficients"),
+                n,
+                dim / 2,
+                Init::Normal(*sigma),
+                false,
+                s.rng,
+            );
+            let z = g.grouped_linear(x, s.params, c, None, n);
+            let z = g.scale(z, 2.0 * std::f32::consts::PI, None);
+            let mut emb = g.sin_cos(z, n);
+            if let Some(act) = linear {
+                let p = &mut *s.params;
+                let w = p.add(
+                    &format!("{name}/nd_linear/weights"),
+                    n * dim,
+                    *dim,
+                    Init::Uniform(limit),
+                    false,
+                    s.rng,
+                );
+                let b = p.add(&format!("{name}/nd_linear/bias"), 1, n * dim, Init::Zeros, false, s.rng);
+                emb = g.grouped_linear(emb, s.params, w, Some(b), n);
+                emb = g.act(emb, *act);
+            }
+            numeric_out(emb, n, *dim, *out, g)
+        }
+        Keras::AutoDis {
+            dim,
+            bins,
+            keep_prob,
+            temperature,
+            out,
+        } => {
+            let x = tensor(&v, g).context("AutoDisEmbedding")?;
+            let n = g.width(x);
+            let (k, d) = (*bins, *dim);
+            // Keras' glorot_uniform of `[1, n, k]`, `[n, k, k]` and `[n, k, d]`
+            // (a 3-D shape's fans are its last two sizes times the first).
+            let glorot = |fan_in: usize, fan_out: usize| Init::Uniform((6.0 / (fan_in + fan_out) as f32).sqrt());
+            let p = &mut *s.params;
+            let proj_w = p.add(&format!("{name}/project_w"), n, k, glorot(n, k), false, s.rng);
+            let proj_mat = p.add(
+                &format!("{name}/project_mat"),
+                n * k,
+                k,
+                glorot(n * k, n * k),
+                false,
+                s.rng,
+            );
+            let meta = p.add(
+                &format!("{name}/meta_embedding"),
+                n * k,
+                d,
+                glorot(n * k, n * d),
+                false,
+                s.rng,
+            );
+            let h = g.grouped_linear(x, s.params, proj_w, None, n);
+            let h = g.act(h, Activation::LeakyRelu);
+            let y = g.grouped_linear(h, s.params, proj_mat, None, n);
+            let kept = g.scale(h, *keep_prob, None);
+            let x_bar = g.add(&[y, kept]);
+            let logits = g.scale(x_bar, 1.0 / temperature, None);
+            let per_feature = g.unfold(logits, n);
+            let w = g.softmax(per_feature);
+            let x_hat = g.fold(w, n);
+            let emb = g.grouped_linear(x_hat, s.params, meta, None, n);
+            numeric_out(emb, n, d, *out, g)
         }
         Keras::Cin { sizes } => {
             let (x, h0, d) = fields(&v, g).context("CIN")?;

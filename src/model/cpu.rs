@@ -373,6 +373,30 @@ impl<'a> Tape<'a> {
             }
             Op::Shift { x, by } => (self.value(*x).iter().map(|v| v + by).collect(), Saved::None),
             Op::Transpose { x, n } => (kernels::transpose_rows(self.value(*x), width, *n), Saved::None),
+            Op::GroupedLinear { x, w, b: bias, n } => {
+                let din = self.graph.width(*x);
+                let (wv, bv) = (p.slice(*w), bias.map(|bi| p.slice(bi)));
+                let mut y = vec![0.0f32; b * width];
+                y.par_chunks_mut(width)
+                    .zip(self.value(*x).par_chunks(din))
+                    .for_each(|(out, row)| kernels::grouped_linear_row(row, wv, bv, *n, out));
+                (y, Saved::None)
+            }
+            Op::SinCos { x, n } => {
+                let e = width / (2 * n);
+                let mut y = vec![0.0f32; b * width];
+                y.par_chunks_mut(width)
+                    .zip(self.value(*x).par_chunks(width / 2))
+                    .for_each(|(out, row)| {
+                        for (o, blk) in out.chunks_exact_mut(2 * e).zip(row.chunks_exact(e)) {
+                            let (s, c) = o.split_at_mut(e);
+                            for ((s, c), v) in s.iter_mut().zip(c).zip(blk) {
+                                (*s, *c) = v.sin_cos();
+                            }
+                        }
+                    });
+                (y, Saved::None)
+            }
             Op::Outer { a, b: c } => {
                 let (wa, wc) = (self.graph.width(*a), self.graph.width(*c));
                 let mut y = vec![0.0f32; b * width];
@@ -814,6 +838,61 @@ impl<'a> Tape<'a> {
                     }
                 }
                 Op::Shift { x, .. } => accumulate(&mut grads, needs, *x, dy),
+                Op::GroupedLinear { x, w, b: bias, n } => {
+                    let (wi, din) = (g.width(*x) / n, g.width(*x));
+                    let dout = width / n;
+                    let xv = self.value(*x);
+                    // dW_k = x_kᵀ dy_k over the rows; db = dy's column sums.
+                    let dw = &mut dense[p.specs[*w].range()];
+                    for (row, d) in xv.chunks_exact(din).zip(dy.chunks_exact(width)) {
+                        for k in 0..*n {
+                            let dk = &d[k * dout..][..dout];
+                            for i in 0..wi {
+                                let xv = row[k * wi + i];
+                                let o = &mut dw[(k * wi + i) * dout..][..dout];
+                                o.iter_mut().zip(dk).for_each(|(o, g)| *o += xv * g);
+                            }
+                        }
+                    }
+                    if let Some(bi) = bias {
+                        kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bi].range()]);
+                    }
+                    if needs[x.0] {
+                        let wv = p.slice(*w);
+                        let mut dx = vec![0.0f32; b * din];
+                        dx.par_chunks_mut(din).zip(dy.par_chunks(width)).for_each(|(o, d)| {
+                            for k in 0..*n {
+                                let dk = &d[k * dout..][..dout];
+                                for i in 0..wi {
+                                    let wr = &wv[(k * wi + i) * dout..][..dout];
+                                    o[k * wi + i] = wr.iter().zip(dk).map(|(w, g)| w * g).sum();
+                                }
+                            }
+                        });
+                        accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::SinCos { x, n } => {
+                    let e = width / (2 * n);
+                    let mut dx = vec![0.0f32; b * width / 2];
+                    dx.par_chunks_mut(width / 2)
+                        .zip(self.value(*x).par_chunks(width / 2))
+                        .zip(dy.par_chunks(width))
+                        .for_each(|((o, row), d)| {
+                            for ((o, blk), d) in o
+                                .chunks_exact_mut(e)
+                                .zip(row.chunks_exact(e))
+                                .zip(d.chunks_exact(2 * e))
+                            {
+                                let (ds, dc) = d.split_at(e);
+                                for (((o, v), ds), dc) in o.iter_mut().zip(blk).zip(ds).zip(dc) {
+                                    let (s, c) = v.sin_cos();
+                                    *o = ds * c - dc * s;
+                                }
+                            }
+                        });
+                    accumulate(&mut grads, needs, *x, dx);
+                }
                 // The transpose of `[n, m]` is `[m, n]`: transposing back.
                 Op::Transpose { x, n } => {
                     let m = width / n;

@@ -147,6 +147,22 @@ pub enum Op {
         a: NodeId,
         b: NodeId,
     },
+    /// `n` dense layers side by side: `x`'s `n` column blocks of `din`,
+    /// block `k` times rows `k * din..(k + 1) * din` of `w` (`[n * din,
+    /// dout]`), plus block `k` of `b` (`[1, n * dout]`) when given
+    /// (EasyRec's `NLinear`, one layer per feature).
+    GroupedLinear {
+        x: NodeId,
+        w: usize,
+        b: Option<usize>,
+        n: usize,
+    },
+    /// `[r, n * e] -> [r, n * 2e]`: per column block its sines, then its
+    /// cosines.
+    SinCos {
+        x: NodeId,
+        n: usize,
+    },
     /// `x + by`, a constant.
     Shift {
         x: NodeId,
@@ -254,6 +270,8 @@ impl Op {
             | Op::Scale { x, .. }
             | Op::Shift { x, .. }
             | Op::Transpose { x, .. }
+            | Op::GroupedLinear { x, .. }
+            | Op::SinCos { x, .. }
             | Op::VariationalDropout { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
@@ -531,6 +549,31 @@ impl Graph {
         self.push(Op::Scale { x, factor, w }, width)
     }
 
+    /// `Op::GroupedLinear` of `n` blocks with kernel `w` and bias `b`.
+    pub fn grouped_linear(&mut self, x: NodeId, p: &ParamStore, w: usize, b: Option<usize>, n: usize) -> NodeId {
+        let spec = &p.specs[w];
+        assert!(
+            n > 0 && spec.rows == self.width(x) && spec.rows.is_multiple_of(n),
+            "kernel `{}` of {} rows for {n} blocks of a [_, {}] input",
+            spec.name,
+            spec.rows,
+            self.width(x)
+        );
+        let width = n * spec.cols;
+        assert!(
+            b.is_none_or(|b| p.specs[b].len() == width),
+            "one bias per output column"
+        );
+        self.push(Op::GroupedLinear { x, w, b, n }, width)
+    }
+
+    /// `Op::SinCos` of `n` blocks.
+    pub fn sin_cos(&mut self, x: NodeId, n: usize) -> NodeId {
+        let w = self.width(x);
+        assert!(n > 0 && w.is_multiple_of(n), "sines and cosines of {n} blocks");
+        self.push(Op::SinCos { x, n }, 2 * w)
+    }
+
     /// `Op::Transpose` of each row as `n` rows.
     pub fn transpose(&mut self, x: NodeId, n: usize) -> NodeId {
         let w = self.width(x);
@@ -620,6 +663,7 @@ impl Graph {
                 | Op::BatchNorm { .. }
                 | Op::Cross { .. }
                 | Op::LayerNorm { .. }
+                | Op::GroupedLinear { .. }
                 | Op::VariationalDropout { .. } => true,
                 Op::Zeros { .. } => false,
                 op => op.operands().iter().any(|x| needs[x.0]),

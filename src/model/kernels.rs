@@ -146,6 +146,24 @@ pub fn attention_bwd(
     }
 }
 
+/// `Op::GroupedLinear` forward of one row: `n` blocks of `x` times their
+/// rows of `w` (`[n * din, dout]`), plus `b`.
+pub fn grouped_linear_row(x: &[f32], w: &[f32], b: Option<&[f32]>, n: usize, out: &mut [f32]) {
+    let (din, dout) = (x.len() / n, out.len() / n);
+    for k in 0..n {
+        let o = &mut out[k * dout..][..dout];
+        match b {
+            Some(b) => o.copy_from_slice(&b[k * dout..][..dout]),
+            None => o.fill(0.0),
+        }
+        for i in 0..din {
+            let xv = x[k * din + i];
+            let wr = &w[(k * din + i) * dout..][..dout];
+            o.iter_mut().zip(wr).for_each(|(o, w)| *o += xv * w);
+        }
+    }
+}
+
 /// Each `width`-wide row of `x` read as an `[n, width / n]` matrix,
 /// transposed.
 pub fn transpose_rows(x: &[f32], width: usize, n: usize) -> Vec<f32> {
@@ -216,12 +234,22 @@ pub fn row_dots(x: &[f32], n: usize, w: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// `tf.nn.leaky_relu`'s default slope below 0.
+pub const LEAKY_SLOPE: f32 = 0.2;
+
 pub fn activate(a: Activation, v: f32) -> f32 {
     match a {
         Activation::Relu => v.max(0.0),
         Activation::Sigmoid => 1.0 / (1.0 + (-v).exp()),
         Activation::Tanh => v.tanh(),
         Activation::Linear => v,
+        Activation::LeakyRelu => {
+            if v > 0.0 {
+                v
+            } else {
+                LEAKY_SLOPE * v
+            }
+        }
     }
 }
 
@@ -238,6 +266,13 @@ pub fn slope(a: Activation, y: f32) -> f32 {
         Activation::Sigmoid => y * (1.0 - y),
         Activation::Tanh => 1.0 - y * y,
         Activation::Linear => 1.0,
+        Activation::LeakyRelu => {
+            if y > 0.0 {
+                1.0
+            } else {
+                LEAKY_SLOPE
+            }
+        }
     }
 }
 

@@ -168,6 +168,18 @@ fn cases() -> Vec<Case> {
             let y = g.scale(x[1], 0.5, Some(w));
             g.scale(y, -2.0, None)
         }),
+        case("leaky relu", false, |g, _, x| g.act(x[1], Activation::LeakyRelu)),
+        case("grouped linear layers, sines and cosines", true, |g, s, x| {
+            // 3 blocks of 2 columns, each its own [2, 2] layer with bias,
+            // then per block [sin, cos], then 3 layers of [4, 1].
+            let w = s.params.add("w", 6, 2, Init::Normal(0.7), true, s.rng);
+            let b = s.params.add("b", 1, 6, Init::Zeros, false, s.rng);
+            let y = g.grouped_linear(x[0], s.params, w, Some(b), 3);
+            let y = g.sin_cos(y, 3);
+            let w2 = s.params.add("w2", 12, 1, Init::Uniform(0.8), true, s.rng);
+            let y = g.grouped_linear(y, s.params, w2, None, 3);
+            g.shift(y, 0.3)
+        }),
         case("transpose and outer product", true, |g, _, x| {
             let t = g.transpose(x[0], 2);
             let h = g.slice(x[1], 1, 3);

@@ -46,6 +46,11 @@ pub enum Init {
     /// Normal cut at two standard deviations: Keras' `truncated_normal`
     /// (stddev 0.05 by default).
     TruncatedNormal(f32),
+    /// Uniform in `[-limit, limit]` (Keras' glorot_uniform of a variable
+    /// whose fans are not its stored rows and columns).
+    Uniform(f32),
+    /// Normal with this standard deviation, uncut.
+    Normal(f32),
 }
 
 /// Named 2-D parameters in one buffer.
@@ -76,6 +81,14 @@ impl ParamStore {
                 let limit = (6.0 / rows.max(1) as f64).sqrt();
                 self.values
                     .extend((0..rows * cols).map(|_| ((rng.uniform() * 2.0 - 1.0) * limit) as f32));
+            }
+            Init::Uniform(limit) => {
+                self.values
+                    .extend((0..rows * cols).map(|_| ((rng.uniform() * 2.0 - 1.0) * limit as f64) as f32));
+            }
+            Init::Normal(stddev) => {
+                self.values
+                    .extend((0..rows * cols).map(|_| (rng.normal() * stddev as f64) as f32));
             }
             Init::TruncatedNormal(stddev) => {
                 self.values

@@ -42,6 +42,7 @@ fn activate(a: Activation, x: Tensor<2>) -> Tensor<2> {
         Activation::Sigmoid => sigmoid(x),
         Activation::Tanh => tanh(x),
         Activation::Linear => x,
+        Activation::LeakyRelu => burn::tensor::activation::leaky_relu(x, f64::from(super::kernels::LEAKY_SLOPE)),
     }
 }
 
@@ -210,6 +211,22 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 x / norm
             }
             Op::Shift { x, by } => v[x.0].clone().add_scalar(*by),
+            Op::GroupedLinear { x, w, b: bias, n } => {
+                let din = graph.width(*x) / n;
+                let dout = width / n;
+                let x3: Tensor<3> = v[x.0].clone().reshape([b, *n, din]).swap_dims(0, 1);
+                let w3: Tensor<3> = ctx.p[*w].clone().reshape([*n, din, dout]);
+                let y = x3.matmul(w3).swap_dims(0, 1).reshape([b, width]);
+                match bias {
+                    Some(bi) => y + ctx.p[*bi].clone(),
+                    None => y,
+                }
+            }
+            Op::SinCos { x, n } => {
+                let e = width / (2 * n);
+                let x3: Tensor<3> = v[x.0].clone().reshape([b, *n, e]);
+                Tensor::cat(vec![x3.clone().sin(), x3.cos()], 2).reshape([b, width])
+            }
             Op::Transpose { x, n } => {
                 let t: Tensor<3> = v[x.0].clone().reshape([b, *n, width / n]);
                 t.swap_dims(1, 2).reshape([b, width])
