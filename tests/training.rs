@@ -250,6 +250,17 @@ model_config { model_class: "MultiTowerBST"
   }
   model_params { } }"#
         }
+        "RankModel with FiBiNet" => {
+            r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "field_list" inputs { feature_group_name: "fields" } input_layer { do_batch_norm: true only_output_feature_list: true } }
+    blocks { name: "fibinet" inputs { block_name: "field_list" }
+             keras_layer { class_name: "FiBiNet" fibinet { senet { reduction_ratio: 2 } bilinear { type: "each" num_output_units: 5 } mlp { hidden_units: [4] } } } }
+    concat_blocks: ["fibinet"]
+  }
+  model_params { } }"#
+        }
         "RankModel with CIN" => {
             r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
@@ -279,7 +290,32 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 36] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 38] = [
+    (
+        "RankModel: batch-normed input tensor and list, bilinear interactions per pair without plus, shared bilinear",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "d1", "c3"] }
+  backbone {
+    blocks { name: "both" inputs { feature_group_name: "fields" } input_layer { do_batch_norm: true output_2d_tensor_and_feature_list: true } }
+    blocks { name: "pairs" inputs { block_name: "both" input_slice: "[1]" }
+             keras_layer { class_name: "BiLinear" bilinear { type: "interaction" use_plus: false num_output_units: 3 } } }
+    blocks { name: "deep" inputs { block_name: "both" input_slice: "[0]" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
+    concat_blocks: ["pairs", "deep"]
+  }
+  model_params { } }"#,
+    ),
+    (
+        "RankModel: FiBiNet with one bilinear layer for all fields",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "field_list" inputs { feature_group_name: "fields" } input_layer { only_output_feature_list: true } }
+    blocks { name: "fibinet" inputs { block_name: "field_list" }
+             keras_layer { class_name: "FiBiNet" fibinet { senet { reduction_ratio: 1 num_squeeze_group: 1 } bilinear { type: "all" num_output_units: 2 } } } }
+    concat_blocks: ["fibinet"]
+  }
+  model_params { } }"#,
+    ),
     (
         "MultiTowerBST, the history padded, uneven heads",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
@@ -701,7 +737,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 23] = [
+const MODELS: [&str; 24] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -725,6 +761,7 @@ const MODELS: [&str; 23] = [
     "MatchModel",
     "RankModel with CIN",
     "RankModel with numeric embeddings",
+    "RankModel with FiBiNet",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter
@@ -786,9 +823,14 @@ fn dense_gradients_of_every_model_match_finite_differences() {
         }
         // Gradients w.r.t. the pooled embeddings (what the sparse update consumes).
         // BST layer-normalises sums of embeddings that start near 1e-3
-        // (EasyRec's own layer norm, epsilon 1e-6): a step of `eps` there
-        // crosses most of the curve, so its inputs take a smaller one.
-        let eps = if model.contains("BST") { 1e-4 } else { eps };
+        // (EasyRec's own layer norm, epsilon 1e-6), and FiBiNet's input
+        // layer batch-normalises them: a step of `eps` there crosses most
+        // of the curve, so their inputs take a smaller one.
+        let eps = if model.contains("BST") || model.contains("FiBiNet") {
+            1e-4
+        } else {
+            eps
+        };
         for (gi, grp) in t.model.groups.clone().iter().enumerate() {
             if !grp.embedded() {
                 continue; // raw-only groups are constants, not trained

@@ -36,9 +36,9 @@ pub struct Block {
 
 impl Block {
     /// The input layer's output, when this block is a group's input layer.
-    pub fn input_layer(&self) -> Option<InputMode> {
+    pub fn input_layer(&self) -> Option<InputLayer> {
         match self.layers.first() {
-            Some(Layer::Input(mode)) => Some(*mode),
+            Some(Layer::Input(il)) => Some(*il),
             _ => None,
         }
     }
@@ -62,7 +62,7 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Layer {
     /// A feature group's input layer.
-    Input(InputMode),
+    Input(InputLayer),
     Keras(Keras),
     /// `recurrent`: the layer applied `steps` times to its own output; with
     /// `fixed`, the inputs are a list whose element `fixed` stays (DCN's x0).
@@ -72,6 +72,23 @@ pub enum Layer {
         layer: Keras,
     },
     Lambda(Expr),
+}
+
+/// A feature group's input layer: what it outputs, and whether it batch
+/// normalises its features first (`do_batch_norm`: the tensor by one batch
+/// norm, the features of the list by another, as EasyRec's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLayer {
+    pub mode: InputMode,
+    pub batch_norm: bool,
+}
+
+impl InputLayer {
+    /// The plain concatenated features.
+    pub const TENSOR: InputLayer = InputLayer {
+        mode: InputMode::Tensor,
+        batch_norm: false,
+    };
 }
 
 /// What an input layer outputs.
@@ -122,12 +139,7 @@ pub enum Keras {
     /// `max(1, fields * groups * 2 / reduction_ratio)` units, a linear
     /// layer `W2` to one weight per embedding value; the embeddings
     /// reweighted, plus themselves (`skip`), layer-normed (`layer_norm`).
-    SeNet {
-        reduction_ratio: usize,
-        groups: usize,
-        skip: bool,
-        layer_norm: bool,
-    },
+    SeNet(SeNetParams),
     /// EasyRec's Highway: an optional projection to `emb_size`, then per
     /// layer `v + gate * (act(Dense(v)) - v)` with a sigmoid gate whose
     /// bias starts at `init_gate_bias`.
@@ -159,6 +171,15 @@ pub enum Keras {
         temperature: f32,
         out: NumericOut,
     },
+    /// FiBiNet++: the SENet over the field embeddings, beside the bilinear
+    /// interactions when given, then the MLP when given.
+    FiBiNet {
+        senet: SeNetParams,
+        bilinear: Option<Bilinear>,
+        mlp: Option<Mlp>,
+    },
+    /// FiBiNet's bilinear interactions of field embeddings.
+    Bilinear(Bilinear),
     /// xDeepFM's compressed interaction network over `[batch, fields,
     /// dim]`: per layer of `k` feature maps, per embedding column,
     /// `relu(Σ_{a,c} W[k, a, c] · x_i[a] · x_0[c] + b[k])`; each layer's
@@ -174,6 +195,76 @@ pub enum Keras {
         input_layer_norm: bool,
         mlp: Option<Mlp>,
     },
+}
+
+/// A SENet's `reduction_ratio`, `num_squeeze_group`,
+/// `use_skip_connection` and `use_output_layer_norm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeNetParams {
+    pub reduction_ratio: usize,
+    pub groups: usize,
+    pub skip: bool,
+    pub layer_norm: bool,
+}
+
+/// EasyRec's BiLinear layer: per pair `i < j` of fields, field `i` through
+/// a dense layer (one for all fields, one per field or one per pair, as
+/// `kind` says), then its dot product with field `j` (`plus`, FiBiNet++'s
+/// bilinear+) or their element-wise product; all pairs side by side into a
+/// dense `output` layer of `units`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bilinear {
+    pub kind: BilinearKind,
+    pub plus: bool,
+    pub units: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BilinearKind {
+    All,
+    Each,
+    Interaction,
+}
+
+fn bilinear(b: &proto::Bilinear, path: &str) -> Result<Bilinear, ConfigError> {
+    let kind = match b.r#type.to_lowercase().as_str() {
+        "all" => BilinearKind::All,
+        "each" => BilinearKind::Each,
+        "interaction" => BilinearKind::Interaction,
+        other => {
+            return Err(ConfigError::invalid(
+                format!("{path}.type"),
+                format!("bilinear type `{other}` (EasyRec's are all, each and interaction)"),
+            ))
+        }
+    };
+    if b.num_output_units == 0 {
+        return Err(ConfigError::invalid(
+            format!("{path}.num_output_units"),
+            "must be at least 1",
+        ));
+    }
+    Ok(Bilinear {
+        kind,
+        plus: b.use_plus,
+        units: b.num_output_units as usize,
+    })
+}
+
+fn senet_params(p: &proto::SeNet, path: &str) -> Result<SeNetParams, ConfigError> {
+    let params = SeNetParams {
+        reduction_ratio: p.reduction_ratio as usize,
+        groups: p.num_squeeze_group() as usize,
+        skip: p.use_skip_connection(),
+        layer_norm: p.use_output_layer_norm(),
+    };
+    if params.reduction_ratio == 0 || params.groups == 0 {
+        return Err(ConfigError::invalid(
+            path,
+            "SENet's reduction_ratio and num_squeeze_group must be at least 1",
+        ));
+    }
+    Ok(params)
 }
 
 /// What a numeric embedding layer outputs: the embeddings side by side
@@ -371,7 +462,7 @@ impl StParams<'_> {
 }
 
 const SUPPORTED_LAYERS: &str =
-    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, PeriodicEmbedding, AutoDisEmbedding";
+    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, PeriodicEmbedding, AutoDisEmbedding";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -599,46 +690,58 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 sizes: sizes.into_iter().map(|h| h as usize).collect(),
             }
         }
-        "SENet" => {
-            let (r, groups, skip, ln) = match &k.params {
-                Some(Params::Senet(p)) => (
-                    p.reduction_ratio as usize,
-                    p.num_squeeze_group() as usize,
-                    p.use_skip_connection(),
-                    p.use_output_layer_norm(),
-                ),
-                _ => {
-                    params_for("`senet` or st_params")?;
-                    st.check_keys(
-                        &[
-                            "reduction_ratio",
-                            "num_squeeze_group",
-                            "use_skip_connection",
-                            "use_output_layer_norm",
-                        ],
-                        class,
-                    )?;
-                    (
-                        st.count("reduction_ratio")?.unwrap_or(4),
-                        st.count("num_squeeze_group")?.unwrap_or(2),
-                        st.boolean("use_skip_connection")?.unwrap_or(true),
-                        st.boolean("use_output_layer_norm")?.unwrap_or(true),
-                    )
-                }
-            };
-            if r == 0 || groups == 0 {
+        "FiBiNet" => match &k.params {
+            Some(Params::Fibinet(f)) => Keras::FiBiNet {
+                senet: senet_params(&f.senet, &format!("{path}.fibinet.senet"))?,
+                bilinear: f
+                    .bilinear
+                    .as_ref()
+                    .map(|b| bilinear(b, &format!("{path}.fibinet.bilinear")))
+                    .transpose()?,
+                mlp: f
+                    .mlp
+                    .as_ref()
+                    .map(|m| mlp(m, &format!("{path}.fibinet.mlp")))
+                    .transpose()?,
+            },
+            _ => {
                 return Err(ConfigError::invalid(
                     path,
-                    "SENet's reduction_ratio and num_squeeze_group must be at least 1",
-                ));
+                    "Keras layer FiBiNet takes `fibinet { senet { ... } bilinear { ... } mlp { ... } }`",
+                ))
             }
-            Keras::SeNet {
-                reduction_ratio: r,
-                groups,
-                skip,
-                layer_norm: ln,
+        },
+        "BiLinear" => match &k.params {
+            Some(Params::Bilinear(b)) => Keras::Bilinear(bilinear(b, &format!("{path}.bilinear"))?),
+            _ => {
+                return Err(ConfigError::invalid(
+                    path,
+                    "Keras layer BiLinear takes `bilinear { type: ... num_output_units: ... }`",
+                ))
             }
-        }
+        },
+        "SENet" => Keras::SeNet(match &k.params {
+            Some(Params::Senet(p)) => senet_params(p, path)?,
+            _ => {
+                params_for("`senet` or st_params")?;
+                st.check_keys(
+                    &[
+                        "reduction_ratio",
+                        "num_squeeze_group",
+                        "use_skip_connection",
+                        "use_output_layer_norm",
+                    ],
+                    class,
+                )?;
+                // `count` refuses zeros.
+                SeNetParams {
+                    reduction_ratio: st.count("reduction_ratio")?.unwrap_or(4),
+                    groups: st.count("num_squeeze_group")?.unwrap_or(2),
+                    skip: st.boolean("use_skip_connection")?.unwrap_or(true),
+                    layer_norm: st.boolean("use_output_layer_norm")?.unwrap_or(true),
+                }
+            }
+        }),
         "Highway" => {
             let (emb_size, num_layers, act, dropout, bias) = match &k.params {
                 Some(Params::Highway(h)) => (
@@ -791,9 +894,8 @@ pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
     })
 }
 
-fn input_mode(l: &proto::InputLayer, path: &str) -> Result<InputMode, ConfigError> {
-    let refused: [(&str, bool); 5] = [
-        ("do_batch_norm", l.do_batch_norm()),
+fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigError> {
+    let refused: [(&str, bool); 4] = [
         ("do_layer_norm", l.do_layer_norm()),
         ("dropout_rate", l.dropout_rate() > 0.0),
         ("feature_dropout_rate", l.feature_dropout_rate() > 0.0),
@@ -805,7 +907,7 @@ fn input_mode(l: &proto::InputLayer, path: &str) -> Result<InputMode, ConfigErro
             "this input-layer option",
         ));
     }
-    Ok(if l.only_output_feature_list() {
+    let mode = if l.only_output_feature_list() {
         InputMode::FeatureList
     } else if l.only_output_3d_tensor() {
         InputMode::Stacked
@@ -813,13 +915,17 @@ fn input_mode(l: &proto::InputLayer, path: &str) -> Result<InputMode, ConfigErro
         InputMode::TensorAndList
     } else {
         InputMode::Tensor
+    };
+    Ok(InputLayer {
+        mode,
+        batch_norm: l.do_batch_norm(),
     })
 }
 
 fn layer(l: &proto::block::Layer, path: &str) -> Result<Layer, ConfigError> {
     use proto::block::Layer as L;
     Ok(match l {
-        L::InputLayer(i) => Layer::Input(input_mode(i, &format!("{path}.input_layer"))?),
+        L::InputLayer(i) => Layer::Input(input_layer(i, &format!("{path}.input_layer"))?),
         L::KerasLayer(k) => Layer::Keras(keras(k, &format!("{path}.keras_layer"))?),
         L::Lambda(x) => Layer::Lambda(expr(&x.expression, &format!("{path}.lambda.expression"), false)?),
         L::Recurrent(r) => recurrent(r, &format!("{path}.recurrent"))?,
@@ -1015,7 +1121,7 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
                         concat_axis: -1,
                         into_list: false,
                         extra_input_fn: None,
-                        layers: vec![Layer::Input(InputMode::Tensor)],
+                        layers: vec![Layer::Input(InputLayer::TENSOR)],
                     });
                 }
                 inp.source = Source::Block(name);
@@ -1195,7 +1301,7 @@ mod tests {
         let bb = backbone(&b, &["all".to_string()], "backbone").unwrap();
         let order: Vec<&str> = bb.blocks.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(order, ["all", "mid", "top"]);
-        assert_eq!(bb.blocks[0].layers, vec![Layer::Input(InputMode::Tensor)]);
+        assert_eq!(bb.blocks[0].layers, vec![Layer::Input(InputLayer::TENSOR)]);
         // No concat_blocks: EasyRec concatenates the leaves.
         assert_eq!(bb.output, ["top"]);
     }

@@ -11,7 +11,8 @@ use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
 use super::GroupLayout;
 use crate::config::backbone::{
-    Aggregation, Backbone, Block, Expr, InputMode, Keras, Layer, MaskBlock, Mlp, NumericOut, Source,
+    Aggregation, Backbone, Bilinear, BilinearKind, Block, Expr, InputLayer, InputMode, Keras, Layer, MaskBlock, Mlp,
+    NumericOut, SeNetParams, Source,
 };
 use crate::config::model_plan::Activation;
 
@@ -79,6 +80,76 @@ pub fn task_inputs(
         }
         one => Ok(vec![tensor(&one, g).context("the task towers' input")?; tasks]),
     }
+}
+
+/// The Keras SENet layer (FiBiNet++'s) over `fields`.
+fn keras_senet(fields: &[NodeId], p: &SeNetParams, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+    let style = SeNetStyle::Keras {
+        skip: p.skip,
+        layer_norm: p.layer_norm,
+    };
+    senet(fields, name, (p.reduction_ratio, p.groups), style, g, s)
+}
+
+/// The field embeddings of a list input.
+fn field_list(v: &Val, g: &mut Graph) -> anyhow::Result<Vec<NodeId>> {
+    let Val::L(items) = v else {
+        bail!("takes a list of field embeddings, got {}", v.describe(g));
+    };
+    items.iter().map(|x| tensor(x, g)).collect()
+}
+
+/// EasyRec's BiLinear over `fields` (`Keras::Bilinear`): Keras' Dense
+/// layers (glorot uniform, bias, no regularizer) named `all`, `each_i` or
+/// `interaction_i_j`, and `output`.
+fn bilinear_layer(fields: &[NodeId], b: &Bilinear, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+    let f = fields.len();
+    if f < 2 {
+        bail!("BiLinear needs at least two fields, got {f}");
+    }
+    let d = g.width(fields[0]);
+    let equal = fields.iter().all(|x| g.width(*x) == d);
+    if !equal && b.kind != BilinearKind::Interaction {
+        bail!("BiLinear of type all or each needs fields of one embedding dimension");
+    }
+    let k = Kernel {
+        init: Init::GlorotUniform,
+        l2: false,
+        bias: true,
+    };
+    let lin = Activation::Linear;
+    let pairs: Vec<(usize, usize)> = (0..f).flat_map(|i| (i + 1..f).map(move |j| (i, j))).collect();
+    // Field i through its dense layer, for each pair (i, j).
+    let mut projected: Vec<NodeId> = Vec::new();
+    match b.kind {
+        BilinearKind::All => {
+            let head = g.concat(&fields[..f - 1]);
+            let rows = g.unfold(head, f - 1);
+            let y = s.layer(g, rows, &format!("{name}/all"), d, k, lin);
+            let y = g.fold(y, f - 1);
+            projected.extend((0..f - 1).map(|i| g.slice(y, i * d, d)));
+        }
+        BilinearKind::Each => {
+            for (i, x) in fields[..f - 1].iter().enumerate() {
+                projected.push(s.layer(g, *x, &format!("{name}/each_{i}"), d, k, lin));
+            }
+        }
+        BilinearKind::Interaction => {}
+    }
+    let mut p = Vec::with_capacity(pairs.len());
+    for &(i, j) in &pairs {
+        let vi = match b.kind {
+            BilinearKind::Interaction => {
+                let dj = g.width(fields[j]);
+                s.layer(g, fields[i], &format!("{name}/interaction_{i}_{j}"), dj, k, lin)
+            }
+            _ => projected[i],
+        };
+        let prod = g.mul(vi, fields[j]);
+        p.push(if b.plus { g.row_sum(prod) } else { prod });
+    }
+    let p = g.concat(&p);
+    Ok(s.layer(g, p, &format!("{name}/output"), b.units, k, lin))
 }
 
 /// A numeric embedding layer's output from its embeddings `emb`
@@ -163,7 +234,7 @@ fn block(
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<Val> {
-    if let Some(mode) = blk.input_layer() {
+    if let Some(il) = blk.input_layer() {
         let Source::Group(name) = &blk.inputs[0].source else {
             unreachable!("typed as a group input")
         };
@@ -171,7 +242,7 @@ fn block(
             .iter()
             .position(|l| &l.name == name)
             .with_context(|| format!("no feature group `{name}`"))?;
-        return input_layer(&groups[gi], xs[gi], mode, g);
+        return input_layer(&groups[gi], xs[gi], il, &blk.name, g, s);
     }
     let mut inputs = Vec::new();
     for inp in &blk.inputs {
@@ -214,12 +285,37 @@ fn block(
     Ok(v)
 }
 
-/// EasyRec's input layer over a group.
-fn input_layer(l: &GroupLayout, x: NodeId, mode: InputMode, g: &mut Graph) -> anyhow::Result<Val> {
+/// EasyRec's input layer over a group. With `do_batch_norm` the tensor
+/// goes through one batch norm and the list's features through their own
+/// (column-wise, so one batch norm over all of them is the same).
+fn input_layer(
+    l: &GroupLayout,
+    x: NodeId,
+    il: InputLayer,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    let mode = il.mode;
+    let norm = |g: &mut Graph, s: &mut Scope, what: &str| {
+        if il.batch_norm {
+            s.batch_norm(g, x, &format!("{name}/{what}"), Activation::Linear)
+        } else {
+            x
+        }
+    };
+    let listed = match mode {
+        InputMode::Tensor => x,
+        _ => norm(g, s, "feature_batch_normalization"),
+    };
+    let x = match mode {
+        InputMode::Tensor | InputMode::TensorAndList => norm(g, s, "batch_normalization"),
+        _ => x,
+    };
     let list = |g: &mut Graph| -> Vec<NodeId> {
         l.feature_columns()
             .into_iter()
-            .map(|(col, width)| g.slice(x, col, width))
+            .map(|(col, width)| g.slice(listed, col, width))
             .collect()
     };
     Ok(match mode {
@@ -466,21 +562,9 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             Val::T(s.layer(g, x, name, *units, k, *activation))
         }
         Keras::Dropout { rate } => Val::T(g.dropout(tensor(&v, g).context("Dropout")?, *rate)),
-        Keras::SeNet {
-            reduction_ratio,
-            groups,
-            skip,
-            layer_norm,
-        } => {
-            let Val::L(items) = &v else {
-                bail!("SENet takes a list of field embeddings, got {}", v.describe(g));
-            };
-            let fields = items.iter().map(|x| tensor(x, g)).collect::<anyhow::Result<Vec<_>>>()?;
-            let style = SeNetStyle::Keras {
-                skip: *skip,
-                layer_norm: *layer_norm,
-            };
-            Val::T(senet(&fields, name, (*reduction_ratio, *groups), style, g, s)?)
+        Keras::SeNet(p) => {
+            let fields = field_list(&v, g).context("SENet")?;
+            Val::T(keras_senet(&fields, p, name, g, s)?)
         }
         Keras::Highway {
             emb_size,
@@ -606,6 +690,26 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let x_hat = g.fold(w, n);
             let emb = g.grouped_linear(x_hat, s.params, meta, None, n);
             numeric_out(emb, n, d, *out, g)
+        }
+        Keras::FiBiNet {
+            senet: p,
+            bilinear,
+            mlp: m,
+        } => {
+            let fields = field_list(&v, g).context("FiBiNet")?;
+            let mut out = vec![keras_senet(&fields, p, &format!("{name}/senet"), g, s)?];
+            if let Some(b) = bilinear {
+                out.push(bilinear_layer(&fields, b, &format!("{name}/bilinear"), g, s)?);
+            }
+            let x = g.concat(&out);
+            Val::T(match m {
+                Some(m) => mlp(x, m, &format!("{name}/mlp"), g, s),
+                None => x,
+            })
+        }
+        Keras::Bilinear(b) => {
+            let fields = field_list(&v, g).context("BiLinear")?;
+            Val::T(bilinear_layer(&fields, b, name, g, s)?)
         }
         Keras::Cin { sizes } => {
             let (x, h0, d) = fields(&v, g).context("CIN")?;

@@ -285,6 +285,18 @@ model_config { model_class: "MultiTowerDIN"
   model_params { } }"#,
     ),
     (
+        "RankModel with FiBiNet",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "field_list" inputs { feature_group_name: "fields" } input_layer { do_batch_norm: true only_output_feature_list: true } }
+    blocks { name: "fibinet" inputs { block_name: "field_list" }
+             keras_layer { class_name: "FiBiNet" fibinet { senet { reduction_ratio: 2 } bilinear { type: "each" num_output_units: 5 } mlp { hidden_units: [4] } } } }
+    concat_blocks: ["fibinet"]
+  }
+  model_params { } }"#,
+    ),
+    (
         "RankModel with CIN",
         r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
