@@ -190,6 +190,18 @@ model_config { model_class: "DeepFM"
                   relation_dnn { hidden_units: [3] } weight: 0.5 }
     l2_regularization: 1e-4 } }"#
         }
+        "MultiTaskModel with MMoE" => {
+            r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "mmoe" inputs { feature_group_name: "all" }
+      keras_layer { class_name: "MMoE" mmoe { num_task: 2 num_expert: 3 expert_mlp { hidden_units: [6, 4] } } } }
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [3] } weight: 0.5 }
+    l2_regularization: 1e-4 } }"#
+        }
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -290,7 +302,22 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 38] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 39] = [
+    (
+        "MultiTaskModel: MMoE layer over experts given as a list, the gates over the last",
+        r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "e0" inputs { feature_group_name: "all" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] } } }
+    blocks { name: "e1" inputs { feature_group_name: "all" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_bn: false } } }
+    blocks { name: "mmoe" inputs { block_name: "e0" } inputs { block_name: "e1" } inputs { feature_group_name: "all" }
+      merge_inputs_into_list: true
+      keras_layer { class_name: "MMoE" mmoe { num_task: 2 num_expert: 2 } } }
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" weight: 0.5 } } }"#,
+    ),
     (
         "RankModel: batch-normed input tensor and list, bilinear interactions per pair without plus, shared bilinear",
         r#"model_config { model_class: "RankModel"
@@ -737,7 +764,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 24] = [
+const MODELS: [&str; 25] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -762,6 +789,7 @@ const MODELS: [&str; 24] = [
     "RankModel with CIN",
     "RankModel with numeric embeddings",
     "RankModel with FiBiNet",
+    "MultiTaskModel with MMoE",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

@@ -171,6 +171,16 @@ pub enum Keras {
         temperature: f32,
         out: NumericOut,
     },
+    /// EasyRec's MMoE layer: `experts` expert MLPs over the input (without
+    /// `expert_mlp`, the input list's first `experts` values are the
+    /// experts and the next one the gates' input), a softmax gate per task
+    /// (`gate_<t>`, l2-regularised) mixing them; a list of one mixture per
+    /// task.
+    Mmoe {
+        tasks: usize,
+        experts: usize,
+        expert_mlp: Option<Mlp>,
+    },
     /// FiBiNet++: the SENet over the field embeddings, beside the bilinear
     /// interactions when given, then the MLP when given.
     FiBiNet {
@@ -462,7 +472,7 @@ impl StParams<'_> {
 }
 
 const SUPPORTED_LAYERS: &str =
-    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, PeriodicEmbedding, AutoDisEmbedding";
+    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, PeriodicEmbedding, AutoDisEmbedding";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -690,6 +700,31 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 sizes: sizes.into_iter().map(|h| h as usize).collect(),
             }
         }
+        "MMoE" => match &k.params {
+            Some(Params::Mmoe(m)) => {
+                if m.num_task == 0 || m.num_expert() == 0 {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.mmoe"),
+                        "MMoE needs num_task and num_expert of at least 1",
+                    ));
+                }
+                Keras::Mmoe {
+                    tasks: m.num_task as usize,
+                    experts: m.num_expert() as usize,
+                    expert_mlp: m
+                        .expert_mlp
+                        .as_ref()
+                        .map(|e| mlp(e, &format!("{path}.mmoe.expert_mlp")))
+                        .transpose()?,
+                }
+            }
+            _ => {
+                return Err(ConfigError::invalid(
+                    path,
+                    "Keras layer MMoE takes `mmoe { num_task: ... num_expert: ... expert_mlp { ... } }`",
+                ))
+            }
+        },
         "FiBiNet" => match &k.params {
             Some(Params::Fibinet(f)) => Keras::FiBiNet {
                 senet: senet_params(&f.senet, &format!("{path}.fibinet.senet"))?,

@@ -691,6 +691,48 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let emb = g.grouped_linear(x_hat, s.params, meta, None, n);
             numeric_out(emb, n, d, *out, g)
         }
+        Keras::Mmoe {
+            tasks,
+            experts,
+            expert_mlp,
+        } => {
+            let (outs, gate_in) = match expert_mlp {
+                Some(m) => {
+                    let x = tensor(&v, g).context("MMoE")?;
+                    let outs = (0..*experts)
+                        .map(|i| mlp(x, m, &format!("{name}/expert_{i}"), g, s))
+                        .collect::<Vec<_>>();
+                    (outs, x)
+                }
+                None => {
+                    let items = field_list(&v, g).context("MMoE without expert_mlp")?;
+                    if items.len() <= *experts {
+                        bail!(
+                            "MMoE without expert_mlp takes its {experts} experts and then the gates' input, got {} values",
+                            items.len()
+                        );
+                    }
+                    (items[..*experts].to_vec(), items[*experts])
+                }
+            };
+            let d = g.width(outs[0]);
+            if outs.iter().any(|o| g.width(*o) != d) {
+                bail!("MMoE's experts must be equally wide to be mixed");
+            }
+            let k = Kernel {
+                init: Init::GlorotUniform,
+                l2: true,
+                bias: true,
+            };
+            let mixtures = (0..*tasks)
+                .map(|t| {
+                    let z = s.layer(g, gate_in, &format!("{name}/gate_{t}"), *experts, k, Activation::Linear);
+                    let gate = g.softmax(z);
+                    Val::T(g.weighted_sum(gate, &outs))
+                })
+                .collect();
+            Val::L(mixtures)
+        }
         Keras::FiBiNet {
             senet: p,
             bilinear,

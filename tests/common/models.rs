@@ -297,6 +297,19 @@ model_config { model_class: "MultiTowerDIN"
   model_params { } }"#,
     ),
     (
+        "MultiTaskModel with MMoE",
+        r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "mmoe" inputs { feature_group_name: "all" }
+      keras_layer { class_name: "MMoE" mmoe { num_task: 2 num_expert: 3 expert_mlp { hidden_units: [6, 4] } } } }
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [3] } weight: 0.5 }
+    l2_regularization: 1e-4 } }"#,
+    ),
+    (
         "RankModel with CIN",
         r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
