@@ -202,6 +202,24 @@ model_config { model_class: "DeepFM"
     task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [3] } weight: 0.5 }
     l2_regularization: 1e-4 } }"#
         }
+        "RankModel with repeat and Gate" => {
+            r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
+  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
+  feature_groups { group_name: "frequency" feature_names: ["d2", "c1"] }
+  backbone {
+    blocks { name: "mem_expert" inputs { feature_group_name: "memorize" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false } } }
+    blocks { name: "gen_experts" inputs { feature_group_name: "general" input_fn: "lambda x: [x, x]" }
+             repeat { num_repeat: 2 keras_layer { class_name: "MaskBlock" mask_block { output_size: 4 aggregation_size: 6 } } } }
+    blocks { name: "gate_weight" inputs { feature_group_name: "frequency" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: 3 use_final_bn: false final_activation: "softmax" } } }
+    blocks { name: "gate" inputs { block_name: "gate_weight" input_fn: "lambda x: [x]" }
+             inputs { block_name: "mem_expert" input_fn: "lambda x: [x]" } inputs { block_name: "gen_experts" }
+             keras_layer { class_name: "Gate" } }
+    top_mlp { hidden_units: [4] }
+  }
+  model_params { l2_regularization: 1e-6 } }"#
+        }
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -302,7 +320,26 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 39] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 40] = [
+    (
+        "RankModel: repeated mask blocks gated by a softmax MLP",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
+  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
+  feature_groups { group_name: "frequency" feature_names: ["d2", "c1"] }
+  backbone {
+    blocks { name: "mem_expert" inputs { feature_group_name: "memorize" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false } } }
+    blocks { name: "gen_experts" inputs { feature_group_name: "general" input_fn: "lambda x: [x, x]" }
+             repeat { num_repeat: 2 keras_layer { class_name: "MaskBlock" mask_block { output_size: 4 aggregation_size: 6 } } } }
+    blocks { name: "gate_weight" inputs { feature_group_name: "frequency" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: 3 use_final_bn: false final_activation: "softmax" } } }
+    blocks { name: "gate" inputs { block_name: "gate_weight" input_fn: "lambda x: [x]" }
+             inputs { block_name: "mem_expert" input_fn: "lambda x: [x]" } inputs { block_name: "gen_experts" }
+             keras_layer { class_name: "Gate" } }
+    top_mlp { hidden_units: [4] }
+  }
+  model_params { l2_regularization: 1e-6 } }"#,
+    ),
     (
         "MultiTaskModel: MMoE layer over experts given as a list, the gates over the last",
         r#"model_config { model_class: "MultiTaskModel"
@@ -764,7 +801,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 25] = [
+const MODELS: [&str; 26] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -790,6 +827,7 @@ const MODELS: [&str; 25] = [
     "RankModel with numeric embeddings",
     "RankModel with FiBiNet",
     "MultiTaskModel with MMoE",
+    "RankModel with repeat and Gate",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

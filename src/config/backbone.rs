@@ -71,6 +71,14 @@ pub enum Layer {
         fixed: Option<usize>,
         layer: Keras,
     },
+    /// `repeat`: `n` copies of the layer (variables of their own,
+    /// `<name>_<i>`) on the same input; their outputs as a list, or
+    /// concatenated with `output_concat_axis`.
+    Repeat {
+        n: usize,
+        concat: bool,
+        layer: Keras,
+    },
     Lambda(Expr),
 }
 
@@ -170,6 +178,14 @@ pub enum Keras {
         keep_prob: f32,
         temperature: f32,
         out: NumericOut,
+    },
+    /// EasyRec's MaskBlock layer over `[net, mask_input]` (or one input
+    /// for both).
+    MaskBlock(MaskBlock),
+    /// EasyRec's Gate: the list's `weight_index`-th value weighs the
+    /// others (one column each), summed.
+    Gate {
+        weight_index: usize,
     },
     /// EasyRec's MMoE layer: `experts` expert MLPs over the input (without
     /// `expert_mlp`, the input list's first `experts` values are the
@@ -332,6 +348,9 @@ pub struct MlpLayer {
     /// Batch norm after the activation rather than before it.
     pub bn_after_activation: bool,
     pub activation: Activation,
+    /// A softmax over the layer's units where its activation goes
+    /// (`final_activation: "softmax"`; `activation` is then linear).
+    pub softmax: bool,
     pub dropout: f32,
 }
 
@@ -472,7 +491,7 @@ impl StParams<'_> {
 }
 
 const SUPPORTED_LAYERS: &str =
-    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, PeriodicEmbedding, AutoDisEmbedding";
+    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding";
 
 fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -700,6 +719,30 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 sizes: sizes.into_iter().map(|h| h as usize).collect(),
             }
         }
+        "MaskBlock" => match &k.params {
+            Some(Params::MaskBlock(b)) => Keras::MaskBlock(mask_block(b, &format!("{path}.mask_block"))?),
+            _ => {
+                return Err(ConfigError::invalid(
+                    path,
+                    "Keras layer MaskBlock takes `mask_block { ... }`",
+                ))
+            }
+        },
+        "Gate" => {
+            params_for("st_params")?;
+            st.check_keys(&["weight_index"], class)?;
+            let weight_index = match st.number("weight_index")? {
+                Some(x) if x >= 0.0 && x.fract() == 0.0 => x as usize,
+                Some(x) => {
+                    return Err(ConfigError::invalid(
+                        format!("{}.weight_index", st.path),
+                        format!("{x} is not an index"),
+                    ))
+                }
+                None => 0,
+            };
+            Keras::Gate { weight_index }
+        }
         "MMoE" => match &k.params {
             Some(Params::Mmoe(m)) => {
                 if m.num_task == 0 || m.num_expert() == 0 {
@@ -834,6 +877,26 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     })
 }
 
+fn mask_block(b: &proto::MaskBlock, path: &str) -> Result<MaskBlock, ConfigError> {
+    // EasyRec takes reduction_factor when set, else aggregation_size.
+    let aggregation = match (b.reduction_factor, b.aggregation_size) {
+        (Some(f), _) if f > 0.0 => Aggregation::Factor(f),
+        (_, Some(n)) if n > 0 => Aggregation::Size(n as usize),
+        _ => {
+            return Err(ConfigError::invalid(
+                path,
+                "a mask block needs reduction_factor or aggregation_size",
+            ))
+        }
+    };
+    Ok(MaskBlock {
+        aggregation,
+        output_size: b.output_size.filter(|n| *n > 0).map(|n| n as usize),
+        input_layer_norm: b.input_layer_norm(),
+        projection_dim: b.projection_dim.filter(|n| *n > 0).map(|n| n as usize),
+    })
+}
+
 fn masknet(m: &proto::MaskNet, path: &str) -> Result<Keras, ConfigError> {
     if m.mask_blocks.is_empty() {
         return Err(ConfigError::invalid(
@@ -847,23 +910,7 @@ fn masknet(m: &proto::MaskNet, path: &str) -> Result<Keras, ConfigError> {
         .enumerate()
         .map(|(i, b)| {
             let bpath = format!("{path}.mask_blocks[{i}]");
-            // EasyRec takes reduction_factor when set, else aggregation_size.
-            let aggregation = match (b.reduction_factor, b.aggregation_size) {
-                (Some(f), _) if f > 0.0 => Aggregation::Factor(f),
-                (_, Some(n)) if n > 0 => Aggregation::Size(n as usize),
-                _ => {
-                    return Err(ConfigError::invalid(
-                        bpath,
-                        "a mask block needs reduction_factor or aggregation_size",
-                    ))
-                }
-            };
-            Ok(MaskBlock {
-                aggregation,
-                output_size: b.output_size.filter(|n| *n > 0).map(|n| n as usize),
-                input_layer_norm: b.input_layer_norm(),
-                projection_dim: b.projection_dim.filter(|n| *n > 0).map(|n| n as usize),
-            })
+            mask_block(b, &bpath)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Keras::MaskNet {
@@ -907,7 +954,12 @@ pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
         ));
     }
     let act = activation(m.activation(), &format!("{path}.activation"))?;
-    let final_act = activation(m.final_activation(), &format!("{path}.final_activation"))?;
+    let final_softmax = m.final_activation() == "softmax";
+    let final_act = if final_softmax {
+        Activation::Linear
+    } else {
+        activation(m.final_activation(), &format!("{path}.final_activation"))?
+    };
     let n = m.hidden_units.len();
     Ok(Mlp {
         layers: m
@@ -922,6 +974,7 @@ pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
                     use_bn: if last { m.use_final_bn() } else { m.use_bn() },
                     bn_after_activation: m.use_bn_after_activation(),
                     activation: if last { final_act } else { act },
+                    softmax: last && final_softmax,
                     dropout: m.dropout_ratio.get(i).copied().unwrap_or(0.0),
                 }
             })
@@ -964,7 +1017,7 @@ fn layer(l: &proto::block::Layer, path: &str) -> Result<Layer, ConfigError> {
         L::KerasLayer(k) => Layer::Keras(keras(k, &format!("{path}.keras_layer"))?),
         L::Lambda(x) => Layer::Lambda(expr(&x.expression, &format!("{path}.lambda.expression"), false)?),
         L::Recurrent(r) => recurrent(r, &format!("{path}.recurrent"))?,
-        L::Repeat(_) => return Err(ConfigError::unsupported(format!("{path}.repeat"), "repeat layers")),
+        L::Repeat(r) => repeat(r, &format!("{path}.repeat"))?,
         L::RawInput(_) => {
             return Err(ConfigError::unsupported(
                 format!("{path}.raw_input"),
@@ -991,6 +1044,38 @@ fn recurrent(r: &proto::RecurrentLayer, path: &str) -> Result<Layer, ConfigError
     })
 }
 
+fn repeat(r: &proto::RepeatLayer, path: &str) -> Result<Layer, ConfigError> {
+    if r.num_repeat == 0 {
+        return Err(ConfigError::invalid(format!("{path}.num_repeat"), "must be at least 1"));
+    }
+    for (field, set) in [
+        ("input_slice", r.input_slice.is_some()),
+        ("input_fn", r.input_fn.is_some()),
+    ] {
+        if set {
+            return Err(ConfigError::unsupported(
+                format!("{path}.{field}"),
+                "a repeat's per-copy input function",
+            ));
+        }
+    }
+    let concat = match r.output_concat_axis {
+        None => false,
+        Some(-1) => true,
+        Some(a) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.output_concat_axis"),
+                format!("concatenating a repeat's outputs on axis {a} (supported: -1)"),
+            ))
+        }
+    };
+    Ok(Layer::Repeat {
+        n: r.num_repeat as usize,
+        concat,
+        layer: keras(&r.keras_layer, &format!("{path}.keras_layer"))?,
+    })
+}
+
 fn sequential(l: &proto::Layer, path: &str) -> Result<Layer, ConfigError> {
     use proto::layer::Layer as L;
     match &l.layer {
@@ -1001,7 +1086,7 @@ fn sequential(l: &proto::Layer, path: &str) -> Result<Layer, ConfigError> {
         )?)),
         Some(L::KerasLayer(k)) => Ok(Layer::Keras(keras(k, &format!("{path}.keras_layer"))?)),
         Some(L::Recurrent(r)) => recurrent(r, &format!("{path}.recurrent")),
-        Some(L::Repeat(_)) => Err(ConfigError::unsupported(format!("{path}.repeat"), "repeat layers")),
+        Some(L::Repeat(r)) => repeat(r, &format!("{path}.repeat")),
         None => Err(ConfigError::invalid(
             path,
             "a layer needs one of lambda, keras_layer, recurrent, repeat",

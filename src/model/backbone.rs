@@ -280,6 +280,19 @@ fn block(
             Layer::Keras(k) => keras(k, v, &name, g, s)?,
             Layer::Lambda(e) => apply(*e, v, g).context("lambda")?,
             Layer::Recurrent { steps, fixed, layer } => recurrent(*steps, *fixed, layer, v, &name, g, s)?,
+            Layer::Repeat { n, concat, layer } => {
+                let mut outs = (0..*n)
+                    .map(|i| keras(layer, v.clone(), &format!("{name}_{i}"), g, s))
+                    .collect::<anyhow::Result<Vec<Val>>>()?;
+                if outs.len() == 1 {
+                    outs.pop().expect("one output")
+                } else if *concat {
+                    let xs = outs.iter().map(|o| tensor(o, g)).collect::<anyhow::Result<Vec<_>>>()?;
+                    Val::T(g.concat(&xs))
+                } else {
+                    Val::L(outs)
+                }
+            }
         };
     }
     Ok(v)
@@ -691,6 +704,42 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let emb = g.grouped_linear(x_hat, s.params, meta, None, n);
             numeric_out(emb, n, d, *out, g)
         }
+        Keras::MaskBlock(blk) => {
+            let (net, mask_input) = match &v {
+                Val::L(items) if items.len() >= 2 => (tensor(&items[0], g)?, tensor(&items[1], g)?),
+                other => {
+                    let x = tensor(other, g).context("MaskBlock")?;
+                    (x, x)
+                }
+            };
+            Val::T(mask_block(blk, net, mask_input, name, g, s)?)
+        }
+        Keras::Gate { weight_index } => {
+            let items = field_list(&v, g).context("Gate")?;
+            if items.len() < 2 || *weight_index >= items.len() {
+                bail!(
+                    "Gate takes a list of the weights (at {weight_index}) and the values, got {} values",
+                    items.len()
+                );
+            }
+            let weights = items[*weight_index];
+            let values: Vec<NodeId> = (0..items.len())
+                .filter(|i| i != weight_index)
+                .map(|i| items[i])
+                .collect();
+            if g.width(weights) != values.len() {
+                bail!(
+                    "Gate's weights have {} columns for {} values",
+                    g.width(weights),
+                    values.len()
+                );
+            }
+            let d = g.width(values[0]);
+            if values.iter().any(|x| g.width(*x) != d) {
+                bail!("Gate's values must be equally wide");
+            }
+            Val::T(g.weighted_sum(weights, &values))
+        }
         Keras::Mmoe {
             tasks,
             experts,
@@ -970,9 +1019,15 @@ fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
         let dense = format!("{lname}/dense");
         x = if l.use_bn && !l.bn_after_activation {
             let z = s.layer(g, x, &dense, l.units, k, Activation::Linear);
-            s.batch_norm(g, z, &format!("{lname}/bn"), l.activation)
+            let y = s.batch_norm(g, z, &format!("{lname}/bn"), l.activation);
+            if l.softmax {
+                g.softmax(y)
+            } else {
+                y
+            }
         } else {
             let z = s.layer(g, x, &dense, l.units, k, l.activation);
+            let z = if l.softmax { g.softmax(z) } else { z };
             if l.use_bn {
                 s.batch_norm(g, z, &format!("{lname}/bn"), Activation::Linear)
             } else {

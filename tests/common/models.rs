@@ -310,6 +310,25 @@ model_config { model_class: "MultiTowerDIN"
     l2_regularization: 1e-4 } }"#,
     ),
     (
+        "RankModel with repeat and Gate",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
+  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
+  feature_groups { group_name: "frequency" feature_names: ["d2", "c1"] }
+  backbone {
+    blocks { name: "mem_expert" inputs { feature_group_name: "memorize" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false } } }
+    blocks { name: "gen_experts" inputs { feature_group_name: "general" input_fn: "lambda x: [x, x]" }
+             repeat { num_repeat: 2 keras_layer { class_name: "MaskBlock" mask_block { output_size: 4 aggregation_size: 6 } } } }
+    blocks { name: "gate_weight" inputs { feature_group_name: "frequency" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: 3 use_final_bn: false final_activation: "softmax" } } }
+    blocks { name: "gate" inputs { block_name: "gate_weight" input_fn: "lambda x: [x]" }
+             inputs { block_name: "mem_expert" input_fn: "lambda x: [x]" } inputs { block_name: "gen_experts" }
+             keras_layer { class_name: "Gate" } }
+    top_mlp { hidden_units: [4] }
+  }
+  model_params { l2_regularization: 1e-6 } }"#,
+    ),
+    (
         "RankModel with CIN",
         r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
