@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+mod common;
+
 use rustrec::config::{load_pipeline, typed::TrainingPlan};
 use rustrec::features::{Batch, Encoded};
 use rustrec::train::Trainer;
@@ -190,36 +192,8 @@ model_config { model_class: "DeepFM"
                   relation_dnn { hidden_units: [3] } weight: 0.5 }
     l2_regularization: 1e-4 } }"#
         }
-        "MultiTaskModel with MMoE" => {
-            r#"model_config { model_class: "MultiTaskModel"
-  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
-  backbone {
-    blocks { name: "mmoe" inputs { feature_group_name: "all" }
-      keras_layer { class_name: "MMoE" mmoe { num_task: 2 num_expert: 3 expert_mlp { hidden_units: [6, 4] } } } }
-  }
-  model_params {
-    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
-    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [3] } weight: 0.5 }
-    l2_regularization: 1e-4 } }"#
-        }
-        "RankModel with repeat and Gate" => {
-            r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
-  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
-  feature_groups { group_name: "frequency" feature_names: ["d2", "c1"] }
-  backbone {
-    blocks { name: "mem_expert" inputs { feature_group_name: "memorize" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false } } }
-    blocks { name: "gen_experts" inputs { feature_group_name: "general" input_fn: "lambda x: [x, x]" }
-             repeat { num_repeat: 2 keras_layer { class_name: "MaskBlock" mask_block { output_size: 4 aggregation_size: 6 } } } }
-    blocks { name: "gate_weight" inputs { feature_group_name: "frequency" }
-             keras_layer { class_name: "MLP" mlp { hidden_units: 3 use_final_bn: false final_activation: "softmax" } } }
-    blocks { name: "gate" inputs { block_name: "gate_weight" input_fn: "lambda x: [x]" }
-             inputs { block_name: "mem_expert" input_fn: "lambda x: [x]" } inputs { block_name: "gen_experts" }
-             keras_layer { class_name: "Gate" } }
-    top_mlp { hidden_units: [4] }
-  }
-  model_params { l2_regularization: 1e-6 } }"#
-        }
+        "MultiTaskModel with MMoE" => common::models::MMOE_LAYER,
+        "RankModel with repeat and Gate" => common::models::REPEAT_AND_GATE,
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -250,19 +224,7 @@ model_config { model_class: "MultiTowerBST"
          item_tower { id: "c2" dnn { hidden_units: [6, 4] } }
          l2_regularization: 1e-4 } }"#
         }
-        "MatchModel" => {
-            r#"model_config { model_class: "MatchModel"
-  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
-  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c1"] }
-  backbone {
-    blocks { name: "user_fields" inputs { feature_group_name: "user" } input_layer { output_2d_tensor_and_feature_list: true } }
-    blocks { name: "user_tower" inputs { block_name: "user_fields" input_slice: "[0]" } keras_layer { class_name: "MLP" mlp { hidden_units: [6, 4] use_bn: false final_activation: "linear" } } }
-    blocks { name: "item_tower" inputs { feature_group_name: "item" }
-             keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false final_activation: "linear" } } }
-    output_blocks: ["item_tower", "user_tower"]
-  }
-  model_params { l2_regularization: 1e-4 temperature: 0.3 scale_simi: true user_tower_idx_in_output: 1 item_tower_idx_in_output: 0 } }"#
-        }
+        "MatchModel" => common::models::MATCH_MODEL,
         "RankModel with numeric embeddings" => {
             r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "num" feature_names: ["d1", "d2"] }
@@ -280,29 +242,8 @@ model_config { model_class: "MultiTowerBST"
   }
   model_params { } }"#
         }
-        "RankModel with FiBiNet" => {
-            r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
-  backbone {
-    blocks { name: "field_list" inputs { feature_group_name: "fields" } input_layer { do_batch_norm: true only_output_feature_list: true } }
-    blocks { name: "fibinet" inputs { block_name: "field_list" }
-             keras_layer { class_name: "FiBiNet" fibinet { senet { reduction_ratio: 2 } bilinear { type: "each" num_output_units: 5 } mlp { hidden_units: [4] } } } }
-    concat_blocks: ["fibinet"]
-  }
-  model_params { } }"#
-        }
-        "RankModel with CIN" => {
-            r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
-  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
-  backbone {
-    blocks { name: "fields" inputs { feature_group_name: "fields" } input_layer { only_output_3d_tensor: true } }
-    blocks { name: "cin" inputs { block_name: "fields" } keras_layer { class_name: "CIN" cin { hidden_feature_sizes: [4, 3] } } }
-    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
-    concat_blocks: ["cin", "dense_mlp"]
-  }
-  model_params { } }"#
-        }
+        "RankModel with FiBiNet" => common::models::FIBINET,
+        "RankModel with CIN" => common::models::CIN,
         "DSSM in-batch softmax" => {
             r#"model_config { model_class: "DSSM"
   feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
@@ -323,22 +264,7 @@ model_config { model_class: "MultiTowerBST"
 const EXECUTOR_VARIANTS: [(&str, &str); 40] = [
     (
         "RankModel: repeated mask blocks gated by a softmax MLP",
-        r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
-  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
-  feature_groups { group_name: "frequency" feature_names: ["d2", "c1"] }
-  backbone {
-    blocks { name: "mem_expert" inputs { feature_group_name: "memorize" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false } } }
-    blocks { name: "gen_experts" inputs { feature_group_name: "general" input_fn: "lambda x: [x, x]" }
-             repeat { num_repeat: 2 keras_layer { class_name: "MaskBlock" mask_block { output_size: 4 aggregation_size: 6 } } } }
-    blocks { name: "gate_weight" inputs { feature_group_name: "frequency" }
-             keras_layer { class_name: "MLP" mlp { hidden_units: 3 use_final_bn: false final_activation: "softmax" } } }
-    blocks { name: "gate" inputs { block_name: "gate_weight" input_fn: "lambda x: [x]" }
-             inputs { block_name: "mem_expert" input_fn: "lambda x: [x]" } inputs { block_name: "gen_experts" }
-             keras_layer { class_name: "Gate" } }
-    top_mlp { hidden_units: [4] }
-  }
-  model_params { l2_regularization: 1e-6 } }"#,
+        common::models::REPEAT_AND_GATE,
     ),
     (
         "MultiTaskModel: MMoE layer over experts given as a list, the gates over the last",

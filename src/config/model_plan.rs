@@ -660,47 +660,11 @@ fn single_task_arch(
             )
         }
         Some(M::ModelParams(p)) if model.model_class == "RankModel" => {
-            let b = model
-                .backbone
-                .as_ref()
-                .ok_or_else(|| ConfigError::invalid(format!("{m}.backbone"), "RankModel needs a backbone"))?;
-            for (field, set) in [
-                ("outputs", !p.outputs.is_empty()),
-                ("task_towers", !p.task_towers.is_empty()),
-            ] {
-                if set {
-                    return Err(ConfigError::unsupported(
-                        format!("{m}.model_params.{field}"),
-                        format!("`{field}` on a RankModel"),
-                    ));
-                }
-            }
-            (
-                Arch::Backbone(super::backbone::backbone(
-                    b,
-                    &group_names(model),
-                    &format!("{m}.backbone"),
-                )?),
-                p.l2_regularization(),
-            )
+            (Arch::Backbone(single_task_backbone(model, p)?), p.l2_regularization())
         }
         Some(M::ModelParams(p)) if model.model_class == "MatchModel" => {
             let path = format!("{m}.model_params");
-            let b = model
-                .backbone
-                .as_ref()
-                .ok_or_else(|| ConfigError::invalid(format!("{m}.backbone"), "MatchModel needs a backbone"))?;
-            for (field, set) in [
-                ("outputs", !p.outputs.is_empty()),
-                ("task_towers", !p.task_towers.is_empty()),
-            ] {
-                if set {
-                    return Err(ConfigError::unsupported(
-                        format!("{path}.{field}"),
-                        format!("`{field}` on a MatchModel"),
-                    ));
-                }
-            }
+            let backbone = single_task_backbone(model, p)?;
             let index = |v: i32, field: &str| {
                 usize::try_from(v)
                     .map_err(|_| ConfigError::invalid(format!("{path}.{field}"), format!("{v} is not an index")))
@@ -717,7 +681,7 @@ fn single_task_arch(
             };
             (
                 Arch::MatchBackbone {
-                    backbone: super::backbone::backbone(b, &group_names(model), &format!("{m}.backbone"))?,
+                    backbone,
                     user,
                     item,
                     sim,
@@ -910,6 +874,31 @@ fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
         },
         d.l2_regularization,
     ))
+}
+
+/// The typed backbone of a RankModel or MatchModel, which have no task
+/// towers or extra outputs.
+fn single_task_backbone(
+    model: &proto::EasyRecModel,
+    p: &proto::ModelParams,
+) -> Result<super::backbone::Backbone, ConfigError> {
+    let class = &model.model_class;
+    let b = model
+        .backbone
+        .as_ref()
+        .ok_or_else(|| ConfigError::invalid("model_config.backbone", format!("{class} needs a backbone")))?;
+    for (field, set) in [
+        ("outputs", !p.outputs.is_empty()),
+        ("task_towers", !p.task_towers.is_empty()),
+    ] {
+        if set {
+            return Err(ConfigError::unsupported(
+                format!("model_config.model_params.{field}"),
+                format!("`{field}` on a {class}"),
+            ));
+        }
+    }
+    super::backbone::backbone(b, &group_names(model), "model_config.backbone")
 }
 
 /// The temperature a match model divides its similarity by: `temperature`

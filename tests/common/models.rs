@@ -43,6 +43,72 @@ feature_configs { input_names: "c4" feature_type: TagFeature separator: "|" kv_s
 feature_configs { feature_name: "c1_x_c2" input_names: ["c1", "c2"] feature_type: ComboFeature hash_bucket_size: 50 embedding_dim: 4 }
 "#;
 
+/// A MatchModel whose backbone's two outputs are the towers.
+pub const MATCH_MODEL: &str = r#"model_config { model_class: "MatchModel"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c1"] }
+  backbone {
+    blocks { name: "user_fields" inputs { feature_group_name: "user" } input_layer { output_2d_tensor_and_feature_list: true } }
+    blocks { name: "user_tower" inputs { block_name: "user_fields" input_slice: "[0]" } keras_layer { class_name: "MLP" mlp { hidden_units: [6, 4] use_bn: false final_activation: "linear" } } }
+    blocks { name: "item_tower" inputs { feature_group_name: "item" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false final_activation: "linear" } } }
+    output_blocks: ["item_tower", "user_tower"]
+  }
+  model_params { l2_regularization: 1e-4 temperature: 0.3 scale_simi: true user_tower_idx_in_output: 1 item_tower_idx_in_output: 0 } }"#;
+
+/// A RankModel over FiBiNet with a batch-normed input list.
+pub const FIBINET: &str = r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "field_list" inputs { feature_group_name: "fields" } input_layer { do_batch_norm: true only_output_feature_list: true } }
+    blocks { name: "fibinet" inputs { block_name: "field_list" }
+             keras_layer { class_name: "FiBiNet" fibinet { senet { reduction_ratio: 2 } bilinear { type: "each" num_output_units: 5 } mlp { hidden_units: [4] } } } }
+    concat_blocks: ["fibinet"]
+  }
+  model_params { } }"#;
+
+/// A MultiTaskModel over the MMoE Keras layer.
+pub const MMOE_LAYER: &str = r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "mmoe" inputs { feature_group_name: "all" }
+      keras_layer { class_name: "MMoE" mmoe { num_task: 2 num_expert: 3 expert_mlp { hidden_units: [6, 4] } } } }
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [3] } weight: 0.5 }
+    l2_regularization: 1e-4 } }"#;
+
+/// A RankModel of repeated mask blocks gated by a softmax MLP (EasyRec's CDN).
+pub const REPEAT_AND_GATE: &str = r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
+  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
+  feature_groups { group_name: "frequency" feature_names: ["d2", "c1"] }
+  backbone {
+    blocks { name: "mem_expert" inputs { feature_group_name: "memorize" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false } } }
+    blocks { name: "gen_experts" inputs { feature_group_name: "general" input_fn: "lambda x: [x, x]" }
+             repeat { num_repeat: 2 keras_layer { class_name: "MaskBlock" mask_block { output_size: 4 aggregation_size: 6 } } } }
+    blocks { name: "gate_weight" inputs { feature_group_name: "frequency" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: 3 use_final_bn: false final_activation: "softmax" } } }
+    blocks { name: "gate" inputs { block_name: "gate_weight" input_fn: "lambda x: [x]" }
+             inputs { block_name: "mem_expert" input_fn: "lambda x: [x]" } inputs { block_name: "gen_experts" }
+             keras_layer { class_name: "Gate" } }
+    top_mlp { hidden_units: [4] }
+  }
+  model_params { l2_regularization: 1e-6 } }"#;
+
+/// A RankModel over xDeepFM's CIN.
+pub const CIN: &str = r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  backbone {
+    blocks { name: "fields" inputs { feature_group_name: "fields" } input_layer { only_output_3d_tensor: true } }
+    blocks { name: "cin" inputs { block_name: "fields" } keras_layer { class_name: "CIN" cin { hidden_feature_sizes: [4, 3] } } }
+    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
+    concat_blocks: ["cin", "dense_mlp"]
+  }
+  model_params { } }"#;
+
 pub const MODELS: &[(&str, &str)] = &[
     (
         "DSSM",
@@ -252,20 +318,7 @@ model_config { model_class: "MultiTowerDIN"
                 din_towers { input: "din" dnn { hidden_units: [5, 1] } }
                 final_dnn { hidden_units: [4] } } }"#,
     ),
-    (
-        "MatchModel",
-        r#"model_config { model_class: "MatchModel"
-  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
-  feature_groups { group_name: "item" feature_names: ["c2", "d2", "c1"] }
-  backbone {
-    blocks { name: "user_fields" inputs { feature_group_name: "user" } input_layer { output_2d_tensor_and_feature_list: true } }
-    blocks { name: "user_tower" inputs { block_name: "user_fields" input_slice: "[0]" } keras_layer { class_name: "MLP" mlp { hidden_units: [6, 4] use_bn: false final_activation: "linear" } } }
-    blocks { name: "item_tower" inputs { feature_group_name: "item" }
-             keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false final_activation: "linear" } } }
-    output_blocks: ["item_tower", "user_tower"]
-  }
-  model_params { l2_regularization: 1e-4 temperature: 0.3 scale_simi: true user_tower_idx_in_output: 1 item_tower_idx_in_output: 0 } }"#,
-    ),
+    ("MatchModel", MATCH_MODEL),
     (
         "RankModel with numeric embeddings",
         r#"model_config { model_class: "RankModel"
@@ -284,63 +337,10 @@ model_config { model_class: "MultiTowerDIN"
   }
   model_params { } }"#,
     ),
-    (
-        "RankModel with FiBiNet",
-        r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
-  backbone {
-    blocks { name: "field_list" inputs { feature_group_name: "fields" } input_layer { do_batch_norm: true only_output_feature_list: true } }
-    blocks { name: "fibinet" inputs { block_name: "field_list" }
-             keras_layer { class_name: "FiBiNet" fibinet { senet { reduction_ratio: 2 } bilinear { type: "each" num_output_units: 5 } mlp { hidden_units: [4] } } } }
-    concat_blocks: ["fibinet"]
-  }
-  model_params { } }"#,
-    ),
-    (
-        "MultiTaskModel with MMoE",
-        r#"model_config { model_class: "MultiTaskModel"
-  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
-  backbone {
-    blocks { name: "mmoe" inputs { feature_group_name: "all" }
-      keras_layer { class_name: "MMoE" mmoe { num_task: 2 num_expert: 3 expert_mlp { hidden_units: [6, 4] } } } }
-  }
-  model_params {
-    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
-    task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [3] } weight: 0.5 }
-    l2_regularization: 1e-4 } }"#,
-    ),
-    (
-        "RankModel with repeat and Gate",
-        r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
-  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
-  feature_groups { group_name: "frequency" feature_names: ["d2", "c1"] }
-  backbone {
-    blocks { name: "mem_expert" inputs { feature_group_name: "memorize" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] use_final_bn: false } } }
-    blocks { name: "gen_experts" inputs { feature_group_name: "general" input_fn: "lambda x: [x, x]" }
-             repeat { num_repeat: 2 keras_layer { class_name: "MaskBlock" mask_block { output_size: 4 aggregation_size: 6 } } } }
-    blocks { name: "gate_weight" inputs { feature_group_name: "frequency" }
-             keras_layer { class_name: "MLP" mlp { hidden_units: 3 use_final_bn: false final_activation: "softmax" } } }
-    blocks { name: "gate" inputs { block_name: "gate_weight" input_fn: "lambda x: [x]" }
-             inputs { block_name: "mem_expert" input_fn: "lambda x: [x]" } inputs { block_name: "gen_experts" }
-             keras_layer { class_name: "Gate" } }
-    top_mlp { hidden_units: [4] }
-  }
-  model_params { l2_regularization: 1e-6 } }"#,
-    ),
-    (
-        "RankModel with CIN",
-        r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "fields" feature_names: ["c1", "c2", "c3"] }
-  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
-  backbone {
-    blocks { name: "fields" inputs { feature_group_name: "fields" } input_layer { only_output_3d_tensor: true } }
-    blocks { name: "cin" inputs { block_name: "fields" } keras_layer { class_name: "CIN" cin { hidden_feature_sizes: [4, 3] } } }
-    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
-    concat_blocks: ["cin", "dense_mlp"]
-  }
-  model_params { } }"#,
-    ),
+    ("RankModel with FiBiNet", FIBINET),
+    ("MultiTaskModel with MMoE", MMOE_LAYER),
+    ("RankModel with repeat and Gate", REPEAT_AND_GATE),
+    ("RankModel with CIN", CIN),
     (
         "MultiTowerBST",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
