@@ -1096,6 +1096,59 @@ model_config { model_class: "DBMTL"
     assert!(st.loss.is_finite());
 }
 
+/// LookupFeature: the row's key (c1) looked up in its map (c3 as
+/// `key:value` entries): the values of the matching entries hashed as
+/// TensorFlow does; more matches than lookup_max_sel_elem_num, or an entry
+/// without its separator, is an error naming the row.
+#[test]
+fn lookup_features_hash_the_values_their_key_finds() {
+    let block = r#"feature_configs { input_names: ["c1", "c3"] feature_name: "lk" feature_type: LookupFeature
+                  separator: "|" kv_separator: ":" hash_bucket_size: 50 embedding_dim: 4 lookup_max_sel_elem_num: 2 }
+model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "lk"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "lk", "d1"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [4] } } }"#;
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer_of(dir.path(), "lookup", block);
+    let rows = [
+        ("u3", "u3:red|u5:blue|u3:green"),
+        ("u5", "u3:red|u5:blue"),
+        ("u7", "u3:red"),
+        ("u1", ""),
+    ];
+    let write = |rows: &[(&str, &str)]| {
+        let text: String = rows.iter().map(|(k, m)| format!("1,0.5,0.5,{k},3,{m},0\n")).collect();
+        std::fs::write(dir.path().join("data.csv"), text.repeat(4)).unwrap();
+    };
+    write(&rows);
+    let lk = t.plan.features.iter().position(|f| f.name == "lk").unwrap();
+    let batch = first_batch(&t);
+    let Encoded::Sparse(j) = &batch.features[lk] else {
+        panic!("a lookup feature is ids");
+    };
+    let h = |v: &str| rustrec::features::hash_bucket_str(v, 50);
+    assert_eq!(&j.offsets[..5], &[0, 2, 3, 3, 3]);
+    assert_eq!(&j.ids[..3], &[h("red"), h("green"), h("blue")]);
+    assert!(t.train_step(&batch).unwrap().loss.is_finite());
+
+    for (bad, want) in [
+        (
+            ("u3", "u3:a|u3:b|u3:c"),
+            "matches 3 map entries, more than lookup_max_sel_elem_num (2)",
+        ),
+        (("u3", "u3:a|oops"), "map entry `oops` has no `:`"),
+    ] {
+        write(&[bad]);
+        let err = t
+            .stream(&t.plan.train_paths.clone(), true, 0)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap_err();
+        assert!(format!("{err:#}").contains(want), "{err:#}");
+    }
+}
+
 /// RTPInput: the same rows as RTP lines (the labels in columns of their
 /// own, every other field in one column split on `separator`) train the
 /// same model as the CSV rows; a line with a feature too few is refused

@@ -80,6 +80,7 @@ const PASSING: &[&str] = &[
     "zoo/deepfm_combo_v2_on_avazu_ctr.config",
     "zoo/deepfm_combo_variational_dropout_on_avazu_ctr.config",
     "zoo/deepfm_freeze_gradient.config",
+    "zoo/deepfm_lookup.config",
     "zoo/deepfm_vocab_list_on_avazu_ctr.config",
     "zoo/deepfm_vocab_list_on_taobao.config",
     "zoo/deepfm_with_embed.config",

@@ -326,6 +326,16 @@ pub enum FeatureKind {
         join_sep: String,
         input_seps: Vec<String>,
     },
+    /// EasyRec's LookupFeature: the row's key (first input) looked up in
+    /// its map (second input, `k<kv_separator>v` entries split on
+    /// `separator`); the values of every matching entry hashed, a bag of at
+    /// most `max_selected` ids.
+    Lookup {
+        buckets: u64,
+        separator: String,
+        kv_separator: String,
+        max_selected: usize,
+    },
     /// EasyRec's SequenceFeature of ids: the values of a row in order,
     /// each bucketed, the first `max_len` kept (`max_seq_len`).
     Sequence {
@@ -1595,6 +1605,37 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                 buckets,
                 join_sep: f.combo_join_sep().to_string(),
                 input_seps: f.combo_input_seps.clone(),
+            }
+        }
+        FeatureType::LookupFeature => {
+            if f.input_names.len() != 2 {
+                return Err(ConfigError::invalid(
+                    format!("{path}.input_names"),
+                    format!("LookupFeature `{name}` reads a key and a map: two inputs"),
+                ));
+            }
+            let Some(Bucketing::Hash(buckets)) = buckets(f) else {
+                return Err(ConfigError::invalid(
+                    path,
+                    format!("LookupFeature `{name}` needs hash_bucket_size, as EasyRec hashes the values it finds"),
+                ));
+            };
+            let kv_separator = f.kv_separator.clone().unwrap_or_default();
+            if kv_separator.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.kv_separator"),
+                    format!("LookupFeature `{name}` needs the separator between a map entry's key and value"),
+                ));
+            }
+            let max_selected = usize::try_from(f.lookup_max_sel_elem_num())
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| ConfigError::invalid(format!("{path}.lookup_max_sel_elem_num"), "must be at least 1"))?;
+            FeatureKind::Lookup {
+                buckets,
+                separator: f.separator().to_string(),
+                kv_separator,
+                max_selected,
             }
         }
         other => {

@@ -101,6 +101,21 @@ fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell
             }
         }
         Some(FeatureKind::Combo { buckets, .. }) => Some(token(rng, &Bucketing::Hash(*buckets))),
+        // Keys k0..k4; maps of 0 to 3 entries over the same keys, so some
+        // rows find their key.
+        Some(FeatureKind::Lookup {
+            separator,
+            kv_separator,
+            max_selected,
+            ..
+        }) => Some(if feature.is_some_and(|f| f.inputs[0] == field) {
+            format!("k{}", rng.below(5))
+        } else {
+            (0..rng.below(4).min(*max_selected as u64))
+                .map(|i| format!("k{i}{kv_separator}v{}", rng.below(20)))
+                .collect::<Vec<_>>()
+                .join(separator)
+        }),
         Some(FeatureKind::Id { buckets }) => match (ty, buckets) {
             (ColumnType::Int, Bucketing::Identity(n)) => return Cell::Int(rng.below((*n).max(1)) as i64),
             (ColumnType::Str, b) => Some(token(rng, b)),

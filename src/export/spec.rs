@@ -152,6 +152,22 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                             "ids": "the row's values in order, the first max_len kept; lens at most max_len",
                             "each": buckets(b),
                         }),
+                        FeatureKind::Lookup {
+                            buckets: n,
+                            separator,
+                            kv_separator,
+                            max_selected,
+                        } => json!({
+                            "type": "lookup",
+                            "key_column": f.inputs.first(),
+                            "map_column": f.inputs.get(1),
+                            "separator": separator,
+                            "kv_separator": kv_separator,
+                            "max_selected": max_selected,
+                            "ids": "per map entry `key<kv_separator>value` whose key is the row's key: \
+                                    Fingerprint64(value) % buckets",
+                            "buckets": n,
+                        }),
                         FeatureKind::Combo {
                             buckets: n,
                             join_sep,

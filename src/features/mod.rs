@@ -163,6 +163,15 @@ impl Buckets {
 
 #[derive(Debug, Clone)]
 enum Enc {
+    /// `FeatureKind::Lookup`.
+    Lookup {
+        key_col: usize,
+        map_col: usize,
+        buckets: u64,
+        separator: String,
+        kv_separator: String,
+        max_selected: usize,
+    },
     Dense {
         col: usize,
         dim: usize,
@@ -332,6 +341,19 @@ impl Encoder {
                     weight_col: None,
                     max_len: Some(*max_len),
                 },
+                FeatureKind::Lookup {
+                    buckets,
+                    separator,
+                    kv_separator,
+                    max_selected,
+                } => Enc::Lookup {
+                    key_col: col(&mut projection, first, false)?,
+                    map_col: col(&mut projection, &f.inputs[1], false)?,
+                    buckets: *buckets,
+                    separator: separator.clone(),
+                    kv_separator: kv_separator.clone(),
+                    max_selected: *max_selected,
+                },
                 FeatureKind::Combo {
                     buckets,
                     join_sep,
@@ -384,7 +406,7 @@ impl Encoder {
             Enc::Bucketized { boundaries, .. } => Some(boundaries.len() as u64 + 1),
             Enc::Projected { dim, .. } => Some(*dim as u64),
             Enc::Id { buckets, .. } | Enc::Tag { buckets, .. } => Some(buckets.rows()),
-            Enc::Combo { buckets, .. } => Some(*buckets),
+            Enc::Combo { buckets, .. } | Enc::Lookup { buckets, .. } => Some(*buckets),
         }
     }
 
@@ -761,6 +783,41 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                 j.offsets.push(j.ids.len() as u32);
             }
             j.weights = weights;
+        }
+        Enc::Lookup {
+            key_col,
+            map_col,
+            buckets,
+            separator,
+            kv_separator,
+            max_selected,
+        } => {
+            let mut key = String::new();
+            for r in 0..n {
+                key.clear();
+                for_each_value(&raw.columns[*key_col], r, None, &mut |v| {
+                    key.push_str(&v.text());
+                    Ok(())
+                })?;
+                let start = j.ids.len();
+                for_each_value(&raw.columns[*map_col], r, Some(separator), &mut |v| {
+                    let entry = v.text();
+                    let (k, val) = entry.split_once(kv_separator.as_str()).with_context(|| {
+                        format!("row {r}: map entry `{entry}` has no `{kv_separator}` between its key and value")
+                    })?;
+                    if k == key {
+                        j.ids.push(hash_bucket_str(val, *buckets));
+                    }
+                    Ok(())
+                })?;
+                if j.ids.len() - start > *max_selected {
+                    bail!(
+                        "row {r}: key `{key}` matches {} map entries, more than lookup_max_sel_elem_num ({max_selected})",
+                        j.ids.len() - start
+                    );
+                }
+                j.offsets.push(j.ids.len() as u32);
+            }
         }
         Enc::Combo {
             cols,
