@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rustrec::config::typed::{Bucketing, FeatureKind, InputFormat, TrainingPlan};
+use rustrec::config::typed::{BinaryPart, Bucketing, FeatureKind, InputFormat, TrainingPlan};
 use rustrec::config::{load_pipeline, Overrides};
 use rustrec::export::runtime::ExportedModel;
 use rustrec::export::{export_bundle, ExportRequest, EXTERNAL_MIN_BYTES};
@@ -41,6 +41,7 @@ const SERVICE_INPUTS: &[&str] = &[
 const PASSING: &[&str] = &[
     "dcn_on_taobao.config",
     "deepfm_combo_on_avazu_embed_adagrad.config",
+    "dlrm_on_criteo.config",
     "dlrm_on_criteo_parquet.config",
     "dlrm_on_criteo_parquet_ep_v2.config",
     "examples_dcn_on_movielens.config",
@@ -91,6 +92,7 @@ const PASSING: &[&str] = &[
     "zoo/din_on_taobao_latest_export.config",
     "zoo/din_varitional_dropout_on_taobao.config",
     "zoo/dlrm_backbone_on_taobao.config",
+    "zoo/dlrm_on_criteo.config",
     "zoo/dlrm_on_criteo_parquet.config",
     "zoo/dlrm_on_criteo_parquet_ep_v2.config",
     "zoo/dssm_distribute_eval_listwise_hard_neg_sampler_on_taobao.config",
@@ -155,6 +157,7 @@ const PASSING: &[&str] = &[
     "zoo/ple_on_sequence_feature_taobao.config",
     "zoo/ple_on_taobao.config",
     "zoo/rtp.config",
+    "zoo/share_not_used.config",
     "zoo/simple_multi_task_backbone_on_taobao.config",
     "zoo/simple_multi_task_on_sequence_feature_taobao.config",
     "zoo/simple_multi_task_on_taobao.config",
@@ -305,20 +308,53 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
             Outcome::Failed(msg)
         }
     };
-    let loaded = match load_pipeline(path, &overrides) {
+    // Binary Criteo parts are named by binary_*_input, not the input paths:
+    // generated parts replace the config's in the plan.
+    let binary = std::fs::read_to_string(path).is_ok_and(|t| t.contains("binary_train_input"));
+    let overrides = if binary {
+        Overrides {
+            train_input_path: Vec::new(),
+            eval_input_path: Vec::new(),
+            ..overrides
+        }
+    } else {
+        overrides
+    };
+    let mut loaded = match load_pipeline(path, &overrides) {
         Ok(l) => l,
         Err(e) => return refused_or_failed(e.into()),
     };
+    // Hashed tables capped before the plan sizes the model.
+    let c = &mut loaded.config;
+    let features = c
+        .feature_configs
+        .iter_mut()
+        .chain(c.feature_config.iter_mut().flat_map(|f| f.features.iter_mut()));
+    for f in features {
+        if let Some(n) = &mut f.hash_bucket_size {
+            *n = (*n).min(TABLE_CAP as _);
+        }
+    }
     let mut plan = match TrainingPlan::from_config(&loaded.config) {
         Ok(p) => p,
         Err(e) => return refused_or_failed(e.into()),
     };
-    if !matches!(
-        plan.format,
-        InputFormat::Csv { .. } | InputFormat::Parquet { .. } | InputFormat::Rtp { .. }
-    ) {
-        return Outcome::Failed("a plan for an input that is not a file".into());
+    if let InputFormat::CriteoBinary { parts } = &mut plan.format {
+        let at = |p: &Path, ext: &str| p.with_extension(ext).to_str().unwrap().to_string();
+        *parts = [&train, &eval]
+            .map(|p| BinaryPart {
+                label: at(p, "label.bin"),
+                dense: at(p, "dense.bin"),
+                category: at(p, "category.bin"),
+            })
+            .to_vec();
+        plan.train_paths = vec![parts[0].label.clone()];
+        plan.eval_paths = vec![parts[1].label.clone()];
     }
+    let (train, eval) = match &plan.format {
+        InputFormat::CriteoBinary { parts } => (PathBuf::from(&parts[0].label), PathBuf::from(&parts[1].label)),
+        InputFormat::Csv { .. } | InputFormat::Parquet { .. } | InputFormat::Rtp { .. } => (train, eval),
+    };
     cap_tables(&mut plan);
     // A negative sampler's tables are data too: generated in `dir`.
     if let Some(s) = &mut plan.negative_sampling {

@@ -27,6 +27,50 @@ pub enum InputFormat {
         separator: String,
         layout: RtpLayout,
     },
+    /// EasyRec's CriteoInput: binary parts of three row-aligned files (see
+    /// `data::criteo`); the input paths name the label files, `parts` every
+    /// part's three (train and eval).
+    CriteoBinary {
+        parts: Vec<BinaryPart>,
+    },
+}
+
+/// One `binary_train_input` / `binary_eval_input` entry: globs of the
+/// label, dense and category files, matched up in sorted order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BinaryPart {
+    pub label: String,
+    pub dense: String,
+    pub category: String,
+}
+
+/// The parts of a binary input at `field`, added to `parts`; returns the
+/// label globs (the input's paths).
+fn binary_input(
+    b: &proto::BinaryDataInput,
+    field: &str,
+    parts: &mut Vec<BinaryPart>,
+) -> Result<Vec<String>, ConfigError> {
+    let n = b.label_path.len();
+    if n == 0 || b.dense_path.len() != n || b.category_path.len() != n {
+        return Err(ConfigError::invalid(
+            field,
+            format!(
+                "needs one label_path, dense_path and category_path per part (got {}, {} and {})",
+                n,
+                b.dense_path.len(),
+                b.category_path.len()
+            ),
+        ));
+    }
+    for i in 0..n {
+        parts.push(BinaryPart {
+            label: b.label_path[i].clone(),
+            dense: b.dense_path[i].clone(),
+            category: b.category_path[i].clone(),
+        });
+    }
+    Ok(b.label_path.clone())
 }
 
 /// EasyRec's RTPInput layout: a line's columns (split on `rtp_separator`)
@@ -867,6 +911,7 @@ impl TrainingPlan {
 
     pub fn from_config(cfg: &proto::EasyRecConfig) -> Result<Self, ConfigError> {
         use proto::easy_rec_config::{EvalPath, TrainPath};
+        let mut binary_parts = Vec::new();
         let train_paths = match &cfg.train_path {
             Some(TrainPath::TrainInputPath(p)) | Some(TrainPath::ParquetTrainInput(p)) => paths(p),
             Some(TrainPath::KafkaTrainInput(_)) => {
@@ -878,9 +923,7 @@ impl TrainingPlan {
             Some(TrainPath::HiveTrainInput(_)) => {
                 return Err(ConfigError::unsupported("hive_train_input", "Hive input"))
             }
-            Some(TrainPath::BinaryTrainInput(_)) => {
-                return Err(ConfigError::unsupported("binary_train_input", "binary Criteo input"))
-            }
+            Some(TrainPath::BinaryTrainInput(b)) => binary_input(b, "binary_train_input", &mut binary_parts)?,
             None => {
                 return Err(ConfigError::invalid(
                     "train_input_path",
@@ -890,6 +933,7 @@ impl TrainingPlan {
         };
         let eval_paths = match &cfg.eval_path {
             Some(EvalPath::EvalInputPath(p)) | Some(EvalPath::ParquetEvalInput(p)) => paths(p),
+            Some(EvalPath::BinaryEvalInput(b)) => binary_input(b, "binary_eval_input", &mut binary_parts)?,
             None => Vec::new(),
             Some(_) => return Err(ConfigError::unsupported("eval_path", "this eval input source")),
         };
@@ -902,6 +946,21 @@ impl TrainingPlan {
                 separator: data.separator().to_string(),
                 with_header: data.with_header(),
             },
+            InputType::CriteoInput if binary_parts.is_empty() => {
+                return Err(ConfigError::invalid(
+                    "data_config.input_type",
+                    "CriteoInput reads binary_train_input (and binary_eval_input) { label_path dense_path category_path }, not input paths",
+                ))
+            }
+            InputType::CriteoInput => InputFormat::CriteoBinary {
+                parts: binary_parts.clone(),
+            },
+            _ if !binary_parts.is_empty() => {
+                return Err(ConfigError::invalid(
+                    "binary_train_input",
+                    "binary input is read by data_config.input_type: CriteoInput",
+                ))
+            }
             InputType::ParquetInput => InputFormat::Parquet { packed: true },
             InputType::ParquetInputV2 => InputFormat::Parquet { packed: false },
             InputType::RtpInput => InputFormat::Rtp {

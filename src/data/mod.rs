@@ -2,6 +2,7 @@
 //! fixed-size batches of raw rows, read on a background thread.
 
 pub mod column;
+pub mod criteo;
 pub mod csv;
 pub mod parquet;
 pub mod sampler;
@@ -195,6 +196,40 @@ pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
     Ok(out)
 }
 
+/// The dense and category files of binary part `label`: the files at its
+/// position in the sorted expansion of its part's globs.
+fn companions(parts: &[crate::config::typed::BinaryPart], label: &Path) -> Result<(PathBuf, PathBuf), DataError> {
+    for part in parts {
+        let labels = expand_paths(std::slice::from_ref(&part.label))?;
+        let Some(i) = labels.iter().position(|l| l == label) else {
+            continue;
+        };
+        let dense = expand_paths(std::slice::from_ref(&part.dense))?;
+        let category = expand_paths(std::slice::from_ref(&part.category))?;
+        if dense.len() != labels.len() || category.len() != labels.len() {
+            return Err(DataError::Row {
+                file: label.to_path_buf(),
+                location: "binary input".into(),
+                message: format!(
+                    "`{}`, `{}` and `{}` match {}, {} and {} files: they must match up",
+                    part.label,
+                    part.dense,
+                    part.category,
+                    labels.len(),
+                    dense.len(),
+                    category.len()
+                ),
+            });
+        }
+        return Ok((dense[i].clone(), category[i].clone()));
+    }
+    Err(DataError::Row {
+        file: label.to_path_buf(),
+        location: "binary input".into(),
+        message: "is no label file of binary_train_input or binary_eval_input".into(),
+    })
+}
+
 fn is_hidden(p: &Path) -> bool {
     p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
 }
@@ -234,10 +269,12 @@ impl StreamSpec {
         let mut all = Vec::new();
         for f in &self.files {
             match self.format {
-                InputFormat::Csv { .. } | InputFormat::Rtp { .. } => all.push(Split {
-                    path: f.clone(),
-                    row_group: None,
-                }),
+                InputFormat::Csv { .. } | InputFormat::Rtp { .. } | InputFormat::CriteoBinary { .. } => {
+                    all.push(Split {
+                        path: f.clone(),
+                        row_group: None,
+                    })
+                }
                 InputFormat::Parquet { .. } => {
                     for rg in 0..parquet::row_groups(f)? {
                         all.push(Split {
@@ -292,6 +329,14 @@ impl StreamSpec {
                 chunk_rows,
             )?),
             (InputFormat::Parquet { .. }, None) => unreachable!("parquet splits carry a row group"),
+            (InputFormat::CriteoBinary { parts }, _) => {
+                let (dense, category) = companions(parts, &split.path)?;
+                Box::new(criteo::CriteoChunks::open(
+                    (&split.path, &dense, &category),
+                    &self.projection,
+                    chunk_rows,
+                )?)
+            }
         })
     }
 

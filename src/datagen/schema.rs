@@ -145,6 +145,34 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
         })
         .collect();
     match &plan.format {
+        InputFormat::CriteoBinary { parts } => {
+            // The part whose label file `path` is names the other two.
+            let name = path.to_string_lossy();
+            let part = parts
+                .iter()
+                .find(|p| p.label == name)
+                .with_context(|| format!("{name} is no label file of the plan's binary input"))?;
+            let number = |c: Cell| match c {
+                Cell::Int(v) => v as f64,
+                Cell::Float(v) => v,
+                Cell::Bool(b) => f64::from(u8::from(b)),
+                Cell::Str(s) => s.parse().unwrap_or(0.0),
+            };
+            let rows: Vec<_> = (0..rows)
+                .map(|_| {
+                    let y = number(cell(plan, "label", ColumnType::Int, &mut rng)) as i32;
+                    let f = std::array::from_fn(|i| {
+                        number(cell(plan, &format!("f{}", i + 1), ColumnType::Float, &mut rng)) as f32
+                    });
+                    let c = std::array::from_fn(|i| {
+                        number(cell(plan, &format!("c{}", i + 1), ColumnType::Int, &mut rng)) as i32
+                    });
+                    (y, f, c)
+                })
+                .collect();
+            crate::data::criteo::write_part((path, Path::new(&part.dense), Path::new(&part.category)), &rows)
+                .with_context(|| format!("cannot write the binary part of {name}"))
+        }
         InputFormat::Csv { separator, with_header } => {
             let mut text = String::new();
             if *with_header {

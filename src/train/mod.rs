@@ -157,7 +157,11 @@ impl Trainer {
             Some(1)
         } else if p.num_epochs > 0 {
             Some(p.num_epochs)
-        } else if matches!(p.format, InputFormat::Csv { .. } | InputFormat::Rtp { .. }) && p.num_steps.is_some() {
+        } else if matches!(
+            p.format,
+            InputFormat::Csv { .. } | InputFormat::Rtp { .. } | InputFormat::CriteoBinary { .. }
+        ) && p.num_steps.is_some()
+        {
             None
         } else {
             Some(1)
