@@ -27,8 +27,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let onnx = protox::compile([proto_dir.join("onnx/onnx.proto")], [&proto_dir])?;
     prost_build::Config::new().out_dir(&out_dir).compile_fds(onnx)?;
 
-    // TensorFlow's checkpoint index entries, to read EasyRec's checkpoints.
-    let bundle = protox::compile([proto_dir.join("tensorflow/tensor_bundle.proto")], [&proto_dir])?;
-    prost_build::Config::new().out_dir(&out_dir).compile_fds(bundle)?;
+    // TensorFlow's checkpoint index entries, to read EasyRec's checkpoints,
+    // and tf.Example, to read TFRecord input (one package, one module).
+    let tensorflow = protox::compile(
+        [
+            proto_dir.join("tensorflow/tensor_bundle.proto"),
+            proto_dir.join("tensorflow/example.proto"),
+        ],
+        [&proto_dir],
+    )?;
+    prost_build::Config::new().out_dir(&out_dir).compile_fds(tensorflow)?;
     Ok(())
 }

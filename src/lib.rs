@@ -22,5 +22,6 @@ pub mod optim;
 pub mod predict;
 pub mod serve;
 pub mod summary;
+pub mod tf_proto;
 pub mod train;
 pub mod util;

@@ -39,27 +39,6 @@ pub struct SummaryValue {
     pub simple_value: Option<f32>,
 }
 
-/// CRC-32C (Castagnoli), as TFRecord framing uses.
-pub fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0x82f6_3b78
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
-fn masked_crc(data: &[u8]) -> u32 {
-    let c = crc32c(data);
-    (c.rotate_right(15)).wrapping_add(0xa282_ead8)
-}
-
 /// Appends scalar summaries to `dir/events.out.tfevents.<secs>.<host>`.
 pub struct SummaryWriter {
     out: BufWriter<File>,
@@ -109,15 +88,8 @@ impl SummaryWriter {
     }
 
     fn write_event(&mut self, e: &Event) -> anyhow::Result<()> {
-        let data = e.encode_to_vec();
-        let len = (data.len() as u64).to_le_bytes();
-        let res = (|| {
-            self.out.write_all(&len)?;
-            self.out.write_all(&masked_crc(&len).to_le_bytes())?;
-            self.out.write_all(&data)?;
-            self.out.write_all(&masked_crc(&data).to_le_bytes())
-        })();
-        res.with_context(|| format!("cannot write {}", self.path.display()))
+        crate::data::tfrecord::write_record(&mut self.out, &e.encode_to_vec())
+            .with_context(|| format!("cannot write {}", self.path.display()))
     }
 
     /// Writes one event holding `scalars` at `step` and flushes it.
@@ -145,32 +117,11 @@ impl SummaryWriter {
 /// record.
 pub fn read_events(path: &Path) -> anyhow::Result<Vec<Event>> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut records = crate::data::tfrecord::RecordReader::new(&bytes[..]);
     let mut out = Vec::new();
-    let mut at = 0usize;
-    while at < bytes.len() {
-        let rec = |n: usize| {
-            bytes
-                .get(at..at + n)
-                .with_context(|| format!("{}: truncated record at byte {at}", path.display()))
-        };
-        let len_bytes = rec(8)?;
-        let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes")) as usize;
-        let len_crc = u32::from_le_bytes(rec(12)?[8..12].try_into().expect("4 bytes"));
-        anyhow::ensure!(
-            masked_crc(len_bytes) == len_crc,
-            "{}: bad length checksum at byte {at}",
-            path.display()
-        );
-        let whole = rec(12 + len + 4)?;
-        let data = &whole[12..12 + len];
-        let crc = u32::from_le_bytes(whole[12 + len..].try_into().expect("4 bytes"));
-        anyhow::ensure!(
-            masked_crc(data) == crc,
-            "{}: bad data checksum at byte {at}",
-            path.display()
-        );
-        out.push(Event::decode(data).with_context(|| format!("{}: bad event at byte {at}", path.display()))?);
-        at += 16 + len;
+    while let Some(r) = records.next_record() {
+        let data = r.map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))?;
+        out.push(Event::decode(&data[..]).with_context(|| format!("{}: bad event {}", path.display(), out.len()))?);
     }
     Ok(out)
 }
@@ -178,11 +129,6 @@ pub fn read_events(path: &Path) -> anyhow::Result<Vec<Event>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crc32c_matches_the_standard_check_value() {
-        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
-    }
 
     #[test]
     fn scalars_round_trip() {

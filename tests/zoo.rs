@@ -82,6 +82,7 @@ const PASSING: &[&str] = &[
     "zoo/deepfm_combo_variational_dropout_on_avazu_ctr.config",
     "zoo/deepfm_freeze_gradient.config",
     "zoo/deepfm_lookup.config",
+    "zoo/deepfm_on_criteo_tfrecord.config",
     "zoo/deepfm_vocab_list_on_avazu_ctr.config",
     "zoo/deepfm_vocab_list_on_taobao.config",
     "zoo/deepfm_with_embed.config",
@@ -353,7 +354,9 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
     }
     let (train, eval) = match &plan.format {
         InputFormat::CriteoBinary { parts } => (PathBuf::from(&parts[0].label), PathBuf::from(&parts[1].label)),
-        InputFormat::Csv { .. } | InputFormat::Parquet { .. } | InputFormat::Rtp { .. } => (train, eval),
+        InputFormat::Csv { .. } | InputFormat::Parquet { .. } | InputFormat::Rtp { .. } | InputFormat::TfRecord => {
+            (train, eval)
+        }
     };
     cap_tables(&mut plan);
     // A negative sampler's tables are data too: generated in `dir`.

@@ -15,12 +15,7 @@ use prost::Message;
 
 use super::Unusable;
 
-#[allow(clippy::all, clippy::pedantic)]
-mod proto {
-    include!(concat!(env!("OUT_DIR"), "/tensorflow.rs"));
-}
-
-use proto::{BundleEntryProto, BundleHeaderProto};
+use crate::tf_proto::{BundleEntryProto, BundleHeaderProto};
 
 /// The table footer's magic number (LevelDB's, which TensorFlow's table keeps).
 const TABLE_MAGIC: u64 = 0xdb47_7524_8b80_fb57;
@@ -239,7 +234,7 @@ impl TfCheckpoint {
                         sl.extent
                             .iter()
                             .map(|x| match x.has_length {
-                                Some(proto::tensor_slice_proto::extent::HasLength::Length(l)) => (x.start, l),
+                                Some(crate::tf_proto::tensor_slice_proto::extent::HasLength::Length(l)) => (x.start, l),
                                 None => (0, -1),
                             })
                             .collect()

@@ -27,6 +27,8 @@ pub enum InputFormat {
         separator: String,
         layout: RtpLayout,
     },
+    /// EasyRec's TFRecordInput: tf.Example records, one value per field.
+    TfRecord,
     /// EasyRec's CriteoInput: binary parts of three row-aligned files (see
     /// `data::criteo`); the input paths name the label files, `parts` every
     /// part's three (train and eval).
@@ -962,6 +964,15 @@ impl TrainingPlan {
                 ))
             }
             InputType::ParquetInput => InputFormat::Parquet { packed: true },
+            InputType::TfRecordInput => {
+                if !data.data_compression_type().is_empty() {
+                    return Err(ConfigError::unsupported(
+                        "data_config.data_compression_type",
+                        format!("compressed TFRecord files (`{}`)", data.data_compression_type()),
+                    ));
+                }
+                InputFormat::TfRecord
+            }
             InputType::ParquetInputV2 => InputFormat::Parquet { packed: false },
             InputType::RtpInput => InputFormat::Rtp {
                 separator: data.separator().to_string(),

@@ -6,6 +6,7 @@ pub mod criteo;
 pub mod csv;
 pub mod parquet;
 pub mod sampler;
+pub mod tfrecord;
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -269,12 +270,13 @@ impl StreamSpec {
         let mut all = Vec::new();
         for f in &self.files {
             match self.format {
-                InputFormat::Csv { .. } | InputFormat::Rtp { .. } | InputFormat::CriteoBinary { .. } => {
-                    all.push(Split {
-                        path: f.clone(),
-                        row_group: None,
-                    })
-                }
+                InputFormat::Csv { .. }
+                | InputFormat::Rtp { .. }
+                | InputFormat::TfRecord
+                | InputFormat::CriteoBinary { .. } => all.push(Split {
+                    path: f.clone(),
+                    row_group: None,
+                }),
                 InputFormat::Parquet { .. } => {
                     for rg in 0..parquet::row_groups(f)? {
                         all.push(Split {
@@ -329,6 +331,11 @@ impl StreamSpec {
                 chunk_rows,
             )?),
             (InputFormat::Parquet { .. }, None) => unreachable!("parquet splits carry a row group"),
+            (InputFormat::TfRecord, _) => Box::new(tfrecord::TfRecordChunks::open(
+                &split.path,
+                &self.projection,
+                chunk_rows,
+            )?),
             (InputFormat::CriteoBinary { parts }, _) => {
                 let (dense, category) = companions(parts, &split.path)?;
                 Box::new(criteo::CriteoChunks::open(

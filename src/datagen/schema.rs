@@ -145,6 +145,35 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
         })
         .collect();
     match &plan.format {
+        InputFormat::TfRecord => {
+            use crate::tf_proto::{feature::Kind, BytesList, Example, Feature, Features, FloatList, Int64List};
+            let mut out = Vec::new();
+            for row in &table {
+                let feature = plan
+                    .fields
+                    .iter()
+                    .zip(row)
+                    .map(|(f, c)| {
+                        let kind = match c {
+                            Cell::Int(v) => Kind::Int64List(Int64List { value: vec![*v] }),
+                            Cell::Bool(b) => Kind::Int64List(Int64List {
+                                value: vec![i64::from(*b)],
+                            }),
+                            Cell::Float(v) => Kind::FloatList(FloatList { value: vec![*v as f32] }),
+                            Cell::Str(s) => Kind::BytesList(BytesList {
+                                value: vec![s.clone().into_bytes()],
+                            }),
+                        };
+                        (f.name.clone(), Feature { kind: Some(kind) })
+                    })
+                    .collect();
+                let example = Example {
+                    features: Some(Features { feature }),
+                };
+                crate::data::tfrecord::write_record(&mut out, &prost::Message::encode_to_vec(&example))?;
+            }
+            std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
+        }
         InputFormat::CriteoBinary { parts } => {
             // The part whose label file `path` is names the other two.
             let name = path.to_string_lossy();

@@ -1,0 +1,284 @@
+//! TFRecord files: records framed as `u64` length, masked CRC-32C of the
+//! length, the bytes, masked CRC-32C of the bytes (all little-endian). The
+//! summaries' event files use the framing; EasyRec's TFRecordInput reads
+//! tf.Example records whose every input field is a feature of one value
+//! (`FixedLenFeature` of shape 1, its default when absent).
+
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use super::column::{Column, RawBatch};
+use super::{CellError, DataError, Projection};
+use crate::tf_proto::{feature::Kind, Example};
+
+/// LevelDB's masking of a stored CRC-32C, which TFRecord keeps.
+fn masked_crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data).rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+/// Appends one framed record.
+pub fn write_record(out: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
+    let len = (data.len() as u64).to_le_bytes();
+    out.write_all(&len)?;
+    out.write_all(&masked_crc(&len).to_le_bytes())?;
+    out.write_all(data)?;
+    out.write_all(&masked_crc(data).to_le_bytes())
+}
+
+/// The records of a stream, checksums verified; an error says at which
+/// byte the bad record starts.
+pub struct RecordReader<R> {
+    inner: R,
+    at: u64,
+}
+
+impl<R: Read> RecordReader<R> {
+    pub fn new(inner: R) -> Self {
+        RecordReader { inner, at: 0 }
+    }
+
+    /// The next record, `None` at a clean end.
+    pub fn next_record(&mut self) -> Option<Result<Vec<u8>, String>> {
+        let at = self.at;
+        let mut head = [0u8; 12];
+        let mut got = 0;
+        while got < head.len() {
+            match self.inner.read(&mut head[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) => return Some(Err(format!("byte {at}: {e}"))),
+            }
+        }
+        if got == 0 {
+            return None;
+        }
+        let record = (|| {
+            if got < head.len() {
+                return Err(format!("byte {at}: truncated record"));
+            }
+            let len_bytes: [u8; 8] = head[..8].try_into().expect("8 bytes");
+            if masked_crc(&len_bytes) != u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) {
+                return Err(format!("byte {at}: bad length checksum"));
+            }
+            let len = u64::from_le_bytes(len_bytes);
+            let mut data = vec![0u8; usize::try_from(len).map_err(|_| format!("byte {at}: record of {len} bytes"))?];
+            let mut crc = [0u8; 4];
+            self.inner
+                .read_exact(&mut data)
+                .and_then(|()| self.inner.read_exact(&mut crc))
+                .map_err(|_| format!("byte {at}: truncated record"))?;
+            if masked_crc(&data) != u32::from_le_bytes(crc) {
+                return Err(format!("byte {at}: bad data checksum"));
+            }
+            self.at += 16 + len;
+            Ok(data)
+        })();
+        Some(record)
+    }
+}
+
+/// A TFRecord file of tf.Examples, `chunk_rows` records at a time.
+pub struct TfRecordChunks {
+    path: PathBuf,
+    records: RecordReader<BufReader<File>>,
+    record_no: usize,
+    projection: Projection,
+    chunk_rows: usize,
+    done: bool,
+}
+
+impl TfRecordChunks {
+    pub fn open(path: &Path, projection: &Projection, chunk_rows: usize) -> Result<Self, DataError> {
+        let f = File::open(path).map_err(|e| DataError::io(path, e))?;
+        Ok(TfRecordChunks {
+            path: path.to_path_buf(),
+            records: RecordReader::new(BufReader::new(f)),
+            record_no: 0,
+            projection: projection.clone(),
+            chunk_rows: chunk_rows.max(1),
+            done: false,
+        })
+    }
+
+    /// Appends record `data`'s values of the projected fields.
+    fn push_example(&self, data: &[u8], columns: &mut [Column]) -> Result<(), DataError> {
+        let location = format!("record {}", self.record_no);
+        let row_error = |message: String| DataError::Row {
+            file: self.path.clone(),
+            location: location.clone(),
+            message,
+        };
+        let example = Example::decode(data).map_err(|e| row_error(format!("not a tf.Example: {e}")))?;
+        let features = example.features.map(|f| f.feature).unwrap_or_default();
+        for (spec, col) in self.projection.columns.iter().zip(columns.iter_mut()) {
+            let value_error = |message: String| DataError::Value {
+                file: self.path.clone(),
+                location: location.clone(),
+                column: spec.name.clone(),
+                message,
+            };
+            let one = |n: usize| {
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err(value_error(format!(
+                        "holds {n} values; TFRecordInput reads one per field"
+                    )))
+                }
+            };
+            let text = match features.get(&spec.name).and_then(|f| f.kind.as_ref()) {
+                None => String::new(),
+                Some(Kind::BytesList(l)) => {
+                    one(l.value.len())?;
+                    String::from_utf8(l.value[0].clone()).map_err(|_| value_error("is not UTF-8 text".into()))?
+                }
+                Some(Kind::FloatList(l)) => {
+                    one(l.value.len())?;
+                    l.value[0].to_string()
+                }
+                Some(Kind::Int64List(l)) => {
+                    one(l.value.len())?;
+                    l.value[0].to_string()
+                }
+            };
+            spec.push_cell(col, &text).map_err(|e| match e {
+                CellError::EmptyRequired => value_error("is missing and has no default_val".into()),
+                CellError::Invalid(v) => value_error(format!("`{v}` is not a valid {:?} value", spec.ty)),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for TfRecordChunks {
+    type Item = Result<RawBatch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let mut columns: Vec<Column> = self
+            .projection
+            .columns
+            .iter()
+            .map(|c| Column::of_type(c.ty, self.chunk_rows))
+            .collect();
+        let mut rows = 0;
+        while rows < self.chunk_rows {
+            let data = match self.records.next_record() {
+                None => {
+                    self.done = true;
+                    break;
+                }
+                Some(Err(message)) => {
+                    self.done = true;
+                    return Some(Err(DataError::Row {
+                        file: self.path.clone(),
+                        location: format!("record {}", self.record_no),
+                        message,
+                    }));
+                }
+                Some(Ok(d)) => d,
+            };
+            if let Err(e) = self.push_example(&data, &mut columns) {
+                self.done = true;
+                return Some(Err(e));
+            }
+            self.record_no += 1;
+            rows += 1;
+        }
+        (rows > 0).then_some(Ok(RawBatch {
+            num_rows: rows,
+            columns,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::model_plan::ColumnType;
+    use crate::data::ProjColumn;
+    use crate::tf_proto::{Feature, Features, FloatList, Int64List};
+
+    fn example(fields: Vec<(&str, Kind)>) -> Vec<u8> {
+        let feature = fields
+            .into_iter()
+            .map(|(n, k)| (n.to_string(), Feature { kind: Some(k) }))
+            .collect();
+        Example {
+            features: Some(Features { feature }),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn records_round_trip_and_damage_is_found() {
+        let mut bytes = Vec::new();
+        for r in [&b"one"[..], b"", b"three"] {
+            write_record(&mut bytes, r).unwrap();
+        }
+        let mut rd = RecordReader::new(&bytes[..]);
+        let got: Vec<Vec<u8>> = std::iter::from_fn(|| rd.next_record())
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got, vec![b"one".to_vec(), Vec::new(), b"three".to_vec()]);
+        let mut bad = bytes.clone();
+        bad[13] ^= 1;
+        let err = RecordReader::new(&bad[..]).next_record().unwrap().unwrap_err();
+        assert_eq!(err, "byte 0: bad data checksum");
+        let short = &bytes[..bytes.len() - 2];
+        let mut rd = RecordReader::new(short);
+        let errs: Vec<_> = std::iter::from_fn(|| rd.next_record()).collect();
+        assert_eq!(errs.last().unwrap().as_ref().unwrap_err(), "byte 35: truncated record");
+    }
+
+    #[test]
+    fn examples_give_one_value_per_field_or_its_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.tfrecord");
+        let mut bytes = Vec::new();
+        let rows = [
+            example(vec![
+                ("a", Kind::Int64List(Int64List { value: vec![7] })),
+                ("b", Kind::FloatList(FloatList { value: vec![0.5] })),
+            ]),
+            example(vec![("a", Kind::Int64List(Int64List { value: vec![3] }))]),
+        ];
+        rows.iter().for_each(|r| write_record(&mut bytes, r).unwrap());
+        std::fs::write(&path, &bytes).unwrap();
+        let col = |name: &str, ty, default_val: &str| ProjColumn {
+            name: name.into(),
+            ty,
+            default_val: default_val.into(),
+            required: false,
+        };
+        let projection = Projection {
+            columns: vec![col("b", ColumnType::Float, "1.5"), col("a", ColumnType::Int, "")],
+        };
+        let batches: Vec<RawBatch> = TfRecordChunks::open(&path, &projection, 10)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            batches[0].columns,
+            vec![Column::Float(vec![0.5, 1.5]), Column::Int(vec![7, 3])]
+        );
+
+        write_record(
+            &mut bytes,
+            &example(vec![("a", Kind::Int64List(Int64List { value: vec![1, 2] }))]),
+        )
+        .unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        let err = TfRecordChunks::open(&path, &projection, 10)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap_err();
+        assert!(err.to_string().contains("record 2: column `a` holds 2 values"), "{err}");
+    }
+}
