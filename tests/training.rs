@@ -225,23 +225,7 @@ model_config { model_class: "MultiTowerBST"
          l2_regularization: 1e-4 } }"#
         }
         "MatchModel" => common::models::MATCH_MODEL,
-        "RankModel with numeric embeddings" => {
-            r#"model_config { model_class: "RankModel"
-  feature_groups { group_name: "num" feature_names: ["d1", "d2"] }
-  feature_groups { group_name: "ids" feature_names: ["c1", "c2"] }
-  backbone {
-    blocks { name: "periodic" inputs { feature_group_name: "num" }
-             keras_layer { class_name: "PeriodicEmbedding" periodic_embedding { embedding_dim: 4 sigma: 0.5 output_tensor_list: true } } }
-    blocks { name: "autodis" inputs { feature_group_name: "num" }
-             keras_layer { class_name: "AutoDisEmbedding" auto_dis_embedding { embedding_dim: 4 num_bins: 3 temperature: 0.5 output_3d_tensor: true } } }
-    blocks { name: "id_list" inputs { feature_group_name: "ids" } input_layer { only_output_feature_list: true } }
-    blocks { name: "fm" inputs { block_name: "id_list" } inputs { block_name: "periodic" input_slice: "[1]" } keras_layer { class_name: "FM" } }
-    blocks { name: "deep" inputs { block_name: "autodis" input_slice: "[0]" } inputs { block_name: "periodic" input_slice: "[0]" }
-             keras_layer { class_name: "MLP" mlp { hidden_units: [4] } } }
-    concat_blocks: ["fm", "deep"]
-  }
-  model_params { } }"#
-        }
+        "RankModel with numeric embeddings" => common::models::NUMERIC_EMBEDDINGS,
         "RankModel with FiBiNet" => common::models::FIBINET,
         "RankModel with CIN" => common::models::CIN,
         "DSSM in-batch softmax" => {

@@ -1047,14 +1047,19 @@ pub fn seq_tower_groups(
         att.need_key_feature = true;
         att.allow_key_transform = false;
         att.aux.clear();
-        out.push(FeatureGroup {
-            name: tower.input.clone(),
-            features: Vec::new(),
-            wide: false,
-            seq: vec![att],
-        });
+        out.push(seq_tower_group(&tower.input, att));
     }
     Ok(out)
+}
+
+/// A sequence tower's feature group: its sequence layer alone.
+fn seq_tower_group(name: &str, att: SeqAttention) -> FeatureGroup {
+    FeatureGroup {
+        name: name.to_string(),
+        features: Vec::new(),
+        wide: false,
+        seq: vec![att],
+    }
 }
 
 fn bst_tower_groups(
@@ -1095,12 +1100,7 @@ fn bst_tower_groups(
             seq_len: tower.seq_len as usize,
             heads: tower.multi_head_size as usize,
         });
-        out.push(FeatureGroup {
-            name: tower.input.clone(),
-            features: Vec::new(),
-            wide: false,
-            seq: vec![att],
-        });
+        out.push(seq_tower_group(&tower.input, att));
     }
     Ok(out)
 }
