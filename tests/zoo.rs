@@ -354,9 +354,10 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
     }
     let (train, eval) = match &plan.format {
         InputFormat::CriteoBinary { parts } => (PathBuf::from(&parts[0].label), PathBuf::from(&parts[1].label)),
-        InputFormat::Csv { .. } | InputFormat::Parquet { .. } | InputFormat::Rtp { .. } | InputFormat::TfRecord => {
-            (train, eval)
-        }
+        InputFormat::Csv { .. }
+        | InputFormat::Parquet { .. }
+        | InputFormat::Rtp { .. }
+        | InputFormat::TfRecord { .. } => (train, eval),
     };
     cap_tables(&mut plan);
     // A negative sampler's tables are data too: generated in `dir`.

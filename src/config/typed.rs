@@ -27,14 +27,25 @@ pub enum InputFormat {
         separator: String,
         layout: RtpLayout,
     },
-    /// EasyRec's TFRecordInput: tf.Example records, one value per field.
-    TfRecord,
+    /// EasyRec's TFRecordInput: tf.Example records, one value per field,
+    /// in files compressed as `data_compression_type` says.
+    TfRecord {
+        compression: Compression,
+    },
     /// EasyRec's CriteoInput: binary parts of three row-aligned files (see
     /// `data::criteo`); the input paths name the label files, `parts` every
     /// part's three (train and eval).
     CriteoBinary {
         parts: Vec<BinaryPart>,
     },
+}
+
+/// `data_config.data_compression_type` of TFRecord files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zlib,
 }
 
 /// One `binary_train_input` / `binary_eval_input` entry: globs of the
@@ -964,15 +975,20 @@ impl TrainingPlan {
                 ))
             }
             InputType::ParquetInput => InputFormat::Parquet { packed: true },
-            InputType::TfRecordInput => {
-                if !data.data_compression_type().is_empty() {
-                    return Err(ConfigError::unsupported(
-                        "data_config.data_compression_type",
-                        format!("compressed TFRecord files (`{}`)", data.data_compression_type()),
-                    ));
-                }
-                InputFormat::TfRecord
-            }
+            InputType::TfRecordInput => InputFormat::TfRecord {
+                // TensorFlow's compression_type names.
+                compression: match data.data_compression_type() {
+                    "" => Compression::None,
+                    "GZIP" => Compression::Gzip,
+                    "ZLIB" => Compression::Zlib,
+                    other => {
+                        return Err(ConfigError::invalid(
+                            "data_config.data_compression_type",
+                            format!("`{other}` (TensorFlow's are \"\", GZIP and ZLIB)"),
+                        ))
+                    }
+                },
+            },
             InputType::ParquetInputV2 => InputFormat::Parquet { packed: false },
             InputType::RtpInput => InputFormat::Rtp {
                 separator: data.separator().to_string(),

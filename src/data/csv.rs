@@ -2,7 +2,8 @@
 //! `data_config.separator`; empty values take the field's default. RTPInput:
 //! one record per line as well, its columns split on `rtp_separator`, the
 //! labels in some of them and every other field in one column of its own,
-//! split on `separator` (`RtpLayout`).
+//! split on `separator` (`RtpLayout`). Files named `*.gz` are gzip, as
+//! EasyRec's CSVInput reads them.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Cursor};
@@ -50,7 +51,12 @@ impl CsvChunks {
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-        let lines: Lines = Box::new(BufReader::with_capacity(1 << 20, file).lines());
+        // EasyRec's CSVInput reads `.gz` files as gzip.
+        let lines: Lines = if path.extension().is_some_and(|e| e == "gz") {
+            Box::new(BufReader::with_capacity(1 << 20, flate2::read::MultiGzDecoder::new(file)).lines())
+        } else {
+            Box::new(BufReader::with_capacity(1 << 20, file).lines())
+        };
         let layout = Layout {
             separator,
             with_header,

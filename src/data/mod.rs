@@ -272,7 +272,7 @@ impl StreamSpec {
             match self.format {
                 InputFormat::Csv { .. }
                 | InputFormat::Rtp { .. }
-                | InputFormat::TfRecord
+                | InputFormat::TfRecord { .. }
                 | InputFormat::CriteoBinary { .. } => all.push(Split {
                     path: f.clone(),
                     row_group: None,
@@ -331,8 +331,9 @@ impl StreamSpec {
                 chunk_rows,
             )?),
             (InputFormat::Parquet { .. }, None) => unreachable!("parquet splits carry a row group"),
-            (InputFormat::TfRecord, _) => Box::new(tfrecord::TfRecordChunks::open(
+            (InputFormat::TfRecord { compression }, _) => Box::new(tfrecord::TfRecordChunks::open(
                 &split.path,
+                *compression,
                 &self.projection,
                 chunk_rows,
             )?),
@@ -500,6 +501,35 @@ mod tests {
         );
         let bad = expand_paths(&[root.join("a***b").to_string_lossy().into_owned()]).unwrap_err();
         assert!(matches!(bad, DataError::BadPattern { .. }), "{bad}");
+    }
+
+    /// `.gz` CSV files are read through gzip, as EasyRec's CSVInput does.
+    #[test]
+    fn gzip_csv_files_read_like_plain_ones() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let text = "1,a\n0,b\n1,c\n";
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(text.as_bytes()).unwrap();
+        std::fs::write(dir.path().join("x.csv.gz"), gz.finish().unwrap()).unwrap();
+        std::fs::write(dir.path().join("x.csv"), text).unwrap();
+        let fields = [("label", ColumnType::Int), ("c", ColumnType::Str)].map(|(n, ty)| InputField {
+            name: n.into(),
+            ty,
+            default_val: String::new(),
+        });
+        let mut projection = Projection::default();
+        projection.add("c", &fields, false);
+        projection.add("label", &fields, true);
+        let read = |name: &str| {
+            let names: Vec<String> = fields.iter().map(|f| f.name.clone()).collect();
+            csv::CsvChunks::open(&dir.path().join(name), ",", false, &names, &projection, 10)
+                .unwrap()
+                .collect::<Result<Vec<RawBatch>, _>>()
+                .unwrap()
+        };
+        assert_eq!(read("x.csv.gz"), read("x.csv"));
+        assert_eq!(read("x.csv.gz")[0].num_rows, 3);
     }
 
     #[test]

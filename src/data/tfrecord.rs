@@ -12,6 +12,7 @@ use prost::Message;
 
 use super::column::{Column, RawBatch};
 use super::{CellError, DataError, Projection};
+use crate::config::typed::Compression;
 use crate::tf_proto::{feature::Kind, Example};
 
 /// LevelDB's masking of a stored CRC-32C, which TFRecord keeps.
@@ -26,6 +27,23 @@ pub fn write_record(out: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
     out.write_all(&masked_crc(&len).to_le_bytes())?;
     out.write_all(data)?;
     out.write_all(&masked_crc(data).to_le_bytes())
+}
+
+/// `data` compressed as a TFRecord file of `compression` is.
+pub fn compress(data: &[u8], compression: Compression) -> Vec<u8> {
+    let level = flate2::Compression::default();
+    let done = match compression {
+        Compression::None => return data.to_vec(),
+        Compression::Gzip => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+            e.write_all(data).and_then(|()| e.finish())
+        }
+        Compression::Zlib => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+            e.write_all(data).and_then(|()| e.finish())
+        }
+    };
+    done.expect("compressing into memory")
 }
 
 /// The records of a stream, checksums verified; an error says at which
@@ -83,7 +101,7 @@ impl<R: Read> RecordReader<R> {
 /// A TFRecord file of tf.Examples, `chunk_rows` records at a time.
 pub struct TfRecordChunks {
     path: PathBuf,
-    records: RecordReader<BufReader<File>>,
+    records: RecordReader<Box<dyn Read + Send>>,
     record_no: usize,
     projection: Projection,
     chunk_rows: usize,
@@ -91,11 +109,21 @@ pub struct TfRecordChunks {
 }
 
 impl TfRecordChunks {
-    pub fn open(path: &Path, projection: &Projection, chunk_rows: usize) -> Result<Self, DataError> {
-        let f = File::open(path).map_err(|e| DataError::io(path, e))?;
+    pub fn open(
+        path: &Path,
+        compression: Compression,
+        projection: &Projection,
+        chunk_rows: usize,
+    ) -> Result<Self, DataError> {
+        let f = BufReader::new(File::open(path).map_err(|e| DataError::io(path, e))?);
+        let reader: Box<dyn Read + Send> = match compression {
+            Compression::None => Box::new(f),
+            Compression::Gzip => Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(f))),
+            Compression::Zlib => Box::new(BufReader::new(flate2::bufread::ZlibDecoder::new(f))),
+        };
         Ok(TfRecordChunks {
             path: path.to_path_buf(),
-            records: RecordReader::new(BufReader::new(f)),
+            records: RecordReader::new(reader),
             record_no: 0,
             projection: projection.clone(),
             chunk_rows: chunk_rows.max(1),
@@ -259,14 +287,20 @@ mod tests {
         let projection = Projection {
             columns: vec![col("b", ColumnType::Float, "1.5"), col("a", ColumnType::Int, "")],
         };
-        let batches: Vec<RawBatch> = TfRecordChunks::open(&path, &projection, 10)
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(
-            batches[0].columns,
-            vec![Column::Float(vec![0.5, 1.5]), Column::Int(vec![7, 3])]
-        );
+        let read = |path: &Path, c| {
+            TfRecordChunks::open(path, c, &projection, 10)
+                .unwrap()
+                .collect::<Result<Vec<RawBatch>, _>>()
+                .unwrap()
+        };
+        let want = vec![Column::Float(vec![0.5, 1.5]), Column::Int(vec![7, 3])];
+        assert_eq!(read(&path, Compression::None)[0].columns, want);
+        // The same records gzip- and zlib-compressed.
+        for c in [Compression::Gzip, Compression::Zlib] {
+            let packed = dir.path().join(format!("{c:?}"));
+            std::fs::write(&packed, compress(&bytes, c)).unwrap();
+            assert_eq!(read(&packed, c)[0].columns, want);
+        }
 
         write_record(
             &mut bytes,
@@ -274,7 +308,7 @@ mod tests {
         )
         .unwrap();
         std::fs::write(&path, &bytes).unwrap();
-        let err = TfRecordChunks::open(&path, &projection, 10)
+        let err = TfRecordChunks::open(&path, Compression::None, &projection, 10)
             .unwrap()
             .next()
             .unwrap()

@@ -145,7 +145,7 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
         })
         .collect();
     match &plan.format {
-        InputFormat::TfRecord => {
+        InputFormat::TfRecord { compression } => {
             use crate::tf_proto::{feature::Kind, BytesList, Example, Feature, Features, FloatList, Int64List};
             let mut out = Vec::new();
             for row in &table {
@@ -172,7 +172,8 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
                 };
                 crate::data::tfrecord::write_record(&mut out, &prost::Message::encode_to_vec(&example))?;
             }
-            std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
+            std::fs::write(path, crate::data::tfrecord::compress(&out, *compression))
+                .with_context(|| format!("cannot write {}", path.display()))
         }
         InputFormat::CriteoBinary { parts } => {
             // The part whose label file `path` is names the other two.
