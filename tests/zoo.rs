@@ -82,6 +82,7 @@ const PASSING: &[&str] = &[
     "zoo/deepfm_combo_variational_dropout_on_avazu_ctr.config",
     "zoo/deepfm_freeze_gradient.config",
     "zoo/deepfm_lookup.config",
+    "zoo/deepfm_on_criteo_batch_tfrecord.config",
     "zoo/deepfm_on_criteo_tfrecord.config",
     "zoo/deepfm_vocab_list_on_avazu_ctr.config",
     "zoo/deepfm_vocab_list_on_taobao.config",

@@ -31,6 +31,9 @@ pub enum InputFormat {
     /// in files compressed as `data_compression_type` says.
     TfRecord {
         compression: Compression,
+        /// BatchTFRecordInput: tf.SequenceExample records of this many
+        /// rows each (`n_data_batch_tfrecord`).
+        rows_per_record: Option<usize>,
     },
     /// EasyRec's CriteoInput: binary parts of three row-aligned files (see
     /// `data::criteo`); the input paths name the label files, `parts` every
@@ -975,7 +978,20 @@ impl TrainingPlan {
                 ))
             }
             InputType::ParquetInput => InputFormat::Parquet { packed: true },
-            InputType::TfRecordInput => InputFormat::TfRecord {
+            InputType::TfRecordInput | InputType::BatchTfRecordInput => InputFormat::TfRecord {
+                rows_per_record: match data.input_type() {
+                    InputType::BatchTfRecordInput => Some(
+                        data.n_data_batch_tfrecord
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| {
+                                ConfigError::invalid(
+                                    "data_config.n_data_batch_tfrecord",
+                                    "BatchTFRecordInput needs the rows each record holds",
+                                )
+                            })? as usize,
+                    ),
+                    _ => None,
+                },
                 // TensorFlow's compression_type names.
                 compression: match data.data_compression_type() {
                     "" => Compression::None,

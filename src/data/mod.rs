@@ -331,9 +331,15 @@ impl StreamSpec {
                 chunk_rows,
             )?),
             (InputFormat::Parquet { .. }, None) => unreachable!("parquet splits carry a row group"),
-            (InputFormat::TfRecord { compression }, _) => Box::new(tfrecord::TfRecordChunks::open(
+            (
+                InputFormat::TfRecord {
+                    compression,
+                    rows_per_record,
+                },
+                _,
+            ) => Box::new(tfrecord::TfRecordChunks::open(
                 &split.path,
-                *compression,
+                (*compression, *rows_per_record),
                 &self.projection,
                 chunk_rows,
             )?),

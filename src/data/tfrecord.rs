@@ -2,7 +2,9 @@
 //! length, the bytes, masked CRC-32C of the bytes (all little-endian). The
 //! summaries' event files use the framing; EasyRec's TFRecordInput reads
 //! tf.Example records whose every input field is a feature of one value
-//! (`FixedLenFeature` of shape 1, its default when absent).
+//! (`FixedLenFeature` of shape 1, its default when absent);
+//! BatchTFRecordInput tf.SequenceExample records whose every field is a
+//! list of `n_data_batch_tfrecord` such features, one per row.
 
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
@@ -13,7 +15,7 @@ use prost::Message;
 use super::column::{Column, RawBatch};
 use super::{CellError, DataError, Projection};
 use crate::config::typed::Compression;
-use crate::tf_proto::{feature::Kind, Example};
+use crate::tf_proto::{feature::Kind, Example, Feature, SequenceExample};
 
 /// LevelDB's masking of a stored CRC-32C, which TFRecord keeps.
 fn masked_crc(data: &[u8]) -> u32 {
@@ -104,6 +106,8 @@ pub struct TfRecordChunks {
     records: RecordReader<Box<dyn Read + Send>>,
     record_no: usize,
     projection: Projection,
+    /// BatchTFRecordInput's rows per record (`n_data_batch_tfrecord`).
+    rows_per_record: Option<usize>,
     chunk_rows: usize,
     done: bool,
 }
@@ -111,7 +115,7 @@ pub struct TfRecordChunks {
 impl TfRecordChunks {
     pub fn open(
         path: &Path,
-        compression: Compression,
+        (compression, rows_per_record): (Compression, Option<usize>),
         projection: &Projection,
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
@@ -126,59 +130,92 @@ impl TfRecordChunks {
             records: RecordReader::new(reader),
             record_no: 0,
             projection: projection.clone(),
+            rows_per_record,
             chunk_rows: chunk_rows.max(1),
             done: false,
         })
     }
 
-    /// Appends record `data`'s values of the projected fields.
-    fn push_example(&self, data: &[u8], columns: &mut [Column]) -> Result<(), DataError> {
+    /// Appends record `data`'s rows (one, or `rows_per_record` of a batched
+    /// record) of the projected fields; returns how many.
+    fn push_record(&self, data: &[u8], columns: &mut [Column]) -> Result<usize, DataError> {
         let location = format!("record {}", self.record_no);
         let row_error = |message: String| DataError::Row {
             file: self.path.clone(),
             location: location.clone(),
             message,
         };
-        let example = Example::decode(data).map_err(|e| row_error(format!("not a tf.Example: {e}")))?;
-        let features = example.features.map(|f| f.feature).unwrap_or_default();
-        for (spec, col) in self.projection.columns.iter().zip(columns.iter_mut()) {
+        // Per field, its value per row (`None`: absent).
+        let rows: usize;
+        let mut lists: Vec<Vec<Option<Feature>>> = Vec::with_capacity(self.projection.columns.len());
+        match self.rows_per_record {
+            None => {
+                let example = Example::decode(data).map_err(|e| row_error(format!("not a tf.Example: {e}")))?;
+                let mut features = example.features.map(|f| f.feature).unwrap_or_default();
+                rows = 1;
+                for spec in &self.projection.columns {
+                    lists.push(vec![features.remove(&spec.name)]);
+                }
+            }
+            Some(n) => {
+                let example =
+                    SequenceExample::decode(data).map_err(|e| row_error(format!("not a tf.SequenceExample: {e}")))?;
+                let mut fl = example.feature_lists.map(|f| f.feature_list).unwrap_or_default();
+                rows = n;
+                for spec in &self.projection.columns {
+                    let list = match fl.remove(&spec.name) {
+                        // allow_missing: an absent field is its default in every row.
+                        None => vec![None; n],
+                        Some(l) if l.feature.len() == n => l.feature.into_iter().map(Some).collect(),
+                        Some(l) => {
+                            return Err(row_error(format!(
+                                "field `{}` holds {} rows; n_data_batch_tfrecord is {n}",
+                                spec.name,
+                                l.feature.len()
+                            )))
+                        }
+                    };
+                    lists.push(list);
+                }
+            }
+        }
+        for ((spec, col), list) in self.projection.columns.iter().zip(columns.iter_mut()).zip(&lists) {
             let value_error = |message: String| DataError::Value {
                 file: self.path.clone(),
                 location: location.clone(),
                 column: spec.name.clone(),
                 message,
             };
-            let one = |n: usize| {
-                if n == 1 {
-                    Ok(())
-                } else {
-                    Err(value_error(format!(
-                        "holds {n} values; TFRecordInput reads one per field"
-                    )))
-                }
-            };
-            let text = match features.get(&spec.name).and_then(|f| f.kind.as_ref()) {
-                None => String::new(),
-                Some(Kind::BytesList(l)) => {
-                    one(l.value.len())?;
-                    String::from_utf8(l.value[0].clone()).map_err(|_| value_error("is not UTF-8 text".into()))?
-                }
-                Some(Kind::FloatList(l)) => {
-                    one(l.value.len())?;
-                    l.value[0].to_string()
-                }
-                Some(Kind::Int64List(l)) => {
-                    one(l.value.len())?;
-                    l.value[0].to_string()
-                }
-            };
-            spec.push_cell(col, &text).map_err(|e| match e {
-                CellError::EmptyRequired => value_error("is missing and has no default_val".into()),
-                CellError::Invalid(v) => value_error(format!("`{v}` is not a valid {:?} value", spec.ty)),
-            })?;
+            for f in list {
+                let text = match f.as_ref().and_then(|f| f.kind.as_ref()) {
+                    None => String::new(),
+                    Some(kind) => one_value(kind).map_err(value_error)?,
+                };
+                spec.push_cell(col, &text).map_err(|e| match e {
+                    CellError::EmptyRequired => value_error("is missing and has no default_val".into()),
+                    CellError::Invalid(v) => value_error(format!("`{v}` is not a valid {:?} value", spec.ty)),
+                })?;
+            }
         }
-        Ok(())
+        Ok(rows)
     }
+}
+
+/// A feature's one value as text (EasyRec's fixed-length features of shape 1).
+fn one_value(kind: &Kind) -> Result<String, String> {
+    let n = match kind {
+        Kind::BytesList(l) => l.value.len(),
+        Kind::FloatList(l) => l.value.len(),
+        Kind::Int64List(l) => l.value.len(),
+    };
+    if n != 1 {
+        return Err(format!("holds {n} values; TFRecord input reads one per field and row"));
+    }
+    Ok(match kind {
+        Kind::BytesList(l) => String::from_utf8(l.value[0].clone()).map_err(|_| "is not UTF-8 text".to_string())?,
+        Kind::FloatList(l) => l.value[0].to_string(),
+        Kind::Int64List(l) => l.value[0].to_string(),
+    })
 }
 
 impl Iterator for TfRecordChunks {
@@ -211,12 +248,14 @@ impl Iterator for TfRecordChunks {
                 }
                 Some(Ok(d)) => d,
             };
-            if let Err(e) = self.push_example(&data, &mut columns) {
-                self.done = true;
-                return Some(Err(e));
+            match self.push_record(&data, &mut columns) {
+                Ok(n) => rows += n,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
             }
             self.record_no += 1;
-            rows += 1;
         }
         (rows > 0).then_some(Ok(RawBatch {
             num_rows: rows,
@@ -288,7 +327,7 @@ mod tests {
             columns: vec![col("b", ColumnType::Float, "1.5"), col("a", ColumnType::Int, "")],
         };
         let read = |path: &Path, c| {
-            TfRecordChunks::open(path, c, &projection, 10)
+            TfRecordChunks::open(path, (c, None), &projection, 10)
                 .unwrap()
                 .collect::<Result<Vec<RawBatch>, _>>()
                 .unwrap()
@@ -302,13 +341,52 @@ mod tests {
             assert_eq!(read(&packed, c)[0].columns, want);
         }
 
+        // BatchTFRecordInput: rows in lists; an absent field is its default.
+        let lists = |a: Vec<i64>| {
+            let feature = a
+                .into_iter()
+                .map(|v| Feature {
+                    kind: Some(Kind::Int64List(Int64List { value: vec![v] })),
+                })
+                .collect();
+            let feature_list = [("a".to_string(), crate::tf_proto::FeatureList { feature })].into();
+            SequenceExample {
+                context: None,
+                feature_lists: Some(crate::tf_proto::FeatureLists { feature_list }),
+            }
+            .encode_to_vec()
+        };
+        let batched = dir.path().join("batched");
+        let mut b = Vec::new();
+        write_record(&mut b, &lists(vec![4, 5, 6])).unwrap();
+        write_record(&mut b, &lists(vec![7, 8, 9])).unwrap();
+        std::fs::write(&batched, &b).unwrap();
+        let got: Vec<RawBatch> = TfRecordChunks::open(&batched, (Compression::None, Some(3)), &projection, 4)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            got[0].columns,
+            vec![Column::Float(vec![1.5; 6]), Column::Int(vec![4, 5, 6, 7, 8, 9])]
+        );
+        let err = TfRecordChunks::open(&batched, (Compression::None, Some(2)), &projection, 4)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("field `a` holds 3 rows; n_data_batch_tfrecord is 2"),
+            "{err}"
+        );
+
         write_record(
             &mut bytes,
             &example(vec![("a", Kind::Int64List(Int64List { value: vec![1, 2] }))]),
         )
         .unwrap();
         std::fs::write(&path, &bytes).unwrap();
-        let err = TfRecordChunks::open(&path, Compression::None, &projection, 10)
+        let err = TfRecordChunks::open(&path, (Compression::None, None), &projection, 10)
             .unwrap()
             .next()
             .unwrap()

@@ -145,32 +145,62 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
         })
         .collect();
     match &plan.format {
-        InputFormat::TfRecord { compression } => {
-            use crate::tf_proto::{feature::Kind, BytesList, Example, Feature, Features, FloatList, Int64List};
-            let mut out = Vec::new();
-            for row in &table {
-                let feature = plan
-                    .fields
-                    .iter()
-                    .zip(row)
-                    .map(|(f, c)| {
-                        let kind = match c {
-                            Cell::Int(v) => Kind::Int64List(Int64List { value: vec![*v] }),
-                            Cell::Bool(b) => Kind::Int64List(Int64List {
-                                value: vec![i64::from(*b)],
-                            }),
-                            Cell::Float(v) => Kind::FloatList(FloatList { value: vec![*v as f32] }),
-                            Cell::Str(s) => Kind::BytesList(BytesList {
-                                value: vec![s.clone().into_bytes()],
-                            }),
-                        };
-                        (f.name.clone(), Feature { kind: Some(kind) })
-                    })
-                    .collect();
-                let example = Example {
-                    features: Some(Features { feature }),
+        InputFormat::TfRecord {
+            compression,
+            rows_per_record,
+        } => {
+            use crate::tf_proto::{
+                feature::Kind, BytesList, Example, Feature, FeatureList, FeatureLists, Features, FloatList, Int64List,
+                SequenceExample,
+            };
+            let feature = |c: &Cell| {
+                let kind = match c {
+                    Cell::Int(v) => Kind::Int64List(Int64List { value: vec![*v] }),
+                    Cell::Bool(b) => Kind::Int64List(Int64List {
+                        value: vec![i64::from(*b)],
+                    }),
+                    Cell::Float(v) => Kind::FloatList(FloatList { value: vec![*v as f32] }),
+                    Cell::Str(s) => Kind::BytesList(BytesList {
+                        value: vec![s.clone().into_bytes()],
+                    }),
                 };
-                crate::data::tfrecord::write_record(&mut out, &prost::Message::encode_to_vec(&example))?;
+                Feature { kind: Some(kind) }
+            };
+            let mut out = Vec::new();
+            // A batched record holds its rows; whole records only.
+            for rows in table.chunks(rows_per_record.unwrap_or(1)) {
+                let bytes = match rows_per_record {
+                    None => {
+                        let feature = plan
+                            .fields
+                            .iter()
+                            .zip(&rows[0])
+                            .map(|(f, c)| (f.name.clone(), feature(c)))
+                            .collect();
+                        prost::Message::encode_to_vec(&Example {
+                            features: Some(Features { feature }),
+                        })
+                    }
+                    Some(n) if rows.len() < *n => break,
+                    Some(_) => {
+                        let feature_list = plan
+                            .fields
+                            .iter()
+                            .enumerate()
+                            .map(|(i, f)| {
+                                let list = FeatureList {
+                                    feature: rows.iter().map(|r| feature(&r[i])).collect(),
+                                };
+                                (f.name.clone(), list)
+                            })
+                            .collect();
+                        prost::Message::encode_to_vec(&SequenceExample {
+                            context: None,
+                            feature_lists: Some(FeatureLists { feature_list }),
+                        })
+                    }
+                };
+                crate::data::tfrecord::write_record(&mut out, &bytes)?;
             }
             std::fs::write(path, crate::data::tfrecord::compress(&out, *compression))
                 .with_context(|| format!("cannot write {}", path.display()))
