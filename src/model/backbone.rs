@@ -112,11 +112,7 @@ fn bilinear_layer(fields: &[NodeId], b: &Bilinear, name: &str, g: &mut Graph, s:
     if !equal && b.kind != BilinearKind::Interaction {
         bail!("BiLinear of type all or each needs fields of one embedding dimension");
     }
-    let k = Kernel {
-        init: Init::GlorotUniform,
-        l2: false,
-        bias: true,
-    };
+    let k = Kernel::UNREGULARIZED;
     let lin = Activation::Linear;
     let pairs: Vec<(usize, usize)> = (0..f).flat_map(|i| (i + 1..f).map(move |j| (i, j))).collect();
     // Field i through its dense layer, for each pair (i, j).
@@ -568,9 +564,8 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
         } => {
             let x = tensor(&v, g).context("Dense")?;
             let k = Kernel {
-                init: Init::GlorotUniform,
-                l2: false,
                 bias: *use_bias,
+                ..Kernel::UNREGULARIZED
             };
             Val::T(s.layer(g, x, name, *units, k, *activation))
         }
@@ -587,11 +582,7 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             init_gate_bias,
         } => {
             // Keras' Dense layers: glorot uniform, no regularizer.
-            let k = Kernel {
-                init: Init::GlorotUniform,
-                l2: false,
-                bias: true,
-            };
+            let k = Kernel::UNREGULARIZED;
             let mut x = tensor(&v, g).context("Highway")?;
             if let Some(e) = emb_size.filter(|e| *e != g.width(x)) {
                 x = s.layer(g, x, &format!("{name}/input_projection"), e, k, Activation::Linear);
@@ -768,11 +759,7 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             if outs.iter().any(|o| g.width(*o) != d) {
                 bail!("MMoE's experts must be equally wide to be mixed");
             }
-            let k = Kernel {
-                init: Init::GlorotUniform,
-                l2: true,
-                bias: true,
-            };
+            let k = Kernel::DENSE;
             let mixtures = (0..*tasks)
                 .map(|t| {
                     let z = s.layer(g, gate_in, &format!("{name}/gate_{t}"), *experts, k, Activation::Linear);
@@ -920,11 +907,7 @@ fn mask_block(
     }
     // Keras' Dense defaults (glorot_uniform, a bias, no regularizer), and
     // EasyRec's choices per layer on top.
-    let keras = Kernel {
-        init: Init::GlorotUniform,
-        l2: false,
-        bias: true,
-    };
+    let keras = Kernel::UNREGULARIZED;
     let lin = Activation::Linear;
     let mut m = mask_input;
     if let Some(p) = blk.projection_dim {

@@ -690,6 +690,13 @@ impl Kernel {
         l2: true,
         bias: true,
     };
+
+    /// Keras' `Dense` and `tf.layers.dense` without a kernel regularizer:
+    /// glorot uniform, a bias, out of l2_regularization.
+    pub const UNREGULARIZED: Kernel = Kernel {
+        l2: false,
+        ..Kernel::DENSE
+    };
 }
 
 /// The parameter and buffer stores a builder adds to, with the generator
@@ -740,11 +747,7 @@ impl Scope<'_> {
     /// The one-logit output layer `name` whose kernel EasyRec leaves out
     /// of l2_regularization (MultiTower's and DCN's `output`).
     pub fn unregularized_output(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
-        let k = Kernel {
-            l2: false,
-            ..Kernel::DENSE
-        };
-        self.layer(g, x, name, 1, k, Activation::Linear)
+        self.layer(g, x, name, 1, Kernel::UNREGULARIZED, Activation::Linear)
     }
 
     /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation ->

@@ -75,10 +75,7 @@ pub fn combine(c: &CombinedSeq, l: &GroupLayout, x: NodeId, g: &mut Graph, s: &m
             // window of `size` positions: its kernel `[size, dim, filters]`
             // is the `[size * dim, filters]` matrix of a window's columns.
             // No regularizer.
-            let k = Kernel {
-                l2: false,
-                ..Kernel::DENSE
-            };
+            let k = Kernel::UNREGULARIZED;
             let mut pooled = Vec::new();
             for (i, (&size, &filters)) in filter_sizes.iter().zip(num_filters).enumerate() {
                 let steps = n + 1 - size;
@@ -127,10 +124,7 @@ fn target_attention(sl: &SeqLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> 
             key = g.concat(&[key, pad]);
         } else {
             // tf.layers.dense without a regularizer.
-            let k = Kernel {
-                l2: false,
-                ..Kernel::DENSE
-            };
+            let k = Kernel::UNREGULARIZED;
             let lin = Activation::Linear;
             key = s.layer(
                 g,
@@ -215,10 +209,7 @@ fn bst_block(sl: &SeqLayout, bst: Bst, x: NodeId, g: &mut Graph, s: &mut Scope) 
     let len = g.slice(x, sl.len_col, 1);
     let live = g.shift(len, 1.0);
     // tf.layers.dense without a regularizer, in a scope of its name.
-    let k = Kernel {
-        l2: false,
-        ..Kernel::DENSE
-    };
+    let k = Kernel::UNREGULARIZED;
     let lin = Activation::Linear;
     let mut dense =
         |g: &mut Graph, x: NodeId, name: &str, units: usize| s.layer(g, x, &format!("{name}/{name}_0"), units, k, lin);
