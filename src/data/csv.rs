@@ -9,8 +9,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Cursor};
 use std::path::{Path, PathBuf};
 
-use super::column::{Column, RawBatch};
-use super::{CellError, DataError, Projection};
+use super::column::RawBatch;
+use super::{DataError, Projection};
 use crate::config::typed::RtpLayout;
 
 /// Lines of CSV text: a file's, or text in memory.
@@ -210,12 +210,7 @@ impl Iterator for CsvChunks {
     type Item = Result<RawBatch, DataError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let mut columns: Vec<Column> = self
-            .projection
-            .columns
-            .iter()
-            .map(|c| Column::of_type(c.ty, self.chunk_rows))
-            .collect();
+        let mut columns = self.projection.empty_columns(self.chunk_rows);
         let mut rows = 0;
         while rows < self.chunk_rows {
             let line = match self.lines.next() {
@@ -240,11 +235,7 @@ impl Iterator for CsvChunks {
             };
             for ((col, spec), &pos) in columns.iter_mut().zip(&self.projection.columns).zip(&self.positions) {
                 if let Err(e) = spec.push_cell(col, fields[pos]) {
-                    let what = match e {
-                        CellError::EmptyRequired => "is empty and has no default_val".to_string(),
-                        CellError::Invalid(v) => format!("`{v}` is not a valid {:?} value", spec.ty),
-                    };
-                    return Some(Err(self.parse_error(&spec.name, what)));
+                    return Some(Err(self.parse_error(&spec.name, e.message(spec.ty))));
                 }
             }
             rows += 1;

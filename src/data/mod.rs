@@ -107,6 +107,17 @@ pub enum CellError {
     Invalid(String),
 }
 
+impl CellError {
+    /// What is wrong with the cell of a column of type `ty`, as the
+    /// readers name it after the file, row and column.
+    pub fn message(&self, ty: ColumnType) -> String {
+        match self {
+            CellError::EmptyRequired => "is empty and has no default_val".into(),
+            CellError::Invalid(v) => format!("`{v}` is not a valid {ty:?} value"),
+        }
+    }
+}
+
 impl ProjColumn {
     /// Appends a cell given as text to `col`, as every reader of text reads
     /// it: an empty cell is the field's default_val, which a required field
@@ -131,6 +142,11 @@ pub struct Projection {
 }
 
 impl Projection {
+    /// One empty column per projected column, room for `rows`.
+    pub fn empty_columns(&self, rows: usize) -> Vec<Column> {
+        self.columns.iter().map(|c| Column::of_type(c.ty, rows)).collect()
+    }
+
     /// Adds `name` (declared in `fields`) unless present; returns its index.
     pub fn add(&mut self, name: &str, fields: &[InputField], required: bool) -> Option<usize> {
         if let Some(i) = self.columns.iter().position(|c| c.name == name) {

@@ -304,10 +304,7 @@ impl NegativeSampler {
                     file: t.path.clone(),
                     location: format!("item `{}`", t.ids[r]),
                     column: spec.name.clone(),
-                    message: match e {
-                        CellError::Invalid(v) => format!("`{v}` is not a valid {:?} value", spec.ty),
-                        CellError::EmptyRequired => "is empty and has no default_val".into(),
-                    },
+                    message: e.message(spec.ty),
                 })?;
             }
         }

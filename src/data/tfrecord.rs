@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 
 use super::column::{Column, RawBatch};
-use super::{CellError, DataError, Projection};
+use super::{DataError, Projection};
 use crate::config::typed::Compression;
 use crate::tf_proto::{feature::Kind, Example, Feature, SequenceExample};
 
@@ -191,10 +191,8 @@ impl TfRecordChunks {
                     None => String::new(),
                     Some(kind) => one_value(kind).map_err(value_error)?,
                 };
-                spec.push_cell(col, &text).map_err(|e| match e {
-                    CellError::EmptyRequired => value_error("is missing and has no default_val".into()),
-                    CellError::Invalid(v) => value_error(format!("`{v}` is not a valid {:?} value", spec.ty)),
-                })?;
+                spec.push_cell(col, &text)
+                    .map_err(|e| value_error(e.message(spec.ty)))?;
             }
         }
         Ok(rows)
@@ -225,12 +223,7 @@ impl Iterator for TfRecordChunks {
         if self.done {
             return None;
         }
-        let mut columns: Vec<Column> = self
-            .projection
-            .columns
-            .iter()
-            .map(|c| Column::of_type(c.ty, self.chunk_rows))
-            .collect();
+        let mut columns = self.projection.empty_columns(self.chunk_rows);
         let mut rows = 0;
         while rows < self.chunk_rows {
             let data = match self.records.next_record() {
