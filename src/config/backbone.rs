@@ -504,6 +504,8 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
         },
         path: format!("{path}.st_params"),
     };
+    // A layer that reads only its typed parameter block.
+    let takes = |expected: &str| ConfigError::invalid(path, format!("Keras layer {class} takes {expected}"));
     let params_for = |expected: &str| -> Result<(), ConfigError> {
         match &k.params {
             None | Some(Params::StParams(_)) => Ok(()),
@@ -702,12 +704,7 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
         "CIN" => {
             let sizes = match &k.params {
                 Some(Params::Cin(c)) => c.hidden_feature_sizes.clone(),
-                _ => {
-                    return Err(ConfigError::invalid(
-                        path,
-                        "Keras layer CIN takes `cin { hidden_feature_sizes: [...] }`",
-                    ))
-                }
+                _ => return Err(takes("`cin { hidden_feature_sizes: [...] }`")),
             };
             if sizes.is_empty() || sizes.iter().any(|&h| h < 1) {
                 return Err(ConfigError::invalid(
@@ -721,12 +718,7 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
         }
         "MaskBlock" => match &k.params {
             Some(Params::MaskBlock(b)) => Keras::MaskBlock(mask_block(b, &format!("{path}.mask_block"))?),
-            _ => {
-                return Err(ConfigError::invalid(
-                    path,
-                    "Keras layer MaskBlock takes `mask_block { ... }`",
-                ))
-            }
+            _ => return Err(takes("`mask_block { ... }`")),
         },
         "Gate" => {
             params_for("st_params")?;
@@ -761,12 +753,7 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                         .transpose()?,
                 }
             }
-            _ => {
-                return Err(ConfigError::invalid(
-                    path,
-                    "Keras layer MMoE takes `mmoe { num_task: ... num_expert: ... expert_mlp { ... } }`",
-                ))
-            }
+            _ => return Err(takes("`mmoe { num_task: ... num_expert: ... expert_mlp { ... } }`")),
         },
         "FiBiNet" => match &k.params {
             Some(Params::Fibinet(f)) => Keras::FiBiNet {
@@ -782,21 +769,11 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                     .map(|m| mlp(m, &format!("{path}.fibinet.mlp")))
                     .transpose()?,
             },
-            _ => {
-                return Err(ConfigError::invalid(
-                    path,
-                    "Keras layer FiBiNet takes `fibinet { senet { ... } bilinear { ... } mlp { ... } }`",
-                ))
-            }
+            _ => return Err(takes("`fibinet { senet { ... } bilinear { ... } mlp { ... } }`")),
         },
         "BiLinear" => match &k.params {
             Some(Params::Bilinear(b)) => Keras::Bilinear(bilinear(b, &format!("{path}.bilinear"))?),
-            _ => {
-                return Err(ConfigError::invalid(
-                    path,
-                    "Keras layer BiLinear takes `bilinear { type: ... num_output_units: ... }`",
-                ))
-            }
+            _ => return Err(takes("`bilinear { type: ... num_output_units: ... }`")),
         },
         "SENet" => Keras::SeNet(match &k.params {
             Some(Params::Senet(p)) => senet_params(p, path)?,
