@@ -12,6 +12,7 @@ use arrow_schema::{DataType, Field, Schema};
 
 use crate::config::model_plan::ColumnType;
 use crate::config::typed::{Bucketing, FeatureKind, InputFormat, TrainingPlan};
+use crate::data::criteo;
 use crate::util::Rng;
 
 /// A cell value before it is written as text or typed Parquet.
@@ -212,25 +213,31 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
                 .iter()
                 .find(|p| p.label == name)
                 .with_context(|| format!("{name} is no label file of the plan's binary input"))?;
-            let number = |c: Cell| match c {
-                Cell::Int(v) => v as f64,
-                Cell::Float(v) => v,
-                Cell::Bool(b) => f64::from(u8::from(b)),
-                Cell::Str(s) => s.parse().unwrap_or(0.0),
+            // The table's cells of label, f1..f13 and c1..c26 (0 where the
+            // config declares no such field), as numbers.
+            let at = |name: String| plan.fields.iter().position(|f| f.name == name);
+            let (label, dense, category) = (
+                at("label".into()),
+                std::array::from_fn::<_, { criteo::DENSE }, _>(|i| at(format!("f{}", i + 1))),
+                std::array::from_fn::<_, { criteo::CATEGORICAL }, _>(|i| at(format!("c{}", i + 1))),
+            );
+            let number = |row: &[Cell], field: Option<usize>| match field.map(|k| &row[k]) {
+                Some(Cell::Int(v)) => *v as f64,
+                Some(Cell::Float(v)) => *v,
+                Some(Cell::Bool(b)) => f64::from(u8::from(*b)),
+                Some(Cell::Str(s)) => s.parse().unwrap_or(0.0),
+                None => 0.0,
             };
-            let rows: Vec<_> = (0..rows)
-                .map(|_| {
-                    let y = number(cell(plan, "label", ColumnType::Int, &mut rng)) as i32;
-                    let f = std::array::from_fn(|i| {
-                        number(cell(plan, &format!("f{}", i + 1), ColumnType::Float, &mut rng)) as f32
-                    });
-                    let c = std::array::from_fn(|i| {
-                        number(cell(plan, &format!("c{}", i + 1), ColumnType::Int, &mut rng)) as i32
-                    });
+            let rows: Vec<_> = table
+                .iter()
+                .map(|row| {
+                    let y = number(row, label) as i32;
+                    let f = dense.map(|k| number(row, k) as f32);
+                    let c = category.map(|k| number(row, k) as i32);
                     (y, f, c)
                 })
                 .collect();
-            crate::data::criteo::write_part((path, Path::new(&part.dense), Path::new(&part.category)), &rows)
+            criteo::write_part((path, Path::new(&part.dense), Path::new(&part.category)), &rows)
                 .with_context(|| format!("cannot write the binary part of {name}"))
         }
         InputFormat::Csv { separator, with_header } => {
