@@ -273,6 +273,15 @@ pub enum OptimizerKind {
         beta1: f32,
         beta2: f32,
     },
+    /// PAI-TensorFlow's AdamAsyncOptimizer: Adam whose beta powers are kept
+    /// per variable (advanced by each of its updates, so `beta^t` in
+    /// synchronous training) and whose sparse updates touch only the
+    /// gathered rows, which is `LazyAdam`'s update; only its checkpoint
+    /// slot names differ.
+    AdamAsync {
+        beta1: f32,
+        beta2: f32,
+    },
     AdamW {
         beta1: f32,
         beta2: f32,
@@ -1431,7 +1440,11 @@ fn optimizer(o: &proto::Optimizer, path: &str) -> Result<OptimizerSpec, ConfigEr
             momentum: m.momentum_optimizer_value(),
             weight_decay: m.weight_decay(),
         },
-        O::AdamAsyncOptimizer(_) | O::AdamAsyncwOptimizer(_) => {
+        O::AdamAsyncOptimizer(a) => OptimizerKind::AdamAsync {
+            beta1: a.beta1(),
+            beta2: a.beta2(),
+        },
+        O::AdamAsyncwOptimizer(_) => {
             return Err(ConfigError::unsupported(
                 format!("{path}.{name}"),
                 format!("optimizer {name}"),

@@ -48,7 +48,10 @@ pub fn slot_inits(kind: &OptimizerKind) -> Vec<f32> {
     match kind {
         OptimizerKind::Momentum { momentum } if *momentum == 0.0 => vec![],
         OptimizerKind::Momentum { .. } | OptimizerKind::MomentumW { .. } => vec![0.0],
-        OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } | OptimizerKind::AdamW { .. } => {
+        OptimizerKind::Adam { .. }
+        | OptimizerKind::LazyAdam { .. }
+        | OptimizerKind::AdamAsync { .. }
+        | OptimizerKind::AdamW { .. } => {
             vec![0.0, 0.0]
         }
         OptimizerKind::Adagrad { initial_accumulator } => vec![*initial_accumulator],
@@ -64,7 +67,10 @@ pub fn slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
     match kind {
         OptimizerKind::Momentum { momentum } if *momentum == 0.0 => &[],
         OptimizerKind::Momentum { .. } | OptimizerKind::MomentumW { .. } => &["momentum"],
-        OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } | OptimizerKind::AdamW { .. } => &["m", "v"],
+        OptimizerKind::Adam { .. }
+        | OptimizerKind::LazyAdam { .. }
+        | OptimizerKind::AdamAsync { .. }
+        | OptimizerKind::AdamW { .. } => &["m", "v"],
         OptimizerKind::Adagrad { .. } => &["accumulator"],
         OptimizerKind::Ftrl { .. } => &["accumulator", "linear"],
         OptimizerKind::RmsProp { momentum, .. } if *momentum == 0.0 => &["ms"],
@@ -80,6 +86,7 @@ pub fn tf_slot_names(kind: &OptimizerKind) -> &'static [&'static str] {
         OptimizerKind::Momentum { momentum } if *momentum == 0.0 => &[],
         OptimizerKind::Momentum { .. } | OptimizerKind::MomentumW { .. } => &["Momentum"],
         OptimizerKind::Adam { .. } | OptimizerKind::LazyAdam { .. } => &["Adam", "Adam_1"],
+        OptimizerKind::AdamAsync { .. } => &["AdamAsync", "AdamAsync_1"],
         OptimizerKind::Adagrad { .. } => &["Adagrad"],
         OptimizerKind::Ftrl { .. } => &["Ftrl", "Ftrl_1"],
         OptimizerKind::RmsProp { momentum, .. } if *momentum == 0.0 => &["RMSProp"],
@@ -155,6 +162,7 @@ impl Rule {
             }
             OptimizerKind::Adam { beta1, beta2 }
             | OptimizerKind::LazyAdam { beta1, beta2 }
+            | OptimizerKind::AdamAsync { beta1, beta2 }
             | OptimizerKind::AdamW { beta1, beta2, .. } => {
                 if let OptimizerKind::AdamW { weight_decay, .. } = &self.kind {
                     for x in w.iter_mut() {
