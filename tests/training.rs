@@ -1080,6 +1080,57 @@ model_config { model_class: "DBMTL"
     assert!(st.loss.is_finite());
 }
 
+/// `seq_multi_sep`: each position of a sequence holds the values split by
+/// it, their embeddings combined by the feature's combiner (mean: weights
+/// 1/n); a RawFeature sequence with num_buckets and min_val < max_val is
+/// bucketed as EasyRec does, scaled to [0, 1] then cut at k / num_buckets.
+#[test]
+fn multi_valued_sequences_keep_each_values_position() {
+    let block = r#"feature_configs { input_names: "c3" feature_name: "ms" feature_type: SequenceFeature separator: "|"
+                  seq_multi_sep: ";" combiner: "mean" hash_bucket_size: 50 embedding_dim: 4 max_seq_len: 2 }
+feature_configs { input_names: "c3" feature_name: "sc" feature_type: SequenceFeature separator: "|"
+                  seq_multi_sep: ";" sub_feature_type: RawFeature num_buckets: 4 min_val: 0 max_val: 8
+                  embedding_dim: 4 max_seq_len: 2 }
+model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "c1", "c2"]
+    sequence_features { group_name: "seq" allow_key_transform: true seq_att_map { key: "c2" hist_seq: ["ms", "sc"] } } }
+  dbmtl { task_towers { tower_name: "ctr" dnn { hidden_units: [4] } }
+          task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] } } }"#;
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer_of(dir.path(), "multi-valued sequence", block);
+    let text: String = ["0;2|7", "4", "", "8;1;3|5|6"]
+        .iter()
+        .map(|s| format!("1,0.5,0.5,u1,3,{s},0\n"))
+        .collect();
+    std::fs::write(dir.path().join("data.csv"), text.repeat(4)).unwrap();
+    let index = |name: &str| t.plan.features.iter().position(|f| f.name == name).unwrap();
+    let batch = first_batch(&t);
+    let (Encoded::Sparse(ms), Encoded::Sparse(sc)) = (&batch.features[index("ms")], &batch.features[index("sc")])
+    else {
+        panic!("sequences are ids");
+    };
+    let h = |v: &str| rustrec::features::hash_bucket_str(v, 50);
+    assert_eq!(
+        &ms.ids[..8],
+        &[h("0"), h("2"), h("7"), h("4"), h("8"), h("1"), h("3"), h("5")]
+    );
+    assert_eq!(&ms.offsets[..5], &[0, 3, 4, 4, 8]);
+    let third = 1.0f32 / 3.0;
+    assert_eq!(
+        &ms.weights.as_ref().unwrap()[..8],
+        &[0.5, 0.5, 1.0, 1.0, third, third, third, 1.0]
+    );
+    let p = ms.positions.as_ref().unwrap();
+    assert_eq!(&p.of_id[..8], &[0, 0, 1, 0, 0, 0, 0, 1]);
+    assert_eq!(&p.lens[..4], &[2, 1, 0, 2]);
+    // x / 8 against [0, 0.25, 0.5, 0.75]; the sum combiner weighs nothing.
+    assert_eq!(&sc.ids[..8], &[1, 2, 4, 3, 4, 1, 2, 3]);
+    assert!(sc.weights.is_none());
+    assert_eq!(sc.positions.as_ref().unwrap().of_id[..8], p.of_id[..8]);
+    let st = t.train_step(&batch).unwrap();
+    assert!(st.loss.is_finite());
+}
+
 /// LookupFeature: the row's key (c1) looked up in its map (c3 as
 /// `key:value` entries): the values of the matching entries hashed as
 /// TensorFlow does; more matches than lookup_max_sel_elem_num, or an entry

@@ -364,6 +364,42 @@ pub enum Bucketing {
     /// boundaries are at most the value (TensorFlow's `bucketize`), so
     /// `len + 1` rows. A sequence of RawFeature values with boundaries.
     Boundaries(Vec<f64>),
+    /// A sequence of RawFeature values with `num_buckets` and `min_val <
+    /// max_val`, as EasyRec buckets it: each value scaled to
+    /// `(x - min) / (max - min)` in float32, then bucketized by the
+    /// boundaries `k / buckets` for `k` in `0..buckets` (`buckets + 1` rows).
+    Scaled {
+        min: f64,
+        max: f64,
+        buckets: u64,
+    },
+}
+
+/// How the several values of one position of a sequence (`seq_multi_sep`)
+/// are combined, as the feature's `combiner` says (TensorFlow's embedding
+/// combiners): their embeddings' sum or mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PositionCombiner {
+    Sum,
+    Mean,
+}
+
+impl PositionCombiner {
+    /// The weight of each of a position's `n` values.
+    pub fn weight(self, n: usize) -> f32 {
+        match self {
+            PositionCombiner::Sum => 1.0,
+            PositionCombiner::Mean => 1.0 / n as f32,
+        }
+    }
+}
+
+/// `seq_multi_sep`: each position of a sequence holds several values split
+/// by `separator`, whose embeddings `combiner` combines into the position's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MultiValue {
+    pub separator: String,
+    pub combiner: PositionCombiner,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -413,6 +449,8 @@ pub enum FeatureKind {
         max_len: usize,
         /// How a feature group pools it (`sequence_combiner`), if set.
         combiner: Option<SeqCombiner>,
+        /// Several values per position (`seq_multi_sep`).
+        multi: Option<MultiValue>,
     },
 }
 
@@ -624,6 +662,13 @@ impl FeatureSpec {
     pub fn weighted_ids(&self) -> bool {
         self.projected()
             || matches!(&self.kind, FeatureKind::Tag { kv_separator, .. } if kv_separator.is_some() || self.inputs.len() > 1)
+            || matches!(&self.kind, FeatureKind::Sequence { multi: Some(m), .. } if m.combiner != PositionCombiner::Sum)
+    }
+
+    /// Whether its ids come with the sequence position of each and each
+    /// row's count of positions: a sequence of several values per position.
+    pub fn positioned_ids(&self) -> bool {
+        matches!(&self.kind, FeatureKind::Sequence { multi: Some(_), .. })
     }
 
     /// EasyRec's name of the feature column it becomes (TensorFlow's
@@ -1624,6 +1669,11 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
         FeatureType::SequenceFeature => {
             let raw = match f.sub_feature_type() {
                 FeatureType::IdFeature => false,
+                FeatureType::RawFeature
+                    if f.boundaries.is_empty() && f.num_buckets() > 1 && f.max_val() > f.min_val() =>
+                {
+                    true
+                }
                 FeatureType::RawFeature if f.hash_bucket_size() > 0 => return Err(ConfigError::invalid(
                     format!("{path}.hash_bucket_size"),
                     "a sequence of RawFeature values is bucketized by boundaries, not hashed (EasyRec stops on it too)",
@@ -1642,12 +1692,19 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                     ))
                 }
             };
-            if f.seq_multi_sep.as_deref().is_some_and(|s| !s.is_empty()) {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.seq_multi_sep"),
-                    "several values per sequence position",
-                ));
-            }
+            let multi = f
+                .seq_multi_sep
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(|sep| MultiValue {
+                    separator: sep.to_string(),
+                    // validate checked it; sqrtn is refused below.
+                    combiner: if f.combiner() == "mean" {
+                        PositionCombiner::Mean
+                    } else {
+                        PositionCombiner::Sum
+                    },
+                });
             let max_len = match f.max_seq_len {
                 Some(0) => {
                     return Err(ConfigError::invalid(
@@ -1665,7 +1722,13 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
             };
             FeatureKind::Sequence {
                 // Boundaries are checked increasing with every feature's.
-                buckets: if raw {
+                buckets: if raw && f.boundaries.is_empty() {
+                    Bucketing::Scaled {
+                        min: f.min_val(),
+                        max: f.max_val(),
+                        buckets: f.num_buckets(),
+                    }
+                } else if raw {
                     Bucketing::Boundaries(f.boundaries.clone())
                 } else {
                     need_buckets()?
@@ -1676,6 +1739,7 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                     Some(c) if pooled => seq_combiner(c, &format!("{path}.sequence_combiner"), max_len)?,
                     _ => None,
                 },
+                multi,
             }
         }
         FeatureType::RawFeature => {

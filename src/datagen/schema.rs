@@ -42,6 +42,7 @@ fn token(rng: &mut Rng, buckets: &Bucketing) -> String {
             let (lo, hi) = (b.first().copied().unwrap_or(0.0), b.last().copied().unwrap_or(1.0));
             format!("{:.3}", lo - 1.0 + rng.uniform() * (hi - lo + 2.0))
         }
+        Bucketing::Scaled { min, max, .. } => format!("{:.3}", min + rng.uniform() * (max - min)),
         _ => format!("t{}", rng.below(50)),
     }
 }
@@ -76,9 +77,21 @@ fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell
             Some(s)
         }
         // Histories of 0 to 4 values.
-        Some(FeatureKind::Sequence { buckets, separator, .. }) if ty == ColumnType::Str => Some(
+        Some(FeatureKind::Sequence {
+            buckets,
+            separator,
+            multi,
+            ..
+        }) if ty == ColumnType::Str => Some(
             (0..rng.below(5))
-                .map(|_| token(rng, buckets))
+                .map(|_| match multi {
+                    // One to three values per position.
+                    Some(m) => (0..1 + rng.below(3))
+                        .map(|_| token(rng, buckets))
+                        .collect::<Vec<_>>()
+                        .join(&m.separator),
+                    None => token(rng, buckets),
+                })
                 .collect::<Vec<_>>()
                 .join(separator),
         ),

@@ -166,7 +166,8 @@ pub fn pool_rows(
 
 /// For the batch rows `first..` that `out` holds: each row's first `len`
 /// ids' embeddings side by side at `col` (`len * dim` columns), zeros
-/// past the row's ids.
+/// past the row's ids. A sequence of several ids per position
+/// (`Jagged::positions`) adds each position's ids' rows, weighted.
 pub fn positions_rows(
     table: &dyn RowSource,
     j: &Jagged,
@@ -181,8 +182,21 @@ pub fn positions_rows(
         let dst = &mut row_out[col..col + len * dim];
         dst.fill(0.0);
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
-        for (slot, &id) in dst.chunks_exact_mut(dim).zip(&j.ids[s..e]) {
-            slot.copy_from_slice(table.row(id));
+        match &j.positions {
+            None => {
+                for (slot, &id) in dst.chunks_exact_mut(dim).zip(&j.ids[s..e]) {
+                    slot.copy_from_slice(table.row(id));
+                }
+            }
+            Some(p) => {
+                for i in (s..e).filter(|&i| (p.of_id[i] as usize) < len) {
+                    let w = j.weights.as_ref().map_or(1.0, |w| w[i]);
+                    let at = p.of_id[i] as usize * dim;
+                    for (a, x) in dst[at..at + dim].iter_mut().zip(table.row(j.ids[i])) {
+                        *a += w * x;
+                    }
+                }
+            }
         }
     }
 }
@@ -191,7 +205,11 @@ pub fn positions_rows(
 pub fn length_rows(j: &Jagged, len: usize, out: &mut [f32], (stride, col): (usize, usize), first: usize) {
     for (k, row_out) in out.chunks_exact_mut(stride).enumerate() {
         let b = first + k;
-        row_out[col] = (j.offsets[b + 1] - j.offsets[b]).min(len as u32) as f32;
+        let n = match &j.positions {
+            None => j.offsets[b + 1] - j.offsets[b],
+            Some(p) => p.lens[b],
+        };
+        row_out[col] = n.min(len as u32) as f32;
     }
 }
 
@@ -207,9 +225,22 @@ pub fn scatter_positions(
     for b in 0..j.offsets.len() - 1 {
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
         let g = &grad[b * stride + col..b * stride + col + len * dim];
-        for (slot, &id) in g.chunks_exact(dim).zip(&j.ids[s..e]) {
-            for (a, x) in acc.slot(id, dim).iter_mut().zip(slot) {
-                *a += x;
+        match &j.positions {
+            None => {
+                for (slot, &id) in g.chunks_exact(dim).zip(&j.ids[s..e]) {
+                    for (a, x) in acc.slot(id, dim).iter_mut().zip(slot) {
+                        *a += x;
+                    }
+                }
+            }
+            Some(p) => {
+                for i in (s..e).filter(|&i| (p.of_id[i] as usize) < len) {
+                    let w = j.weights.as_ref().map_or(1.0, |w| w[i]);
+                    let at = p.of_id[i] as usize * dim;
+                    for (a, x) in acc.slot(j.ids[i], dim).iter_mut().zip(&g[at..at + dim]) {
+                        *a += w * x;
+                    }
+                }
             }
         }
     }
@@ -293,7 +324,49 @@ mod tests {
             ids: ids.to_vec(),
             offsets: offsets.to_vec(),
             weights: None,
+            positions: None,
         }
+    }
+
+    #[test]
+    fn several_ids_of_one_position_add_up_weighted_and_so_do_their_gradients() {
+        let kind = OptimizerKind::Momentum { momentum: 0.0 };
+        let mut t = Table::new(
+            ("t", 4, 2),
+            &EmbeddingInit::Default,
+            1,
+            (0, &kind),
+            Sharding::Replicated,
+        );
+        t.weights = vec![1., 2., 3., 4., 5., 6., 7., 8.];
+        // Row 0: position 0 holds ids {0, 1} (mean), position 1 id 3;
+        // row 1: one position without ids, then id 2; row 2: none.
+        let mut j = jagged(&[0, 1, 3, 2], &[0, 3, 4, 4]);
+        j.weights = Some(vec![0.5, 0.5, 1.0, 1.0]);
+        j.positions = Some(crate::features::SeqPositions {
+            of_id: vec![0, 0, 1, 1],
+            lens: vec![2, 2, 0],
+        });
+        let mut out = vec![9.0f32; 3 * 5];
+        positions_rows(&t, &j, 2, &mut out, (5, 1), 0);
+        length_rows(&j, 2, &mut out, (5, 0), 0);
+        assert_eq!(out, vec![2., 2., 3., 7., 8., 2., 0., 0., 5., 6., 0., 0., 0., 0., 0.]);
+        // A length capped at `len`.
+        length_rows(&j, 1, &mut out, (5, 0), 0);
+        assert_eq!(out[5], 1.0);
+        let grad: Vec<f32> = (0..15).map(|x| x as f32).collect();
+        let mut acc = RowGrads::default();
+        scatter_positions(&j, 2, &grad, (5, 1), 2, &mut acc);
+        let of = |id: u64| {
+            acc.rows
+                .iter()
+                .position(|r| *r == id)
+                .map(|i| acc.grads[2 * i..2 * i + 2].to_vec())
+        };
+        assert_eq!(of(0), Some(vec![0.5, 1.0]));
+        assert_eq!(of(1), Some(vec![0.5, 1.0]));
+        assert_eq!(of(3), Some(vec![3.0, 4.0]));
+        assert_eq!(of(2), Some(vec![8.0, 9.0]));
     }
 
     #[test]

@@ -23,8 +23,10 @@ use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
 /// How one feature enters the graph.
 #[derive(Debug, Clone, PartialEq)]
 pub enum InputKind {
-    /// `<name>/ids`, `<name>/lens` (and `<name>/weights` when weighted).
-    Ids { weighted: bool },
+    /// `<name>/ids`, `<name>/lens` (and `<name>/weights` when weighted;
+    /// `<name>/positions` and `<name>/seq_lens` when positioned: each id's
+    /// sequence position and each row's count of positions).
+    Ids { weighted: bool, positioned: bool },
     /// `<name>`: `[batch, dim]` floats.
     Dense { dim: usize },
 }
@@ -58,6 +60,7 @@ pub fn feature_inputs(plan: &TrainingPlan, model: &Model) -> Vec<FeatureInput> {
                 Some(dim) => InputKind::Dense { dim },
                 None => InputKind::Ids {
                     weighted: spec.weighted_ids(),
+                    positioned: spec.positioned_ids(),
                 },
             };
             FeatureInput {
@@ -88,15 +91,26 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
                 let x = b.g.input(&fi.name, Elem::F32, &[batch.clone(), Dim::Fixed(dim)]);
                 dense.insert(fi.feature, x);
             }
-            InputKind::Ids { weighted } => {
+            InputKind::Ids { weighted, positioned } => {
                 // Symbols stay plain identifiers whatever the feature names are.
                 let n = Dim::Named(format!("num_ids_{k}"));
                 let ids =
                     b.g.input(&format!("{}/ids", fi.name), Elem::I64, std::slice::from_ref(&n));
                 let lens =
                     b.g.input(&format!("{}/lens", fi.name), Elem::I64, std::slice::from_ref(&batch));
-                let weights = weighted.then(|| b.g.input(&format!("{}/weights", fi.name), Elem::F32, &[n]));
-                let m = b.segments(&ids, &lens, weights.as_deref());
+                let weights = weighted.then(|| {
+                    b.g.input(&format!("{}/weights", fi.name), Elem::F32, std::slice::from_ref(&n))
+                });
+                let mut m = b.segments(&ids, &lens, weights.as_deref());
+                if positioned {
+                    let pos = b.g.input(&format!("{}/positions", fi.name), Elem::I64, &[n]);
+                    let seq_lens = b.g.input(
+                        &format!("{}/seq_lens", fi.name),
+                        Elem::I64,
+                        std::slice::from_ref(&batch),
+                    );
+                    m.positions = Some((pos, seq_lens));
+                }
                 segments.insert(fi.feature, m);
             }
         }
@@ -135,7 +149,16 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
                 }
                 SeqPartKind::Length { len } => {
                     let cap = b.scalar_f32(len as f32);
-                    b.g.op("Min", &[&m.sums, &cap])
+                    let n = match &m.positions {
+                        None => m.sums.clone(),
+                        Some((_, seq_lens)) => {
+                            let f =
+                                b.g.node("Cast", &[seq_lens], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
+                            let ax1 = b.axes(&[1]);
+                            b.g.op("Unsqueeze", &[&f, &ax1])
+                        }
+                    };
+                    b.g.op("Min", &[&n, &cap])
                 }
             });
         }
@@ -177,6 +200,8 @@ struct Segments {
     sums: String,
     /// Zeros `[batch, 1]`.
     zero_col: String,
+    /// A multi-valued sequence's `<name>/positions` and `<name>/seq_lens`.
+    positions: Option<(String, String)>,
 }
 
 struct Builder<'a> {
@@ -248,6 +273,7 @@ impl Builder<'_> {
             weights,
             sums,
             zero_col,
+            positions: None,
         }
     }
 
@@ -284,28 +310,39 @@ impl Builder<'_> {
 
     /// `[batch, len * dim]`: the rows of `table` for each row's ids side by
     /// side in order, zeros past its ids. Rows hold at most `len` ids (the
-    /// encoder keeps a sequence's first `max_len` values).
+    /// encoder keeps a sequence's first `max_len` values). With given
+    /// positions, each id's row (weighted, when weighted) is added into
+    /// its position's slot.
     fn positions(&mut self, m: &Segments, table: &str, dim: usize, len: usize) -> String {
-        let looked_up = self
+        let mut looked_up = self
             .g
             .node("Gather", &[table, &m.ids], vec![("axis", Attr::Int(0))], None);
-        // An id's position in its row: its index less its row's first index.
-        let zero = self.g.i64s(&[], &[0]);
-        let one = self.g.i64s(&[], &[1]);
+        if let Some(w) = &m.weights {
+            looked_up = self.g.op("Mul", &[&looked_up, w]);
+        }
         let ax1 = self.axes(&[1]);
-        let ones = self.g.op("Mul", &[&m.ids, &zero]);
-        let ones = self.g.op("Add", &[&ones, &one]);
-        let index = self
-            .g
-            .node("CumSum", &[&ones, &zero], vec![("exclusive", Attr::Int(1))], None);
-        let index = self.g.op("Unsqueeze", &[&index, &ax1]);
-        let starts = self
-            .g
-            .node("CumSum", &[&m.lens, &zero], vec![("exclusive", Attr::Int(1))], None);
-        let start = self
-            .g
-            .node("Gather", &[&starts, &m.rows], vec![("axis", Attr::Int(0))], None);
-        let pos = self.g.op("Sub", &[&index, &start]);
+        let pos = match &m.positions {
+            // Given: several ids share a position, their rows added up.
+            Some((p, _)) => self.g.op("Unsqueeze", &[p, &ax1]),
+            None => {
+                // An id's position in its row: its index less its row's first index.
+                let zero = self.g.i64s(&[], &[0]);
+                let one = self.g.i64s(&[], &[1]);
+                let ones = self.g.op("Mul", &[&m.ids, &zero]);
+                let ones = self.g.op("Add", &[&ones, &one]);
+                let index = self
+                    .g
+                    .node("CumSum", &[&ones, &zero], vec![("exclusive", Attr::Int(1))], None);
+                let index = self.g.op("Unsqueeze", &[&index, &ax1]);
+                let starts = self
+                    .g
+                    .node("CumSum", &[&m.lens, &zero], vec![("exclusive", Attr::Int(1))], None);
+                let start = self
+                    .g
+                    .node("Gather", &[&starts, &m.rows], vec![("axis", Attr::Int(0))], None);
+                self.g.op("Sub", &[&index, &start])
+            }
+        };
         let l = self.g.i64s(&[], &[len as i64]);
         let slot = self.g.op("Mul", &[&m.rows, &l]);
         let slot = self.g.op("Add", &[&slot, &pos]);

@@ -20,6 +20,10 @@ enum Source {
     Ids(usize),
     Lens(usize),
     Weights(usize),
+    /// A multi-valued sequence's position of each id, and its rows' counts
+    /// of positions.
+    Positions(usize),
+    SeqLens(usize),
     Dense(usize),
 }
 
@@ -179,6 +183,8 @@ impl ExportedModel {
                 Some((base, "ids")) if by_name.contains_key(base) => Source::Ids(feature(base)?),
                 Some((base, "lens")) if by_name.contains_key(base) => Source::Lens(feature(base)?),
                 Some((base, "weights")) if by_name.contains_key(base) => Source::Weights(feature(base)?),
+                Some((base, "positions")) if by_name.contains_key(base) => Source::Positions(feature(base)?),
+                Some((base, "seq_lens")) if by_name.contains_key(base) => Source::SeqLens(feature(base)?),
                 _ => Source::Dense(feature(name)?),
             });
         }
@@ -296,6 +302,14 @@ impl ExportedModel {
                 (Source::Weights(_), Encoded::Sparse(Jagged { weights: Some(w), .. })) => {
                     Tensor::from_shape(&[w.len()], w)
                 }
+                (Source::Positions(_), Encoded::Sparse(Jagged { positions: Some(p), .. })) => {
+                    let of_id: Vec<i64> = p.of_id.iter().map(|&x| x as i64).collect();
+                    Tensor::from_shape(&[of_id.len()], &of_id)
+                }
+                (Source::SeqLens(_), Encoded::Sparse(Jagged { positions: Some(p), .. })) => {
+                    let lens: Vec<i64> = p.lens.iter().map(|&x| x as i64).collect();
+                    Tensor::from_shape(&[b], &lens)
+                }
                 (Source::Dense(_), Encoded::Dense { dim, values }) => Tensor::from_shape(&[b, *dim], values),
                 _ => bail!("the export's graph inputs do not match its pipeline.config features"),
             }?;
@@ -312,7 +326,12 @@ impl ExportedModel {
 
 impl Source {
     fn feature_of<'a>(&self, batch: &'a Batch) -> &'a Encoded {
-        let (Source::Ids(f) | Source::Lens(f) | Source::Weights(f) | Source::Dense(f)) = self;
+        let (Source::Ids(f)
+        | Source::Lens(f)
+        | Source::Weights(f)
+        | Source::Positions(f)
+        | Source::SeqLens(f)
+        | Source::Dense(f)) = self;
         &batch.features[*f]
     }
 }

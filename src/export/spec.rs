@@ -75,6 +75,13 @@ fn buckets(b: &Bucketing) -> Value {
         Bucketing::Boundaries(b) => {
             json!({ "type": "boundaries", "boundaries": b, "id": "how many boundaries are <= the value" })
         }
+        Bucketing::Scaled { min, max, buckets } => json!({
+            "type": "scaled_boundaries",
+            "min": min,
+            "max": max,
+            "buckets": buckets,
+            "id": "v = float32((x - min) / (max - min)); id = how many of float32(k / buckets), k in 0..buckets, are <= v",
+        }),
         Bucketing::VocabFile(p) => json!({
             "type": "vocab_file",
             "vocab_file": p.file_name().map(|n| n.to_string_lossy().to_string()),
@@ -104,10 +111,14 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                         "min_max": min_max.map(|(lo, hi)| json!({ "min": lo, "max": hi, "value": "(x - min) / (max - min)" })),
                     }),
                 ),
-                (InputKind::Ids { weighted }, kind) => {
+                (InputKind::Ids { weighted, .. }, kind) => {
                     let mut names = vec![format!("{}/ids", f.name), format!("{}/lens", f.name)];
                     if *weighted {
                         names.push(format!("{}/weights", f.name));
+                    }
+                    if f.positioned_ids() {
+                        names.push(format!("{}/positions", f.name));
+                        names.push(format!("{}/seq_lens", f.name));
                     }
                     let t = match kind {
                         FeatureKind::Raw {
@@ -138,6 +149,23 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                             "kv_separator": kv_separator,
                             "weights_column": f.inputs.get(1),
                             "weights": "tags whose weight is not above 0 are dropped",
+                            "each": buckets(b),
+                        }),
+                        FeatureKind::Sequence {
+                            buckets: b,
+                            separator,
+                            max_len,
+                            multi: Some(m),
+                            ..
+                        } => json!({
+                            "type": "sequence",
+                            "separator": separator,
+                            "max_len": max_len,
+                            "value_separator": m.separator,
+                            "ids": "per non-empty position of the row (the first max_len kept), its non-empty values \
+                                    split by value_separator, each bucketed; positions: each id's position; seq_lens: \
+                                    the row's positions",
+                            "weights": "1 / the position's value count, for a mean combiner",
                             "each": buckets(b),
                         }),
                         FeatureKind::Sequence {

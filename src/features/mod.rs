@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
-use crate::config::typed::{Bucketing, FeatureKind, TrainingPlan};
+use crate::config::typed::{Bucketing, FeatureKind, MultiValue, PositionCombiner, TrainingPlan};
 use crate::data::{Column, Projection, RawBatch};
 use crate::util::{hash_i64, hash_str, with_decimal};
 
@@ -17,6 +17,18 @@ pub struct Jagged {
     pub ids: Vec<u64>,
     pub offsets: Vec<u32>,
     pub weights: Option<Vec<f32>>,
+    /// A sequence whose positions hold several ids (`seq_multi_sep`): where
+    /// each id goes; otherwise id `k` of a row is its position `k`.
+    pub positions: Option<SeqPositions>,
+}
+
+/// The position of each id of a jagged sequence and each row's count of
+/// positions (which may exceed its ids' last position: positions without
+/// values count, as EasyRec's sparse sequence lengths do).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeqPositions {
+    pub of_id: Vec<u32>,
+    pub lens: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +103,13 @@ enum Buckets {
     Vocab(HashMap<String, u64>),
     /// Sorted boundaries: a number's id counts those at most it.
     Boundaries(Vec<f64>),
+    /// `Bucketing::Scaled`: float32 `(x - min) / (max - min)` bucketized
+    /// by float32 boundaries `k / n`.
+    Scaled {
+        min: f32,
+        max: f32,
+        bounds: Vec<f32>,
+    },
 }
 
 impl Buckets {
@@ -100,6 +119,11 @@ impl Buckets {
             Bucketing::Identity(n) => Buckets::Identity(*n),
             Bucketing::Vocab(v) => Buckets::Vocab(v.iter().enumerate().map(|(i, s)| (s.clone(), i as u64)).collect()),
             Bucketing::Boundaries(b) => Buckets::Boundaries(b.clone()),
+            Bucketing::Scaled { min, max, buckets } => Buckets::Scaled {
+                min: *min as f32,
+                max: *max as f32,
+                bounds: (0..*buckets).map(|k| (k as f64 / *buckets as f64) as f32).collect(),
+            },
             Bucketing::VocabFile(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("feature `{feature}`: cannot read vocab_file {}", p.display()))?;
@@ -120,6 +144,7 @@ impl Buckets {
             Buckets::Hash(n) | Buckets::Identity(n) => *n,
             Buckets::Vocab(m) => (m.len() as u64).max(1),
             Buckets::Boundaries(b) => b.len() as u64 + 1,
+            Buckets::Scaled { bounds, .. } => bounds.len() as u64 + 1,
         }
     }
 
@@ -141,7 +166,23 @@ impl Buckets {
                     .with_context(|| format!("feature `{feature}`: `{s}` is not a number (boundaries are set)"))?;
                 b.partition_point(|v| *v <= x) as u64
             }
+            Buckets::Scaled { .. } => {
+                let x: f64 = s
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("feature `{feature}`: `{s}` is not a number (num_buckets scales it)"))?;
+                self.scaled(x)
+            }
         })
+    }
+
+    /// A number's bucket among `Scaled` boundaries.
+    fn scaled(&self, x: f64) -> u64 {
+        let Buckets::Scaled { min, max, bounds } = self else {
+            unreachable!("only scaled buckets scale")
+        };
+        let v = (x as f32 - min) / (max - min);
+        bounds.partition_point(|b| *b <= v) as u64
     }
 
     fn of_int(&self, v: i64, feature: &str) -> anyhow::Result<u64> {
@@ -150,6 +191,7 @@ impl Buckets {
             Buckets::Identity(n) => self.identity(v, *n, feature)?,
             Buckets::Vocab(m) => m.get(&v.to_string()).copied().unwrap_or(0),
             Buckets::Boundaries(b) => b.partition_point(|x| *x <= v as f64) as u64,
+            Buckets::Scaled { .. } => self.scaled(v as f64),
         })
     }
 
@@ -203,8 +245,10 @@ enum Enc {
         /// A second input holding one weight per tag (EasyRec's
         /// `<name>_w` weighted column).
         weight_col: Option<usize>,
-        /// A sequence keeps its first `max_len` values.
+        /// A sequence keeps its first `max_len` values (positions).
         max_len: Option<usize>,
+        /// A sequence of several values per position.
+        multi: Option<MultiValue>,
     },
     Combo {
         cols: Vec<usize>,
@@ -326,12 +370,14 @@ impl Encoder {
                         kv_separator: kv_separator.clone(),
                         weight_col,
                         max_len: None,
+                        multi: None,
                     }
                 }
                 FeatureKind::Sequence {
                     buckets,
                     separator,
                     max_len,
+                    multi,
                     ..
                 } => Enc::Tag {
                     col: col(&mut projection, first, false)?,
@@ -340,6 +386,7 @@ impl Encoder {
                     kv_separator: None,
                     weight_col: None,
                     max_len: Some(*max_len),
+                    multi: multi.clone(),
                 },
                 FeatureKind::Lookup {
                     buckets,
@@ -647,6 +694,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
         ids: Vec::with_capacity(n),
         offsets: Vec::with_capacity(n + 1),
         weights: None,
+        positions: None,
     };
     j.offsets.push(0);
     match e {
@@ -750,9 +798,53 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             col,
             buckets,
             separator,
+            max_len: Some(max_len),
+            multi: Some(multi),
+            ..
+        } => {
+            let mut weights = Vec::new();
+            let mut p = SeqPositions::default();
+            let mut values = Vec::new();
+            for r in 0..n {
+                let mut pos = 0u32;
+                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+                    if pos as usize == *max_len {
+                        return Ok(());
+                    }
+                    values.clear();
+                    match v {
+                        Value::Str(s) => {
+                            for part in s.split(multi.separator.as_str()).filter(|x| !x.is_empty()) {
+                                values.push(Value::Str(part).bucket(buckets, "")?);
+                            }
+                        }
+                        v => values.push(v.bucket(buckets, "")?),
+                    }
+                    let w = multi.combiner.weight(values.len());
+                    for &id in &values {
+                        j.ids.push(id);
+                        weights.push(w);
+                        p.of_id.push(pos);
+                    }
+                    pos += 1;
+                    Ok(())
+                })?;
+                p.lens.push(pos);
+                j.offsets.push(j.ids.len() as u32);
+            }
+            if multi.combiner != PositionCombiner::Sum {
+                j.weights = Some(weights);
+            }
+            j.positions = Some(p);
+        }
+        Enc::Tag {
+            col,
+            buckets,
+            separator,
             kv_separator,
             weight_col: None,
             max_len,
+            ..
         } => {
             let mut weights = kv_separator.as_ref().map(|_| Vec::with_capacity(n));
             for r in 0..n {

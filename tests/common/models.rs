@@ -126,6 +126,19 @@ pub const NUMERIC_EMBEDDINGS: &str = r#"model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
+/// DIN over a history whose positions hold two values each (c4's
+/// `w3:1.20` entries split at `:`), their embeddings averaged per position.
+pub const DIN_MULTI_VALUED: &str = r#"feature_configs { input_names: "c4" feature_name: "hist" feature_type: SequenceFeature
+                  separator: "|" seq_multi_sep: ":" combiner: "mean" hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+model_config { model_class: "MultiTowerDIN"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  seq_att_groups { group_name: "din" seq_att_map { key: "c2" hist_seq: "hist" } }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
+                towers { input: "item" dnn { hidden_units: [4] } }
+                din_towers { input: "din" dnn { hidden_units: [5, 1] } }
+                final_dnn { hidden_units: [4] } } }"#;
+
 pub const MODELS: &[(&str, &str)] = &[
     (
         "DSSM",
@@ -335,6 +348,7 @@ model_config { model_class: "MultiTowerDIN"
                 din_towers { input: "din" dnn { hidden_units: [5, 1] } }
                 final_dnn { hidden_units: [4] } } }"#,
     ),
+    ("MultiTowerDIN over multi-valued positions", DIN_MULTI_VALUED),
     ("MatchModel", MATCH_MODEL),
     ("RankModel with numeric embeddings", NUMERIC_EMBEDDINGS),
     ("RankModel with FiBiNet", FIBINET),
