@@ -1083,7 +1083,10 @@ model_config { model_class: "DBMTL"
 /// `seq_multi_sep`: each position of a sequence holds the values split by
 /// it, their embeddings combined by the feature's combiner (mean: weights
 /// 1/n); a RawFeature sequence with num_buckets and min_val < max_val is
-/// bucketed as EasyRec does, scaled to [0, 1] then cut at k / num_buckets.
+/// bucketed as EasyRec does, scaled to [0, 1] then cut at k / num_buckets;
+/// one with neither (but embedding_dim) has `sequence_length` positions,
+/// each positive value weighting the row of its position (0 from
+/// raw_input_dim on), as EasyRec projects it.
 #[test]
 fn multi_valued_sequences_keep_each_values_position() {
     let block = r#"feature_configs { input_names: "c3" feature_name: "ms" feature_type: SequenceFeature separator: "|"
@@ -1091,9 +1094,12 @@ fn multi_valued_sequences_keep_each_values_position() {
 feature_configs { input_names: "c3" feature_name: "sc" feature_type: SequenceFeature separator: "|"
                   seq_multi_sep: ";" sub_feature_type: RawFeature num_buckets: 4 min_val: 0 max_val: 8
                   embedding_dim: 4 max_seq_len: 2 }
+feature_configs { input_names: "c3" feature_name: "rp" feature_type: SequenceFeature separator: "|"
+                  seq_multi_sep: ";" sub_feature_type: RawFeature raw_input_dim: 3 sequence_length: 3 embedding_dim: 4 }
 model_config { model_class: "DBMTL"
   feature_groups { group_name: "all" feature_names: ["d1", "c1", "c2"]
-    sequence_features { group_name: "seq" allow_key_transform: true seq_att_map { key: "c2" hist_seq: ["ms", "sc"] } } }
+    sequence_features { group_name: "seq" allow_key_transform: true seq_att_map { key: "c2" hist_seq: ["ms", "sc"] } }
+    sequence_features { group_name: "seq2" allow_key_transform: true seq_att_map { key: "c2" hist_seq: "rp" } } }
   dbmtl { task_towers { tower_name: "ctr" dnn { hidden_units: [4] } }
           task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] } } }"#;
     let dir = tempfile::tempdir().unwrap();
@@ -1127,8 +1133,32 @@ model_config { model_class: "DBMTL"
     assert_eq!(&sc.ids[..8], &[1, 2, 4, 3, 4, 1, 2, 3]);
     assert!(sc.weights.is_none());
     assert_eq!(sc.positions.as_ref().unwrap().of_id[..8], p.of_id[..8]);
+    let Encoded::Sparse(rp) = &batch.features[index("rp")] else {
+        panic!("projected raw sequences are weighted ids");
+    };
+    assert_eq!(&rp.ids[..8], &[0, 1, 0, 0, 0, 0, 1, 2]);
+    assert_eq!(
+        &rp.weights.as_ref().unwrap()[..8],
+        &[2.0, 7.0, 4.0, 8.0, 1.0, 3.0, 5.0, 6.0]
+    );
+    assert_eq!(&rp.offsets[..5], &[0, 2, 3, 3, 8]);
+    let q = rp.positions.as_ref().unwrap();
+    assert_eq!(&q.of_id[..8], &[0, 1, 0, 0, 0, 0, 1, 2]);
+    assert_eq!(&q.lens[..4], &[3, 3, 3, 3]);
     let st = t.train_step(&batch).unwrap();
     assert!(st.loss.is_finite());
+    // More positions than sequence_length: EasyRec's dense layout fails too.
+    std::fs::write(dir.path().join("data.csv"), "1,0.5,0.5,u1,3,1|2|3|4,0\n").unwrap();
+    let err = t
+        .stream(&t.plan.train_paths.clone(), true, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("more than sequence_length (3) positions"),
+        "{err:#}"
+    );
 }
 
 /// LookupFeature: the row's key (c1) looked up in its map (c3 as

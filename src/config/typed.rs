@@ -373,6 +373,15 @@ pub enum Bucketing {
         max: f64,
         buckets: u64,
     },
+    /// A sequence of RawFeature values with embedding_dim and neither
+    /// boundaries nor buckets, as EasyRec projects it: every row has
+    /// `sequence_length` positions (zeros past its values), and each value
+    /// `x > 0` at position `t` weights table row `t` (row 0 from `t = dim`
+    /// on, TensorFlow's identity column defaulting out-of-range ids) of a
+    /// `[dim, embedding_dim]` table, `dim` being `raw_input_dim`.
+    RawPositions {
+        dim: u32,
+    },
 }
 
 /// How the several values of one position of a sequence (`seq_multi_sep`)
@@ -663,12 +672,26 @@ impl FeatureSpec {
         self.projected()
             || matches!(&self.kind, FeatureKind::Tag { kv_separator, .. } if kv_separator.is_some() || self.inputs.len() > 1)
             || matches!(&self.kind, FeatureKind::Sequence { multi: Some(m), .. } if m.combiner != PositionCombiner::Sum)
+            || matches!(
+                &self.kind,
+                FeatureKind::Sequence {
+                    buckets: Bucketing::RawPositions { .. },
+                    ..
+                }
+            )
     }
 
     /// Whether its ids come with the sequence position of each and each
     /// row's count of positions: a sequence of several values per position.
     pub fn positioned_ids(&self) -> bool {
         matches!(&self.kind, FeatureKind::Sequence { multi: Some(_), .. })
+            || matches!(
+                &self.kind,
+                FeatureKind::Sequence {
+                    buckets: Bucketing::RawPositions { .. },
+                    ..
+                }
+            )
     }
 
     /// EasyRec's name of the feature column it becomes (TensorFlow's
@@ -1679,11 +1702,21 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                     "a sequence of RawFeature values is bucketized by boundaries, not hashed (EasyRec stops on it too)",
                 )),
                 FeatureType::RawFeature if !f.boundaries.is_empty() => true,
-                FeatureType::RawFeature => {
+                FeatureType::RawFeature if f.embedding_dim() == 0 => {
                     return Err(ConfigError::unsupported(
                         format!("{path}.sub_feature_type"),
-                        "sequences of RawFeature values without boundaries",
+                        "sequences of RawFeature values without boundaries, buckets or embedding_dim (dense value sequences)",
                     ))
+                }
+                FeatureType::RawFeature => {
+                    let multi = f.seq_multi_sep.as_deref().is_some_and(|s| !s.is_empty());
+                    if multi != (f.raw_input_dim() > 1) {
+                        return Err(ConfigError::invalid(
+                            format!("{path}.raw_input_dim"),
+                            "a sequence of raw values has raw_input_dim > 1 exactly when seq_multi_sep splits its positions (EasyRec's shapes fail otherwise)",
+                        ));
+                    }
+                    true
                 }
                 other => {
                     return Err(ConfigError::unsupported(
@@ -1705,7 +1738,11 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                         PositionCombiner::Sum
                     },
                 });
+            let projected = raw && f.boundaries.is_empty() && f.num_buckets() <= 1;
             let max_len = match f.max_seq_len {
+                // EasyRec lays projected values out densely over
+                // `sequence_length` positions.
+                _ if projected => f.sequence_length().max(1) as usize,
                 Some(0) => {
                     return Err(ConfigError::invalid(
                         format!("{path}.max_seq_len"),
@@ -1722,7 +1759,9 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
             };
             FeatureKind::Sequence {
                 // Boundaries are checked increasing with every feature's.
-                buckets: if raw && f.boundaries.is_empty() {
+                buckets: if projected {
+                    Bucketing::RawPositions { dim: f.raw_input_dim() }
+                } else if raw && f.boundaries.is_empty() {
                     Bucketing::Scaled {
                         min: f.min_val(),
                         max: f.max_val(),

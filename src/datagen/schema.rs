@@ -43,6 +43,7 @@ fn token(rng: &mut Rng, buckets: &Bucketing) -> String {
             format!("{:.3}", lo - 1.0 + rng.uniform() * (hi - lo + 2.0))
         }
         Bucketing::Scaled { min, max, .. } => format!("{:.3}", min + rng.uniform() * (max - min)),
+        Bucketing::RawPositions { .. } => format!("{:.3}", rng.uniform() * 10.0),
         _ => format!("t{}", rng.below(50)),
     }
 }

@@ -82,6 +82,12 @@ fn buckets(b: &Bucketing) -> Value {
             "buckets": buckets,
             "id": "v = float32((x - min) / (max - min)); id = how many of float32(k / buckets), k in 0..buckets, are <= v",
         }),
+        Bucketing::RawPositions { dim } => json!({
+            "type": "raw_positions",
+            "raw_input_dim": dim,
+            "ids": "every row has max_len positions; each value x > 0 at position t is id (t if t < raw_input_dim \
+                    else 0) with weight x (x / the position's sum of positive values for a mean combiner)",
+        }),
         Bucketing::VocabFile(p) => json!({
             "type": "vocab_file",
             "vocab_file": p.file_name().map(|n| n.to_string_lossy().to_string()),

@@ -119,6 +119,7 @@ impl Buckets {
             Bucketing::Identity(n) => Buckets::Identity(*n),
             Bucketing::Vocab(v) => Buckets::Vocab(v.iter().enumerate().map(|(i, s)| (s.clone(), i as u64)).collect()),
             Bucketing::Boundaries(b) => Buckets::Boundaries(b.clone()),
+            Bucketing::RawPositions { .. } => unreachable!("projected raw sequences have their own encoding"),
             Bucketing::Scaled { min, max, buckets } => Buckets::Scaled {
                 min: *min as f32,
                 max: *max as f32,
@@ -250,6 +251,17 @@ enum Enc {
         /// A sequence of several values per position.
         multi: Option<MultiValue>,
     },
+    /// `Bucketing::RawPositions`: `len` positions per row, values weighting
+    /// row `t` (0 from `t = dim` on), several per position split by
+    /// `multi_sep`; a mean combiner divides a position's weights by their sum.
+    RawPositions {
+        col: usize,
+        dim: u32,
+        len: usize,
+        separator: String,
+        multi_sep: Option<String>,
+        mean: bool,
+    },
     Combo {
         cols: Vec<usize>,
         buckets: u64,
@@ -374,6 +386,20 @@ impl Encoder {
                     }
                 }
                 FeatureKind::Sequence {
+                    buckets: Bucketing::RawPositions { dim },
+                    separator,
+                    max_len,
+                    multi,
+                    ..
+                } => Enc::RawPositions {
+                    col: col(&mut projection, first, false)?,
+                    dim: *dim,
+                    len: *max_len,
+                    separator: separator.clone(),
+                    multi_sep: multi.as_ref().map(|m| m.separator.clone()),
+                    mean: multi.as_ref().is_some_and(|m| m.combiner == PositionCombiner::Mean),
+                },
+                FeatureKind::Sequence {
                     buckets,
                     separator,
                     max_len,
@@ -452,6 +478,7 @@ impl Encoder {
             Enc::Dense { .. } => None,
             Enc::Bucketized { boundaries, .. } => Some(boundaries.len() as u64 + 1),
             Enc::Projected { dim, .. } => Some(*dim as u64),
+            Enc::RawPositions { dim, .. } => Some(*dim as u64),
             Enc::Id { buckets, .. } | Enc::Tag { buckets, .. } => Some(buckets.rows()),
             Enc::Combo { buckets, .. } | Enc::Lookup { buckets, .. } => Some(*buckets),
         }
@@ -752,6 +779,51 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                 j.offsets.push(j.ids.len() as u32);
             }
             j.weights = Some(weights);
+        }
+        Enc::RawPositions {
+            col,
+            dim,
+            len,
+            separator,
+            multi_sep,
+            mean,
+        } => {
+            let mut weights = Vec::new();
+            let mut p = SeqPositions::default();
+            let mut xs: Vec<f64> = Vec::new();
+            for r in 0..n {
+                let mut t = 0usize;
+                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+                    if t == *len {
+                        bail!("row {r} has more than sequence_length ({len}) positions");
+                    }
+                    xs.clear();
+                    match (v, multi_sep) {
+                        (Value::Str(s), Some(sep)) => {
+                            for part in s.split(sep.as_str()).filter(|x| !x.is_empty()) {
+                                xs.push(Value::Str(part).number()?);
+                            }
+                        }
+                        (v, _) => xs.push(v.number()?),
+                    }
+                    if xs.len() > *dim as usize {
+                        bail!("row {r}: position {t} has {} values, raw_input_dim is {dim}", xs.len());
+                    }
+                    // TensorFlow's safe lookup drops weights not above 0.
+                    let sum: f64 = xs.iter().filter(|x| **x > 0.0).sum();
+                    for &x in xs.iter().filter(|x| **x > 0.0) {
+                        j.ids.push(if t < *dim as usize { t as u64 } else { 0 });
+                        weights.push(if *mean { (x / sum) as f32 } else { x as f32 });
+                        p.of_id.push(t as u32);
+                    }
+                    t += 1;
+                    Ok(())
+                })?;
+                p.lens.push(*len as u32);
+                j.offsets.push(j.ids.len() as u32);
+            }
+            j.weights = Some(weights);
+            j.positions = Some(p);
         }
         Enc::Id { col, buckets } => {
             for r in 0..n {
