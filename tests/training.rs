@@ -194,6 +194,7 @@ model_config { model_class: "DeepFM"
         }
         "MultiTaskModel with MMoE" => common::models::MMOE_LAYER,
         "RankModel with repeat and Gate" => common::models::REPEAT_AND_GATE,
+        "RankModel with a TextCNN over an unpooled sequence" => common::models::TEXT_CNN,
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -245,7 +246,11 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 40] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 41] = [
+    (
+        "RankModel: a TextCNN and an MLP over an output_seq_and_normal_feature input layer",
+        common::models::TEXT_CNN,
+    ),
     (
         "RankModel: repeated mask blocks gated by a softmax MLP",
         common::models::REPEAT_AND_GATE,
@@ -711,7 +716,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 26] = [
+const MODELS: [&str; 27] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -738,6 +743,7 @@ const MODELS: [&str; 26] = [
     "RankModel with FiBiNet",
     "MultiTaskModel with MMoE",
     "RankModel with repeat and Gate",
+    "RankModel with a TextCNN over an unpooled sequence",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

@@ -111,6 +111,11 @@ pub enum InputMode {
     Stacked,
     /// `output_2d_tensor_and_feature_list`: `(tensor, list)`.
     TensorAndList,
+    /// `output_seq_and_normal_feature`: `(sequences, length, targets)`,
+    /// the group's sequence features unpooled `[batch, len, Σ dim]` (side
+    /// by side per position, `concat_seq_feature`), the first one's
+    /// length, and its other features concatenated (none: a pair).
+    SeqAndNormal,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -212,6 +217,17 @@ pub enum Keras {
     /// maps summed over the columns, the layers' sums side by side.
     Cin {
         sizes: Vec<usize>,
+    },
+    /// EasyRec's TextCNN layer over a sequence input (`(seq, len, ...)`):
+    /// the sequence padded or cut to `pad` positions, Keras' Conv1D (valid
+    /// padding, `activation`) per filter size, each max-pooled over time,
+    /// side by side, then the optional MLP.
+    TextCnn {
+        filter_sizes: Vec<usize>,
+        num_filters: Vec<usize>,
+        pad: usize,
+        activation: Activation,
+        mlp: Option<Mlp>,
     },
     /// MaskNet: instance-guided masks over (layer-normed) inputs, in
     /// parallel (concatenated) or in series, then an optional MLP.
@@ -701,6 +717,29 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 out,
             }
         }
+        "TextCNN" => {
+            let Some(Params::TextCnn(t)) = &k.params else {
+                return Err(takes(
+                    "`text_cnn { filter_sizes: [...] num_filters: [...] pad_sequence_length: n }`",
+                ));
+            };
+            let path = format!("{path}.text_cnn");
+            if t.pad_sequence_length == 0 {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.pad_sequence_length"),
+                    "a text CNN without pad_sequence_length (EasyRec then pads each batch to its longest row, so a row's score depends on its batch)",
+                ));
+            }
+            let pad = t.pad_sequence_length as usize;
+            let (filter_sizes, num_filters) = text_cnn_filters(&t.filter_sizes, &t.num_filters, pad, &path)?;
+            Keras::TextCnn {
+                filter_sizes,
+                num_filters,
+                pad,
+                activation: activation(t.activation(), &format!("{path}.activation"))?,
+                mlp: t.mlp.as_ref().map(|m| mlp(m, &format!("{path}.mlp"))).transpose()?,
+            }
+        }
         "CIN" => {
             let sizes = match &k.params {
                 Some(Params::Cin(c)) => c.hidden_feature_sizes.clone(),
@@ -964,13 +1003,26 @@ fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigEr
         ("do_layer_norm", l.do_layer_norm()),
         ("dropout_rate", l.dropout_rate() > 0.0),
         ("feature_dropout_rate", l.feature_dropout_rate() > 0.0),
-        ("output_seq_and_normal_feature", l.output_seq_and_normal_feature()),
+        (
+            "concat_seq_feature",
+            l.output_seq_and_normal_feature() && !l.concat_seq_feature(),
+        ),
     ];
     if let Some((field, _)) = refused.iter().find(|(_, on)| *on) {
         return Err(ConfigError::unsupported(
             format!("{path}.{field}"),
             "this input-layer option",
         ));
+    }
+    if l.output_seq_and_normal_feature() {
+        if l.do_batch_norm() {
+            // EasyRec returns the sequence inputs before any normalization.
+            log::warn!("{path}.do_batch_norm: EasyRec does not normalize output_seq_and_normal_feature, nor does this");
+        }
+        return Ok(InputLayer {
+            mode: InputMode::SeqAndNormal,
+            batch_norm: false,
+        });
     }
     let mode = if l.only_output_feature_list() {
         InputMode::FeatureList
@@ -985,6 +1037,55 @@ fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigEr
         mode,
         batch_norm: l.do_batch_norm(),
     })
+}
+
+/// A text CNN's filter sizes and counts (at `path`), checked against the
+/// `pad` positions it convolves.
+pub fn text_cnn_filters(
+    sizes: &[u32],
+    counts: &[u32],
+    pad: usize,
+    path: &str,
+) -> Result<(Vec<usize>, Vec<usize>), ConfigError> {
+    if sizes.is_empty() || sizes.len() != counts.len() {
+        return Err(ConfigError::invalid(
+            format!("{path}.num_filters"),
+            format!(
+                "{} filter_sizes and {} num_filters: give one count per size",
+                sizes.len(),
+                counts.len()
+            ),
+        ));
+    }
+    if let Some(k) = sizes.iter().find(|k| **k == 0 || **k as usize > pad) {
+        return Err(ConfigError::invalid(
+            format!("{path}.filter_sizes"),
+            format!("a filter of size {k} over {pad} positions (pad_sequence_length, else max_seq_len)"),
+        ));
+    }
+    if counts.contains(&0) {
+        return Err(ConfigError::invalid(
+            format!("{path}.num_filters"),
+            "a filter count of 0",
+        ));
+    }
+    let usize_of = |v: &[u32]| v.iter().map(|k| *k as usize).collect();
+    Ok((usize_of(sizes), usize_of(counts)))
+}
+
+/// The feature groups a backbone block reads through an input layer with
+/// `output_seq_and_normal_feature`: their sequence features stay unpooled.
+pub fn seq_input_groups(b: &proto::BackboneTower) -> Vec<String> {
+    b.blocks
+        .iter()
+        .filter(
+            |blk| matches!(&blk.layer, Some(proto::block::Layer::InputLayer(l)) if l.output_seq_and_normal_feature()),
+        )
+        .filter_map(|blk| match &blk.inputs.first()?.name {
+            Some(proto::input::Name::FeatureGroupName(g)) => Some(g.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn layer(l: &proto::block::Layer, path: &str) -> Result<Layer, ConfigError> {

@@ -75,6 +75,35 @@ pub struct SeqAttention {
     /// MultiTowerBST's tower instead of a DIN attention: a transformer
     /// block over the history and the key.
     pub bst: Option<Bst>,
+    /// No attention: the histories are what a backbone input layer with
+    /// `output_seq_and_normal_feature` hands its blocks (no keys, no
+    /// scoring network).
+    pub input_only: bool,
+}
+
+impl SeqAttention {
+    /// The unpooled sequences `hist` of group `group`, for a backbone
+    /// input layer (`output_seq_and_normal_feature`).
+    pub fn input(group: &str, hist: Vec<usize>) -> Self {
+        SeqAttention {
+            name: group.to_string(),
+            scope: String::new(),
+            keys: Vec::new(),
+            hist,
+            aux: Vec::new(),
+            dnn: DnnSpec {
+                hidden_units: Vec::new(),
+                dropout: Vec::new(),
+                activation: Activation::Linear,
+                use_bn: false,
+            },
+            need_key_feature: false,
+            allow_key_transform: false,
+            transform_dnn: false,
+            bst: None,
+            input_only: true,
+        }
+    }
 }
 
 /// One of MultiTowerBST's `bst_towers`: the history cut or padded to
@@ -1169,6 +1198,7 @@ fn seq_attention(
         allow_key_transform: s.allow_key_transform(),
         transform_dnn: s.transform_dnn(),
         bst: None,
+        input_only: false,
     })
 }
 

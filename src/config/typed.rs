@@ -586,31 +586,11 @@ fn seq_combiner(c: &proto::SequenceCombiner, path: &str, max_len: usize) -> Resu
                 }
                 p => p,
             };
-            if t.filter_sizes.is_empty() || t.filter_sizes.len() != t.num_filters.len() {
-                return Err(ConfigError::invalid(
-                    format!("{path}.num_filters"),
-                    format!(
-                        "{} filter_sizes and {} num_filters: give one count per size",
-                        t.filter_sizes.len(),
-                        t.num_filters.len()
-                    ),
-                ));
-            }
-            if let Some(k) = t.filter_sizes.iter().find(|k| **k == 0 || **k as usize > pad) {
-                return Err(ConfigError::invalid(
-                    format!("{path}.filter_sizes"),
-                    format!("a filter of size {k} over {pad} positions (pad_sequence_length, else max_seq_len)"),
-                ));
-            }
-            if t.num_filters.contains(&0) {
-                return Err(ConfigError::invalid(
-                    format!("{path}.num_filters"),
-                    "a filter count of 0",
-                ));
-            }
+            let (filter_sizes, num_filters) =
+                super::backbone::text_cnn_filters(&t.filter_sizes, &t.num_filters, pad, &path)?;
             Some(SeqCombiner::TextCnn {
-                filter_sizes: t.filter_sizes.iter().map(|k| *k as usize).collect(),
-                num_filters: t.num_filters.iter().map(|k| *k as usize).collect(),
+                filter_sizes,
+                num_filters,
                 pad,
                 activation: model_plan::activation(t.activation(), &format!("{path}.activation"))?,
             })
@@ -1192,6 +1172,27 @@ impl TrainingPlan {
         let names: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
         let mut groups = model_plan::groups(model, &names)?;
         groups.extend(model_plan::seq_tower_groups(model, &names)?);
+        // A group a backbone input layer reads with
+        // output_seq_and_normal_feature keeps its sequences unpooled.
+        let seq_inputs = model
+            .backbone
+            .as_ref()
+            .map(super::backbone::seq_input_groups)
+            .unwrap_or_default();
+        for g in groups.iter_mut().filter(|g| seq_inputs.contains(&g.name)) {
+            let (seqs, plain): (Vec<usize>, Vec<usize>) = g
+                .features
+                .iter()
+                .partition(|&&fi| matches!(features[fi].kind, FeatureKind::Sequence { combiner: None, .. }));
+            if seqs.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("model_config.feature_groups ({})", g.name),
+                    "output_seq_and_normal_feature reads a group's sequence features, and this one has none",
+                ));
+            }
+            g.features = plain;
+            g.seq.push(model_plan::SeqAttention::input(&g.name, seqs));
+        }
         // A SequenceFeature among a group's features is pooled by its
         // sequence_combiner; histories of `sequence_features` need none.
         for g in &groups {

@@ -328,6 +328,7 @@ fn input_layer(
             .collect()
     };
     Ok(match mode {
+        InputMode::SeqAndNormal => seq_input(l, x, g)?,
         InputMode::Tensor => Val::T(x),
         InputMode::FeatureList => Val::L(list(g).into_iter().map(Val::T).collect()),
         InputMode::TensorAndList => Val::L(vec![Val::T(x), Val::L(list(g).into_iter().map(Val::T).collect())]),
@@ -336,6 +337,64 @@ fn input_layer(
             stacked(stack(&items, g).with_context(|| format!("only_output_3d_tensor of group `{}`", l.name))?)
         }
     })
+}
+
+/// `output_seq_and_normal_feature` over group `l`'s input matrix `x`:
+/// `(sequences, length, targets)`, the sequences side by side per position
+/// `[batch, len, Σ dim]`, the first one's length, the group's other
+/// features concatenated (without any: the pair alone).
+fn seq_input(l: &GroupLayout, x: NodeId, g: &mut Graph) -> anyhow::Result<Val> {
+    let Some(sl) = l.seq.iter().find(|sl| sl.att.input_only) else {
+        bail!("group `{}` has no unpooled sequences", l.name);
+    };
+    let n = sl.len;
+    let rows: Vec<NodeId> = sl
+        .hist
+        .iter()
+        .map(|&(c, d)| {
+            let h = g.slice(x, c, n * d);
+            g.unfold(h, n)
+        })
+        .collect();
+    let rows = g.concat(&rows);
+    let d = g.width(rows);
+    let seq = Val::S {
+        x: g.fold(rows, n),
+        n,
+        d,
+    };
+    let len = Val::T(g.slice(x, sl.len_col, 1));
+    let mut out = vec![seq, len];
+    if l.plain_width > 0 {
+        out.push(Val::T(g.slice(x, 0, l.plain_width)));
+    }
+    Ok(Val::L(out))
+}
+
+/// The `(sequence, length, ...)` a sequence layer reads: its sequence cut
+/// or zero-padded to `pad` positions when given (the length as it is: only
+/// the text CNN pads, and it reads no length).
+fn seq_of(v: &Val, pad: Option<usize>, g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize, NodeId)> {
+    let Val::L(items) = v else {
+        bail!(
+            "takes (sequence, length, ...) from an output_seq_and_normal_feature input layer, got {}",
+            v.describe(g)
+        );
+    };
+    let (Some(Val::S { x, n, d }), Some(Val::T(len))) = (items.first(), items.get(1)) else {
+        bail!("takes (sequence, length, ...) from an output_seq_and_normal_feature input layer");
+    };
+    let (mut x, mut n, d, len) = (*x, *n, *d, *len);
+    if let Some(p) = pad {
+        if p < n {
+            x = g.slice(x, 0, p * d);
+        } else if p > n {
+            let zeros = g.zeros(x, (p - n) * d);
+            x = g.concat(&[x, zeros]);
+        }
+        n = p;
+    }
+    Ok((x, n, d, len))
 }
 
 /// EasyRec's `merge_inputs`: one input as it is, lists joined into one list,
@@ -556,6 +615,20 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
         Keras::Mlp(m) => {
             let x = tensor(&v, g).context("MLP")?;
             Val::T(mlp(x, m, name, g, s))
+        }
+        Keras::TextCnn {
+            filter_sizes,
+            num_filters,
+            pad,
+            activation,
+            mlp: top,
+        } => {
+            let (x, n, d, _) = seq_of(&v, Some(*pad), g).context("TextCNN")?;
+            let net = super::sequence::text_cnn((x, n, d), (filter_sizes, num_filters, *activation), name, g, s);
+            Val::T(match top {
+                Some(m) => mlp(net, m, &format!("{name}/mlp"), g, s),
+                None => net,
+            })
         }
         Keras::Dense {
             units,

@@ -34,6 +34,10 @@ pub fn group_features(
     if l.seq.is_empty() {
         return Ok(features.unwrap_or(x));
     }
+    if l.seq.iter().any(|sl| sl.att.input_only) {
+        // A backbone input layer reads the group's parts from its input.
+        return Ok(x);
+    }
     let mut outs: Vec<NodeId> = features.into_iter().collect();
     for sl in &l.seq {
         outs.push(match sl.att.bst {
@@ -70,30 +74,46 @@ pub fn combine(c: &CombinedSeq, l: &GroupLayout, x: NodeId, g: &mut Graph, s: &m
             num_filters,
             activation,
             ..
-        } => {
-            // Keras' Conv1D (valid padding) as a dense layer over each
-            // window of `size` positions: its kernel `[size, dim, filters]`
-            // is the `[size * dim, filters]` matrix of a window's columns.
-            // No regularizer.
-            let k = Kernel::UNREGULARIZED;
-            let mut pooled = Vec::new();
-            for (i, (&size, &filters)) in filter_sizes.iter().zip(num_filters).enumerate() {
-                let steps = n + 1 - size;
-                let windows: Vec<NodeId> = (0..steps).map(|t| g.slice(h, t * dim, size * dim)).collect();
-                let w = g.concat(&windows);
-                let rows = g.unfold(w, steps);
-                let conv = if i == 0 {
-                    "conv1d".to_string()
-                } else {
-                    format!("conv1d_{i}")
-                };
-                let y = s.layer(g, rows, &format!("{name}_text_cnn/{conv}"), filters, k, *activation);
-                let y = g.fold(y, steps);
-                pooled.push(g.max_blocks(y, steps));
-            }
-            g.concat(&pooled)
-        }
+        } => text_cnn(
+            (h, n, dim),
+            (filter_sizes, num_filters, *activation),
+            &format!("{name}_text_cnn"),
+            g,
+            s,
+        ),
     })
+}
+
+/// EasyRec's text CNN over `h`, `n` positions of `dim` side by side:
+/// per filter size, Keras' Conv1D (valid padding, `activation`) named
+/// `<name>/conv1d[_i]`, max-pooled over time; the pooled filters side by
+/// side. Conv1D is a dense layer over each window of `size` positions:
+/// its kernel `[size, dim, filters]` is the `[size * dim, filters]` matrix
+/// of a window's columns. No regularizer.
+pub fn text_cnn(
+    (h, n, dim): (NodeId, usize, usize),
+    (filter_sizes, num_filters, activation): (&[usize], &[usize], Activation),
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> NodeId {
+    let k = Kernel::UNREGULARIZED;
+    let mut pooled = Vec::new();
+    for (i, (&size, &filters)) in filter_sizes.iter().zip(num_filters).enumerate() {
+        let steps = n + 1 - size;
+        let windows: Vec<NodeId> = (0..steps).map(|t| g.slice(h, t * dim, size * dim)).collect();
+        let w = g.concat(&windows);
+        let rows = g.unfold(w, steps);
+        let conv = if i == 0 {
+            "conv1d".to_string()
+        } else {
+            format!("conv1d_{i}")
+        };
+        let y = s.layer(g, rows, &format!("{name}/{conv}"), filters, k, activation);
+        let y = g.fold(y, steps);
+        pooled.push(g.max_blocks(y, steps));
+    }
+    g.concat(&pooled)
 }
 
 fn target_attention(sl: &SeqLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {

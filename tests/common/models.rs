@@ -109,6 +109,27 @@ pub const CIN: &str = r#"model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
+/// A RankModel whose backbone reads a group's sequence unpooled
+/// (output_seq_and_normal_feature: the sequence, its length and the
+/// group's other features) into a TextCNN with an MLP on top, the other
+/// features (the triple's third) into an MLP of their own.
+pub const TEXT_CNN: &str = r#"feature_configs { input_names: "c3" feature_name: "words" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+model_config { model_class: "RankModel"
+  feature_groups { group_name: "text" feature_names: ["words", "c2", "c1", "c3"] }
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2"] }
+  backbone {
+    blocks { name: "text" inputs { feature_group_name: "text" } input_layer { output_seq_and_normal_feature: true } }
+    blocks { name: "cnn" inputs { block_name: "text" }
+             keras_layer { class_name: "TextCNN" text_cnn { filter_sizes: [1, 2] num_filters: [3, 2] pad_sequence_length: 4
+                                                            activation: "tanh" mlp { hidden_units: [4] activation: "tanh" } } } }
+    blocks { name: "targets" inputs { block_name: "text" input_slice: "[2]" }
+             keras_layer { class_name: "MLP" mlp { hidden_units: [3] activation: "tanh" } } }
+    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
+    concat_blocks: ["cnn", "targets", "dense_mlp"]
+  }
+  model_params { } }"#;
+
 /// A RankModel over PeriodicEmbedding and AutoDisEmbedding of raw values.
 pub const NUMERIC_EMBEDDINGS: &str = r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "num" feature_names: ["d1", "d2"] }
@@ -355,6 +376,7 @@ model_config { model_class: "MultiTowerDIN"
     ("MultiTaskModel with MMoE", MMOE_LAYER),
     ("RankModel with repeat and Gate", REPEAT_AND_GATE),
     ("RankModel with CIN", CIN),
+    ("RankModel with a TextCNN over an unpooled sequence", TEXT_CNN),
     (
         "MultiTowerBST",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
