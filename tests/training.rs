@@ -195,6 +195,7 @@ model_config { model_class: "DeepFM"
         "MultiTaskModel with MMoE" => common::models::MMOE_LAYER,
         "RankModel with repeat and Gate" => common::models::REPEAT_AND_GATE,
         "RankModel with a TextCNN over an unpooled sequence" => common::models::TEXT_CNN,
+        "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -246,7 +247,11 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 41] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 42] = [
+    (
+        "RankModel: a DIN layer whose scoring MLP has Dice activations",
+        common::models::DIN_LAYER,
+    ),
     (
         "RankModel: a TextCNN and an MLP over an output_seq_and_normal_feature input layer",
         common::models::TEXT_CNN,
@@ -716,7 +721,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 27] = [
+const MODELS: [&str; 28] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -744,6 +749,7 @@ const MODELS: [&str; 27] = [
     "MultiTaskModel with MMoE",
     "RankModel with repeat and Gate",
     "RankModel with a TextCNN over an unpooled sequence",
+    "RankModel with a DIN layer and Dice",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

@@ -218,6 +218,17 @@ pub enum Keras {
     Cin {
         sizes: Vec<usize>,
     },
+    /// EasyRec's DIN layer over a sequence input `(seq, len, target)`: the
+    /// target (zero-padded to the sequence's width) tiled over the
+    /// positions, each scored by `mlp` on `[q, k, q - k, q * k]` (its last
+    /// layer one linear unit with a bias and no batch norm), the scores
+    /// softmaxed over the row's positions, the sequence (its first
+    /// target-width columns) pooled by them; then the padded target after
+    /// it with `need_target`.
+    Din {
+        mlp: Mlp,
+        need_target: bool,
+    },
     /// EasyRec's TextCNN layer over a sequence input (`(seq, len, ...)`):
     /// the sequence padded or cut to `pad` positions, Keras' Conv1D (valid
     /// padding, `activation`) per filter size, each max-pooled over time,
@@ -717,6 +728,42 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 out,
             }
         }
+        "DIN" => {
+            let Some(Params::Din(d)) = &k.params else {
+                return Err(takes("`din { attention_dnn { ... } }`"));
+            };
+            let path = format!("{path}.din");
+            match d.attention_normalizer.as_str() {
+                "softmax" => {}
+                "sigmoid" => {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.attention_normalizer"),
+                        "DIN's sigmoid attention normalizer",
+                    ))
+                }
+                other => {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.attention_normalizer"),
+                        format!("`{other}` is not softmax or sigmoid"),
+                    ))
+                }
+            }
+            // EasyRec's DIN overrides its scoring MLP's last layer.
+            let mut m = d.attention_dnn.clone();
+            m.use_final_bn = Some(false);
+            m.use_final_bias = Some(true);
+            m.final_activation = Some("linear".into());
+            if m.hidden_units.last() != Some(&1) {
+                return Err(ConfigError::invalid(
+                    format!("{path}.attention_dnn.hidden_units"),
+                    "DIN scores each position with the MLP's last layer: it has 1 unit",
+                ));
+            }
+            Keras::Din {
+                mlp: mlp(&m, &format!("{path}.attention_dnn"))?,
+                need_target: d.need_target_feature,
+            }
+        }
         "TextCNN" => {
             let Some(Params::TextCnn(t)) = &k.params else {
                 return Err(takes(
@@ -969,12 +1016,12 @@ pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
             "extra model outputs from MLP blocks",
         ));
     }
-    let act = activation(m.activation(), &format!("{path}.activation"))?;
+    let act = super::model_plan::layer_activation(m.activation(), &format!("{path}.activation"))?;
     let final_softmax = m.final_activation() == "softmax";
     let final_act = if final_softmax {
         Activation::Linear
     } else {
-        activation(m.final_activation(), &format!("{path}.final_activation"))?
+        super::model_plan::layer_activation(m.final_activation(), &format!("{path}.final_activation"))?
     };
     let n = m.hidden_units.len();
     Ok(Mlp {

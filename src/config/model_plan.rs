@@ -29,6 +29,10 @@ pub enum Activation {
     Linear,
     /// `tf.nn.leaky_relu`: `x` above 0, `0.2 x` below.
     LeakyRelu,
+    /// DIN's Dice (EasyRec's `dice`), a layer of its own with batch
+    /// statistics and a parameter (`Op::Dice`): only DNN and MLP layers
+    /// take it (`layer_activation`), and `Scope` builds it.
+    Dice,
 }
 
 /// EasyRec's DNN block: dense -> batch norm (optional) -> activation -> dropout, per layer.
@@ -355,8 +359,16 @@ pub fn activation(name: &str, path: &str) -> Result<Activation, ConfigError> {
     })
 }
 
+/// A DNN or MLP layer's activation: `activation`'s, or `dice`.
+pub fn layer_activation(name: &str, path: &str) -> Result<Activation, ConfigError> {
+    match name {
+        "dice" | "Dice" => Ok(Activation::Dice),
+        other => activation(other, path),
+    }
+}
+
 pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
-    let activation = activation(d.activation(), &format!("{path}.activation"))?;
+    let activation = layer_activation(d.activation(), &format!("{path}.activation"))?;
     if !d.dropout_ratio.is_empty() && d.dropout_ratio.len() != d.hidden_units.len() {
         return Err(ConfigError::invalid(
             format!("{path}.dropout_ratio"),

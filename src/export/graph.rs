@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
 use crate::config::typed::{LossKind, TrainingPlan};
-use crate::model::graph::BN_EPS;
+use crate::model::graph::{BN_EPS, DICE_EPS};
 use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
 
 /// How one feature enters the graph.
@@ -404,6 +404,7 @@ impl Builder<'_> {
             Activation::Sigmoid => self.g.op("Sigmoid", &[&x]),
             Activation::Tanh => self.g.op("Tanh", &[&x]),
             Activation::Linear => x,
+            Activation::Dice => unreachable!("Scope builds Dice as an op of its own"),
             Activation::LeakyRelu => self.g.node(
                 "LeakyRelu",
                 &[&x],
@@ -483,6 +484,27 @@ impl Builder<'_> {
                     self.act(*act, y)
                 }
                 Op::Act { x, act } => self.act(*act, v[x.0].clone()),
+                Op::Dice { x, alpha, mean, var } => {
+                    let m = self.buffers.slice(*mean).to_vec();
+                    let inv: Vec<f32> = self
+                        .buffers
+                        .slice(*var)
+                        .iter()
+                        .map(|v| 1.0 / (v + DICE_EPS).sqrt())
+                        .collect();
+                    let m = self.g.f32s(None, &[1, m.len()], &m);
+                    let inv = self.g.f32s(None, &[1, inv.len()], &inv);
+                    let c = self.g.op("Sub", &[&v[x.0], &m]);
+                    let c = self.g.op("Mul", &[&c, &inv]);
+                    let gate = self.g.op("Sigmoid", &[&c]);
+                    // x (p + a (1 - p)) = x (a + (1 - a) p)
+                    let a = self.param(*alpha);
+                    let one = self.scalar_f32(1.0);
+                    let rest = self.g.op("Sub", &[&one, &a]);
+                    let scaled = self.g.op("Mul", &[&rest, &gate]);
+                    let factor = self.g.op("Add", &[&a, &scaled]);
+                    self.g.op("Mul", &[&v[x.0], &factor])
+                }
                 Op::Dropout { x, .. } => v[x.0].clone(),
                 Op::Concat(xs) => {
                     let xs: Vec<String> = xs.iter().map(|x| v[x.0].clone()).collect();

@@ -616,6 +616,43 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let x = tensor(&v, g).context("MLP")?;
             Val::T(mlp(x, m, name, g, s))
         }
+        Keras::Din {
+            mlp: scorer,
+            need_target,
+        } => {
+            let (x, n, d, len) = seq_of(&v, None, g).context("DIN")?;
+            let Val::L(items) = &v else {
+                unreachable!("seq_of read a list")
+            };
+            let Some(Val::T(target)) = items.get(2) else {
+                bail!("DIN: the input layer's group has no target features besides its sequences");
+            };
+            let dq = g.width(*target);
+            if dq > d {
+                bail!("DIN: the target features are {dq} wide, wider than the sequence ({d})");
+            }
+            let query = if dq < d {
+                let pad = g.zeros(*target, d - dq);
+                g.concat(&[*target, pad])
+            } else {
+                *target
+            };
+            let keys = g.unfold(x, n);
+            let q = g.tile(query, n);
+            let (diff, prod) = (g.sub(q, keys), g.mul(q, keys));
+            let all = g.concat(&[q, keys, diff, prod]);
+            let z = mlp(all, scorer, &format!("{name}/din_attention"), g, s);
+            let scores = g.fold(z, n);
+            let w = g.masked_softmax(scores, len);
+            let pooled_keys = if dq < d {
+                let cut = g.slice(keys, 0, dq);
+                g.fold(cut, n)
+            } else {
+                x
+            };
+            let out = g.attn_pool(w, pooled_keys);
+            Val::T(if *need_target { g.concat(&[out, query]) } else { out })
+        }
         Keras::TextCnn {
             filter_sizes,
             num_filters,

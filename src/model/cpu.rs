@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::graph::{BnStats, Graph, NodeId, Op, L2_EPS};
+use super::graph::{BnStats, Graph, NodeId, Op, DICE_EPS, L2_EPS};
 use super::kernels::{self, Interact, LANES, ROWS};
 use super::params::ParamStore;
 use crate::util::Rng;
@@ -45,6 +45,13 @@ enum Saved {
     },
     /// Attention: the weights `[batch, heads, n, n]`.
     Probs(Vec<f32>),
+    /// Dice in training: the normalised values, `1 / sqrt(var + eps)` per
+    /// column and the gate `p`.
+    Dice {
+        xhat: Vec<f32>,
+        inv: Vec<f32>,
+        p: Vec<f32>,
+    },
     /// Layer norm: the normalised values and `1 / sqrt(var + eps)` per row.
     Ln {
         xhat: Vec<f32>,
@@ -158,6 +165,34 @@ impl<'a> Tape<'a> {
                 let mut y = self.value(*x).to_vec();
                 kernels::bias_act(&mut y, width, None, *act);
                 (y, Saved::None)
+            }
+            Op::Dice { x, alpha, mean, var } => {
+                let z = self.value(*x);
+                let (m, v, train) = match mode {
+                    Mode::Train { stats, .. } => {
+                        let (m, v) = kernels::batch_moments(z, width);
+                        stats.push(BnStats {
+                            mean_buffer: *mean,
+                            var_buffer: *var,
+                            mean: m.clone(),
+                            var: v.clone(),
+                        });
+                        (m, v, true)
+                    }
+                    Mode::Infer => (buffers.slice(*mean).to_vec(), buffers.slice(*var).to_vec(), false),
+                };
+                let inv: Vec<f32> = v.iter().map(|v| 1.0 / (v + DICE_EPS).sqrt()).collect();
+                let (y, pg) = kernels::dice(z, width, (&m, &inv), p.slice(*alpha));
+                let saved = if train {
+                    let xhat = z
+                        .chunks_exact(width.max(1))
+                        .flat_map(|r| r.iter().zip(&m).zip(&inv).map(|((x, m), i)| (x - m) * i))
+                        .collect();
+                    Saved::Dice { xhat, inv, p: pg }
+                } else {
+                    Saved::None
+                };
+                (y, saved)
             }
             Op::Dropout { x, rate } => match mode {
                 Mode::Train { rng, .. } => {
@@ -623,6 +658,41 @@ impl<'a> Tape<'a> {
                 Op::Act { x, act } => {
                     kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
                     accumulate(&mut grads, needs, *x, dy);
+                }
+                Op::Dice { x, alpha, .. } => {
+                    let Saved::Dice { xhat, inv, p: gate } = &self.saved[i] else {
+                        unreachable!("backward runs on a training tape")
+                    };
+                    let a = p.slice(*alpha);
+                    let xv = self.value(*x);
+                    // y = x (p + a (1 - p)): through x directly, through the
+                    // gate's normalised input, and into `alpha`.
+                    let mut dalpha = vec![0.0f64; width];
+                    let mut dz = vec![0.0f32; dy.len()];
+                    let mut direct = vec![0.0f32; dy.len()];
+                    for (r, ((d, xr), pr)) in dy
+                        .chunks_exact(width)
+                        .zip(xv.chunks_exact(width))
+                        .zip(gate.chunks_exact(width))
+                        .enumerate()
+                    {
+                        for c in 0..width {
+                            let k = r * width + c;
+                            dalpha[c] += (d[c] * xr[c] * (1.0 - pr[c])) as f64;
+                            dz[k] = d[c] * xr[c] * (1.0 - a[c]) * pr[c] * (1.0 - pr[c]);
+                            direct[k] = d[c] * (pr[c] + a[c] * (1.0 - pr[c]));
+                        }
+                    }
+                    dense[p.specs[*alpha].range()]
+                        .iter_mut()
+                        .zip(&dalpha)
+                        .for_each(|(d, s)| *d += *s as f32);
+                    if needs[x.0] {
+                        let ones = vec![1.0f32; width];
+                        kernels::bn_bwd(&mut dz, xhat, inv, &ones, b);
+                        dz.iter_mut().zip(&direct).for_each(|(g, d)| *g += d);
+                        accumulate(&mut grads, needs, *x, dz);
+                    }
                 }
                 Op::Dropout { x, .. } => {
                     let Saved::Mask(mask) = &self.saved[i] else {

@@ -163,6 +163,17 @@ pub enum Op {
         x: NodeId,
         n: usize,
     },
+    /// DIN's Dice (EasyRec's `dice`): `p = sigmoid((x - mean) / sqrt(var +
+    /// DICE_EPS))`, column by column, with the batch's statistics in
+    /// training and the moving averages `mean`, `var` (buffers) otherwise;
+    /// `x * (p + alpha * (1 - p))`, `alpha` a parameter of one value per
+    /// column.
+    Dice {
+        x: NodeId,
+        alpha: usize,
+        mean: usize,
+        var: usize,
+    },
     /// `x + by`, a constant.
     Shift {
         x: NodeId,
@@ -272,6 +283,7 @@ impl Op {
             | Op::Transpose { x, .. }
             | Op::GroupedLinear { x, .. }
             | Op::SinCos { x, .. }
+            | Op::Dice { x, .. }
             | Op::VariationalDropout { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
@@ -664,6 +676,7 @@ impl Graph {
                 | Op::Cross { .. }
                 | Op::LayerNorm { .. }
                 | Op::GroupedLinear { .. }
+                | Op::Dice { .. }
                 | Op::VariationalDropout { .. } => true,
                 Op::Zeros { .. } => false,
                 op => op.operands().iter().any(|x| needs[x.0]),
@@ -716,6 +729,10 @@ impl Scope<'_> {
     /// `act(x · W (+ b))` with `units` columns, its kernel `name/kernel` made
     /// as `k` says and its bias `name/bias` (zeros) when `k.bias`.
     pub fn layer(&mut self, g: &mut Graph, x: NodeId, name: &str, units: usize, k: Kernel, act: Activation) -> NodeId {
+        if act == Activation::Dice {
+            let y = self.layer(g, x, name, units, k, Activation::Linear);
+            return self.dice(g, y, name);
+        }
         let w = self
             .params
             .add(&format!("{name}/kernel"), g.width(x), units, k.init, k.l2, self.rng);
@@ -768,6 +785,26 @@ impl Scope<'_> {
         x
     }
 
+    /// Dice after layer `name`: its `name/dice/alpha` (zeros) and the
+    /// moving averages `name/dice/moving_mean`, `name/dice/moving_variance`.
+    pub fn dice(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
+        let d = g.width(x);
+        let alpha = self
+            .params
+            .add(&format!("{name}/dice/alpha"), 1, d, Init::Zeros, false, self.rng);
+        let buffers = &mut *self.buffers;
+        let mean = buffers.add(&format!("{name}/dice/moving_mean"), 1, d, Init::Zeros, false, self.rng);
+        let var = buffers.add(
+            &format!("{name}/dice/moving_variance"),
+            1,
+            d,
+            Init::Ones,
+            false,
+            self.rng,
+        );
+        g.push(Op::Dice { x, alpha, mean, var }, d)
+    }
+
     /// A normalization's scale and offset, `name/gamma` (ones) and
     /// `name/beta` (zeros), `d` values each.
     fn scale_shift(&mut self, name: &str, d: usize) -> (usize, usize) {
@@ -805,6 +842,10 @@ impl Scope<'_> {
     /// Batch norm named `name/gamma`, `name/beta`, `name/moving_mean`,
     /// `name/moving_variance`, then `act`.
     pub fn batch_norm(&mut self, g: &mut Graph, x: NodeId, name: &str, act: Activation) -> NodeId {
+        if act == Activation::Dice {
+            let y = self.batch_norm(g, x, name, Activation::Linear);
+            return self.dice(g, y, name);
+        }
         let d = g.width(x);
         let (gamma, beta) = self.scale_shift(name, d);
         let buffers = &mut *self.buffers;
@@ -824,6 +865,9 @@ impl Scope<'_> {
         )
     }
 }
+
+/// Dice's batch-normalization epsilon (EasyRec's `dice`).
+pub const DICE_EPS: f32 = 1e-9;
 
 /// Keras' layer normalization epsilon (EasyRec's own layer keeps it).
 pub const LN_EPS: f32 = 1e-3;

@@ -250,6 +250,7 @@ pub fn activate(a: Activation, v: f32) -> f32 {
                 LEAKY_SLOPE * v
             }
         }
+        Activation::Dice => unreachable!("Scope builds Dice as an op of its own"),
     }
 }
 
@@ -273,6 +274,7 @@ pub fn slope(a: Activation, y: f32) -> f32 {
                 LEAKY_SLOPE
             }
         }
+        Activation::Dice => unreachable!("Scope builds Dice as an op of its own"),
     }
 }
 
@@ -372,6 +374,21 @@ pub fn bn_apply(
             }
         });
     a
+}
+
+/// Dice's forward over `x` (`[rows, n]`) with column statistics `mean`
+/// and `inv = 1 / sqrt(var + DICE_EPS)`: its output and the gate `p`.
+pub fn dice(x: &[f32], n: usize, (mean, inv): (&[f32], &[f32]), alpha: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut p = vec![0.0f32; x.len()];
+    let mut y = vec![0.0f32; x.len()];
+    for ((xr, pr), yr) in x.chunks_exact(n).zip(p.chunks_exact_mut(n)).zip(y.chunks_exact_mut(n)) {
+        for c in 0..n {
+            let g = 1.0 / (1.0 + (-(xr[c] - mean[c]) * inv[c]).exp());
+            pr[c] = g;
+            yr[c] = xr[c] * (g + alpha[c] * (1.0 - g));
+        }
+    }
+    (y, p)
 }
 
 pub fn bn_inv(var: &[f32]) -> Vec<f32> {

@@ -82,6 +82,10 @@ fn cases() -> Vec<Case> {
             y
         }),
         case("act", true, |g, _, x| g.act(x[0], tanh)),
+        case("dice", true, |g, s, x| s.dice(g, x[0], "d")),
+        case("linear then dice", true, |g, s, x| {
+            s.dense(g, x[1], "l", 4, Activation::Dice)
+        }),
         case("dropout", true, |g, _, x| g.dropout(x[0], 0.4)),
         case("max over tied blocks", false, |g, _, x| {
             // Every column's maximum twice: the gradient splits between them.

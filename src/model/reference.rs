@@ -5,7 +5,7 @@
 use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Op, BN_EPS, L2_EPS, VD_EPS, VD_TEMP};
+use super::graph::{BnStats, Graph, Op, BN_EPS, DICE_EPS, L2_EPS, VD_EPS, VD_TEMP};
 use super::kernels::NO_HARD_NEGATIVE;
 use super::params::{to_vec, ParamStore};
 use super::Targets;
@@ -43,6 +43,7 @@ fn activate(a: Activation, x: Tensor<2>) -> Tensor<2> {
         Activation::Tanh => tanh(x),
         Activation::Linear => x,
         Activation::LeakyRelu => burn::tensor::activation::leaky_relu(x, f64::from(super::kernels::LEAKY_SLOPE)),
+        Activation::Dice => unreachable!("Scope builds Dice as an op of its own"),
     }
 }
 
@@ -106,6 +107,30 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let var = (c.clone() * c.clone()).mean_dim(1);
                 let inv = var.add_scalar(*eps).sqrt().recip();
                 c * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone()
+            }
+            Op::Dice { x, alpha, mean, var } => {
+                let x = v[x.0].clone();
+                let (m, var) = if ctx.training {
+                    let m = x.clone().mean_dim(0);
+                    let c = x.clone() - m.clone();
+                    let var_t = (c.clone() * c).mean_dim(0);
+                    ctx.bn_stats.push(BnStats {
+                        mean_buffer: *mean,
+                        var_buffer: *var,
+                        mean: to_vec(m.clone()),
+                        var: to_vec(var_t.clone()),
+                    });
+                    (m, var_t)
+                } else {
+                    (
+                        ctx.constant(ctx.buffers.slice(*mean).to_vec(), 1, width),
+                        ctx.constant(ctx.buffers.slice(*var).to_vec(), 1, width),
+                    )
+                };
+                let inv = var.add_scalar(DICE_EPS).sqrt().recip();
+                let p = sigmoid((x.clone() - m) * inv);
+                let a = ctx.p[*alpha].clone();
+                x * (p.clone() + a * (p.neg().add_scalar(1.0)))
             }
             Op::Act { x, act } => activate(*act, v[x.0].clone()),
             Op::Dropout { x, rate } => {

@@ -130,6 +130,23 @@ model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
+/// A RankModel whose DIN layer attends over an unpooled sequence with the
+/// group's other feature as its target, scoring positions with an MLP of
+/// Dice activations.
+pub const DIN_LAYER: &str = r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+model_config { model_class: "RankModel"
+  feature_groups { group_name: "seq" feature_names: ["hist", "c2"] }
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2", "c1"] }
+  backbone {
+    blocks { name: "seq" inputs { feature_group_name: "seq" } input_layer { output_seq_and_normal_feature: true } }
+    blocks { name: "din" inputs { block_name: "seq" }
+             keras_layer { class_name: "DIN" din { attention_dnn { hidden_units: [5, 1] activation: "dice" } } } }
+    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
+    concat_blocks: ["din", "dense_mlp"]
+  }
+  model_params { } }"#;
+
 /// A RankModel over PeriodicEmbedding and AutoDisEmbedding of raw values.
 pub const NUMERIC_EMBEDDINGS: &str = r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "num" feature_names: ["d1", "d2"] }
@@ -377,6 +394,7 @@ model_config { model_class: "MultiTowerDIN"
     ("RankModel with repeat and Gate", REPEAT_AND_GATE),
     ("RankModel with CIN", CIN),
     ("RankModel with a TextCNN over an unpooled sequence", TEXT_CNN),
+    ("RankModel with a DIN layer and Dice", DIN_LAYER),
     (
         "MultiTowerBST",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
