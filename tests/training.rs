@@ -196,6 +196,7 @@ model_config { model_class: "DeepFM"
         "RankModel with repeat and Gate" => common::models::REPEAT_AND_GATE,
         "RankModel with a TextCNN over an unpooled sequence" => common::models::TEXT_CNN,
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
+        "RankModel with a BST layer" => common::models::BST_LAYER,
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -247,7 +248,11 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 42] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 43] = [
+    (
+        "RankModel: a BST layer, EasyRec's transformer encoder with GELU, over the target and a padded sequence",
+        common::models::BST_LAYER,
+    ),
     (
         "RankModel: a DIN layer whose scoring MLP has Dice activations",
         common::models::DIN_LAYER,
@@ -721,7 +726,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 28] = [
+const MODELS: [&str; 29] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -750,6 +755,7 @@ const MODELS: [&str; 28] = [
     "RankModel with repeat and Gate",
     "RankModel with a TextCNN over an unpooled sequence",
     "RankModel with a DIN layer and Dice",
+    "RankModel with a BST layer",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

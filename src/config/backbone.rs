@@ -229,6 +229,8 @@ pub enum Keras {
         mlp: Mlp,
         need_target: bool,
     },
+    /// EasyRec's BST layer over a sequence input `(seq, len, target)`.
+    Bst(BstLayer),
     /// EasyRec's TextCNN layer over a sequence input (`(seq, len, ...)`):
     /// the sequence padded or cut to `pad` positions, Keras' Conv1D (valid
     /// padding, `activation`) per filter size, each max-pooled over time,
@@ -258,6 +260,108 @@ pub struct SeNetParams {
     pub groups: usize,
     pub skip: bool,
     pub layer_norm: bool,
+}
+
+/// The activation of a transformer's intermediate layers (`hidden_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HiddenAct {
+    /// BERT's tanh approximation of GELU.
+    Gelu,
+    Relu,
+    Tanh,
+    Swish,
+}
+
+/// EasyRec's BST Keras layer: the sequence cut or zero-padded to
+/// `max_position` positions, projected (dense, ReLU) to `hidden` when
+/// narrower or wider, the target (projected the same way) before it, so
+/// `max_position + 1` positions; position embeddings, layer norm, then
+/// the transformer encoder over the positions up to the row's length (and
+/// the target); out comes every position side by side
+/// (`output_all_token_embeddings`) or the target's alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BstLayer {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub intermediate: usize,
+    pub act: HiddenAct,
+    pub hidden_dropout: f32,
+    pub max_position: usize,
+    pub init_range: f32,
+    pub all_tokens: bool,
+}
+
+fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
+    let act = match b.hidden_act.as_str() {
+        "gelu" => HiddenAct::Gelu,
+        "relu" => HiddenAct::Relu,
+        "tanh" => HiddenAct::Tanh,
+        "swish" => HiddenAct::Swish,
+        other => {
+            return Err(ConfigError::invalid(
+                format!("{path}.hidden_act"),
+                format!("`{other}` is not gelu, relu, tanh or swish"),
+            ))
+        }
+    };
+    if b.attention_probs_dropout_prob > 0.0 {
+        return Err(ConfigError::unsupported(
+            format!("{path}.attention_probs_dropout_prob"),
+            "dropout of attention probabilities",
+        ));
+    }
+    if !b.use_position_embeddings {
+        // EasyRec's BST adds position embeddings whatever this says.
+        log::warn!("{path}.use_position_embeddings: false is ignored, as EasyRec's BST layer ignores it");
+    }
+    match b.target_item_position.as_str() {
+        "head" => {}
+        "tail" | "ignore" => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.target_item_position"),
+                format!("the target item at `{}` (supported: head)", b.target_item_position),
+            ))
+        }
+        other => {
+            return Err(ConfigError::invalid(
+                format!("{path}.target_item_position"),
+                format!("`{other}` is not head, tail or ignore"),
+            ))
+        }
+    }
+    if b.hidden_size == 0 || b.num_attention_heads == 0 || b.hidden_size % b.num_attention_heads != 0 {
+        return Err(ConfigError::invalid(
+            format!("{path}.hidden_size"),
+            format!(
+                "{} is not a positive multiple of num_attention_heads ({})",
+                b.hidden_size, b.num_attention_heads
+            ),
+        ));
+    }
+    if b.max_position_embeddings == 0 || b.intermediate_size == 0 {
+        return Err(ConfigError::invalid(
+            path,
+            "max_position_embeddings and intermediate_size are at least 1",
+        ));
+    }
+    if !(0.0..1.0).contains(&b.hidden_dropout_prob) {
+        return Err(ConfigError::invalid(
+            format!("{path}.hidden_dropout_prob"),
+            format!("{} is outside [0, 1)", b.hidden_dropout_prob),
+        ));
+    }
+    Ok(BstLayer {
+        hidden: b.hidden_size as usize,
+        layers: b.num_hidden_layers as usize,
+        heads: b.num_attention_heads as usize,
+        intermediate: b.intermediate_size as usize,
+        act,
+        hidden_dropout: b.hidden_dropout_prob,
+        max_position: b.max_position_embeddings as usize,
+        init_range: b.initializer_range,
+        all_tokens: b.output_all_token_embeddings,
+    })
 }
 
 /// EasyRec's BiLinear layer: per pair `i < j` of fields, field `i` through
@@ -763,6 +867,12 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 mlp: mlp(&m, &format!("{path}.attention_dnn"))?,
                 need_target: d.need_target_feature,
             }
+        }
+        "BST" => {
+            let Some(Params::Bst(b)) = &k.params else {
+                return Err(takes("`bst { hidden_size: ... }`"));
+            };
+            Keras::Bst(bst_layer(b, &format!("{path}.bst"))?)
         }
         "TextCNN" => {
             let Some(Params::TextCnn(t)) = &k.params else {

@@ -575,7 +575,10 @@ impl Builder<'_> {
                     self.zeros(&v[like.0], lw, width)
                 }
                 Op::Bias { x, b } => {
+                    // One row of `width` values, however the parameter is
+                    // shaped (a position table is `[positions, width]`).
                     let b = self.param(*b);
+                    let b = self.reshape(&b, &[1, width as i64]);
                     self.g.op("Add", &[&v[x.0], &b])
                 }
                 Op::LayerNorm { x, gamma, beta, eps } => self.layer_norm(&v[x.0], (*gamma, *beta), *eps),

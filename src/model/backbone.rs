@@ -11,8 +11,8 @@ use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
 use super::GroupLayout;
 use crate::config::backbone::{
-    Aggregation, Backbone, Bilinear, BilinearKind, Block, Expr, InputLayer, InputMode, Keras, Layer, MaskBlock, Mlp,
-    NumericOut, SeNetParams, Source,
+    Aggregation, Backbone, Bilinear, BilinearKind, Block, BstLayer, Expr, InputLayer, InputMode, Keras, Layer,
+    MaskBlock, Mlp, NumericOut, SeNetParams, Source,
 };
 use crate::config::model_plan::Activation;
 
@@ -397,6 +397,62 @@ fn seq_of(v: &Val, pad: Option<usize>, g: &mut Graph) -> anyhow::Result<(NodeId,
     Ok((x, n, d, len))
 }
 
+/// EasyRec's BST Keras layer (`Keras::Bst`) over `(seq, len, target)`.
+fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+    let (x, n, d, len) = seq_of(v, Some(b.max_position), g).context("BST")?;
+    let Val::L(items) = v else {
+        unreachable!("seq_of read a list")
+    };
+    let Some(Val::T(target)) = items.get(2) else {
+        bail!("BST: the target sits at the head, and the input layer's group has no target features besides its sequences");
+    };
+    let target = *target;
+    if g.width(target) != d {
+        bail!(
+            "BST: the sequence is {d} wide and the target features {}; EasyRec needs them equal",
+            g.width(target)
+        );
+    }
+    // Projected to the hidden size with ReLU (tf.layers.dense with the
+    // block's l2 regularizer) when their width differs.
+    let mut project = |g: &mut Graph, x: NodeId, what: &str| {
+        if d == b.hidden {
+            x
+        } else {
+            s.layer(
+                g,
+                x,
+                &format!("{name}/{what}"),
+                b.hidden,
+                Kernel::DENSE,
+                Activation::Relu,
+            )
+        }
+    };
+    let rows = g.unfold(x, n);
+    let rows = project(g, rows, "seq_project");
+    let seq = g.fold(rows, n);
+    let target = project(g, target, "target_project");
+    let all = g.concat(&[target, seq]);
+    let m = n + 1;
+    let rows =
+        super::transformer::embedding_postprocessor(g, s, (all, m), (name, name), (b.init_range, b.hidden_dropout));
+    // The target and the row's first `len` positions.
+    let live = g.shift(len, 1.0);
+    let spec = super::transformer::EncoderSpec {
+        hidden: b.hidden,
+        layers: b.layers,
+        heads: b.heads,
+        intermediate: b.intermediate,
+        act: b.act,
+        hidden_dropout: b.hidden_dropout,
+        init_range: b.init_range,
+    };
+    let out = super::transformer::encoder(g, s, rows, Some(live), &spec, &format!("{name}/transformer"));
+    let out = g.fold(out, m);
+    Ok(if b.all_tokens { out } else { g.slice(out, 0, b.hidden) })
+}
+
 /// EasyRec's `merge_inputs`: one input as it is, lists joined into one list,
 /// tensors concatenated.
 fn merge(inputs: Vec<Val>, axis: i32, g: &mut Graph) -> anyhow::Result<Val> {
@@ -653,6 +709,7 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             let out = g.attn_pool(w, pooled_keys);
             Val::T(if *need_target { g.concat(&[out, query]) } else { out })
         }
+        Keras::Bst(b) => Val::T(bst(&v, b, name, g, s)?),
         Keras::TextCnn {
             filter_sizes,
             num_filters,

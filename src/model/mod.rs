@@ -15,6 +15,7 @@ mod op_tests;
 pub mod params;
 pub mod reference;
 pub mod sequence;
+pub mod transformer;
 
 use anyhow::{bail, Context};
 

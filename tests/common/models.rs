@@ -147,6 +147,24 @@ model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
+/// A RankModel whose BST layer runs EasyRec's transformer encoder (GELU)
+/// over the target and an unpooled sequence padded to its positions.
+pub const BST_LAYER: &str = r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 2 }
+model_config { model_class: "RankModel"
+  feature_groups { group_name: "seq" feature_names: ["hist", "c2"] }
+  feature_groups { group_name: "dense" feature_names: ["d1", "d2", "c1"] }
+  backbone {
+    blocks { name: "seq" inputs { feature_group_name: "seq" } input_layer { output_seq_and_normal_feature: true } }
+    blocks { name: "bst" inputs { block_name: "seq" }
+             keras_layer { class_name: "BST" bst { hidden_size: 4 num_attention_heads: 2 num_hidden_layers: 2
+                                                   intermediate_size: 6 hidden_act: "gelu" max_position_embeddings: 3
+                                                   hidden_dropout_prob: 0.1 attention_probs_dropout_prob: 0 } } }
+    blocks { name: "dense_mlp" inputs { feature_group_name: "dense" } keras_layer { class_name: "MLP" mlp { hidden_units: [3] } } }
+    concat_blocks: ["bst", "dense_mlp"]
+  }
+  model_params { } }"#;
+
 /// A RankModel over PeriodicEmbedding and AutoDisEmbedding of raw values.
 pub const NUMERIC_EMBEDDINGS: &str = r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "num" feature_names: ["d1", "d2"] }
@@ -395,6 +413,7 @@ model_config { model_class: "MultiTowerDIN"
     ("RankModel with CIN", CIN),
     ("RankModel with a TextCNN over an unpooled sequence", TEXT_CNN),
     ("RankModel with a DIN layer and Dice", DIN_LAYER),
+    ("RankModel with a BST layer", BST_LAYER),
     (
         "MultiTowerBST",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
