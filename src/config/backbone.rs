@@ -330,7 +330,7 @@ fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError>
             ))
         }
     }
-    if b.hidden_size == 0 || b.num_attention_heads == 0 || b.hidden_size % b.num_attention_heads != 0 {
+    if b.hidden_size == 0 || b.num_attention_heads == 0 || !b.hidden_size.is_multiple_of(b.num_attention_heads) {
         return Err(ConfigError::invalid(
             format!("{path}.hidden_size"),
             format!(
