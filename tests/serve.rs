@@ -494,3 +494,77 @@ fn malformed_requests_get_4xx_and_the_server_keeps_answering() {
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["predictions"].as_array().unwrap().len(), 2);
 }
+
+/// `export_config.multi_value_fields`: a served request may give a listed
+/// input as a list of values per row, in every form, and it scores as the
+/// same values joined by the feature's separator; a scalar input listed
+/// there is refused when the config loads.
+#[test]
+fn multi_value_inputs_take_a_list_per_row() {
+    use rustrec::export::runtime::ExportedModel;
+    use rustrec::serve::request::{kserve_v2, tf_serving};
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "export_config { multi_value_fields { input_name: [\"c3\"] } placeholder_named_by_input: true }";
+    let cfg = setup(dir.path(), "DeepFM", extra);
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&cfg);
+    run_ok(t);
+    let root = dir.path().join("export");
+    export(&cfg, &root, None);
+    let model = ExportedModel::load(&root).unwrap();
+    assert_eq!(model.multi_value.get("c3").map(String::as_str), Some("|"));
+    let score = |raw: rustrec::data::RawBatch| model.score(&model.enc.encode(&raw).unwrap()).unwrap()[0].scores.clone();
+    let row = |c3: Value| json!({"d1": 0.5, "d2": 0.25, "c1": "u3", "c2": "4", "c3": c3, "c4": "w1:0.5"});
+    let joined = score(
+        tf_serving(&json!({"instances": [row(json!("t1|t5")), row(json!("t2"))]}), &model)
+            .unwrap()
+            .0,
+    );
+    let listed = tf_serving(
+        &json!({"instances": [row(json!(["t1", "t5"])), row(json!(["t2"]))]}),
+        &model,
+    )
+    .unwrap();
+    assert_eq!(score(listed.0), joined);
+    let cols = json!({"inputs": {"d1": [0.5, 0.5], "d2": [0.25, 0.25], "c1": ["u3", "u3"], "c2": ["4", "4"],
+                                 "c3": [["t1", "t5"], ["t2"]], "c4": ["w1:0.5", "w1:0.5"]}});
+    assert_eq!(score(tf_serving(&cols, &model).unwrap().0), joined);
+    // KServe v2: [rows, values] for the multi-value input.
+    let tensor = |name: &str, dt: &str, shape: Value, data: Value| json!({"name": name, "datatype": dt, "shape": shape, "data": data});
+    let v2 = json!({"inputs": [
+        tensor("d1", "FP32", json!([2]), json!([0.5, 0.5])),
+        tensor("d2", "FP32", json!([2]), json!([0.25, 0.25])),
+        tensor("c1", "BYTES", json!([2]), json!(["u3", "u3"])),
+        tensor("c2", "BYTES", json!([2]), json!(["4", "4"])),
+        tensor("c3", "BYTES", json!([2, 2]), json!([["t1", "t5"], ["t2", "t2"]])),
+        tensor("c4", "BYTES", json!([2]), json!(["w1:0.5", "w1:0.5"])),
+    ]});
+    let both = score(
+        tf_serving(
+            &json!({"instances": [row(json!("t1|t5")), row(json!("t2|t2"))]}),
+            &model,
+        )
+        .unwrap()
+        .0,
+    );
+    assert_eq!(score(kserve_v2(&v2, &model).unwrap()), both);
+    // A list for an input that takes one value is still refused.
+    let err = tf_serving(
+        &json!({"instances": [{"d1": 0.5, "d2": 0.25, "c1": ["u3"], "c2": "4", "c3": "t1", "c4": "w1:0.5"}]}),
+        &model,
+    )
+    .unwrap_err();
+    assert!(err.0.contains("input `c1`"), "{}", err.0);
+    // A scalar input cannot be listed.
+    std::fs::create_dir_all(dir.path().join("bad")).unwrap();
+    let bad = setup(
+        &dir.path().join("bad"),
+        "DeepFM",
+        "export_config { multi_value_fields { input_name: [\"c1\"] } }",
+    );
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&bad);
+    let out = t.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("multi_value_fields"));
+}

@@ -33,10 +33,25 @@ pub struct ExportPlan {
     /// `enable_early_stop`: training stops once an evaluation comes this
     /// many steps (`max_check_steps`) after the best `best_metric`.
     pub early_stop: Option<u64>,
+    /// Inputs a served request may give as a list of values per row
+    /// (`multi_value_fields`, or with `auto_multi_value` every input of a
+    /// tag, sequence or multi-dimensional raw feature, as EasyRec picks
+    /// them); `TrainingPlan` resolves the auto set.
+    pub multi_value: MultiValue,
     /// An export option this exporter cannot honour (field, what it asks
     /// for). Configs that set one still load and train with exporter_type
     /// "none"; exporting reports it (see `check`).
     pub unsupported: Option<(&'static str, &'static str)>,
+}
+
+/// Which inputs take a list of values per row when served.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum MultiValue {
+    #[default]
+    None,
+    Fields(Vec<String>),
+    /// `auto_multi_value`.
+    Auto,
 }
 
 impl ExportPlan {
@@ -64,6 +79,7 @@ impl Default for ExportPlan {
             packed_input: false,
             filter_inputs: true,
             early_stop: None,
+            multi_value: MultiValue::None,
             unsupported: None,
         }
     }
@@ -138,18 +154,9 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
     let Some(e) = cfg else {
         return Ok(ExportPlan::default());
     };
+    // placeholder_named_by_input needs nothing: served inputs are always
+    // named by their input field.
     let unsupported = [
-        (
-            e.multi_value_fields.is_some(),
-            "multi_value_fields",
-            "multi-value placeholders",
-        ),
-        (e.auto_multi_value(), "auto_multi_value", "multi-value placeholders"),
-        (
-            e.placeholder_named_by_input(),
-            "placeholder_named_by_input",
-            "inputs named by column",
-        ),
         (e.export_features(), "export_features", "features as outputs"),
         (e.export_rtp_outputs(), "export_rtp_outputs", "RTP outputs"),
     ];
@@ -185,6 +192,11 @@ pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, Conf
         packed_input: !e.multi_placeholder(),
         filter_inputs: e.filter_inputs(),
         early_stop: early_stop(e)?,
+        multi_value: match &e.multi_value_fields {
+            _ if e.auto_multi_value() => MultiValue::Auto,
+            Some(m) if !m.input_name.is_empty() => MultiValue::Fields(m.input_name.clone()),
+            _ => MultiValue::None,
+        },
         unsupported,
     })
 }

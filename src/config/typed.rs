@@ -963,6 +963,48 @@ fn paths(s: &str) -> Vec<String> {
 }
 
 impl TrainingPlan {
+    /// The inputs a served request may give as a list of values per row
+    /// (`export_config.multi_value_fields` or `auto_multi_value`), each
+    /// with the separator its feature splits a value by, which joins the
+    /// list back into the text that feature reads.
+    pub fn multi_value_inputs(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        use super::export_plan::MultiValue;
+        // The separator of a feature reading input field `name` as a list.
+        let separator = |name: &str| {
+            self.features.iter().find_map(|f| match &f.kind {
+                FeatureKind::Tag { separator, .. } if f.inputs.iter().take(2).any(|i| i == name) => {
+                    Some(separator.clone())
+                }
+                FeatureKind::Sequence { separator, .. } if f.inputs[0] == name => Some(separator.clone()),
+                FeatureKind::Raw { dim, separator, .. } if *dim > 1 && f.inputs[0] == name => Some(separator.clone()),
+                _ => None,
+            })
+        };
+        match &self.export.multi_value {
+            MultiValue::None => Ok(Vec::new()),
+            MultiValue::Auto => {
+                let mut out: Vec<(String, String)> = Vec::new();
+                for f in &self.fields {
+                    if let Some(sep) = separator(&f.name) {
+                        out.push((f.name.clone(), sep));
+                    }
+                }
+                Ok(out)
+            }
+            MultiValue::Fields(names) => names
+                .iter()
+                .map(|n| {
+                    separator(n).map(|sep| (n.clone(), sep)).ok_or_else(|| {
+                        ConfigError::invalid(
+                            "export_config.multi_value_fields.input_name",
+                            format!("`{n}` is no input of a tag, sequence or multi-dimensional raw feature, so it takes one value per row"),
+                        )
+                    })
+                })
+                .collect(),
+        }
+    }
+
     /// Labels made of two label fields' product (indices into
     /// `label_fields`), which tasks find after those: ESMM's CTCVR label.
     pub fn label_products(&self) -> Vec<(usize, usize)> {
@@ -1325,6 +1367,7 @@ impl TrainingPlan {
             tasks,
             features,
         };
+        plan.multi_value_inputs()?;
         if let Some(w) = plan.sample_weight.as_deref() {
             match plan.fields.iter().find(|f| f.name == w) {
                 None => {

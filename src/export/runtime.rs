@@ -40,6 +40,10 @@ pub struct ExportedModel {
     pub enc: Encoder,
     /// Set when the export takes one packed string per row.
     pub packed: Option<PackedInput>,
+    /// Inputs a request may give as a list per row, with the separator
+    /// that joins the list into the text their feature reads
+    /// (`export_config.multi_value_fields`).
+    pub multi_value: HashMap<String, String>,
     sources: Vec<Source>,
     input_names: Vec<String>,
     runnable: Arc<TypedRunnableModel>,
@@ -192,11 +196,13 @@ impl ExportedModel {
             .into_optimized()
             .and_then(|m| m.into_runnable())
             .with_context(|| format!("cannot prepare ONNX model {}", model_path.display()))?;
+        let multi_value = plan.multi_value_inputs()?.into_iter().collect();
         Ok(ExportedModel {
             dir,
             plan,
             enc,
             packed,
+            multi_value,
             sources,
             input_names,
             runnable,

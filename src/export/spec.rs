@@ -56,14 +56,30 @@ fn serving_input(plan: &TrainingPlan) -> Value {
             "note": "one string per row: these input fields' values joined by the separator, as in the \
                      training data; then each feature's transform as below",
         })
-    } else if plan.export.filter_inputs {
-        json!({ "kind": "per_feature" })
     } else {
-        json!({
-            "kind": "per_feature",
-            "note": "filter_inputs: false: a request may carry every input field but the labels; the model reads \
-                     the features' columns below and ignores the others",
-        })
+        let mut v = if plan.export.filter_inputs {
+            json!({ "kind": "per_feature" })
+        } else {
+            json!({
+                "kind": "per_feature",
+                "note": "filter_inputs: false: a request may carry every input field but the labels; the model reads \
+                         the features' columns below and ignores the others",
+            })
+        };
+        let multi: Vec<Value> = plan
+            .multi_value_inputs()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(field, sep)| json!({ "field": field, "joined_by": sep }))
+            .collect();
+        if !multi.is_empty() {
+            v["multi_value_inputs"] = json!(multi);
+            v["multi_value_note"] = json!(
+                "each of these inputs may be a list of values per row (multi_value_fields), joined by its separator \
+                 into the text its feature reads"
+            );
+        }
+        v
     }
 }
 

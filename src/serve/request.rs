@@ -220,24 +220,40 @@ pub fn kserve_v2(body: &Value, model: &ExportedModel) -> Result<RawBatch, BadReq
             return bad(format!("input `{name}` has no `shape` list"));
         };
         let dims: Option<Vec<u64>> = shape.iter().map(Value::as_u64).collect();
+        // A multi-value input holds `[rows, values]`.
+        let multi = model.multi_value.contains_key(name);
         let dims = match dims {
             Some(d) if !d.is_empty() && d[1..].iter().all(|&x| x == 1) => d,
+            Some(d) if multi && d.len() == 2 => d,
             _ => {
                 return bad(format!(
-                    "input `{name}`: shape {} is not [rows] or [rows, 1]: each input holds one value per row",
-                    Value::Array(shape.clone())
+                    "input `{name}`: shape {} is not [rows] or [rows, 1]{}",
+                    Value::Array(shape.clone()),
+                    if multi {
+                        " or [rows, values]"
+                    } else {
+                        ": each input holds one value per row"
+                    }
                 ))
             }
         };
+        let per_row = dims.get(1).copied().unwrap_or(1).max(1);
         let mut data = Vec::new();
         flatten(t.get("data").unwrap_or(&Value::Null), &mut data);
-        if data.len() as u64 != dims[0] {
+        if data.len() as u64 != dims[0] * per_row {
             return bad(format!(
                 "input `{name}`: shape says {} values, data holds {}",
-                dims[0],
+                dims[0] * per_row,
                 data.len()
             ));
         }
+        let data = if multi {
+            data.chunks(per_row as usize)
+                .map(|row| Value::Array(row.to_vec()))
+                .collect()
+        } else {
+            data
+        };
         flat.push((name.to_string(), Value::Array(data)));
     }
     let lists: Vec<(&str, &Value)> = flat.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -261,6 +277,9 @@ fn flatten(v: &Value, out: &mut Vec<Value>) {
 struct Columns<'a> {
     specs: &'a [ProjColumn],
     cols: Vec<Column>,
+    /// Per column, the separator joining a list of values when the
+    /// export takes the input as a list (`multi_value_fields`).
+    multi: Vec<Option<&'a str>>,
 }
 
 impl<'a> Columns<'a> {
@@ -269,6 +288,10 @@ impl<'a> Columns<'a> {
         Columns {
             specs,
             cols: specs.iter().map(|s| Column::of_type(s.ty, rows)).collect(),
+            multi: specs
+                .iter()
+                .map(|s| model.multi_value.get(&s.name).map(String::as_str))
+                .collect(),
         }
     }
 
@@ -304,6 +327,25 @@ impl<'a> Columns<'a> {
                 _ => Cow::Owned(n.to_string()),
             },
             Value::Bool(b) if spec.ty != ColumnType::Str => Cow::Borrowed(if *b { "1" } else { "0" }),
+            // A multi-value input's list: its values joined by the
+            // separator its feature splits them at.
+            Value::Array(items) if self.multi[c].is_some() => {
+                let sep = self.multi[c].unwrap_or_default();
+                let mut parts = Vec::with_capacity(items.len());
+                for x in items {
+                    parts.push(match x {
+                        Value::String(s) => s.clone(),
+                        Value::Number(n) => n.to_string(),
+                        other => {
+                            return refuse(format!(
+                                "a list holding {}: a multi-value input's list holds strings or numbers",
+                                kind(other)
+                            ))
+                        }
+                    });
+                }
+                Cow::Owned(parts.join(sep))
+            }
             other => return refuse(format!("{}, not a single {} value", kind(other), type_name(spec.ty))),
         };
         match spec.push_cell(&mut self.cols[c], &text) {
