@@ -197,6 +197,7 @@ model_config { model_class: "DeepFM"
         "RankModel with a TextCNN over an unpooled sequence" => common::models::TEXT_CNN,
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "RankModel with a BST layer" => common::models::BST_LAYER,
+        "DropoutNet" => common::models::DROPOUTNET,
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -248,7 +249,24 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 43] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 44] = [
+    (
+        // The pairwise term sums thousands of pairs here, past f32 parity
+        // with burn on gradients near zero (biases under batch norm); other
+        // variants check it.
+        "DropoutNet: content and row-dropped preference towers, cross entropy",
+        r#"model_config { model_class: "DropoutNet"
+  feature_groups { group_name: "user_content" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "user_preference" feature_names: ["c3"] }
+  feature_groups { group_name: "item_content" feature_names: ["c2", "d2"] }
+  feature_groups { group_name: "item_preference" feature_names: ["c1", "c2"] }
+  losses { loss_type: CLASSIFICATION weight: 1.0 }
+  dropoutnet {
+    user_content { hidden_units: [5] activation: "tanh" } user_preference { hidden_units: [4] activation: "tanh" }
+    item_content { hidden_units: [5] activation: "tanh" } item_preference { hidden_units: [4] activation: "tanh" }
+    user_tower { hidden_units: [6, 3] use_bn: false } item_tower { hidden_units: [6, 3] use_bn: false }
+    user_dropout_rate: 0.3 item_dropout_rate: 0.5 l2_regularization: 1e-4 } }"#,
+    ),
     (
         "RankModel: a BST layer, EasyRec's transformer encoder with GELU, over the target and a padded sequence",
         common::models::BST_LAYER,
@@ -726,7 +744,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 29] = [
+const MODELS: [&str; 30] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -756,6 +774,7 @@ const MODELS: [&str; 29] = [
     "RankModel with a TextCNN over an unpooled sequence",
     "RankModel with a DIN layer and Dice",
     "RankModel with a BST layer",
+    "DropoutNet",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

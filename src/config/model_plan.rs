@@ -245,6 +245,21 @@ pub enum Arch {
         /// (`reduction_ratio`, `num_squeeze_group`), user's then item's.
         senet: Option<[(usize, usize); 2]>,
     },
+    /// DropoutNet: per side (user, item) the `<side>_content` group through
+    /// its DNN and the `<side>_preference` group, each row dropped whole
+    /// with the side's rate in training, through its own; both outputs
+    /// (of the groups the model has) through the side's tower, its last
+    /// layer linear; the L2-normalised embeddings' inner product.
+    DropoutNet { user: DropoutTower, item: DropoutTower },
+}
+
+/// One side of DropoutNet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DropoutTower {
+    pub content: DnnSpec,
+    pub preference: DnnSpec,
+    pub tower: DnnSpec,
+    pub dropout: f32,
 }
 
 /// One of PLE's `extraction_networks`.
@@ -770,6 +785,7 @@ fn single_task_arch(
             (arch, l2)
         }
         Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
+        Some(M::Dropoutnet(d)) => dropoutnet(d, &format!("{m}.dropoutnet"))?,
         _ if matches!(
             model.model_class.as_str(),
             "RankModel" | "MultiTaskModel" | "MatchModel"
@@ -865,6 +881,51 @@ fn esmm(
 }
 
 /// DSSM's towers and similarity (`path`: where `d` sits in the config).
+fn dropoutnet(d: &proto::DropoutNet, path: &str) -> Result<(Arch, f32), ConfigError> {
+    let side = |name: &str, content: &proto::Dnn, preference: &proto::Dnn, tower: &proto::Dnn, rate: f32| {
+        let tower = dnn(tower, &format!("{path}.{name}_tower"))?;
+        if tower.hidden_units.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{path}.{name}_tower.hidden_units"),
+                "the tower's last layer is its embedding: it needs at least one layer",
+            ));
+        }
+        if !(0.0..1.0).contains(&rate) {
+            return Err(ConfigError::invalid(
+                format!("{path}.{name}_dropout_rate"),
+                format!("{rate} is outside [0, 1)"),
+            ));
+        }
+        Ok(DropoutTower {
+            content: dnn(content, &format!("{path}.{name}_content"))?,
+            preference: dnn(preference, &format!("{path}.{name}_preference"))?,
+            tower,
+            dropout: rate,
+        })
+    };
+    let user = side(
+        "user",
+        &d.user_content,
+        &d.user_preference,
+        &d.user_tower,
+        d.user_dropout_rate,
+    )?;
+    let item = side(
+        "item",
+        &d.item_content,
+        &d.item_preference,
+        &d.item_tower,
+        d.item_dropout_rate,
+    )?;
+    if user.tower.hidden_units.last() != item.tower.hidden_units.last() {
+        return Err(ConfigError::invalid(
+            format!("{path}.item_tower.hidden_units"),
+            "the towers' last layers must be equally wide to be compared",
+        ));
+    }
+    Ok((Arch::DropoutNet { user, item }, d.l2_regularization))
+}
+
 fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
     if d.item_id.as_deref().is_some_and(|i| !i.is_empty()) {
         return Err(ConfigError::unsupported(

@@ -337,6 +337,8 @@ pub enum ModelKind {
     MultiTaskModel,
     /// Two-tower retrieval.
     Dssm,
+    /// Two-tower retrieval robust to missing preference features.
+    DropoutNet,
     /// A `backbone` DAG whose two outputs are a match model's towers.
     MatchModel,
 }
@@ -1157,12 +1159,13 @@ impl TrainingPlan {
             "MultiTaskModel" => ModelKind::MultiTaskModel,
             // DSSM_SENet is DSSM with a SENet in each tower.
             "DSSM" | "DSSM_SENet" => ModelKind::Dssm,
+            "DropoutNet" => ModelKind::DropoutNet,
             "MatchModel" => ModelKind::MatchModel,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DropoutNet)".into(),
                 })
             }
         };
@@ -1306,6 +1309,16 @@ impl TrainingPlan {
                     let loss = super::tasks::match_loss_kind(model.loss_type(), model.num_class())?;
                     super::tasks::check_match_metrics(loss, &metrics)?;
                     loss
+                } else if kind == ModelKind::DropoutNet {
+                    // EasyRec's DropoutNet trains on its `losses` alone, on
+                    // the similarity as a logit.
+                    if model.losses.is_empty() {
+                        return Err(ConfigError::invalid(
+                            "model_config.losses",
+                            "DropoutNet trains on its losses list, and this one is empty",
+                        ));
+                    }
+                    LossKind::BinaryClassification
                 } else {
                     loss_kind(model.loss_type(), model.num_class(), "model_config")?
                 };

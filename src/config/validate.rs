@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 14] = [
+pub const MODEL_BLOCKS: [(&str, &str); 15] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -86,6 +86,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 14] = [
     ("PLE", "ple"),
     ("DSSM", "dssm"),
     ("DSSM_SENet", "dssm_senet"),
+    ("DropoutNet", "dropoutnet"),
 ];
 
 fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
@@ -107,6 +108,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Ple(_) => "ple",
         Dssm(_) => "dssm",
         DssmSenet(_) => "dssm_senet",
+        Dropoutnet(_) => "dropoutnet",
     }
 }
 

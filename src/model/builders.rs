@@ -7,7 +7,9 @@ use anyhow::{bail, Context};
 use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
 use super::{GroupDropout, GroupLayout};
-use crate::config::model_plan::{Activation, Arch, DnnSpec, Interaction, PleLevel, Similarity, TaskTower};
+use crate::config::model_plan::{
+    Activation, Arch, DnnSpec, DropoutTower, Interaction, PleLevel, Similarity, TaskTower,
+};
 
 /// The graph of `arch` over `groups`, its parameters added to `scope`.
 /// Single-task models have the output `logits`; multi-task ones
@@ -107,6 +109,7 @@ pub fn build(
             return Ok(g);
         }
         Arch::Dssm { user, item, sim, senet } => b.dssm(g_, scope, (user, item), *senet, *sim)?,
+        Arch::DropoutNet { user, item } => b.dropoutnet(g_, scope, (user, item))?,
         Arch::MatchBackbone {
             backbone,
             user,
@@ -212,6 +215,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         Arch::Esmm { .. } => named(&["all"]),
         Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } | Arch::MatchBackbone { .. } => Vec::new(),
         Arch::Dssm { .. } => named(&["user", "item"]),
+        Arch::DropoutNet { .. } => named(&["user_content", "user_preference", "item_content", "item_preference"]),
     };
     order.dedup();
     for i in 0..groups.len() {
@@ -542,6 +546,63 @@ impl Builder<'_> {
         };
         let u = tower("user", user, senet.map(|s| s[0]))?;
         let v = tower("item", item, senet.map(|s| s[1]))?;
+        Ok(similarity(g, s, (u, v), sim))
+    }
+
+    /// DropoutNet (`Arch::DropoutNet`): each side's embedding, then their
+    /// cosine.
+    fn dropoutnet(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        (user, item): (&DropoutTower, &DropoutTower),
+    ) -> anyhow::Result<NodeId> {
+        let mut side = |name: &str, t: &DropoutTower| -> anyhow::Result<NodeId> {
+            let find = |part: &str| {
+                let group = format!("{name}_{part}");
+                self.groups.iter().position(|l| l.name == group)
+            };
+            let mut parts = Vec::new();
+            if let Some(gi) = find("content") {
+                parts.push(s.dnn(g, self.xs[gi], &format!("{name}_content"), &t.content));
+            }
+            if let Some(gi) = find("preference") {
+                let x = self.xs[gi];
+                // Bernoulli dropout of whole rows: a one-column mask,
+                // inverted-dropout scaled, weighting the row.
+                let ones = g.zeros(x, 1);
+                let ones = g.shift(ones, 1.0);
+                let keep = g.dropout(ones, t.dropout);
+                let x = g.weighted_sum(keep, &[x]);
+                parts.push(s.dnn(g, x, &format!("{name}_preference"), &t.preference));
+            }
+            if parts.is_empty() {
+                bail!("DropoutNet has neither a `{name}_content` nor a `{name}_preference` feature group");
+            }
+            let x = g.concat(&parts);
+            let n = t.tower.hidden_units.len();
+            let hidden = DnnSpec {
+                hidden_units: t.tower.hidden_units[..n - 1].to_vec(),
+                ..t.tower.clone()
+            };
+            let scope = format!("{name}_dnn");
+            let h = s.dnn(g, x, &scope, &hidden);
+            let e = s.dense(
+                g,
+                h,
+                &format!("{scope}/dnn_{}", n - 1),
+                t.tower.hidden_units[n - 1],
+                Activation::Linear,
+            );
+            Ok(g.l2_normalize(e))
+        };
+        let u = side("user", user)?;
+        let v = side("item", item)?;
+        let sim = Similarity {
+            cosine: true,
+            temperature: 1.0,
+            scale_simi: false,
+        };
         Ok(similarity(g, s, (u, v), sim))
     }
 

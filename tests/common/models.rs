@@ -165,6 +165,22 @@ model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
+/// DropoutNet: content and (row-dropped) preference groups per side, its
+/// losses list of sigmoid cross entropy and the pairwise loss.
+pub const DROPOUTNET: &str = r#"model_config { model_class: "DropoutNet"
+  feature_groups { group_name: "user_content" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "user_preference" feature_names: ["c3"] }
+  feature_groups { group_name: "item_content" feature_names: ["c2", "d2"] }
+  feature_groups { group_name: "item_preference" feature_names: ["c1", "c2"] }
+  losses { loss_type: CLASSIFICATION weight: 1.0 }
+  losses { loss_type: PAIR_WISE_LOSS weight: 0.5 }
+  dropoutnet {
+    user_content { hidden_units: [5] activation: "tanh" } user_preference { hidden_units: [4] activation: "tanh" }
+    item_content { hidden_units: [5] activation: "tanh" } item_preference { hidden_units: [4] activation: "tanh" }
+    user_tower { hidden_units: [6, 3] use_bn: false activation: "tanh" }
+    item_tower { hidden_units: [6, 3] use_bn: false activation: "tanh" }
+    user_dropout_rate: 0.3 item_dropout_rate: 0.5 l2_regularization: 1e-4 } }"#;
+
 /// A RankModel over PeriodicEmbedding and AutoDisEmbedding of raw values.
 pub const NUMERIC_EMBEDDINGS: &str = r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "num" feature_names: ["d1", "d2"] }
@@ -414,6 +430,7 @@ model_config { model_class: "MultiTowerDIN"
     ("RankModel with a TextCNN over an unpooled sequence", TEXT_CNN),
     ("RankModel with a DIN layer and Dice", DIN_LAYER),
     ("RankModel with a BST layer", BST_LAYER),
+    ("DropoutNet", DROPOUTNET),
     (
         "MultiTowerBST",
         r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
