@@ -734,6 +734,15 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
     Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap()
 }
 
+/// The error reading the first training batch of `t`'s input.
+fn first_batch_error(t: &Trainer) -> anyhow::Error {
+    t.stream(&t.plan.train_paths.clone(), true, 0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap_err()
+}
+
 /// The first training batch of `t`'s input.
 fn first_batch(t: &Trainer) -> Batch {
     t.stream(&t.plan.train_paths.clone(), true, 0)
@@ -1186,12 +1195,7 @@ model_config { model_class: "DBMTL"
     assert!(st.loss.is_finite());
     // More positions than sequence_length: EasyRec's dense layout fails too.
     std::fs::write(dir.path().join("data.csv"), "1,0.5,0.5,u1,3,1|2|3|4,0\n").unwrap();
-    let err = t
-        .stream(&t.plan.train_paths.clone(), true, 0)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap_err();
+    let err = first_batch_error(&t);
     assert!(
         format!("{err:#}").contains("more than sequence_length (3) positions"),
         "{err:#}"
@@ -1241,12 +1245,7 @@ model_config { model_class: "DeepFM"
         (("u3", "u3:a|oops"), "map entry `oops` has no `:`"),
     ] {
         write(&[bad]);
-        let err = t
-            .stream(&t.plan.train_paths.clone(), true, 0)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap_err();
+        let err = first_batch_error(&t);
         assert!(format!("{err:#}").contains(want), "{err:#}");
     }
 }

@@ -281,15 +281,24 @@ pub enum HiddenAct {
 /// (`output_all_token_embeddings`) or the target's alone.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BstLayer {
+    pub encoder: EncoderSpec,
+    pub max_position: usize,
+    pub all_tokens: bool,
+}
+
+/// EasyRec's transformer encoder's shape (`transformer_encoder`'s
+/// arguments; `model::transformer` builds it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EncoderSpec {
     pub hidden: usize,
     pub layers: usize,
     pub heads: usize,
     pub intermediate: usize,
     pub act: HiddenAct,
     pub hidden_dropout: f32,
-    pub max_position: usize,
+    /// The stddev of the truncated normal the kernels and position
+    /// embeddings start from (`initializer_range`).
     pub init_range: f32,
-    pub all_tokens: bool,
 }
 
 fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
@@ -352,14 +361,16 @@ fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError>
         ));
     }
     Ok(BstLayer {
-        hidden: b.hidden_size as usize,
-        layers: b.num_hidden_layers as usize,
-        heads: b.num_attention_heads as usize,
-        intermediate: b.intermediate_size as usize,
-        act,
-        hidden_dropout: b.hidden_dropout_prob,
+        encoder: EncoderSpec {
+            hidden: b.hidden_size as usize,
+            layers: b.num_hidden_layers as usize,
+            heads: b.num_attention_heads as usize,
+            intermediate: b.intermediate_size as usize,
+            act,
+            hidden_dropout: b.hidden_dropout_prob,
+            init_range: b.initializer_range,
+        },
         max_position: b.max_position_embeddings as usize,
-        init_range: b.initializer_range,
         all_tokens: b.output_all_token_embeddings,
     })
 }

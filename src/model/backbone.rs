@@ -348,15 +348,7 @@ fn seq_input(l: &GroupLayout, x: NodeId, g: &mut Graph) -> anyhow::Result<Val> {
         bail!("group `{}` has no unpooled sequences", l.name);
     };
     let n = sl.len;
-    let rows: Vec<NodeId> = sl
-        .hist
-        .iter()
-        .map(|&(c, d)| {
-            let h = g.slice(x, c, n * d);
-            g.unfold(h, n)
-        })
-        .collect();
-    let rows = g.concat(&rows);
+    let rows = super::sequence::hist_rows(sl, x, g);
     let d = g.width(rows);
     let seq = Val::S {
         x: g.fold(rows, n),
@@ -415,18 +407,13 @@ fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyho
     }
     // Projected to the hidden size with ReLU (tf.layers.dense with the
     // block's l2 regularizer) when their width differs.
+    let spec = &b.encoder;
     let mut project = |g: &mut Graph, x: NodeId, what: &str| {
-        if d == b.hidden {
+        if d == spec.hidden {
             x
         } else {
-            s.layer(
-                g,
-                x,
-                &format!("{name}/{what}"),
-                b.hidden,
-                Kernel::DENSE,
-                Activation::Relu,
-            )
+            let dense = Kernel::DENSE;
+            s.layer(g, x, &format!("{name}/{what}"), spec.hidden, dense, Activation::Relu)
         }
     };
     let rows = g.unfold(x, n);
@@ -435,22 +422,17 @@ fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyho
     let target = project(g, target, "target_project");
     let all = g.concat(&[target, seq]);
     let m = n + 1;
-    let rows =
-        super::transformer::embedding_postprocessor(g, s, (all, m), (name, name), (b.init_range, b.hidden_dropout));
+    let post = (spec.init_range, spec.hidden_dropout);
+    let rows = super::transformer::embedding_postprocessor(g, s, (all, m), (name, name), post);
     // The target and the row's first `len` positions.
     let live = g.shift(len, 1.0);
-    let spec = super::transformer::EncoderSpec {
-        hidden: b.hidden,
-        layers: b.layers,
-        heads: b.heads,
-        intermediate: b.intermediate,
-        act: b.act,
-        hidden_dropout: b.hidden_dropout,
-        init_range: b.init_range,
-    };
-    let out = super::transformer::encoder(g, s, rows, Some(live), &spec, &format!("{name}/transformer"));
+    let out = super::transformer::encoder(g, s, rows, Some(live), spec, &format!("{name}/transformer"));
     let out = g.fold(out, m);
-    Ok(if b.all_tokens { out } else { g.slice(out, 0, b.hidden) })
+    Ok(if b.all_tokens {
+        out
+    } else {
+        g.slice(out, 0, spec.hidden)
+    })
 }
 
 /// EasyRec's `merge_inputs`: one input as it is, lists joined into one list,

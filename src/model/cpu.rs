@@ -143,20 +143,8 @@ impl<'a> Tape<'a> {
                 examples_only,
             } => {
                 let mut z = self.value(*x).to_vec();
-                let (m, v, train) = match mode {
-                    Mode::Train { stats, .. } => {
-                        let rows = if *examples_only { self.examples * rows } else { b };
-                        let (m, v) = kernels::batch_moments(&z[..rows * width], width);
-                        stats.push(BnStats {
-                            mean_buffer: *mean,
-                            var_buffer: *var,
-                            mean: m.clone(),
-                            var: v.clone(),
-                        });
-                        (m, v, true)
-                    }
-                    Mode::Infer => (buffers.slice(*mean).to_vec(), buffers.slice(*var).to_vec(), false),
-                };
+                let stat_rows = if *examples_only { self.examples * rows } else { b };
+                let (m, v, train) = column_stats(mode, &z[..stat_rows * width], width, (*mean, *var), buffers);
                 let inv = kernels::bn_inv(&v);
                 let a = kernels::bn_apply(&mut z, width, (&m, &inv), (p.slice(*gamma), p.slice(*beta)), *act);
                 (a, if train { Saved::Bn { xhat: z, inv } } else { Saved::None })
@@ -168,19 +156,7 @@ impl<'a> Tape<'a> {
             }
             Op::Dice { x, alpha, mean, var } => {
                 let z = self.value(*x);
-                let (m, v, train) = match mode {
-                    Mode::Train { stats, .. } => {
-                        let (m, v) = kernels::batch_moments(z, width);
-                        stats.push(BnStats {
-                            mean_buffer: *mean,
-                            var_buffer: *var,
-                            mean: m.clone(),
-                            var: v.clone(),
-                        });
-                        (m, v, true)
-                    }
-                    Mode::Infer => (buffers.slice(*mean).to_vec(), buffers.slice(*var).to_vec(), false),
-                };
+                let (m, v, train) = column_stats(mode, z, width, (*mean, *var), buffers);
                 let inv: Vec<f32> = v.iter().map(|v| 1.0 / (v + DICE_EPS).sqrt()).collect();
                 let (y, pg) = kernels::dice(z, width, (&m, &inv), p.slice(*alpha));
                 let saved = if train {
@@ -1145,6 +1121,31 @@ impl<'a> Tape<'a> {
 }
 
 /// Adds `d` to the gradient of node `n` when it needs one.
+/// A normalization's column mean and variance: of the rows `z` in
+/// training (recorded for the moving averages in buffers `mean`, `var`),
+/// those moving averages otherwise; and whether it trains.
+fn column_stats(
+    mode: &mut Mode,
+    z: &[f32],
+    width: usize,
+    (mean, var): (usize, usize),
+    buffers: &ParamStore,
+) -> (Vec<f32>, Vec<f32>, bool) {
+    match mode {
+        Mode::Train { stats, .. } => {
+            let (m, v) = kernels::batch_moments(z, width);
+            stats.push(BnStats {
+                mean_buffer: mean,
+                var_buffer: var,
+                mean: m.clone(),
+                var: v.clone(),
+            });
+            (m, v, true)
+        }
+        Mode::Infer => (buffers.slice(mean).to_vec(), buffers.slice(var).to_vec(), false),
+    }
+}
+
 fn accumulate(grads: &mut [Option<Vec<f32>>], needs: &[bool], n: NodeId, d: Vec<f32>) {
     if !needs[n.0] {
         return;

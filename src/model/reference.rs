@@ -34,6 +34,29 @@ impl Ctx<'_> {
     fn constant(&self, values: Vec<f32>, rows: usize, cols: usize) -> Tensor<2> {
         Tensor::<2>::from_data(TensorData::new(values, [rows, cols]), self.device)
     }
+
+    /// A normalization's column mean and variance: of the rows `stat` in
+    /// training (recorded for the moving averages in buffers `mean`,
+    /// `var`), those moving averages otherwise.
+    fn column_stats(&mut self, stat: Tensor<2>, (mean, var): (usize, usize), width: usize) -> (Tensor<2>, Tensor<2>) {
+        if self.training {
+            let m = stat.clone().mean_dim(0);
+            let c = stat - m.clone();
+            let v = (c.clone() * c).mean_dim(0);
+            self.bn_stats.push(BnStats {
+                mean_buffer: mean,
+                var_buffer: var,
+                mean: to_vec(m.clone()),
+                var: to_vec(v.clone()),
+            });
+            (m, v)
+        } else {
+            (
+                self.constant(self.buffers.slice(mean).to_vec(), 1, width),
+                self.constant(self.buffers.slice(var).to_vec(), 1, width),
+            )
+        }
+    }
 }
 
 fn activate(a: Activation, x: Tensor<2>) -> Tensor<2> {
@@ -75,28 +98,12 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 examples_only,
             } => {
                 let x = v[x.0].clone();
-                let (m, var) = if ctx.training {
-                    let stat = if *examples_only {
-                        x.clone().narrow(0, 0, ctx.examples)
-                    } else {
-                        x.clone()
-                    };
-                    let m = stat.clone().mean_dim(0);
-                    let c = stat - m.clone();
-                    let var_t = (c.clone() * c).mean_dim(0);
-                    ctx.bn_stats.push(BnStats {
-                        mean_buffer: *mean,
-                        var_buffer: *var,
-                        mean: to_vec(m.clone()),
-                        var: to_vec(var_t.clone()),
-                    });
-                    (m, var_t)
+                let stat = if *examples_only && ctx.training {
+                    x.clone().narrow(0, 0, ctx.examples)
                 } else {
-                    (
-                        ctx.constant(ctx.buffers.slice(*mean).to_vec(), 1, width),
-                        ctx.constant(ctx.buffers.slice(*var).to_vec(), 1, width),
-                    )
+                    x.clone()
                 };
+                let (m, var) = ctx.column_stats(stat, (*mean, *var), width);
                 let inv = var.add_scalar(BN_EPS).sqrt().recip();
                 activate(*act, (x - m) * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone())
             }
@@ -110,23 +117,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             }
             Op::Dice { x, alpha, mean, var } => {
                 let x = v[x.0].clone();
-                let (m, var) = if ctx.training {
-                    let m = x.clone().mean_dim(0);
-                    let c = x.clone() - m.clone();
-                    let var_t = (c.clone() * c).mean_dim(0);
-                    ctx.bn_stats.push(BnStats {
-                        mean_buffer: *mean,
-                        var_buffer: *var,
-                        mean: to_vec(m.clone()),
-                        var: to_vec(var_t.clone()),
-                    });
-                    (m, var_t)
-                } else {
-                    (
-                        ctx.constant(ctx.buffers.slice(*mean).to_vec(), 1, width),
-                        ctx.constant(ctx.buffers.slice(*var).to_vec(), 1, width),
-                    )
-                };
+                let (m, var) = ctx.column_stats(x.clone(), (*mean, *var), width);
                 let inv = var.add_scalar(DICE_EPS).sqrt().recip();
                 let p = sigmoid((x.clone() - m) * inv);
                 let a = ctx.p[*alpha].clone();

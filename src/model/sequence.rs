@@ -121,16 +121,7 @@ fn target_attention(sl: &SeqLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> 
     let n = sl.len;
     let keys: Vec<NodeId> = sl.keys.iter().map(|&(c, w)| g.slice(x, c, w)).collect();
     let mut key = g.concat(&keys);
-    // Each position a row of its own: `[b * n, dh]`, the histories side by side.
-    let rows: Vec<NodeId> = sl
-        .hist
-        .iter()
-        .map(|&(c, d)| {
-            let h = g.slice(x, c, n * d);
-            g.unfold(h, n)
-        })
-        .collect();
-    let mut hist = g.concat(&rows);
+    let mut hist = hist_rows(sl, x, g);
     let (dk, dh) = (g.width(key), g.width(hist));
     if dk != dh {
         if !att.allow_key_transform {
@@ -181,6 +172,21 @@ fn target_attention(sl: &SeqLayout, x: NodeId, g: &mut Graph, s: &mut Scope) -> 
         out.push(key);
     }
     Ok(g.concat(&out))
+}
+
+/// The histories of `sl` in the group input `x`, each position a row of
+/// its own: `[b * len, Σ dim]`, the histories side by side.
+pub fn hist_rows(sl: &SeqLayout, x: NodeId, g: &mut Graph) -> NodeId {
+    let n = sl.len;
+    let rows: Vec<NodeId> = sl
+        .hist
+        .iter()
+        .map(|&(c, d)| {
+            let h = g.slice(x, c, n * d);
+            g.unfold(h, n)
+        })
+        .collect();
+    g.concat(&rows)
 }
 
 /// MultiTowerBST's tower, EasyRec's transformer block (`bst`): the keys

@@ -8,25 +8,11 @@
 
 use super::graph::{Graph, Kernel, NodeId, Scope};
 use super::params::Init;
-use crate::config::backbone::HiddenAct;
+use crate::config::backbone::{EncoderSpec, HiddenAct};
 use crate::config::model_plan::Activation;
 
 /// `tf.contrib.layers.layer_norm`'s epsilon, which EasyRec's transformer uses.
 const LN_EPS: f32 = 1e-12;
-
-/// The encoder's shape (`transformer_encoder`'s arguments).
-#[derive(Debug, Clone, Copy)]
-pub struct EncoderSpec {
-    pub hidden: usize,
-    pub layers: usize,
-    pub heads: usize,
-    pub intermediate: usize,
-    pub act: HiddenAct,
-    pub hidden_dropout: f32,
-    /// The stddev of the truncated normal the kernels and position
-    /// embeddings start from (`initializer_range`).
-    pub init_range: f32,
-}
 
 /// `layer_norm(x)` as `tf.contrib.layers.layer_norm` in scope `name`.
 fn layer_norm(g: &mut Graph, s: &mut Scope, x: NodeId, name: &str) -> NodeId {
