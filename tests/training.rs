@@ -198,6 +198,14 @@ model_config { model_class: "DeepFM"
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "RankModel with a BST layer" => common::models::BST_LAYER,
         "DropoutNet" => common::models::DROPOUTNET,
+        "DeepFM with knowledge distillation" => {
+            r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } }
+  kd { soft_label_name: "label2" pred_name: "logits" loss_type: BINARY_CROSS_ENTROPY_LOSS temperature: 2.0 }
+  kd { soft_label_name: "label2" pred_name: "logits" loss_type: L2_LOSS loss_weight: 0.1 } }"#
+        }
         "MultiTowerDIN" => {
             r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
@@ -249,7 +257,15 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 44] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 45] = [
+    (
+        "DeepFM distilled from label2 as soft logits (cross entropy at temperature 2)",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
+  deepfm { dnn { hidden_units: [8, 4] } }
+  kd { soft_label_name: "label2" pred_name: "logits" loss_type: CROSS_ENTROPY_LOSS loss_weight: 0.7 temperature: 2.0 } }"#,
+    ),
     (
         // The pairwise term sums thousands of pairs here, past f32 parity
         // with burn on gradients near zero (biases under batch norm); other
@@ -753,7 +769,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 30] = [
+const MODELS: [&str; 31] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -784,6 +800,7 @@ const MODELS: [&str; 30] = [
     "RankModel with a DIN layer and Dice",
     "RankModel with a BST layer",
     "DropoutNet",
+    "DeepFM with knowledge distillation",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

@@ -25,6 +25,100 @@ pub struct Task {
     /// Evaluated only, on the rows whose label at this index is > 0, and
     /// not trained (ESMM's masked CVR, `auc_cvr_masked`).
     pub masked_by: Option<usize>,
+    /// Knowledge distillation (`model_config.kd`) on this task's logits,
+    /// added to its loss.
+    pub kd: Vec<KdTerm>,
+}
+
+/// One `model_config.kd` entry: the task's logits against a soft label
+/// field, its loss times `weight`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KdTerm {
+    /// Index into `data_config.label_fields`.
+    pub label: usize,
+    pub kind: KdKind,
+    pub weight: f32,
+    /// Divides the logits and the soft labels (0: none), for the cross
+    /// entropies.
+    pub temperature: f32,
+    /// The soft labels are logits (else probabilities).
+    pub label_is_logits: bool,
+}
+
+/// The losses EasyRec's `build_kd_loss` computes for one-logit tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KdKind {
+    /// `CROSS_ENTROPY_LOSS`: TensorFlow's `log_loss` (epsilon 1e-7) of
+    /// `sigmoid(z / T)` against `sigmoid(soft / T)`.
+    CrossEntropy,
+    /// `BINARY_CROSS_ENTROPY_LOSS`: sigmoid cross entropy of `z / T`
+    /// against `sigmoid(soft / T)`.
+    BinaryCrossEntropy,
+    /// `L2_LOSS`: the mean squared difference of the logits and the soft
+    /// labels.
+    L2,
+}
+
+/// `model_config.kd`, each entry on the task whose logits it names.
+pub fn add_kd(model: &proto::EasyRecModel, label_fields: &[String], tasks: &mut [Task]) -> Result<(), ConfigError> {
+    for (i, kd) in model.kd.iter().enumerate() {
+        let path = format!("model_config.kd[{i}]");
+        if kd.task_space_indicator_name.as_deref().is_some_and(|n| !n.is_empty()) {
+            return Err(ConfigError::unsupported(
+                format!("{path}.task_space_indicator_name"),
+                "distillation weighted by a task space",
+            ));
+        }
+        let label = label_fields
+            .iter()
+            .position(|l| *l == kd.soft_label_name)
+            .ok_or_else(|| {
+                ConfigError::invalid(
+                    format!("{path}.soft_label_name"),
+                    format!("`{}` is not among data_config.label_fields", kd.soft_label_name),
+                )
+            })?;
+        let task = tasks
+            .iter_mut()
+            .find(|t| t.output() == kd.pred_name && t.trained() && !t.in_batch())
+            .ok_or_else(|| {
+                ConfigError::unsupported(
+                    format!("{path}.pred_name"),
+                    format!(
+                        "distilling `{}`: only a task's logits (`logits`, `logits_<tower>`) of a pointwise loss",
+                        kd.pred_name
+                    ),
+                )
+            })?;
+        if !kd.pred_is_logits() {
+            return Err(ConfigError::invalid(
+                format!("{path}.pred_is_logits"),
+                format!("`{}` holds logits", kd.pred_name),
+            ));
+        }
+        let kind = match kd.loss_type() {
+            proto::LossType::CrossEntropyLoss => KdKind::CrossEntropy,
+            proto::LossType::BinaryCrossEntropyLoss => KdKind::BinaryCrossEntropy,
+            proto::LossType::L2Loss => KdKind::L2,
+            other => {
+                return Err(ConfigError::unsupported(
+                    format!("{path}.loss_type"),
+                    format!(
+                        "distillation by {} (supported: CROSS_ENTROPY_LOSS, BINARY_CROSS_ENTROPY_LOSS, L2_LOSS)",
+                        other.as_str_name()
+                    ),
+                ))
+            }
+        };
+        task.kd.push(KdTerm {
+            label,
+            kind,
+            weight: kd.loss_weight(),
+            temperature: kd.temperature(),
+            label_is_logits: kd.label_is_logits(),
+        });
+    }
+    Ok(())
 }
 
 /// One entry of `model_config.losses`, times its `weight`.
@@ -399,6 +493,7 @@ pub fn task_towers(
             metrics: metric_list(t.metrics, &format!("{p}.metrics_set"))?,
             summed: false,
             masked_by: None,
+            kd: Vec::new(),
         });
     }
     Ok((layers, tasks))

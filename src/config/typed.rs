@@ -1169,9 +1169,6 @@ impl TrainingPlan {
                 })
             }
         };
-        if !model.kd.is_empty() {
-            return Err(ConfigError::unsupported("model_config.kd", "knowledge distillation"));
-        }
         if model.ev_params.is_some() {
             return Err(ConfigError::unsupported(
                 "model_config.ev_params",
@@ -1331,9 +1328,12 @@ impl TrainingPlan {
                     metrics,
                     summed: false,
                     masked_by: None,
+                    kd: Vec::new(),
                 }]
             }
         };
+        let mut tasks = tasks;
+        super::tasks::add_kd(model, &data.label_fields, &mut tasks)?;
         let fine_tune = Some(train.fine_tune_checkpoint())
             .filter(|c| !c.is_empty())
             .map(|c| FineTune {

@@ -631,6 +631,12 @@ impl Model {
             if t.weight != 1.0 {
                 dl.iter_mut().for_each(|g| *g *= t.weight);
             }
+            // Distillation terms join the loss as they are.
+            for kd in &t.kd {
+                let (l, g) = kernels::kd_loss_grad(kd, tape.value(out), &labels[kd.label]);
+                loss += l;
+                dl.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+            }
             seeds.push((out, dl));
         }
         let needs = self.graph.needs_grad(&self.trained_inputs());
@@ -722,7 +728,11 @@ impl Model {
                     let loss = match weights {
                         Some(w) => kernels::weighted_loss_grad(t.loss, &scores.logits, &labels[t.label], w).0 as f64,
                         None => kernels::loss_value(t, &scores.logits, &labels[t.label]),
-                    };
+                    } + t
+                        .kd
+                        .iter()
+                        .map(|kd| kernels::kd_loss_grad(kd, &scores.logits, &labels[kd.label]).0 as f64)
+                        .sum::<f64>();
                     return BatchEval {
                         scores,
                         loss,

@@ -10,7 +10,7 @@ use super::kernels::NO_HARD_NEGATIVE;
 use super::params::{to_vec, ParamStore};
 use super::Targets;
 use crate::config::model_plan::Activation;
-use crate::config::tasks::{LossTermKind, Task};
+use crate::config::tasks::{KdKind, KdTerm, LossTermKind, Task};
 use crate::config::typed::LossKind;
 use crate::util::Rng;
 
@@ -419,6 +419,45 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
     };
     let nonzero = weights.iter().filter(|w| **w != 0.0).count().max(1);
     (per_row * column(weights.to_vec())).sum().div_scalar(nonzero as f32)
+}
+
+/// A distillation term's loss on the reference executor, the oracle of
+/// `kernels::kd_loss_grad` (the soft labels are constants).
+pub fn kd_loss_of(kd: &KdTerm, logits: Tensor<2>, soft: &[f32]) -> Tensor<1> {
+    let device = logits.device();
+    let b = soft.len();
+    let t = if kd.temperature > 0.0 { kd.temperature } else { 1.0 };
+    let eps = 1e-7f32;
+    let targets: Vec<f32> = soft
+        .iter()
+        .map(|&s| {
+            let logit = match (kd.kind, kd.label_is_logits) {
+                (KdKind::L2, _) => return s,
+                (_, true) => s,
+                (KdKind::CrossEntropy, false) => (s + eps).ln(),
+                (KdKind::BinaryCrossEntropy, false) => {
+                    let p = s.clamp(eps, 1.0 - eps);
+                    (p / (1.0 - p)).ln()
+                }
+            };
+            1.0 / (1.0 + (-logit / t).exp())
+        })
+        .collect();
+    let y = Tensor::<2>::from_data(TensorData::new(targets, [b, 1]), &device);
+    let per_row = match kd.kind {
+        KdKind::CrossEntropy => {
+            let p = sigmoid(logits.div_scalar(t));
+            let one_minus = p.clone().neg().add_scalar(1.0);
+            let ny = y.clone().neg().add_scalar(1.0);
+            (y * p.add_scalar(eps).log() + ny * one_minus.add_scalar(eps).log()).neg()
+        }
+        KdKind::BinaryCrossEntropy => sigmoid_ce(logits.div_scalar(t), y),
+        KdKind::L2 => {
+            let d = logits - y;
+            d.clone() * d
+        }
+    };
+    per_row.mean().mul_scalar(kd.weight)
 }
 
 /// A cross entropy whose gradient is `p − y` exactly (see `loss_of`):

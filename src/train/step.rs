@@ -164,11 +164,14 @@ impl Trainer {
                     .output_node(&t.output())
                     .expect("every task has an output");
                 let logits = values[out.0].clone();
-                match &batch.weights {
-                    Some(w) => reference::weighted_loss_of(t.loss, logits, &batch.labels[t.label], w),
-                    None => task_loss_of(t, logits, &batch.labels[t.label]),
+                let main = match &batch.weights {
+                    Some(w) => reference::weighted_loss_of(t.loss, logits.clone(), &batch.labels[t.label], w),
+                    None => task_loss_of(t, logits.clone(), &batch.labels[t.label]),
                 }
-                .mul_scalar(t.weight)
+                .mul_scalar(t.weight);
+                t.kd.iter().fold(main, |acc, kd| {
+                    acc + reference::kd_loss_of(kd, logits.clone(), &batch.labels[kd.label])
+                })
             })
             .reduce(|a, c| a + c)
             .expect("a model has a task");
