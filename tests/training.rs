@@ -1145,7 +1145,8 @@ model_config { model_class: "DBMTL"
 
 /// `seq_multi_sep`: each position of a sequence holds the values split by
 /// it, their embeddings combined by the feature's combiner (mean: weights
-/// 1/n); a RawFeature sequence with num_buckets and min_val < max_val is
+/// 1/n), empty positions keeping their place; a RawFeature sequence with
+/// num_buckets and min_val < max_val is
 /// bucketed as EasyRec does, scaled to [0, 1] then cut at k / num_buckets;
 /// one with neither (but embedding_dim) has `sequence_length` positions,
 /// each positive value weighting the row of its position (0 from
@@ -1167,7 +1168,7 @@ model_config { model_class: "DBMTL"
           task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] } } }"#;
     let dir = tempfile::tempdir().unwrap();
     let mut t = trainer_of(dir.path(), "multi-valued sequence", block);
-    let text: String = ["0;2|7", "4", "", "8;1;3|5|6"]
+    let text: String = ["0;2|7", "4", "", "8;1;3|5|6", "|9;|"]
         .iter()
         .map(|s| format!("1,0.5,0.5,u1,3,{s},0\n"))
         .collect();
@@ -1183,15 +1184,17 @@ model_config { model_class: "DBMTL"
         &ms.ids[..8],
         &[h("0"), h("2"), h("7"), h("4"), h("8"), h("1"), h("3"), h("5")]
     );
-    assert_eq!(&ms.offsets[..5], &[0, 3, 4, 4, 8]);
+    assert_eq!(&ms.offsets[..6], &[0, 3, 4, 4, 8, 9]);
     let third = 1.0f32 / 3.0;
     assert_eq!(
         &ms.weights.as_ref().unwrap()[..8],
         &[0.5, 0.5, 1.0, 1.0, third, third, third, 1.0]
     );
     let p = ms.positions.as_ref().unwrap();
-    assert_eq!(&p.of_id[..8], &[0, 0, 1, 0, 0, 0, 0, 1]);
-    assert_eq!(&p.lens[..4], &[2, 1, 0, 2]);
+    assert_eq!(&p.of_id[..9], &[0, 0, 1, 0, 0, 0, 0, 1, 1]);
+    // An empty position keeps its place (`|9;|`: 9 at position 1), as in
+    // TensorFlow's sparse sequence; the length ends at the last value.
+    assert_eq!(&p.lens[..5], &[2, 1, 0, 2, 2]);
     // x / 8 against [0, 0.25, 0.5, 0.75]; the sum combiner weighs nothing.
     assert_eq!(&sc.ids[..8], &[1, 2, 4, 3, 4, 1, 2, 3]);
     assert!(sc.weights.is_none());

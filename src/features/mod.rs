@@ -878,8 +878,11 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             let mut p = SeqPositions::default();
             let mut values = Vec::new();
             for r in 0..n {
-                let mut pos = 0u32;
-                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+                // As TensorFlow's sparse sequence: an empty position (`a||b`)
+                // holds no values but keeps its place, and the length runs
+                // to the last position holding one.
+                let (mut pos, mut len) = (0u32, 0u32);
+                let mut position = |v: Value<'_>| -> anyhow::Result<()> {
                     if pos as usize == *max_len {
                         return Ok(());
                     }
@@ -899,9 +902,23 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                         p.of_id.push(pos);
                     }
                     pos += 1;
+                    if !values.is_empty() {
+                        len = pos;
+                    }
                     Ok(())
-                })?;
-                p.lens.push(pos);
+                };
+                match &raw.columns[*col] {
+                    Column::Str(s) if !separator.is_empty() => {
+                        let text = s.get(r);
+                        if !text.is_empty() {
+                            for part in text.split(separator.as_str()) {
+                                position(Value::Str(part))?;
+                            }
+                        }
+                    }
+                    other => for_each_value(other, r, Some(separator), &mut position)?,
+                }
+                p.lens.push(len);
                 j.offsets.push(j.ids.len() as u32);
             }
             if multi.combiner != PositionCombiner::Sum {
