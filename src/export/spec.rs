@@ -184,9 +184,10 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                             "separator": separator,
                             "max_len": max_len,
                             "value_separator": m.separator,
-                            "ids": "per non-empty position of the row (the first max_len kept), its non-empty values \
-                                    split by value_separator, each bucketed; positions: each id's position; seq_lens: \
-                                    the row's positions",
+                            "ids": "per position of the row (split by separator, the first max_len kept; an empty \
+                                    one keeps its place), its non-empty values split by value_separator, each \
+                                    bucketed; positions: each id's position; seq_lens: up to the last position \
+                                    holding a value",
                             "weights": "1 / the position's value count, for a mean combiner",
                             "each": buckets(b),
                         }),
