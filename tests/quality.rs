@@ -72,7 +72,8 @@ fn movielens_100k_wide_and_deep_and_dlrm_reach_auc_075() {
 /// MovieLens rows with a label planted in the rating history: the rated
 /// item is, half the time, one the user liked before (label 1), else one
 /// another user liked before (label 0, so items alike in popularity). Only
-/// the history tells them apart: MultiTowerDIN and MultiTowerBST learn it,
+/// the history tells them apart: MultiTowerDIN, MultiTowerBST and a
+/// RankModel's DIN layer (Dice in its scoring MLP) learn it,
 /// and the same checkpoint on the rows with blanked histories is no better
 /// than chance. (BST has no key-history product as DIN's scoring network
 /// has: it reaches about 0.83 where DIN reaches 0.98.)
@@ -123,7 +124,11 @@ fn movielens_100k_din_and_bst_learn_a_label_planted_in_the_rating_history() {
     };
     let (train_csv, eval_csv) = (plant("train.csv", 3, false), plant("eval.csv", 4, false));
     let blank_csv = plant("eval.csv", 4, true);
-    for (config, want) in [("samples/din_ml100k.config", 0.85), ("samples/bst_ml100k.config", 0.78)] {
+    for (config, want) in [
+        ("samples/din_ml100k.config", 0.85),
+        ("samples/bst_ml100k.config", 0.78),
+        ("samples/din_backbone_ml100k.config", 0.85),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let result = train(config, &train_csv, &eval_csv, dir.path(), &[]);
         let auc = result["auc"].as_f64().unwrap();
