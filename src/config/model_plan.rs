@@ -880,7 +880,7 @@ fn esmm(
     ))
 }
 
-/// DSSM's towers and similarity (`path`: where `d` sits in the config).
+/// DropoutNet's sides (`path`: where `d` sits in the config).
 fn dropoutnet(d: &proto::DropoutNet, path: &str) -> Result<(Arch, f32), ConfigError> {
     let side = |name: &str, content: &proto::Dnn, preference: &proto::Dnn, tower: &proto::Dnn, rate: f32| {
         let tower = dnn(tower, &format!("{path}.{name}_tower"))?;
@@ -926,6 +926,7 @@ fn dropoutnet(d: &proto::DropoutNet, path: &str) -> Result<(Arch, f32), ConfigEr
     Ok((Arch::DropoutNet { user, item }, d.l2_regularization))
 }
 
+/// DSSM's towers and similarity (`path`: where `d` sits in the config).
 fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
     if d.item_id.as_deref().is_some_and(|i| !i.is_empty()) {
         return Err(ConfigError::unsupported(

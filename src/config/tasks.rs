@@ -45,6 +45,18 @@ pub struct KdTerm {
     pub label_is_logits: bool,
 }
 
+impl KdTerm {
+    /// What the logits and soft labels are divided by: the temperature,
+    /// or 1 without one.
+    pub fn divisor(&self) -> f32 {
+        if self.temperature > 0.0 {
+            self.temperature
+        } else {
+            1.0
+        }
+    }
+}
+
 /// The losses EasyRec's `build_kd_loss` computes for one-logit tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KdKind {

@@ -414,21 +414,22 @@ impl Builder<'_> {
         }
     }
 
-    fn batch_norm(&mut self, x: &str, (gamma, beta): (usize, usize), (mean, var): (usize, usize)) -> String {
-        let m = self.buffers.slice(mean).to_vec();
-        let inv: Vec<f32> = self
-            .buffers
-            .slice(var)
-            .iter()
-            .map(|v| 1.0 / (v + BN_EPS).sqrt())
-            .collect();
-        let m = self.g.f32s(None, &[1, m.len()], &m);
-        let inv = self.g.f32s(None, &[1, inv.len()], &inv);
+    fn batch_norm(&mut self, x: &str, (gamma, beta): (usize, usize), stats: (usize, usize)) -> String {
+        let c = self.normalized(x, stats, BN_EPS);
         let (gamma, beta) = (self.param(gamma), self.param(beta));
-        let c = self.g.op("Sub", &[x, &m]);
-        let c = self.g.op("Mul", &[&c, &inv]);
         let c = self.g.op("Mul", &[&c, &gamma]);
         self.g.op("Add", &[&c, &beta])
+    }
+
+    /// `(x - mean) / sqrt(var + eps)` with the moving averages in buffers
+    /// `mean` and `var`, as inference normalizes.
+    fn normalized(&mut self, x: &str, (mean, var): (usize, usize), eps: f32) -> String {
+        let m = self.buffers.slice(mean).to_vec();
+        let inv: Vec<f32> = self.buffers.slice(var).iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+        let m = self.g.f32s(None, &[1, m.len()], &m);
+        let inv = self.g.f32s(None, &[1, inv.len()], &inv);
+        let c = self.g.op("Sub", &[x, &m]);
+        self.g.op("Mul", &[&c, &inv])
     }
 
     /// Layer normalization from opset-16 ops (LayerNormalization is 17).
@@ -485,17 +486,7 @@ impl Builder<'_> {
                 }
                 Op::Act { x, act } => self.act(*act, v[x.0].clone()),
                 Op::Dice { x, alpha, mean, var } => {
-                    let m = self.buffers.slice(*mean).to_vec();
-                    let inv: Vec<f32> = self
-                        .buffers
-                        .slice(*var)
-                        .iter()
-                        .map(|v| 1.0 / (v + DICE_EPS).sqrt())
-                        .collect();
-                    let m = self.g.f32s(None, &[1, m.len()], &m);
-                    let inv = self.g.f32s(None, &[1, inv.len()], &inv);
-                    let c = self.g.op("Sub", &[&v[x.0], &m]);
-                    let c = self.g.op("Mul", &[&c, &inv]);
+                    let c = self.normalized(&v[x.0], (*mean, *var), DICE_EPS);
                     let gate = self.g.op("Sigmoid", &[&c]);
                     // x (p + a (1 - p)) = x (a + (1 - a) p)
                     let a = self.param(*alpha);

@@ -68,7 +68,7 @@ fn serving_input(plan: &TrainingPlan) -> Value {
         };
         let multi: Vec<Value> = plan
             .multi_value_inputs()
-            .unwrap_or_default()
+            .expect("checked when the plan was made")
             .into_iter()
             .map(|(field, sep)| json!({ "field": field, "joined_by": sep }))
             .collect();

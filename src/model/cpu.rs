@@ -158,17 +158,19 @@ impl<'a> Tape<'a> {
                 let z = self.value(*x);
                 let (m, v, train) = column_stats(mode, z, width, (*mean, *var), buffers);
                 let inv: Vec<f32> = v.iter().map(|v| 1.0 / (v + DICE_EPS).sqrt()).collect();
-                let (y, pg) = kernels::dice(z, width, (&m, &inv), p.slice(*alpha));
-                let saved = if train {
-                    let xhat = z
-                        .chunks_exact(width.max(1))
-                        .flat_map(|r| r.iter().zip(&m).zip(&inv).map(|((x, m), i)| (x - m) * i))
-                        .collect();
-                    Saved::Dice { xhat, inv, p: pg }
-                } else {
-                    Saved::None
-                };
-                (y, saved)
+                let xhat: Vec<f32> = z
+                    .chunks_exact(width.max(1))
+                    .flat_map(|r| r.iter().zip(&m).zip(&inv).map(|((x, m), i)| (x - m) * i))
+                    .collect();
+                let (y, pg) = kernels::dice(z, &xhat, p.slice(*alpha));
+                (
+                    y,
+                    if train {
+                        Saved::Dice { xhat, inv, p: pg }
+                    } else {
+                        Saved::None
+                    },
+                )
             }
             Op::Dropout { x, rate } => match mode {
                 Mode::Train { rng, .. } => {
@@ -1120,7 +1122,6 @@ impl<'a> Tape<'a> {
     }
 }
 
-/// Adds `d` to the gradient of node `n` when it needs one.
 /// A normalization's column mean and variance: of the rows `z` in
 /// training (recorded for the moving averages in buffers `mean`, `var`),
 /// those moving averages otherwise; and whether it trains.
@@ -1146,6 +1147,7 @@ fn column_stats(
     }
 }
 
+/// Adds `d` to the gradient of node `n` when it needs one.
 fn accumulate(grads: &mut [Option<Vec<f32>>], needs: &[bool], n: NodeId, d: Vec<f32>) {
     if !needs[n.0] {
         return;

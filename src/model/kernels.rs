@@ -376,18 +376,16 @@ pub fn bn_apply(
     a
 }
 
-/// Dice's forward over `x` (`[rows, n]`) with column statistics `mean`
-/// and `inv = 1 / sqrt(var + DICE_EPS)`: its output and the gate `p`.
-pub fn dice(x: &[f32], n: usize, (mean, inv): (&[f32], &[f32]), alpha: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let mut p = vec![0.0f32; x.len()];
-    let mut y = vec![0.0f32; x.len()];
-    for ((xr, pr), yr) in x.chunks_exact(n).zip(p.chunks_exact_mut(n)).zip(y.chunks_exact_mut(n)) {
-        for c in 0..n {
-            let g = 1.0 / (1.0 + (-(xr[c] - mean[c]) * inv[c]).exp());
-            pr[c] = g;
-            yr[c] = xr[c] * (g + alpha[c] * (1.0 - g));
-        }
-    }
+/// Dice's forward over `x` (`[rows, n]`, `n` the width of `alpha`) from
+/// its normalised values `xhat`: its output and the gate `p = sigmoid(xhat)`.
+pub fn dice(x: &[f32], xhat: &[f32], alpha: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let p: Vec<f32> = xhat.iter().map(|h| 1.0 / (1.0 + (-h).exp())).collect();
+    let y = x
+        .iter()
+        .zip(&p)
+        .zip(alpha.iter().cycle())
+        .map(|((x, g), a)| x * (g + a * (1.0 - g)))
+        .collect();
     (y, p)
 }
 
@@ -906,19 +904,15 @@ pub fn in_batch_ranks(l: &[f32], b: usize) -> Vec<[u32; 3]> {
         .collect()
 }
 
-/// A task's batch loss (evaluation).
 /// TensorFlow's `log_loss` epsilon and Keras' `epsilon()`.
 const KD_EPS: f64 = 1e-7;
 
 /// The soft label of a distillation term as a probability (its logit
-/// over the temperature through a sigmoid), or as it is for L2.
-fn kd_target(kd: &KdTerm, soft: f32) -> f64 {
+/// over the temperature through a sigmoid), or as it is for L2: a constant
+/// of the loss, which the reference executor reads from here too.
+pub fn kd_target(kd: &KdTerm, soft: f32) -> f64 {
     let s = soft as f64;
-    let t = if kd.temperature > 0.0 {
-        kd.temperature as f64
-    } else {
-        1.0
-    };
+    let t = kd.divisor() as f64;
     let logit = match (kd.kind, kd.label_is_logits) {
         (KdKind::L2, _) => return s,
         (_, true) => s,
@@ -936,11 +930,7 @@ fn kd_target(kd: &KdTerm, soft: f32) -> f64 {
 /// gradient with respect to each logit.
 pub fn kd_loss_grad(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>) {
     let b = logits.len().max(1) as f64;
-    let t = if kd.temperature > 0.0 {
-        kd.temperature as f64
-    } else {
-        1.0
-    };
+    let t = kd.divisor() as f64;
     let w = kd.weight as f64;
     let mut total = 0.0f64;
     let grad = logits
@@ -965,6 +955,7 @@ pub fn kd_loss_grad(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>
     ((w * total / b) as f32, grad)
 }
 
+/// A task's batch loss (evaluation).
 pub fn loss_value(task: &Task, logits: &[f32], labels: &[f32]) -> f64 {
     task_loss_grad(task, logits, labels).0 as f64
 }

@@ -426,23 +426,9 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
 pub fn kd_loss_of(kd: &KdTerm, logits: Tensor<2>, soft: &[f32]) -> Tensor<1> {
     let device = logits.device();
     let b = soft.len();
-    let t = if kd.temperature > 0.0 { kd.temperature } else { 1.0 };
+    let t = kd.divisor();
     let eps = 1e-7f32;
-    let targets: Vec<f32> = soft
-        .iter()
-        .map(|&s| {
-            let logit = match (kd.kind, kd.label_is_logits) {
-                (KdKind::L2, _) => return s,
-                (_, true) => s,
-                (KdKind::CrossEntropy, false) => (s + eps).ln(),
-                (KdKind::BinaryCrossEntropy, false) => {
-                    let p = s.clamp(eps, 1.0 - eps);
-                    (p / (1.0 - p)).ln()
-                }
-            };
-            1.0 / (1.0 + (-logit / t).exp())
-        })
-        .collect();
+    let targets: Vec<f32> = soft.iter().map(|&s| super::kernels::kd_target(kd, s) as f32).collect();
     let y = Tensor::<2>::from_data(TensorData::new(targets, [b, 1]), &device);
     let per_row = match kd.kind {
         KdKind::CrossEntropy => {
