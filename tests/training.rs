@@ -1220,6 +1220,13 @@ model_config { model_class: "DBMTL"
         format!("{err:#}").contains("more than sequence_length (3) positions"),
         "{err:#}"
     );
+    // num_buckets without min_val < max_val: EasyRec reads integer ids
+    // then, which is refused by name rather than scaled by zero.
+    let unscaled = block.replace("min_val: 0 max_val: 8", "min_val: 8 max_val: 8");
+    let cfg = dir.path().join("unscaled.config");
+    std::fs::write(&cfg, COMMON.to_string() + &unscaled).unwrap();
+    let err = TrainingPlan::from_config(&load_pipeline(&cfg, &Default::default()).unwrap().config).unwrap_err();
+    assert!(err.to_string().contains("num_buckets"), "{err}");
 }
 
 /// LookupFeature: the row's key (c1) looked up in its map (c3 as

@@ -1272,7 +1272,7 @@ impl TrainingPlan {
             ));
         }
         let (arch, l2_regularization, multi) = model_plan::arch(model, &data.label_fields)?;
-        let tasks = match multi {
+        let mut tasks = match multi {
             // A tower without metrics_set takes eval_config's.
             Some(mut tasks) => {
                 super::tasks::fixed_weights(model)?;
@@ -1332,7 +1332,6 @@ impl TrainingPlan {
                 }]
             }
         };
-        let mut tasks = tasks;
         super::tasks::add_kd(model, &data.label_fields, &mut tasks)?;
         let fine_tune = Some(train.fine_tune_checkpoint())
             .filter(|c| !c.is_empty())
@@ -1747,18 +1746,27 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
             kv_separator: f.kv_separator.clone().filter(|s| !s.is_empty()),
         },
         FeatureType::SequenceFeature => {
-            let raw = match f.sub_feature_type() {
-                FeatureType::IdFeature => false,
-                FeatureType::RawFeature
-                    if f.boundaries.is_empty() && f.num_buckets() > 1 && f.max_val() > f.min_val() =>
-                {
-                    true
-                }
+            // How a sequence of RawFeature values becomes ids, in EasyRec's
+            // order of precedence; `None` for a sequence of ids.
+            // Boundaries are checked increasing with every feature's.
+            let raw_buckets = match f.sub_feature_type() {
+                FeatureType::IdFeature => None,
                 FeatureType::RawFeature if f.hash_bucket_size() > 0 => return Err(ConfigError::invalid(
                     format!("{path}.hash_bucket_size"),
                     "a sequence of RawFeature values is bucketized by boundaries, not hashed (EasyRec stops on it too)",
                 )),
-                FeatureType::RawFeature if !f.boundaries.is_empty() => true,
+                FeatureType::RawFeature if !f.boundaries.is_empty() => Some(Bucketing::Boundaries(f.boundaries.clone())),
+                FeatureType::RawFeature if f.num_buckets() > 1 && f.max_val() > f.min_val() => Some(Bucketing::Scaled {
+                    min: f.min_val(),
+                    max: f.max_val(),
+                    buckets: f.num_buckets(),
+                }),
+                FeatureType::RawFeature if f.num_buckets() > 1 => {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.num_buckets"),
+                        "a sequence of RawFeature values with num_buckets but not min_val < max_val (EasyRec then reads the values as integer ids)",
+                    ))
+                }
                 FeatureType::RawFeature if f.embedding_dim() == 0 => {
                     return Err(ConfigError::unsupported(
                         format!("{path}.sub_feature_type"),
@@ -1773,7 +1781,7 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                             "a sequence of raw values has raw_input_dim > 1 exactly when seq_multi_sep splits its positions (EasyRec's shapes fail otherwise)",
                         ));
                     }
-                    true
+                    Some(Bucketing::RawPositions { dim: f.raw_input_dim() })
                 }
                 other => {
                     return Err(ConfigError::unsupported(
@@ -1795,11 +1803,10 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                         PositionCombiner::Sum
                     },
                 });
-            let projected = raw && f.boundaries.is_empty() && f.num_buckets() <= 1;
             let max_len = match f.max_seq_len {
                 // EasyRec lays projected values out densely over
                 // `sequence_length` positions.
-                _ if projected => f.sequence_length().max(1) as usize,
+                _ if matches!(raw_buckets, Some(Bucketing::RawPositions { .. })) => f.sequence_length().max(1) as usize,
                 Some(0) => {
                     return Err(ConfigError::invalid(
                         format!("{path}.max_seq_len"),
@@ -1815,19 +1822,9 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                 }
             };
             FeatureKind::Sequence {
-                // Boundaries are checked increasing with every feature's.
-                buckets: if projected {
-                    Bucketing::RawPositions { dim: f.raw_input_dim() }
-                } else if raw && f.boundaries.is_empty() {
-                    Bucketing::Scaled {
-                        min: f.min_val(),
-                        max: f.max_val(),
-                        buckets: f.num_buckets(),
-                    }
-                } else if raw {
-                    Bucketing::Boundaries(f.boundaries.clone())
-                } else {
-                    need_buckets()?
+                buckets: match raw_buckets {
+                    Some(b) => b,
+                    None => need_buckets()?,
                 },
                 separator: f.separator().to_string(),
                 max_len,
