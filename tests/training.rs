@@ -1229,6 +1229,30 @@ model_config { model_class: "DBMTL"
     assert!(err.to_string().contains("num_buckets"), "{err}");
 }
 
+/// A group whose sequences a backbone reads unpooled cannot also be read
+/// as a plain tensor: the error names the group instead of handing the
+/// other input layer the unpooled columns.
+#[test]
+fn an_unpooled_sequence_group_is_read_only_as_sequences() {
+    let block = common::models::TEXT_CNN.replace(
+        r#"concat_blocks: ["cnn", "targets", "dense_mlp"]"#,
+        r#"blocks { name: "flat" inputs { feature_group_name: "text" } input_layer { do_batch_norm: true } }
+    concat_blocks: ["cnn", "targets", "dense_mlp", "flat"]"#,
+    );
+    assert_ne!(block, common::models::TEXT_CNN);
+    let dir = tempfile::tempdir().unwrap();
+    write_data(&dir.path().join("data.csv"), 16, 5);
+    let text = COMMON
+        .replace("DATA", dir.path().join("data.csv").to_str().unwrap())
+        .replace("MODEL_DIR", dir.path().join("model").to_str().unwrap())
+        + &block;
+    let cfg = dir.path().join("twice.config");
+    std::fs::write(&cfg, text).unwrap();
+    let plan = TrainingPlan::from_config(&load_pipeline(&cfg, &Default::default()).unwrap().config).unwrap();
+    let err = Trainer::new(plan).err().expect("the plain read of `text` is refused");
+    assert!(format!("{err:#}").contains("group `text`"), "{err:#}");
+}
+
 /// LookupFeature: the row's key (c1) looked up in its map (c3 as
 /// `key:value` entries): the values of the matching entries hashed as
 /// TensorFlow does; more matches than lookup_max_sel_elem_num, or an entry

@@ -306,6 +306,15 @@ fn input_layer(
     s: &mut Scope,
 ) -> anyhow::Result<Val> {
     let mode = il.mode;
+    // A group whose sequences stay unpooled hands its blocks its whole
+    // input matrix, which only that input layer reads.
+    if mode != InputMode::SeqAndNormal && l.seq.iter().any(|sl| sl.att.input_only) {
+        bail!(
+            "group `{}` is read with output_seq_and_normal_feature elsewhere, so its sequences are unpooled; \
+             read it that way here too",
+            l.name
+        );
+    }
     let norm = |g: &mut Graph, s: &mut Scope, what: &str| {
         if il.batch_norm {
             s.batch_norm(g, x, &format!("{name}/{what}"), Activation::Linear)
@@ -363,10 +372,22 @@ fn seq_input(l: &GroupLayout, x: NodeId, g: &mut Graph) -> anyhow::Result<Val> {
     Ok(Val::L(out))
 }
 
-/// The `(sequence, length, ...)` a sequence layer reads: its sequence cut
-/// or zero-padded to `pad` positions when given (the length as it is: only
-/// the text CNN pads, and it reads no length).
-fn seq_of(v: &Val, pad: Option<usize>, g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize, NodeId)> {
+/// What a sequence layer reads from an `output_seq_and_normal_feature`
+/// input layer.
+struct SeqIn {
+    /// `[batch, n * d]`, positions side by side.
+    x: NodeId,
+    n: usize,
+    d: usize,
+    len: NodeId,
+    /// The group's other features, when it has any.
+    target: Option<NodeId>,
+}
+
+/// The `(sequence, length, targets)` a sequence layer reads: its sequence
+/// cut or zero-padded to `pad` positions when given (the length as it is:
+/// only the text CNN pads, and it reads no length).
+fn seq_of(v: &Val, pad: Option<usize>, g: &mut Graph) -> anyhow::Result<SeqIn> {
     let Val::L(items) = v else {
         bail!(
             "takes (sequence, length, ...) from an output_seq_and_normal_feature input layer, got {}",
@@ -375,6 +396,10 @@ fn seq_of(v: &Val, pad: Option<usize>, g: &mut Graph) -> anyhow::Result<(NodeId,
     };
     let (Some(Val::S { x, n, d }), Some(Val::T(len))) = (items.first(), items.get(1)) else {
         bail!("takes (sequence, length, ...) from an output_seq_and_normal_feature input layer");
+    };
+    let target = match items.get(2) {
+        Some(Val::T(t)) => Some(*t),
+        _ => None,
     };
     let (mut x, mut n, d, len) = (*x, *n, *d, *len);
     if let Some(p) = pad {
@@ -386,19 +411,15 @@ fn seq_of(v: &Val, pad: Option<usize>, g: &mut Graph) -> anyhow::Result<(NodeId,
         }
         n = p;
     }
-    Ok((x, n, d, len))
+    Ok(SeqIn { x, n, d, len, target })
 }
 
 /// EasyRec's BST Keras layer (`Keras::Bst`) over `(seq, len, target)`.
 fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
-    let (x, n, d, len) = seq_of(v, Some(b.max_position), g).context("BST")?;
-    let Val::L(items) = v else {
-        unreachable!("seq_of read a list")
-    };
-    let Some(Val::T(target)) = items.get(2) else {
+    let SeqIn { x, n, d, len, target } = seq_of(v, Some(b.max_position), g).context("BST")?;
+    let Some(target) = target else {
         bail!("BST: the target sits at the head, and the input layer's group has no target features besides its sequences");
     };
-    let target = *target;
     if g.width(target) != d {
         bail!(
             "BST: the sequence is {d} wide and the target features {}; EasyRec needs them equal",
@@ -658,22 +679,19 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             mlp: scorer,
             need_target,
         } => {
-            let (x, n, d, len) = seq_of(&v, None, g).context("DIN")?;
-            let Val::L(items) = &v else {
-                unreachable!("seq_of read a list")
-            };
-            let Some(Val::T(target)) = items.get(2) else {
+            let SeqIn { x, n, d, len, target } = seq_of(&v, None, g).context("DIN")?;
+            let Some(target) = target else {
                 bail!("DIN: the input layer's group has no target features besides its sequences");
             };
-            let dq = g.width(*target);
+            let dq = g.width(target);
             if dq > d {
                 bail!("DIN: the target features are {dq} wide, wider than the sequence ({d})");
             }
             let query = if dq < d {
-                let pad = g.zeros(*target, d - dq);
-                g.concat(&[*target, pad])
+                let pad = g.zeros(target, d - dq);
+                g.concat(&[target, pad])
             } else {
-                *target
+                target
             };
             let keys = g.unfold(x, n);
             let q = g.tile(query, n);
@@ -699,7 +717,7 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             activation,
             mlp: top,
         } => {
-            let (x, n, d, _) = seq_of(&v, Some(*pad), g).context("TextCNN")?;
+            let SeqIn { x, n, d, .. } = seq_of(&v, Some(*pad), g).context("TextCNN")?;
             let net = super::sequence::text_cnn((x, n, d), (filter_sizes, num_filters, *activation), name, g, s);
             Val::T(match top {
                 Some(m) => mlp(net, m, &format!("{name}/mlp"), g, s),
