@@ -528,20 +528,7 @@ impl Builder<'_> {
                 let style = super::backbone::SeNetStyle::Classic;
                 x = super::backbone::senet(&fields, &format!("{name}_senet"), params, style, g, s)?;
             }
-            let n = spec.hidden_units.len();
-            let hidden = DnnSpec {
-                hidden_units: spec.hidden_units[..n - 1].to_vec(),
-                ..spec.clone()
-            };
-            let scope = format!("{name}_dnn");
-            let h = s.dnn(g, x, &scope, &hidden);
-            let e = s.dense(
-                g,
-                h,
-                &format!("{scope}/dnn_{}", n - 1),
-                spec.hidden_units[n - 1],
-                Activation::Linear,
-            );
+            let e = s.dnn_linear_last(g, x, &format!("{name}_dnn"), spec);
             Ok(if sim.cosine { g.l2_normalize(e) } else { e })
         };
         let u = tower("user", user, senet.map(|s| s[0]))?;
@@ -580,20 +567,7 @@ impl Builder<'_> {
                 bail!("DropoutNet has neither a `{name}_content` nor a `{name}_preference` feature group");
             }
             let x = g.concat(&parts);
-            let n = t.tower.hidden_units.len();
-            let hidden = DnnSpec {
-                hidden_units: t.tower.hidden_units[..n - 1].to_vec(),
-                ..t.tower.clone()
-            };
-            let scope = format!("{name}_dnn");
-            let h = s.dnn(g, x, &scope, &hidden);
-            let e = s.dense(
-                g,
-                h,
-                &format!("{scope}/dnn_{}", n - 1),
-                t.tower.hidden_units[n - 1],
-                Activation::Linear,
-            );
+            let e = s.dnn_linear_last(g, x, &format!("{name}_dnn"), &t.tower);
             Ok(g.l2_normalize(e))
         };
         let u = side("user", user)?;

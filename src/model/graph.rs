@@ -785,6 +785,22 @@ impl Scope<'_> {
         x
     }
 
+    /// EasyRec's DNN whose last layer is a plain dense layer (no batch
+    /// norm, no activation, no dropout): the hidden layers as `dnn`, the
+    /// last one `name/dnn_<last>`. A tower's embedding, an attention's
+    /// score.
+    pub fn dnn_linear_last(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> NodeId {
+        let last = spec.hidden_units.len() - 1;
+        let hidden = DnnSpec {
+            hidden_units: spec.hidden_units[..last].to_vec(),
+            dropout: spec.dropout.iter().take(last).copied().collect(),
+            ..spec.clone()
+        };
+        let x = self.dnn(g, x, name, &hidden);
+        let units = spec.hidden_units[last];
+        self.dense(g, x, &format!("{name}/dnn_{last}"), units, Activation::Linear)
+    }
+
     /// Dice after layer `name`: its `name/dice/alpha` (zeros) and the
     /// moving averages `name/dice/moving_mean`, `name/dice/moving_variance`.
     pub fn dice(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {

@@ -278,20 +278,8 @@ const BST_NORMS: [(&str, &str); 2] = [
 /// EasyRec's DNN with `last_layer_no_activation` and
 /// `last_layer_no_batch_norm`: the last layer is a plain dense layer.
 fn scoring_dnn(s: &mut Scope, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> NodeId {
+    let z = s.dnn_linear_last(g, x, name, spec);
     let last = spec.hidden_units.len() - 1;
-    let hidden = DnnSpec {
-        hidden_units: spec.hidden_units[..last].to_vec(),
-        dropout: spec.dropout.iter().take(last).copied().collect(),
-        ..spec.clone()
-    };
-    let x = s.dnn(g, x, name, &hidden);
-    let z = s.dense(
-        g,
-        x,
-        &format!("{name}/dnn_{last}"),
-        spec.hidden_units[last],
-        Activation::Linear,
-    );
     g.dropout(z, spec.dropout.get(last).copied().unwrap_or(0.0))
 }
 
