@@ -181,24 +181,26 @@ pub fn positions_rows(
         let b = first + k;
         let dst = &mut row_out[col..col + len * dim];
         dst.fill(0.0);
-        let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
-        match &j.positions {
-            None => {
-                for (slot, &id) in dst.chunks_exact_mut(dim).zip(&j.ids[s..e]) {
-                    slot.copy_from_slice(table.row(id));
-                }
-            }
-            Some(p) => {
-                for i in (s..e).filter(|&i| (p.of_id[i] as usize) < len) {
-                    let w = j.weights.as_ref().map_or(1.0, |w| w[i]);
-                    let at = p.of_id[i] as usize * dim;
-                    for (a, x) in dst[at..at + dim].iter_mut().zip(table.row(j.ids[i])) {
-                        *a += w * x;
-                    }
-                }
+        for (id, pos, w) in placed_ids(j, b, len) {
+            for (a, x) in dst[pos * dim..(pos + 1) * dim].iter_mut().zip(table.row(id)) {
+                *a += w * x;
             }
         }
     }
+}
+
+/// Row `b`'s ids with the position each goes to and its weight, the
+/// positions below `len`: id `k` at position `k` with weight 1, or, for a
+/// sequence of several ids per position, as `Jagged::positions` and the
+/// weights say.
+fn placed_ids(j: &Jagged, b: usize, len: usize) -> impl Iterator<Item = (u64, usize, f32)> + '_ {
+    let s = j.offsets[b] as usize;
+    (s..j.offsets[b + 1] as usize)
+        .map(move |i| {
+            let pos = j.positions.as_ref().map_or(i - s, |p| p.of_id[i] as usize);
+            (j.ids[i], pos, j.weights.as_ref().map_or(1.0, |w| w[i]))
+        })
+        .filter(move |&(_, pos, _)| pos < len)
 }
 
 /// The row's number of ids, at most `len`, at `out[b * stride + col]`.
@@ -223,24 +225,10 @@ pub fn scatter_positions(
     acc: &mut RowGrads,
 ) {
     for b in 0..j.offsets.len() - 1 {
-        let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
         let g = &grad[b * stride + col..b * stride + col + len * dim];
-        match &j.positions {
-            None => {
-                for (slot, &id) in g.chunks_exact(dim).zip(&j.ids[s..e]) {
-                    for (a, x) in acc.slot(id, dim).iter_mut().zip(slot) {
-                        *a += x;
-                    }
-                }
-            }
-            Some(p) => {
-                for i in (s..e).filter(|&i| (p.of_id[i] as usize) < len) {
-                    let w = j.weights.as_ref().map_or(1.0, |w| w[i]);
-                    let at = p.of_id[i] as usize * dim;
-                    for (a, x) in acc.slot(j.ids[i], dim).iter_mut().zip(&g[at..at + dim]) {
-                        *a += w * x;
-                    }
-                }
+        for (id, pos, w) in placed_ids(j, b, len) {
+            for (a, x) in acc.slot(id, dim).iter_mut().zip(&g[pos * dim..(pos + 1) * dim]) {
+                *a += w * x;
             }
         }
     }

@@ -650,6 +650,23 @@ fn for_each_value(
     }
 }
 
+/// Calls `f` with each value at one position of a sequence: its text split
+/// by `sep` (`seq_multi_sep`, empty parts dropped) when there is one, else
+/// the value itself.
+fn position_values<'a>(
+    v: Value<'a>,
+    sep: Option<&str>,
+    f: &mut dyn FnMut(Value<'a>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    match (v, sep) {
+        (Value::Str(s), Some(sep)) => s
+            .split(sep)
+            .filter(|p| !p.is_empty())
+            .try_for_each(|p| f(Value::Str(p))),
+        (v, _) => f(v),
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Value<'a> {
     Int(i64),
@@ -798,14 +815,10 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                         bail!("row {r} has more than sequence_length ({len}) positions");
                     }
                     xs.clear();
-                    match (v, multi_sep) {
-                        (Value::Str(s), Some(sep)) => {
-                            for part in s.split(sep.as_str()).filter(|x| !x.is_empty()) {
-                                xs.push(Value::Str(part).number()?);
-                            }
-                        }
-                        (v, _) => xs.push(v.number()?),
-                    }
+                    position_values(v, multi_sep.as_deref(), &mut |x| {
+                        xs.push(x.number()?);
+                        Ok(())
+                    })?;
                     if xs.len() > *dim as usize {
                         bail!("row {r}: position {t} has {} values, raw_input_dim is {dim}", xs.len());
                     }
@@ -887,14 +900,10 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
                         return Ok(());
                     }
                     values.clear();
-                    match v {
-                        Value::Str(s) => {
-                            for part in s.split(multi.separator.as_str()).filter(|x| !x.is_empty()) {
-                                values.push(Value::Str(part).bucket(buckets, "")?);
-                            }
-                        }
-                        v => values.push(v.bucket(buckets, "")?),
-                    }
+                    position_values(v, Some(&multi.separator), &mut |x| {
+                        values.push(x.bucket(buckets, "")?);
+                        Ok(())
+                    })?;
                     let w = multi.combiner.weight(values.len());
                     for &id in &values {
                         j.ids.push(id);
