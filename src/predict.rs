@@ -92,7 +92,7 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
         max_rows: 0,
     };
     // Per task its logits and scores, named as in the export.
-    let score_cols: Vec<String> = plan.tasks.iter().flat_map(|t| [t.output(), t.score_name()]).collect();
+    let score_cols: Vec<String> = plan.tasks.iter().flat_map(crate::model::score_columns).collect();
     let mut out = Output::new(&job.output, &reserved, &score_cols)?;
     let mut failure: Option<anyhow::Error> = None;
     spec.run(|raw| {
@@ -100,7 +100,8 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
             let batch = enc.encode(&raw)?;
             let scores = scorer.score(&batch)?;
             let cols: Vec<&Column> = reserved_idx.iter().map(|&i| &raw.columns[i]).collect();
-            let values: Vec<&[f32]> = scores.iter().flat_map(|s| [&s.logits[..], &s.scores[..]]).collect();
+            let columns: Vec<Vec<f32>> = scores.iter().flat_map(TaskScores::columns).collect();
+            let values: Vec<&[f32]> = columns.iter().map(Vec::as_slice).collect();
             out.push(&cols, &values)
         };
         match step() {

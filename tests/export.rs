@@ -204,6 +204,36 @@ fn predict_from_an_export_and_from_the_checkpoint_give_the_same_scores() {
     }
 }
 
+/// A multi-class model's predictions: per class its logit and
+/// probability (EasyRec's `probs_1` the second class's), and the most
+/// probable class `y`; the probabilities sum to one.
+#[test]
+fn predict_gives_a_multi_class_model_a_column_per_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM+2 classes", "");
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()]);
+    run_ok(c);
+    let (data, out) = (dir.path().join("data.csv"), dir.path().join("scores.csv"));
+    let export = rustrec::export::list_exports(&dir.path().join("model/export/final")).unwrap();
+    let mut c = bin("predict");
+    c.args(["--saved_model_dir", export[0].to_str().unwrap()])
+        .args(["--input_path", data.to_str().unwrap()])
+        .args(["--output_path", out.to_str().unwrap()])
+        .args(["--reserved_cols", "label"]);
+    run_ok(c);
+    let (header, rows) = read_csv_scores(&out);
+    assert_eq!(header, ["label", "logits_0", "logits_1", "probs_0", "probs_1", "y"]);
+    assert_eq!(rows.len(), 300);
+    for r in &rows {
+        let v: Vec<f32> = r[1..].iter().map(|x| x.parse().unwrap()).collect();
+        assert!((v[2] + v[3] - 1.0).abs() < 1e-5, "{r:?}");
+        let p1 = 1.0 / (1.0 + (v[0] - v[1]).exp());
+        assert!((v[3] - p1).abs() < 1e-5, "{r:?}");
+        assert_eq!(v[4], f32::from(u8::from(v[1] > v[0])), "{r:?}");
+    }
+}
+
 #[test]
 fn exporters_keep_what_export_config_says() {
     let dir = tempfile::tempdir().unwrap();

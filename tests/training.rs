@@ -198,6 +198,13 @@ model_config { model_class: "DeepFM"
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "RankModel with a BST layer" => common::models::BST_LAYER,
         "DropoutNet" => common::models::DROPOUTNET,
+        "DeepFM with two classes" => {
+            r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d1", "d2"] wide_deep: DEEP }
+  deepfm { wide_output_dim: 2 dnn { hidden_units: [8, 4] } }
+  num_class: 2 }"#
+        }
         "DeepFM with knowledge distillation" => {
             r#"model_config { model_class: "DeepFM"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
@@ -257,7 +264,15 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 45] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 46] = [
+    (
+        "WideAndDeep of two classes without final_dnn (a wide side per class), softmax cross entropy",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "d2", "c1", "c2", "c3"] wide_deep: DEEP }
+  wide_and_deep { dnn { hidden_units: [8, 4] use_bn: true } }
+  num_class: 2 }"#,
+    ),
     (
         "DeepFM distilled from label2 as soft logits (cross entropy at temperature 2)",
         r#"model_config { model_class: "DeepFM"
@@ -769,7 +784,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 31] = [
+const MODELS: [&str; 32] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -801,6 +816,7 @@ const MODELS: [&str; 31] = [
     "RankModel with a BST layer",
     "DropoutNet",
     "DeepFM with knowledge distillation",
+    "DeepFM with two classes",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

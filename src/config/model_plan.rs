@@ -584,6 +584,11 @@ pub fn arch(
     })
 }
 
+/// Whether an optional DNN has hidden layers.
+fn has_layers(d: Option<&proto::Dnn>) -> bool {
+    d.is_some_and(|d| !d.hidden_units.is_empty())
+}
+
 fn single_task_arch(
     block: Option<&proto::easy_rec_model::Model>,
     model: &proto::EasyRecModel,
@@ -593,11 +598,19 @@ fn single_task_arch(
     Ok(match block {
         Some(M::WideAndDeep(w)) => (
             Arch::WideAndDeep {
-                wide_output_dim: w.wide_output_dim as usize,
+                // EasyRec's WideAndDeep without final_dnn adds the wide side
+                // to the logits, so it makes it one column per class.
+                wide_output_dim: if has_layers(w.final_dnn.as_ref()) {
+                    w.wide_output_dim as usize
+                } else {
+                    model.num_class().max(1) as usize
+                },
                 dnn: dnn(&w.dnn, &format!("{m}.wide_and_deep.dnn"))?,
+                // A final_dnn without layers is none, as EasyRec reads it.
                 final_dnn: w
                     .final_dnn
                     .as_ref()
+                    .filter(|d| !d.hidden_units.is_empty())
                     .map(|d| dnn(d, &format!("{m}.wide_and_deep.final_dnn")))
                     .transpose()?,
             },
@@ -662,6 +675,7 @@ fn single_task_arch(
                 final_dnn: d
                     .final_dnn
                     .as_ref()
+                    .filter(|d| !d.hidden_units.is_empty())
                     .map(|x| dnn(x, &format!("{m}.deepfm.final_dnn")))
                     .transpose()?,
             },

@@ -102,6 +102,12 @@ pub fn add_kd(model: &proto::EasyRecModel, label_fields: &[String], tasks: &mut 
                     ),
                 )
             })?;
+        if task.classes() > 1 {
+            return Err(ConfigError::unsupported(
+                format!("{path}.pred_name"),
+                format!("distilling the {} logits of a multi-class task", task.classes()),
+            ));
+        }
         if !kd.pred_is_logits() {
             return Err(ConfigError::invalid(
                 format!("{path}.pred_is_logits"),
@@ -288,13 +294,23 @@ impl Task {
     /// regression.
     pub fn score_name(&self) -> String {
         match self.loss {
-            LossKind::BinaryClassification | LossKind::InBatchSoftmax => format!("probs{}", self.suffix()),
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax | LossKind::MultiClass { .. } => {
+                format!("probs{}", self.suffix())
+            }
             LossKind::Regression => format!("y{}", self.suffix()),
         }
     }
 
     pub fn classification(&self) -> bool {
         self.loss == LossKind::BinaryClassification
+    }
+
+    /// The task's logits per row: its classes, or one.
+    pub fn classes(&self) -> usize {
+        match self.loss {
+            LossKind::MultiClass { classes } => classes,
+            _ => 1,
+        }
     }
 
     /// Whether the task's loss and metrics read the whole batch's
@@ -309,10 +325,10 @@ pub fn loss_kind(loss_type: proto::LossType, num_class: u32, path: &str) -> Resu
     match (loss_type, num_class) {
         (proto::LossType::Classification, 1) => Ok(LossKind::BinaryClassification),
         (proto::LossType::L2Loss, _) => Ok(LossKind::Regression),
-        (proto::LossType::Classification, n) => Err(ConfigError::unsupported(
-            format!("{path}.num_class"),
-            format!("multi-class classification ({n} classes)"),
-        )),
+        (proto::LossType::Classification, 0) => {
+            Err(ConfigError::invalid(format!("{path}.num_class"), "must be at least 1"))
+        }
+        (proto::LossType::Classification, n) => Ok(LossKind::MultiClass { classes: n as usize }),
         (other, _) => Err(ConfigError::unsupported(
             format!("{path}.loss_type"),
             format!("loss {}", other.as_str_name()),
@@ -349,6 +365,7 @@ pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), Con
         LossKind::BinaryClassification => ("CLASSIFICATION", "auc"),
         LossKind::Regression => ("L2_LOSS", "mean_absolute_error"),
         LossKind::InBatchSoftmax => ("SOFTMAX_CROSS_ENTROPY", "recall_at_topk"),
+        LossKind::MultiClass { .. } => unreachable!("a match model scores one class"),
     };
     match metrics.iter().position(|m| m.name() != evaluates) {
         Some(i) => Err(ConfigError::invalid(
@@ -360,6 +377,30 @@ pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), Con
         )),
         None => Ok(()),
     }
+}
+
+/// The metrics EasyRec evaluates on a multi-class task: `accuracy` and
+/// `recall_at_topk` (of the label among the `k` highest logits), and `auc`
+/// of the second class's probability with two classes; it stops on any
+/// other, and so does this.
+pub fn check_multi_class_metrics(classes: usize, metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
+    for (i, m) in metrics.iter().enumerate() {
+        match m {
+            Metric::Accuracy | Metric::RecallAtTopK { .. } => {}
+            Metric::Auc if classes == 2 => {}
+            other => {
+                return Err(ConfigError::invalid(
+                    format!("{path}[{i}]"),
+                    format!(
+                        "a task of {classes} classes evaluates accuracy, recall_at_topk{}, not {}",
+                        if classes == 2 { " and auc" } else { "" },
+                        other.name()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fields task towers of both kinds share.
@@ -496,6 +537,12 @@ pub fn task_towers(
             relations,
         });
         let loss = loss_kind(t.loss_type, t.num_class, &p)?;
+        if let LossKind::MultiClass { classes } = loss {
+            return Err(ConfigError::unsupported(
+                format!("{p}.num_class"),
+                format!("a multi-class task tower ({classes} classes)"),
+            ));
+        }
         tasks.push(Task {
             terms: tower_terms(t.losses, &format!("{p}.losses"), loss)?,
             name: t.name.to_string(),

@@ -343,6 +343,18 @@ pub enum ModelKind {
     MatchModel,
 }
 
+impl ModelKind {
+    /// Whether the model ends in one output layer as wide as
+    /// `model_config.num_class`, as EasyRec's single-task rank models do.
+    pub fn has_class_head(self) -> bool {
+        use ModelKind::*;
+        matches!(
+            self,
+            WideAndDeep | Dlrm | DeepFm | AutoInt | Dcn | MultiTower | MultiTowerDin | MultiTowerBst | RankModel
+        )
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LossKind {
     /// Sigmoid cross entropy on one logit.
@@ -353,6 +365,9 @@ pub enum LossKind {
     /// `SOFTMAX_CROSS_ENTROPY`): each user's item against the batch's
     /// other items. The task's `logits` are the row's own similarity.
     InBatchSoftmax,
+    /// Softmax cross entropy over `classes` logits (CLASSIFICATION with
+    /// `num_class > 1`); the label is the class index.
+    MultiClass { classes: usize },
 }
 
 /// How an IdFeature / TagFeature turns a raw value into a row id.
@@ -1319,6 +1334,15 @@ impl TrainingPlan {
                 } else {
                     loss_kind(model.loss_type(), model.num_class(), "model_config")?
                 };
+                if let LossKind::MultiClass { classes } = loss {
+                    if !kind.has_class_head() {
+                        return Err(ConfigError::unsupported(
+                            "model_config.num_class",
+                            format!("multi-class classification ({classes} classes) on {kind:?}"),
+                        ));
+                    }
+                    super::tasks::check_multi_class_metrics(classes, &metrics, "eval_config.metrics_set")?;
+                }
                 vec![Task {
                     name: String::new(),
                     label,

@@ -166,19 +166,28 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
     }
     let values = b.emit(&model.graph, &group_inputs);
     // Per task: `logits<suffix>` and `probs<suffix>` (`y<suffix>` for
-    // regression), both `[batch]`.
+    // regression), both `[batch]`, or `[batch, classes]` for a multi-class
+    // task (its probabilities the softmax).
     for t in &plan.tasks {
         let name = t.output();
         let out = model.graph.output_node(&name).expect("every task has an output");
-        let flat = b.reshape(&values[out.0], &[-1]);
-        b.g.node("Identity", &[&flat], Vec::new(), Some(&name));
-        b.g.output(&name, Elem::F32, std::slice::from_ref(&batch));
-        let op = match t.loss {
-            LossKind::BinaryClassification | LossKind::InBatchSoftmax => "Sigmoid",
-            LossKind::Regression => "Identity",
+        let shape = match t.classes() {
+            1 => vec![batch.clone()],
+            c => vec![batch.clone(), Dim::Fixed(c)],
         };
-        b.g.node(op, &[&name], Vec::new(), Some(&t.score_name()));
-        b.g.output(&t.score_name(), Elem::F32, std::slice::from_ref(&batch));
+        let flat = match t.classes() {
+            1 => b.reshape(&values[out.0], &[-1]),
+            _ => values[out.0].clone(),
+        };
+        b.g.node("Identity", &[&flat], Vec::new(), Some(&name));
+        b.g.output(&name, Elem::F32, &shape);
+        let (op, attrs) = match t.loss {
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax => ("Sigmoid", Vec::new()),
+            LossKind::Regression => ("Identity", Vec::new()),
+            LossKind::MultiClass { .. } => ("Softmax", vec![("axis", Attr::Int(1))]),
+        };
+        b.g.node(op, &[&name], attrs, Some(&t.score_name()));
+        b.g.output(&t.score_name(), Elem::F32, &shape);
     }
     for (name, out) in model.embedding_outputs() {
         b.g.node("Identity", &[&values[out.0]], Vec::new(), Some(name));

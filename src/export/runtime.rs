@@ -257,12 +257,15 @@ impl ExportedModel {
     pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
         // Per task, its logits then its scores (see `export::graph`).
         let mut out = self.outputs(batch)?.into_iter();
-        (0..self.plan.tasks.len())
-            .map(|_| {
+        self.plan
+            .tasks
+            .iter()
+            .map(|t| {
                 let mut next = || out.next().context("the export has fewer outputs than tasks");
                 let mut s = TaskScores {
                     logits: next()?,
                     scores: next()?,
+                    classes: t.classes(),
                 };
                 // Sampled items are no examples to score.
                 s.truncate(batch.examples());

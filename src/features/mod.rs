@@ -277,7 +277,18 @@ enum Enc {
 #[error("bad input data: {0}")]
 pub struct EncodeError(pub String);
 
+/// What a label field's values must be, by the losses trained on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LabelKind {
+    Any,
+    /// In [0, 1].
+    Binary,
+    /// A class index below the count.
+    Class(usize),
+}
+
 #[derive(Debug, Clone)]
+
 pub struct Encoder {
     pub projection: Projection,
     names: Vec<String>,
@@ -286,8 +297,9 @@ pub struct Encoder {
     /// may have no label.
     label_cols: Vec<usize>,
     /// Per label field: a classification task trains on it, so its values
-    /// must lie in [0, 1].
-    binary_labels: Vec<bool>,
+    /// must lie in [0, 1]; a multi-class one, so they must be class
+    /// indices (whole numbers below the count given).
+    label_kinds: Vec<LabelKind>,
     uid_col: Option<usize>,
     /// Labels appended as two labels' product (`TrainingPlan::label_products`).
     label_products: Vec<(usize, usize)>,
@@ -463,8 +475,15 @@ impl Encoder {
             names: plan.features.iter().map(|f| f.name.clone()).collect(),
             encs,
             label_cols,
-            binary_labels: (0..plan.label_fields.len())
-                .map(|l| plan.tasks.iter().any(|t| t.label == l && t.classification()))
+            label_kinds: (0..plan.label_fields.len())
+                .map(|l| {
+                    let on = || plan.tasks.iter().filter(move |t| t.label == l);
+                    match on().map(|t| t.classes()).max() {
+                        Some(c) if c > 1 => LabelKind::Class(c),
+                        _ if on().any(|t| t.classification()) => LabelKind::Binary,
+                        _ => LabelKind::Any,
+                    }
+                })
                 .collect(),
             uid_col,
             weight_col,
@@ -528,17 +547,23 @@ impl Encoder {
                 );
             }
         }
-        for ((values, &c), _) in labels
-            .iter()
-            .zip(&self.label_cols)
-            .zip(&self.binary_labels)
-            .filter(|(_, b)| **b)
-        {
-            if let Some(v) = values.iter().find(|v| !(0.0..=1.0).contains(*v)) {
-                bail!(
-                    "label column `{}` holds {v}, which is not in [0, 1] as a classification loss needs",
-                    self.projection.columns[c].name
-                );
+        for ((values, &c), kind) in labels.iter().zip(&self.label_cols).zip(&self.label_kinds) {
+            let name = &self.projection.columns[c].name;
+            match *kind {
+                LabelKind::Any => {}
+                LabelKind::Binary => {
+                    if let Some(v) = values.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+                        bail!("label column `{name}` holds {v}, which is not in [0, 1] as a classification loss needs");
+                    }
+                }
+                LabelKind::Class(n) => {
+                    if let Some(v) = values
+                        .iter()
+                        .find(|v| v.fract() != 0.0 || !(0.0..n as f32).contains(*v))
+                    {
+                        bail!("label column `{name}` holds {v}, which is not a class index in 0..{n} as num_class {n} needs");
+                    }
+                }
             }
         }
         let weights = match self.weight_col.map(|c| (c, &raw.columns[c])) {

@@ -129,14 +129,19 @@ impl EvalState {
     /// per-row mean when no batches were recorded).
     pub fn loss(&self) -> f64 {
         if self.batch_losses.is_empty() {
-            self.loss_sum / self.preds.len().max(1) as f64
+            self.loss_sum / self.labels.len().max(1) as f64
         } else {
             self.batch_losses.iter().sum::<f64>() / self.batch_losses.len() as f64
         }
     }
 
-    /// `loss` plus each configured metric, in order; classification adds logloss.
-    pub fn report(&self, metrics: &[Metric], classification: bool) -> Vec<(String, f64)> {
+    /// `loss` plus each of the task's metrics, in order; classification
+    /// adds logloss.
+    pub fn report(&self, task: &Task) -> Vec<(String, f64)> {
+        if task.classes() > 1 {
+            return self.report_classes(&task.metrics, task.classes());
+        }
+        let (metrics, classification) = (&task.metrics, task.classification());
         let n = self.preds.len().max(1) as f64;
         let mut out = vec![("loss".to_string(), self.loss())];
         if classification {
@@ -189,6 +194,42 @@ impl EvalState {
         }
         out
     }
+
+    /// `report` of a multi-class task, whose `preds` hold each row's
+    /// probability per class and `labels` class indices: EasyRec's
+    /// `accuracy` (of the most probable class), `recall_at_topk` (the
+    /// share of rows whose class is among the `k` most probable) and, with
+    /// two classes, `auc` of the second class's probability.
+    fn report_classes(&self, metrics: &[Metric], classes: usize) -> Vec<(String, f64)> {
+        let rows = self.preds.chunks_exact(classes);
+        let n = self.labels.len().max(1) as f64;
+        // Each row's classes more probable than its label's.
+        let above: Vec<usize> = rows
+            .clone()
+            .zip(&self.labels)
+            .map(|(p, &y)| p.iter().filter(|&&q| q > p[y as usize]).count())
+            .collect();
+        let share = |hit: &dyn Fn(usize) -> bool| above.iter().filter(|&&a| hit(a)).count() as f64 / n;
+        let mut out = vec![("loss".to_string(), self.loss())];
+        for m in metrics {
+            let v = match m {
+                Metric::Accuracy => {
+                    let best = rows
+                        .clone()
+                        .map(|p| (0..classes).fold(0, |b, k| if p[k] > p[b] { k } else { b }));
+                    best.zip(&self.labels).filter(|(b, y)| *b == **y as usize).count() as f64 / n
+                }
+                Metric::RecallAtTopK { k } => share(&|a| a < *k),
+                Metric::Auc => {
+                    let second: Vec<f32> = rows.clone().map(|p| p[1]).collect();
+                    auc(&second, &self.labels).unwrap_or(f64::NAN)
+                }
+                other => unreachable!("{} of a multi-class task is refused by its config", other.name()),
+            };
+            out.push((m.name().to_string(), v));
+        }
+        out
+    }
 }
 
 /// The metrics of every task: a single task's as `report` gives them; for
@@ -196,14 +237,14 @@ impl EvalState {
 /// its suffix (`loss_ctr`, `auc_ctr`, ...), as EasyRec names them.
 pub fn report_tasks(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> {
     if let ([t], [st]) = (tasks, states) {
-        return st.report(&t.metrics, t.classification());
+        return st.report(t);
     }
     let total: f64 = tasks.iter().zip(states).map(|(t, s)| t.weight as f64 * s.loss()).sum();
     let mut out = vec![("loss".to_string(), total)];
     for (t, st) in tasks.iter().zip(states) {
         let suffix = t.metric_suffix();
         out.extend(
-            st.report(&t.metrics, t.classification())
+            st.report(t)
                 .into_iter()
                 // A task that is not trained reports its metrics only.
                 .filter(|(k, _)| t.trained() || !matches!(k.as_str(), "loss" | "logloss"))
@@ -216,6 +257,31 @@ pub fn report_tasks(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three rows of three classes: accuracy of the most probable class,
+    /// recall at 2 of the label among the two most probable.
+    #[test]
+    fn a_multi_class_task_reports_accuracy_and_recall_at_k() {
+        let task = Task {
+            name: String::new(),
+            label: 0,
+            weight: 1.0,
+            loss: crate::config::typed::LossKind::MultiClass { classes: 3 },
+            terms: Vec::new(),
+            metrics: vec![Metric::Accuracy, Metric::RecallAtTopK { k: 2 }],
+            summed: false,
+            masked_by: None,
+            kd: Vec::new(),
+        };
+        let st = EvalState {
+            preds: vec![0.7, 0.2, 0.1, 0.1, 0.3, 0.6, 0.5, 0.4, 0.1],
+            labels: vec![0.0, 1.0, 2.0],
+            ..Default::default()
+        };
+        let r = st.report(&task);
+        assert_eq!(r[1], ("accuracy".to_string(), 1.0 / 3.0));
+        assert_eq!(r[2], ("recall_at_topk".to_string(), 2.0 / 3.0));
+    }
 
     #[test]
     fn max_f1_thresholds_the_logits_as_easyrec_does() {

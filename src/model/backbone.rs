@@ -37,21 +37,23 @@ impl Val {
     }
 }
 
-/// RankModel's graph over the group inputs `xs`: the backbone, then a
-/// one-logit `output` layer unless the backbone ends in one column.
+/// RankModel's graph over the group inputs `xs`: the backbone, then an
+/// `output` layer of `classes` logits unless the backbone ends in as many
+/// columns.
 pub fn rank(
     b: &Backbone,
     groups: &[GroupLayout],
     xs: &[NodeId],
+    classes: usize,
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
     let out = body(b, groups, xs, g, s)?;
     let x = tensor(&out, g).context("RankModel's output")?;
-    Ok(if g.width(x) == 1 {
+    Ok(if g.width(x) == classes {
         x
     } else {
-        s.unregularized_output(g, x, "output")
+        s.unregularized_output(g, x, "output", classes)
     })
 }
 

@@ -12,14 +12,15 @@ use crate::config::model_plan::{
 };
 
 /// The graph of `arch` over `groups`, its parameters added to `scope`.
-/// Single-task models have the output `logits`; multi-task ones
-/// `logits_<tower>` per task tower.
+/// Single-task models have the output `logits`, `classes` wide; multi-task
+/// ones `logits_<tower>` per task tower.
 ///
 /// A group with `dropout` has its plain columns go through variational
 /// dropout before anything reads them (EasyRec's input layer does it).
 pub fn build(
     arch: &Arch,
     (groups, dropout): (&[GroupLayout], &[Option<GroupDropout>]),
+    classes: usize,
     scope: &mut Scope,
 ) -> anyhow::Result<Graph> {
     let mut g = Graph::default();
@@ -44,7 +45,7 @@ pub fn build(
         }
         xs.push(super::sequence::group_features(l, x, features, &mut g, scope)?);
     }
-    let b = Builder { groups, xs };
+    let b = Builder { groups, xs, classes };
     let g_ = &mut g;
     let logits = match arch {
         Arch::WideAndDeep {
@@ -82,7 +83,7 @@ pub fn build(
             seq_towers,
             final_dnn,
         } => b.multi_tower(g_, scope, (towers, seq_towers), final_dnn)?,
-        Arch::Backbone(bb) => super::backbone::rank(bb, groups, &b.xs, g_, scope)?,
+        Arch::Backbone(bb) => super::backbone::rank(bb, groups, &b.xs, classes, g_, scope)?,
         Arch::MultiTaskBackbone { backbone, towers } => {
             let inputs = super::backbone::task_inputs(backbone, groups, &b.xs, towers.len(), g_, scope)?;
             bayes_towers(g_, scope, inputs, towers, "");
@@ -230,6 +231,8 @@ struct Builder<'a> {
     groups: &'a [GroupLayout],
     /// Each group's input node.
     xs: Vec<NodeId>,
+    /// The single-task models' logits per row (`num_class`).
+    classes: usize,
 }
 
 impl Builder<'_> {
@@ -279,9 +282,12 @@ impl Builder<'_> {
 
     /// WideAndDeep, and DeepFM (`fm`: with the FM term over the deep
     /// group's leading embedded features). With final_dnn the sides are
-    /// concatenated (a missing wide side as zeros) and end in one output
-    /// unit; without it the deep side gets its own output unit and the
-    /// other sides are added, which needs a wide side of width 1.
+    /// concatenated (a missing wide side as zeros; DeepFM's summed to one
+    /// column unless it has one per class, as EasyRec sums it) and end in
+    /// an output unit per class; without it the deep side gets its own
+    /// output units and the other sides are added, which needs a wide side
+    /// of one column per class (DeepFM's FM term is mapped to the classes
+    /// by a dense `fm_logits` when there are several).
     fn wide_and_deep(
         &self,
         g: &mut Graph,
@@ -302,20 +308,30 @@ impl Builder<'_> {
             None
         };
         let h = s.dnn(g, x, "deep_feature", dnn);
+        let classes = self.classes;
         Ok(match final_dnn {
             Some(f) => {
-                let w = wide.unwrap_or_else(|| g.zeros(h, wide_dim));
+                let mut w = wide.unwrap_or_else(|| g.zeros(h, wide_dim));
+                if fm && wide_dim > 1 && wide_dim != classes {
+                    w = g.row_sum(w);
+                }
                 let c = g.concat(&[Some(w), fm_out, Some(h)].into_iter().flatten().collect::<Vec<_>>());
                 let top = s.dnn(g, c, "final_dnn", f);
-                s.dense(g, top, "output", 1, Activation::Linear)
+                s.dense(g, top, "output", classes, Activation::Linear)
             }
             None => {
-                if wide_dim != 1 {
-                    bail!("{model} without final_dnn needs wide_output_dim: 1 for one logit");
+                if wide_dim != classes {
+                    bail!("{model} without final_dnn needs wide_output_dim equal to num_class ({classes})");
                 }
                 let out = if fm { "deep_logits" } else { "deep_out" };
-                let o = s.dense(g, h, out, 1, Activation::Linear);
-                let fm_sum = fm_out.map(|f| g.row_sum(f));
+                let o = s.dense(g, h, out, classes, Activation::Linear);
+                let fm_sum = fm_out.map(|f| {
+                    if classes > 1 {
+                        s.dense(g, f, "fm_logits", classes, Activation::Linear)
+                    } else {
+                        g.row_sum(f)
+                    }
+                });
                 let terms: Vec<NodeId> = [wide, Some(o), fm_sum].into_iter().flatten().collect();
                 // The wide side first, as EasyRec adds them.
                 g.add(&terms)
@@ -381,7 +397,7 @@ impl Builder<'_> {
             t = g.act(sum, Activation::Relu);
         }
         let flat = g.fold(t, n);
-        Ok(s.unregularized_output(g, flat, "output"))
+        Ok(s.unregularized_output(g, flat, "output", self.classes))
     }
 
     fn dlrm(
@@ -428,7 +444,7 @@ impl Builder<'_> {
             }
         };
         let h = s.dnn(g, z, "top_dnn", top);
-        Ok(s.dense(g, h, "output", 1, Activation::Linear))
+        Ok(s.dense(g, h, "output", self.classes, Activation::Linear))
     }
 
     fn dcn(
@@ -469,7 +485,7 @@ impl Builder<'_> {
         }
         let c = g.concat(&[h, xl]);
         let top = s.dnn(g, c, "final_dnn", final_dnn);
-        Ok(s.unregularized_output(g, top, "output"))
+        Ok(s.unregularized_output(g, top, "output", self.classes))
     }
 
     fn multi_tower(
@@ -495,7 +511,7 @@ impl Builder<'_> {
         }
         let c = g.concat(&outs);
         let top = s.dnn(g, c, "final_dnn", final_dnn);
-        Ok(s.unregularized_output(g, top, "output"))
+        Ok(s.unregularized_output(g, top, "output", self.classes))
     }
 }
 

@@ -763,8 +763,8 @@ impl Scope<'_> {
 
     /// The one-logit output layer `name` whose kernel EasyRec leaves out
     /// of l2_regularization (MultiTower's and DCN's `output`).
-    pub fn unregularized_output(&mut self, g: &mut Graph, x: NodeId, name: &str) -> NodeId {
-        self.layer(g, x, name, 1, Kernel::UNREGULARIZED, Activation::Linear)
+    pub fn unregularized_output(&mut self, g: &mut Graph, x: NodeId, name: &str, units: usize) -> NodeId {
+        self.layer(g, x, name, units, Kernel::UNREGULARIZED, Activation::Linear)
     }
 
     /// EasyRec's DNN: per hidden layer dense -> batch norm -> activation ->

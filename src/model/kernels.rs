@@ -558,6 +558,9 @@ impl Interact {
 
 /// Mean loss of `logits` and its gradient with respect to each logit.
 pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f32>) {
+    if let LossKind::MultiClass { classes } = kind {
+        return softmax_ce(logits, labels, classes, None);
+    }
     let b = logits.len() as f32;
     let mut total = 0.0f64;
     let grad = logits
@@ -573,15 +576,51 @@ pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f3
                 2.0 * (x - y) / b
             }
             LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
+            LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
         })
         .collect();
     ((total / logits.len().max(1) as f64) as f32, grad)
+}
+
+/// TensorFlow's `sparse_softmax_cross_entropy` of `logits` (`[b, classes]`
+/// row-major) against class indices, and its gradient: the mean over the
+/// rows, or with `weights` the weighted sum over the count of non-zero
+/// weights (no loss without one).
+fn softmax_ce(logits: &[f32], labels: &[f32], classes: usize, weights: Option<&[f32]>) -> (f32, Vec<f32>) {
+    let rows = labels.len();
+    debug_assert_eq!(logits.len(), rows * classes);
+    let count = weights.map_or(rows, |w| w.iter().filter(|x| **x != 0.0).count());
+    let mut grad = vec![0.0f32; logits.len()];
+    if count == 0 {
+        return (0.0, grad);
+    }
+    let mut total = 0.0f64;
+    for (r, (z, g)) in logits
+        .chunks_exact(classes)
+        .zip(grad.chunks_exact_mut(classes))
+        .enumerate()
+    {
+        let w = weights.map_or(1.0, |w| w[r]);
+        let y = labels[r] as usize;
+        let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = z.iter().map(|&x| ((x - m) as f64).exp()).sum();
+        let lse = m as f64 + sum.ln();
+        total += w as f64 * (lse - z[y] as f64);
+        for (k, (gk, &x)) in g.iter_mut().zip(z).enumerate() {
+            let p = ((x as f64 - lse).exp()) as f32;
+            *gk = w * (p - f32::from(u8::from(k == y))) / count as f32;
+        }
+    }
+    ((total / count as f64) as f32, grad)
 }
 
 /// `loss_grad` with EasyRec's `sample_weight`: TensorFlow's losses divide
 /// `Σ w_i l_i` by the count of non-zero weights (SUM_BY_NONZERO_WEIGHTS),
 /// and a batch without one has no loss.
 pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f32]) -> (f32, Vec<f32>) {
+    if let LossKind::MultiClass { classes } = kind {
+        return softmax_ce(logits, labels, classes, Some(w));
+    }
     let nonzero = w.iter().filter(|x| **x != 0.0).count();
     if nonzero == 0 {
         return (0.0, vec![0.0; logits.len()]);
@@ -602,6 +641,7 @@ pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f
                 w * 2.0 * (x - y) / n
             }
             LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
+            LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
         })
         .collect();
     ((total / nonzero as f64) as f32, grad)
@@ -617,7 +657,7 @@ pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32]) -> (f32, Vec<
             ..task.clone()
         };
         let (l, mut g) = task_loss_grad(&unsummed, logits, labels);
-        let n = logits.len() as f32;
+        let n = labels.len() as f32;
         g.iter_mut().for_each(|x| *x *= n);
         return (l * n, g);
     }
@@ -1198,6 +1238,43 @@ mod tests {
             weighted_loss_grad(LossKind::Regression, &z, &y, &[0.0; 4]),
             (0.0, vec![0.0; 4])
         );
+    }
+
+    /// Softmax cross entropy over four classes: the mean of `-log p_y`,
+    /// weighted rows over the non-zero count, gradients by finite
+    /// differences, and the same values as the reference executor's.
+    #[test]
+    fn softmax_cross_entropy_matches_its_definition_and_the_reference() {
+        use crate::model::reference;
+        use burn::tensor::{Tensor, TensorData};
+        let kind = LossKind::MultiClass { classes: 4 };
+        let z = [0.3f32, -1.2, 2.0, 0.1, 5.0, -3.0, 0.0, 1.0, -0.5, 0.5, 0.25, -2.0];
+        let y = [2.0f32, 0.0, 3.0];
+        let w = [2.0f32, 0.0, 0.5];
+        let nll = |r: usize| {
+            let row = &z[r * 4..r * 4 + 4];
+            let lse = row.iter().map(|x| x.exp()).sum::<f32>().ln();
+            lse - row[y[r] as usize]
+        };
+        let (plain, _) = loss_grad(kind, &z, &y);
+        assert!((plain - (nll(0) + nll(1) + nll(2)) / 3.0).abs() < 1e-5);
+        let (l, g) = weighted_loss_grad(kind, &z, &y, &w);
+        assert!((l - (2.0 * nll(0) + 0.5 * nll(2)) / 2.0).abs() < 1e-5, "{l}");
+        let eps = 1e-3f32;
+        for k in 0..z.len() {
+            let (mut up, mut down) = (z, z);
+            up[k] += eps;
+            down[k] -= eps;
+            let numeric =
+                (weighted_loss_grad(kind, &up, &y, &w).0 - weighted_loss_grad(kind, &down, &y, &w).0) / (2.0 * eps);
+            assert!((numeric - g[k]).abs() < 2e-3, "logit {k}: {numeric} vs {}", g[k]);
+        }
+        let device = Default::default();
+        let t = Tensor::<2>::from_data(TensorData::new(z.to_vec(), [3, 4]), &device);
+        let r: f32 = reference::weighted_loss_of(kind, t.clone(), &y, &w).into_scalar();
+        assert!((r - l).abs() < 1e-5, "{r} vs {l}");
+        let r: f32 = reference::softmax_ce_of(t, &y, None).into_scalar();
+        assert!((r - plain).abs() < 1e-5, "{r} vs {plain}");
     }
 
     /// A batch without a pair of different labels has no pairwise loss.

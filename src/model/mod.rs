@@ -515,7 +515,8 @@ impl Model {
                     .and_then(|vd| GroupDropout::of(l, plan, vd.embedding_wise))
             })
             .collect();
-        let mut graph = builders::build(&plan.arch, (&groups, &dropout), &mut scope)?;
+        let classes = plan.tasks.first().map_or(1, Task::classes);
+        let mut graph = builders::build(&plan.arch, (&groups, &dropout), classes, &mut scope)?;
         if plan.negative_sampling.is_some() {
             // EasyRec runs the user tower on the examples alone and the
             // item tower on them and the sampled items.
@@ -575,7 +576,12 @@ impl Model {
                     .graph
                     .output_node(&t.output())
                     .unwrap_or_else(|| panic!("the model graph has output `{}`", t.output()));
-                assert_eq!(self.graph.width(n), 1, "task output `{}` is one column", t.output());
+                assert_eq!(
+                    self.graph.width(n),
+                    t.classes(),
+                    "task output `{}` has a column per class",
+                    t.output()
+                );
                 n
             })
             .collect()
@@ -723,7 +729,7 @@ impl Model {
             .iter()
             .zip(self.task_outputs(tasks))
             .map(|(t, n)| {
-                let scores = TaskScores::from_logits(t, tape.value(n)[..users].to_vec());
+                let scores = TaskScores::from_logits(t, tape.value(n)[..users * t.classes()].to_vec());
                 if !t.in_batch() {
                     let loss = match weights {
                         Some(w) => kernels::weighted_loss_grad(t.loss, &scores.logits, &labels[t.label], w).0 as f64,
@@ -796,12 +802,15 @@ pub struct BatchEval {
     pub ranks: Vec<[u32; 3]>,
 }
 
-/// One task's predictions for a batch.
+/// One task's predictions for a batch: per row `classes` values (one but
+/// for a multi-class task), row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskScores {
     pub logits: Vec<f32>,
-    /// Probabilities (classification) or values (regression).
+    /// Probabilities (classification: per class for a multi-class task) or
+    /// values (regression).
     pub scores: Vec<f32>,
+    pub classes: usize,
 }
 
 impl TaskScores {
@@ -813,13 +822,79 @@ impl TaskScores {
                 logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect()
             }
             LossKind::Regression => logits.clone(),
+            LossKind::MultiClass { classes } => logits.chunks_exact(classes).flat_map(softmax).collect(),
         };
-        TaskScores { logits, scores }
+        TaskScores {
+            logits,
+            scores,
+            classes: task.classes(),
+        }
+    }
+
+    /// The rows held.
+    pub fn rows(&self) -> usize {
+        self.logits.len() / self.classes.max(1)
     }
 
     /// Keeps the first `rows` rows.
     pub fn truncate(&mut self, rows: usize) {
-        self.logits.truncate(rows);
-        self.scores.truncate(rows);
+        self.logits.truncate(rows * self.classes);
+        self.scores.truncate(rows * self.classes);
     }
+
+    /// Rows `start..end` alone.
+    pub fn rows_in(&self, start: usize, end: usize) -> TaskScores {
+        let c = self.classes;
+        TaskScores {
+            logits: self.logits[start * c..end * c].to_vec(),
+            scores: self.scores[start * c..end * c].to_vec(),
+            classes: c,
+        }
+    }
+}
+
+/// The columns predict and serve give for `task`: its logits and scores
+/// (`logits`, `probs` or `y`, with the task's suffix), or for a
+/// multi-class task per class `logits_<k>` and `probs_<k>` (EasyRec's
+/// `probs_1` is the second class's) and the most probable class `y`.
+pub fn score_columns(task: &Task) -> Vec<String> {
+    match task.classes() {
+        1 => vec![task.output(), task.score_name()],
+        c => {
+            let per_class = |base: String| (0..c).map(move |k| format!("{base}_{k}"));
+            per_class(task.output())
+                .chain(per_class(task.score_name()))
+                .chain([format!("y{}", task.suffix())])
+                .collect()
+        }
+    }
+}
+
+impl TaskScores {
+    /// The values of `score_columns`, one per row each.
+    pub fn columns(&self) -> Vec<Vec<f32>> {
+        let c = self.classes;
+        if c == 1 {
+            return vec![self.logits.clone(), self.scores.clone()];
+        }
+        let column = |v: &[f32], k: usize| v.iter().skip(k).step_by(c).copied().collect::<Vec<f32>>();
+        let best = self
+            .scores
+            .chunks_exact(c)
+            .map(|p| (0..c).fold(0, |b, k| if p[k] > p[b] { k } else { b }) as f32)
+            .collect();
+        (0..c)
+            .map(|k| column(&self.logits, k))
+            .chain((0..c).map(|k| column(&self.scores, k)))
+            .chain([best])
+            .collect()
+    }
+}
+
+/// The softmax of one row of logits.
+fn softmax(z: &[f32]) -> Vec<f32> {
+    let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = z.iter().map(|x| (x - m).exp()).collect();
+    let s: f32 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
 }

@@ -2,7 +2,7 @@
 //! autodiff differentiates it, so tests hold the CPU executor's hand-written
 //! backward to it; later it runs the graph on burn's other devices.
 
-use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
+use burn::tensor::activation::{log_softmax, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use super::graph::{BnStats, Graph, Op, BN_EPS, DICE_EPS, L2_EPS, VD_EPS, VD_TEMP};
@@ -345,7 +345,24 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
             (d.clone() * d).mean()
         }
         LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
+        LossKind::MultiClass { .. } => unreachable!("a multi-class loss reads class indices (softmax_ce_of)"),
     }
+}
+
+/// Softmax cross entropy of `logits` (`[b, classes]`) against class
+/// indices on the reference executor, the oracle of the multi-class
+/// `kernels::loss_grad`: the mean over the rows, or with `weights` their
+/// weighted sum over the count of non-zero weights.
+pub fn softmax_ce_of(logits: Tensor<2>, label_values: &[f32], weights: Option<&[f32]>) -> Tensor<1> {
+    let device = logits.device();
+    let [b, c] = logits.dims();
+    let mut pick = vec![0.0f32; b * c];
+    for (r, &y) in label_values.iter().enumerate() {
+        pick[r * c + y as usize] = weights.map_or(1.0, |w| w[r]);
+    }
+    let count = weights.map_or(b, |w| w.iter().filter(|x| **x != 0.0).count()).max(1);
+    let picked = Tensor::<2>::from_data(TensorData::new(pick, [b, c]), &device);
+    (log_softmax(logits, 1) * picked).sum().neg().div_scalar(count as f32)
 }
 
 /// A match model's in-batch softmax on the reference executor, the oracle
@@ -416,6 +433,7 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
             d.clone() * d
         }
         LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
+        LossKind::MultiClass { .. } => return softmax_ce_of(logits, label_values, Some(weights)),
     };
     let nonzero = weights.iter().filter(|w| **w != 0.0).count().max(1);
     (per_row * column(weights.to_vec())).sum().div_scalar(nonzero as f32)
@@ -470,6 +488,9 @@ pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32]) -> Ten
     let b = label_values.len();
     let column = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device);
     let labels = column(label_values.to_vec());
+    if let LossKind::MultiClass { .. } = task.loss {
+        return softmax_ce_of(logits, label_values, None);
+    }
     if task.terms.is_empty() {
         return loss_of(task.loss, logits, labels);
     }

@@ -136,13 +136,7 @@ fn run(jobs: Vec<Job>) {
             let mut start = 0;
             for j in jobs {
                 let end = start + j.raw.num_rows;
-                let part = scores
-                    .iter()
-                    .map(|t| TaskScores {
-                        logits: t.logits[start..end].to_vec(),
-                        scores: t.scores[start..end].to_vec(),
-                    })
-                    .collect();
+                let part = scores.iter().map(|t| t.rows_in(start, end)).collect();
                 let _ = j.reply.send(Ok(part));
                 start = end;
             }

@@ -22,7 +22,7 @@ use super::request::{self, BadRequest, Form};
 use super::{Registry, Served};
 use crate::config::model_plan::ColumnType;
 use crate::data::RawBatch;
-use crate::model::TaskScores;
+use crate::model::{score_columns, TaskScores};
 
 pub struct App {
     pub name: String,
@@ -142,17 +142,11 @@ fn unknown_path(path: &str) -> ApiError {
 
 /// Output names in the graph's order: per task its logits, then its scores.
 fn output_names(served: &Served) -> Vec<String> {
-    served
-        .model
-        .plan
-        .tasks
-        .iter()
-        .flat_map(|t| [t.output(), t.score_name()])
-        .collect()
+    served.model.plan.tasks.iter().flat_map(score_columns).collect()
 }
 
-fn output_columns(scores: &[TaskScores]) -> Vec<&[f32]> {
-    scores.iter().flat_map(|s| [&s.logits[..], &s.scores[..]]).collect()
+fn output_columns(scores: &[TaskScores]) -> Vec<Vec<f32>> {
+    scores.iter().flat_map(TaskScores::columns).collect()
 }
 
 /// A score as JSON, written with the digits that identify the f32 (0.4455813
@@ -352,7 +346,7 @@ async fn v2_infer(
         .iter()
         .map(|w| {
             let i = names.iter().position(|n| n == w).expect("checked above");
-            json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": f32_list(cols[i]) })
+            json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": f32_list(&cols[i]) })
         })
         .collect();
     let mut answer = json!({

@@ -305,6 +305,14 @@ model_config { model_class: "DeepFM"
   autoint { multi_head_num: 2 multi_head_size: 3 interacting_layer_num: 2 } }"#,
     ),
     (
+        "DeepFM+2 classes",
+        r#"model_config { model_class: "DeepFM"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["c1", "c2", "c3", "d2"] wide_deep: DEEP }
+  deepfm { wide_output_dim: 2 dnn { hidden_units: [8, 4] } }
+  num_class: 2 }"#,
+    ),
+    (
         "DCN",
         r#"model_config { model_class: "DCN"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
