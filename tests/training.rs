@@ -264,7 +264,17 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 46] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 47] = [
+    (
+        // The booster's side of the hints is cut from the gradient, which
+        // finite differences cannot see; burn's autodiff detaches it too.
+        "RocketLaunching of two classes with feature-based distillation (hints cut from the gradient)",
+        r#"model_config { model_class: "RocketLaunching"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  rocket_launching { share_dnn { hidden_units: [8] } booster_dnn { hidden_units: [6, 4, 3] use_bn: true }
+                     light_dnn { hidden_units: [4, 3] } feature_based_distillation: true }
+  num_class: 2 }"#,
+    ),
     (
         "WideAndDeep of two classes without final_dnn (a wide side per class), softmax cross entropy",
         r#"model_config { model_class: "WideAndDeep"

@@ -251,6 +251,19 @@ pub enum Arch {
     /// (of the groups the model has) through the side's tower, its last
     /// layer linear; the L2-normalised embeddings' inner product.
     DropoutNet { user: DropoutTower, item: DropoutTower },
+    /// RocketLaunching over the `all` group: `share` DNN, then the
+    /// `booster` DNN and, on the shared output cut from the gradient, the
+    /// `light` one, each into its own output layer (tasks `booster` and
+    /// `light`); the light logits are hinted by the booster's (their mean
+    /// squared difference, the booster's cut from the gradient) and with
+    /// `feature_based` each light hidden layer by the first booster layer
+    /// of its width.
+    RocketLaunching {
+        share: DnnSpec,
+        booster: DnnSpec,
+        light: DnnSpec,
+        feature_based: bool,
+    },
 }
 
 /// One side of DropoutNet.
@@ -577,11 +590,70 @@ pub fn arch(
                 Some(tasks),
             )
         }
+        Some(M::RocketLaunching(x)) => {
+            let (arch, tasks) = rocket_launching(x, model)?;
+            (arch, x.l2_regularization(), Some(tasks))
+        }
         other => {
             let (a, l2) = single_task_arch(other.as_ref(), model)?;
             (a, l2, None)
         }
     })
+}
+
+/// RocketLaunching's layers and its two tasks, `booster` and `light`, both
+/// trained by CLASSIFICATION on the first label field, as EasyRec's are.
+fn rocket_launching(x: &proto::RocketLaunching, model: &proto::EasyRecModel) -> Result<(Arch, Vec<Task>), ConfigError> {
+    let path = "model_config.rocket_launching";
+    if model.loss_type() != proto::LossType::Classification {
+        return Err(ConfigError::unsupported(
+            "model_config.loss_type",
+            format!(
+                "RocketLaunching with {} (it trains CLASSIFICATION)",
+                model.loss_type().as_str_name()
+            ),
+        ));
+    }
+    for (field, set) in [
+        ("losses", !model.losses.is_empty()),
+        ("kd", !model.kd.is_empty()),
+        ("label_name", model.label_name.is_some()),
+    ] {
+        if set {
+            return Err(ConfigError::unsupported(
+                format!("model_config.{field}"),
+                "RocketLaunching's own losses on the first label field (EasyRec builds no other)",
+            ));
+        }
+    }
+    if x.feature_based_distillation() {
+        log::warn!(
+            "{path}.feature_based_distillation: as in EasyRec, each light hidden layer's Euclidean distance \
+             to the booster's (not feature_distillation_function) joins the loss times -0.1, pushing them apart"
+        );
+    }
+    let loss = super::tasks::loss_kind(proto::LossType::Classification, model.num_class(), "model_config")?;
+    let tasks = ["booster", "light"]
+        .into_iter()
+        .map(|name| Task {
+            name: name.to_string(),
+            label: 0,
+            weight: 1.0,
+            loss,
+            terms: Vec::new(),
+            metrics: Vec::new(),
+            summed: false,
+            masked_by: None,
+            kd: Vec::new(),
+        })
+        .collect();
+    let arch = Arch::RocketLaunching {
+        share: dnn(&x.share_dnn, &format!("{path}.share_dnn"))?,
+        booster: dnn(&x.booster_dnn, &format!("{path}.booster_dnn"))?,
+        light: dnn(&x.light_dnn, &format!("{path}.light_dnn"))?,
+        feature_based: x.feature_based_distillation(),
+    };
+    Ok((arch, tasks))
 }
 
 /// Whether an optional DNN has hidden layers.

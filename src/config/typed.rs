@@ -341,6 +341,8 @@ pub enum ModelKind {
     DropoutNet,
     /// A `backbone` DAG whose two outputs are a match model's towers.
     MatchModel,
+    /// A light network hinted by a booster.
+    RocketLaunching,
 }
 
 impl ModelKind {
@@ -1176,11 +1178,12 @@ impl TrainingPlan {
             "DSSM" | "DSSM_SENet" => ModelKind::Dssm,
             "DropoutNet" => ModelKind::DropoutNet,
             "MatchModel" => ModelKind::MatchModel,
+            "RocketLaunching" => ModelKind::RocketLaunching,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DropoutNet)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DropoutNet, RocketLaunching)".into(),
                 })
             }
         };
@@ -1302,6 +1305,9 @@ impl TrainingPlan {
                 for t in tasks.iter_mut().filter(|t| t.metrics.is_empty()) {
                     t.metrics = eval_metrics.clone();
                 }
+                for t in tasks.iter().filter(|t| t.classes() > 1) {
+                    super::tasks::check_multi_class_metrics(t.classes(), &t.metrics, "eval_config.metrics_set")?;
+                }
                 tasks
             }
             None => {
@@ -1338,7 +1344,10 @@ impl TrainingPlan {
                     if !kind.has_class_head() {
                         return Err(ConfigError::unsupported(
                             "model_config.num_class",
-                            format!("multi-class classification ({classes} classes) on {kind:?}"),
+                            format!(
+                                "multi-class classification ({classes} classes) on {}",
+                                model.model_class
+                            ),
                         ));
                     }
                     super::tasks::check_multi_class_metrics(classes, &metrics, "eval_config.metrics_set")?;

@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 15] = [
+pub const MODEL_BLOCKS: [(&str, &str); 16] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -87,6 +87,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 15] = [
     ("DSSM", "dssm"),
     ("DSSM_SENet", "dssm_senet"),
     ("DropoutNet", "dropoutnet"),
+    ("RocketLaunching", "rocket_launching"),
 ];
 
 fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
@@ -109,6 +110,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Dssm(_) => "dssm",
         DssmSenet(_) => "dssm_senet",
         Dropoutnet(_) => "dropoutnet",
+        RocketLaunching(_) => "rocket_launching",
     }
 }
 

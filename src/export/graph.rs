@@ -583,6 +583,7 @@ impl Builder<'_> {
                 }
                 Op::LayerNorm { x, gamma, beta, eps } => self.layer_norm(&v[x.0], (*gamma, *beta), *eps),
                 Op::Sub(a, c) => self.g.op("Sub", &[&v[a.0], &v[c.0]]),
+                Op::StopGradient { x } => self.g.op("Identity", &[&v[x.0]]),
                 Op::ProductLogit { a, b: c } => {
                     // −(m + log Σ exp(z − m)) over z = (−a, −c, −a−c).
                     let (x, y) = (self.g.op("Neg", &[&v[a.0]]), self.g.op("Neg", &[&v[c.0]]));

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, Kernel, NodeId, Scope};
+use super::graph::{Graph, Kernel, NodeId, Reduce, Scope};
 use super::params::Init;
 use super::{GroupDropout, GroupLayout};
 use crate::config::model_plan::{
@@ -111,6 +111,15 @@ pub fn build(
         }
         Arch::Dssm { user, item, sim, senet } => b.dssm(g_, scope, (user, item), *senet, *sim)?,
         Arch::DropoutNet { user, item } => b.dropoutnet(g_, scope, (user, item))?,
+        Arch::RocketLaunching {
+            share,
+            booster,
+            light,
+            feature_based,
+        } => {
+            b.rocket_launching(g_, scope, [share, booster, light], *feature_based)?;
+            return Ok(g);
+        }
         Arch::MatchBackbone {
             backbone,
             user,
@@ -209,7 +218,11 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
             ..
         } => named(&[deep_input.as_str(), cross_input.as_str()]),
         Arch::MultiTower { towers, .. } => named(&towers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()),
-        Arch::Mmoe { .. } | Arch::Ple { .. } | Arch::Dbmtl { .. } | Arch::AutoInt { .. } => named(&["all"]),
+        Arch::Mmoe { .. }
+        | Arch::Ple { .. }
+        | Arch::Dbmtl { .. }
+        | Arch::AutoInt { .. }
+        | Arch::RocketLaunching { .. } => named(&["all"]),
         Arch::Esmm { groups, .. } if !groups.is_empty() => {
             named(&groups.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
         }
@@ -516,6 +529,70 @@ impl Builder<'_> {
 }
 
 impl Builder<'_> {
+    /// EasyRec's RocketLaunching (`Arch::RocketLaunching`): outputs
+    /// `logits_booster` and `logits_light`, `classes` wide each, and its
+    /// penalties: `hint_loss`, the light logits' mean squared difference
+    /// from the booster's, and with `feature_based` per light hidden layer
+    /// `similarity_<k>`, -0.1 times its Euclidean distance over the batch
+    /// to the first booster layer as wide (EasyRec's sign and distance,
+    /// whatever feature_distillation_function says), the booster's side
+    /// cut from the gradient throughout.
+    fn rocket_launching(
+        &self,
+        g: &mut Graph,
+        s: &mut Scope,
+        [share, booster, light]: [&DnnSpec; 3],
+        feature_based: bool,
+    ) -> anyhow::Result<()> {
+        let all = self.group("all", "RocketLaunching")?;
+        let shared = s.dnn(g, self.xs[all], "share_dnn", share);
+        let b_layers = s.dnn_layers(g, shared, "booster_dnn", booster);
+        let cut = g.stop_gradient(shared);
+        let l_layers = s.dnn_layers(g, cut, "light_dnn", light);
+        let last = |layers: &[NodeId], x: NodeId| layers.last().copied().unwrap_or(x);
+        let b_out = s.dense(
+            g,
+            last(&b_layers, shared),
+            "booster_output",
+            self.classes,
+            Activation::Linear,
+        );
+        let l_out = s.dense(
+            g,
+            last(&l_layers, cut),
+            "light_output",
+            self.classes,
+            Activation::Linear,
+        );
+        g.output("logits_booster", b_out);
+        g.output("logits_light", l_out);
+        // Σ (a - stop_gradient(b))² per row, over `per` of its columns.
+        let squared_gap = |g: &mut Graph, a: NodeId, b: NodeId, per: f32| {
+            let b = g.stop_gradient(b);
+            let d = g.sub(a, b);
+            let sq = g.mul(d, d);
+            let sum = g.row_sum(sq);
+            if per == 1.0 {
+                sum
+            } else {
+                g.scale(sum, per, None)
+            }
+        };
+        let hint = squared_gap(g, l_out, b_out, 1.0 / self.classes as f32);
+        g.penalty("hint_loss", hint, Reduce::Mean, 1.0);
+        if feature_based {
+            let mut count = 0;
+            for (i, &lu) in light.hidden_units.iter().enumerate() {
+                if let Some(j) = booster.hidden_units.iter().position(|&bu| bu == lu) {
+                    let gap = squared_gap(g, l_layers[i], b_layers[j], 1.0);
+                    g.penalty(&format!("similarity_{count}"), gap, Reduce::RootOfSum, -0.1);
+                    count += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// DSSM: per tower (`user_dnn`, `item_dnn`) EasyRec's DNN over all but
     /// the last of its hidden units, then a linear layer of the last as
     /// `<tower>_dnn/dnn_<n-1>`; L2-normalised for the cosine. Besides

@@ -359,6 +359,7 @@ impl<'a> Tape<'a> {
                 let y = self.value(*a).iter().zip(self.value(*c)).map(|(x, y)| x - y).collect();
                 (y, Saved::None)
             }
+            Op::StopGradient { x } => (self.value(*x).to_vec(), Saved::None),
             Op::ProductLogit { a, b: c } => {
                 let y = self
                     .value(*a)
@@ -857,7 +858,7 @@ impl<'a> Tape<'a> {
                         }
                     }
                 }
-                Op::Zeros { .. } => {}
+                Op::Zeros { .. } | Op::StopGradient { .. } => {}
                 Op::Bias { x, b: bias } => {
                     kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bias].range()]);
                     accumulate(&mut grads, needs, *x, dy);

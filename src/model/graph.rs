@@ -181,6 +181,11 @@ pub enum Op {
     },
     /// `a - b`.
     Sub(NodeId, NodeId),
+    /// `x` as a constant: nothing flows back through it (TensorFlow's
+    /// `stop_gradient`).
+    StopGradient {
+        x: NodeId,
+    },
     /// `[r, d] -> [r * n, d]`: each row `n` times in a row.
     Tile {
         x: NodeId,
@@ -285,6 +290,7 @@ impl Op {
             | Op::SinCos { x, .. }
             | Op::Dice { x, .. }
             | Op::VariationalDropout { x, .. }
+            | Op::StopGradient { x }
             | Op::Softmax { x } => vec![*x],
             Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
@@ -313,6 +319,56 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     /// Named outputs, e.g. `("logits", n)`, `[batch, width]`.
     pub outputs: Vec<(String, NodeId)>,
+    /// Losses of the architecture itself, beside its tasks' (a teacher's
+    /// hint to its student), trained and never exported.
+    pub penalties: Vec<Penalty>,
+}
+
+/// A loss the graph computes: one value per row, reduced over the batch
+/// and weighted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Penalty {
+    /// EasyRec's name of the loss (`hint_loss`).
+    pub name: String,
+    /// `[batch, 1]`.
+    pub node: NodeId,
+    pub reduce: Reduce,
+    pub weight: f32,
+}
+
+/// How a penalty's per-row values become one loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// The mean over the rows; with sample weights their weighted sum over
+    /// the count of non-zero weights, as TensorFlow's losses weigh.
+    Mean,
+    /// The square root of the sum over the rows (a distance over the whole
+    /// batch, unweighted).
+    RootOfSum,
+}
+
+impl Reduce {
+    /// The loss of per-row values `v` and its gradient with respect to each.
+    pub fn apply(self, v: &[f32], weights: Option<&[f32]>) -> (f32, Vec<f32>) {
+        match (self, weights) {
+            (Reduce::Mean, None) => {
+                let n = v.len().max(1) as f32;
+                (v.iter().sum::<f32>() / n, vec![1.0 / n; v.len()])
+            }
+            (Reduce::Mean, Some(w)) => {
+                let n = w.iter().filter(|x| **x != 0.0).count();
+                if n == 0 {
+                    return (0.0, vec![0.0; v.len()]);
+                }
+                let s: f32 = v.iter().zip(w).map(|(a, b)| a * b).sum();
+                (s / n as f32, w.iter().map(|x| x / n as f32).collect())
+            }
+            (Reduce::RootOfSum, _) => {
+                let r = v.iter().sum::<f32>().sqrt();
+                (r, vec![0.5 / r; v.len()])
+            }
+        }
+    }
 }
 
 impl Graph {
@@ -659,6 +715,27 @@ impl Graph {
         self.outputs.push((name.to_string(), x));
     }
 
+    /// Adds `node` (`[batch, 1]`) to the loss as `penalty` says.
+    pub fn penalty(&mut self, name: &str, node: NodeId, reduce: Reduce, weight: f32) {
+        assert_eq!(
+            (self.width(node), self.rows(node)),
+            (1, 1),
+            "penalty `{name}` is one value per batch row"
+        );
+        self.penalties.push(Penalty {
+            name: name.to_string(),
+            node,
+            reduce,
+            weight,
+        });
+    }
+
+    /// `x` with no gradient flowing back into it.
+    pub fn stop_gradient(&mut self, x: NodeId) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::StopGradient { x }, w)
+    }
+
     /// The node of output `name`.
     pub fn output_node(&self, name: &str) -> Option<NodeId> {
         self.outputs.iter().find(|(n, _)| n == name).map(|(_, x)| *x)
@@ -678,7 +755,7 @@ impl Graph {
                 | Op::GroupedLinear { .. }
                 | Op::Dice { .. }
                 | Op::VariationalDropout { .. } => true,
-                Op::Zeros { .. } => false,
+                Op::Zeros { .. } | Op::StopGradient { .. } => false,
                 op => op.operands().iter().any(|x| needs[x.0]),
             };
         }
@@ -771,7 +848,14 @@ impl Scope<'_> {
     /// dropout, layers named `name/dnn_i` (`name/dnn_i/bn`), as EasyRec
     /// names its variables. No layers pass `x` through.
     pub fn dnn(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> NodeId {
+        self.dnn_layers(g, x, name, spec).last().copied().unwrap_or(x)
+    }
+
+    /// `dnn`'s hidden layers' outputs, in order (EasyRec's
+    /// `hidden_layer_feature_output`).
+    pub fn dnn_layers(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> Vec<NodeId> {
         let mut x = x;
+        let mut layers = Vec::with_capacity(spec.hidden_units.len());
         for (i, &units) in spec.hidden_units.iter().enumerate() {
             let lname = format!("{name}/dnn_{i}");
             x = if spec.use_bn {
@@ -781,8 +865,9 @@ impl Scope<'_> {
                 self.layer(g, x, &lname, units, Kernel::DENSE, spec.activation)
             };
             x = g.dropout(x, spec.dropout.get(i).copied().unwrap_or(0.0));
+            layers.push(x);
         }
-        x
+        layers
     }
 
     /// EasyRec's DNN whose last layer is a plain dense layer (no batch

@@ -645,6 +645,11 @@ impl Model {
             }
             seeds.push((out, dl));
         }
+        for p in &self.graph.penalties {
+            let (l, g) = p.reduce.apply(tape.value(p.node), weights);
+            loss += p.weight * l;
+            seeds.push((p.node, g.into_iter().map(|x| x * p.weight).collect()));
+        }
         let needs = self.graph.needs_grad(&self.trained_inputs());
         let mut dense = vec![0.0f32; self.params.values.len()];
         let inputs = tape.backward(&self.params, seeds, &needs, &mut dense);

@@ -5,7 +5,7 @@
 use burn::tensor::activation::{log_softmax, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Op, BN_EPS, DICE_EPS, L2_EPS, VD_EPS, VD_TEMP};
+use super::graph::{BnStats, Graph, Op, Penalty, Reduce, BN_EPS, DICE_EPS, L2_EPS, VD_EPS, VD_TEMP};
 use super::kernels::NO_HARD_NEGATIVE;
 use super::params::{to_vec, ParamStore};
 use super::Targets;
@@ -198,6 +198,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             }
             Op::Zeros { .. } => ctx.constant(vec![0.0; b * width], b, width),
             Op::Sub(a, c) => v[a.0].clone() - v[c.0].clone(),
+            Op::StopGradient { x } => v[x.0].clone().detach(),
             Op::ProductLogit { a, b: c } => {
                 let (x, y) = (v[a.0].clone().neg(), v[c.0].clone().neg());
                 let z = Tensor::cat(vec![x.clone(), y.clone(), x + y], 1);
@@ -437,6 +438,23 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
     };
     let nonzero = weights.iter().filter(|w| **w != 0.0).count().max(1);
     (per_row * column(weights.to_vec())).sum().div_scalar(nonzero as f32)
+}
+
+/// A graph penalty's weighted loss on the reference executor, the oracle
+/// of `Reduce::apply`: `v` is `[b, 1]`.
+pub fn penalty_of(p: &Penalty, v: Tensor<2>, weights: Option<&[f32]>) -> Tensor<1> {
+    let device = v.device();
+    let b = v.dims()[0];
+    let l = match (p.reduce, weights) {
+        (Reduce::Mean, None) => v.mean(),
+        (Reduce::Mean, Some(w)) => {
+            let n = w.iter().filter(|x| **x != 0.0).count().max(1);
+            let w = Tensor::<2>::from_data(TensorData::new(w.to_vec(), [b, 1]), &device);
+            (v * w).sum().div_scalar(n as f32)
+        }
+        (Reduce::RootOfSum, _) => v.sum().sqrt(),
+    };
+    l.mul_scalar(p.weight)
 }
 
 /// A distillation term's loss on the reference executor, the oracle of

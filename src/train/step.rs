@@ -173,6 +173,13 @@ impl Trainer {
                     acc + reference::kd_loss_of(kd, logits.clone(), &batch.labels[kd.label])
                 })
             })
+            .chain(
+                self.model
+                    .graph
+                    .penalties
+                    .iter()
+                    .map(|p| reference::penalty_of(p, values[p.node.0].clone(), batch.weights.as_deref())),
+            )
             .reduce(|a, c| a + c)
             .expect("a model has a task");
         let grads = loss.backward();

@@ -313,6 +313,13 @@ model_config { model_class: "DeepFM"
   num_class: 2 }"#,
     ),
     (
+        "RocketLaunching",
+        r#"model_config { model_class: "RocketLaunching"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c3", "c4", "c1_x_c2"] }
+  rocket_launching { share_dnn { hidden_units: [8] } booster_dnn { hidden_units: [8, 4] }
+                     light_dnn { hidden_units: [4] } l2_regularization: 1e-5 } }"#,
+    ),
+    (
         "DCN",
         r#"model_config { model_class: "DCN"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
