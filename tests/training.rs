@@ -1430,8 +1430,9 @@ fn a_stop_signal_in_model_dir_ends_training() {
 /// `enable_early_stop`: training stops at the first evaluation that comes
 /// `max_check_steps` or more after the best one (here nothing learns at a
 /// learning rate of 0, so the first evaluation stays the best), then saves,
-/// evaluates and exports as at num_steps; a Python `early_stop_func` is
-/// refused by name.
+/// evaluates and exports as at num_steps. EasyRec's own threshold
+/// function stops at the first evaluation above its threshold; any other
+/// Python `early_stop_func` is refused by name.
 #[test]
 fn early_stopping_ends_training_when_the_metric_stops_improving() {
     let dir = tempfile::tempdir().unwrap();
@@ -1463,6 +1464,28 @@ fn early_stopping_ends_training_when_the_metric_stops_improving() {
     let err = load_pipeline(&cfg, &Default::default()).unwrap_err().to_string();
     assert!(
         err.contains("early_stop_func") && err.contains("my.module.stop"),
+        "{err}"
+    );
+    let threshold = |params: &str| {
+        text.replace(
+            "max_check_steps: 4",
+            &format!(
+                "early_stop_func: \"easy_rec.python.test.custom_early_stop_func.custom_early_stop_func\" early_stop_params: '{params}'"
+            ),
+        )
+    };
+    std::fs::write(&cfg, threshold(r#"{"metric_name": "auc", "thre": -1}"#)).unwrap();
+    let mut t = Trainer::new(plan(&cfg).unwrap()).unwrap();
+    t.run().unwrap();
+    assert_eq!(t.step, 2, "any AUC is above -1: the first evaluation stops");
+    std::fs::write(&cfg, threshold(r#"{"metric_name": "auc", "thre": 2}"#)).unwrap();
+    let mut t = Trainer::new(plan(&cfg).unwrap()).unwrap();
+    t.run().unwrap();
+    assert_eq!(t.step, 40, "no AUC is above 2");
+    std::fs::write(&cfg, threshold(r#"{"thre": 2}"#)).unwrap();
+    let err = load_pipeline(&cfg, &Default::default()).unwrap_err().to_string();
+    assert!(
+        err.contains("early_stop_params") && err.contains("metric_name"),
         "{err}"
     );
 }

@@ -30,9 +30,8 @@ pub struct ExportPlan {
     /// `filter_inputs` (default true): serving inputs are the input fields
     /// the model reads; false: every input field but the labels.
     pub filter_inputs: bool,
-    /// `enable_early_stop`: training stops once an evaluation comes this
-    /// many steps (`max_check_steps`) after the best `best_metric`.
-    pub early_stop: Option<u64>,
+    /// `enable_early_stop`: when training stops after an evaluation.
+    pub early_stop: Option<EarlyStop>,
     /// Inputs a served request may give as a list of values per row
     /// (`multi_value_fields`, or with `auto_multi_value` every input of a
     /// tag, sequence or multi-dimensional raw feature, as EasyRec picks
@@ -43,6 +42,21 @@ pub struct ExportPlan {
     /// "none"; exporting reports it (see `check`).
     pub unsupported: Option<(&'static str, &'static str)>,
 }
+
+/// When an evaluation stops training.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EarlyStop {
+    /// It comes this many steps (`max_check_steps`) or more after the best
+    /// `best_metric` (EasyRec's default).
+    NoImprovement { max_steps: u64 },
+    /// `metric` exceeds `threshold`: the function EasyRec ships as
+    /// `easy_rec.python.test.custom_early_stop_func.custom_early_stop_func`,
+    /// its `early_stop_params` `{"metric_name": ..., "thre": ...}`.
+    AboveThreshold { metric: String, threshold: f64 },
+}
+
+/// The one `early_stop_func` EasyRec itself ships.
+pub const THRESHOLD_STOP_FUNC: &str = "easy_rec.python.test.custom_early_stop_func.custom_early_stop_func";
 
 /// Which inputs take a list of values per row when served.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -113,14 +127,27 @@ impl ExportPlan {
     /// whether training stops, this evaluation coming `early_stop` or more
     /// steps after the best one (TensorFlow's
     /// `_stop_if_no_metric_improvement_fn`, over this run's evaluations).
+    ///
+    /// With `EarlyStop::AboveThreshold` it stops once the metric exceeds
+    /// the threshold, and `best` is left alone.
     pub fn stops_early(
         &self,
         best: &mut Option<(f64, u64)>,
         step: u64,
         metrics: &[(String, f64)],
     ) -> anyhow::Result<bool> {
-        let Some(max_steps) = self.early_stop else {
-            return Ok(false);
+        let max_steps = match &self.early_stop {
+            None => return Ok(false),
+            Some(EarlyStop::AboveThreshold { metric, threshold }) => {
+                return match metrics.iter().find(|(k, _)| k == metric) {
+                    Some((_, v)) => Ok(*v > *threshold),
+                    None => anyhow::bail!(
+                        "export_config.early_stop_params: metric `{metric}` is not among the evaluated metrics ({})",
+                        metrics.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                };
+            }
+            Some(EarlyStop::NoImprovement { max_steps }) => *max_steps,
         };
         let value = self.best_value(metrics)?;
         if self.improves(value, best.map(|(b, _)| b)) {
@@ -131,15 +158,19 @@ impl ExportPlan {
     }
 }
 
-fn early_stop(e: &proto::ExportConfig) -> Result<Option<u64>, ConfigError> {
+fn early_stop(e: &proto::ExportConfig) -> Result<Option<EarlyStop>, ConfigError> {
     if !e.enable_early_stop() {
         return Ok(None);
     }
-    if e.early_stop_func.as_deref().is_some_and(|f| !f.is_empty()) {
-        return Err(ConfigError::unsupported(
-            "export_config.early_stop_func",
-            format!("the Python early-stopping function `{}`", e.early_stop_func()),
-        ));
+    match e.early_stop_func.as_deref().filter(|f| !f.is_empty()) {
+        None => {}
+        Some(THRESHOLD_STOP_FUNC) => return threshold_stop(e.early_stop_params()).map(Some),
+        Some(other) => {
+            return Err(ConfigError::unsupported(
+                "export_config.early_stop_func",
+                format!("the Python early-stopping function `{other}` (supported: {THRESHOLD_STOP_FUNC})"),
+            ))
+        }
     }
     let max_steps = u64::try_from(e.max_check_steps()).map_err(|_| {
         ConfigError::invalid(
@@ -147,7 +178,27 @@ fn early_stop(e: &proto::ExportConfig) -> Result<Option<u64>, ConfigError> {
             format!("{} is negative", e.max_check_steps()),
         )
     })?;
-    Ok(Some(max_steps))
+    Ok(Some(EarlyStop::NoImprovement { max_steps }))
+}
+
+/// `early_stop_params` of EasyRec's threshold function, a JSON object
+/// with `metric_name` (a string) and `thre` (a number).
+fn threshold_stop(params: &str) -> Result<EarlyStop, ConfigError> {
+    let field = "export_config.early_stop_params";
+    let v: serde_json::Value = serde_json::from_str(params)
+        .map_err(|e| ConfigError::invalid(field, format!("`{params}` is not JSON: {e}")))?;
+    let metric = v.get("metric_name").and_then(|m| m.as_str());
+    let threshold = v.get("thre").and_then(|t| t.as_f64());
+    match (metric, threshold) {
+        (Some(m), Some(t)) => Ok(EarlyStop::AboveThreshold {
+            metric: m.to_string(),
+            threshold: t,
+        }),
+        _ => Err(ConfigError::invalid(
+            field,
+            format!("`{params}` needs \"metric_name\" (a string) and \"thre\" (a number) for {THRESHOLD_STOP_FUNC}"),
+        )),
+    }
 }
 
 pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, ConfigError> {

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::{StepStats, Trainer};
 use crate::checkpoint;
+use crate::config::export_plan::EarlyStop;
 use crate::config::typed::CheckpointCadence;
 use crate::summary::SummaryWriter;
 
@@ -176,13 +177,18 @@ impl Trainer {
                     after_eval(&path, &metrics, false)?;
                     // Every rank has the metrics, so all stop together.
                     if p.export.stops_early(&mut best_eval, self.step, &metrics)? {
-                        let (v, at) = best_eval.expect("observed");
-                        log::info!(
-                            "early stopping at step {}: {} has not improved on {v} (step {at}) for {} steps",
-                            self.step,
-                            p.export.best_metric,
-                            self.step - at
-                        );
+                        match (&p.export.early_stop, best_eval) {
+                            (Some(EarlyStop::AboveThreshold { metric, threshold }), _) => {
+                                log::info!("early stopping at step {}: {metric} is above {threshold}", self.step)
+                            }
+                            (_, Some((v, at))) => log::info!(
+                                "early stopping at step {}: {} has not improved on {v} (step {at}) for {} steps",
+                                self.step,
+                                p.export.best_metric,
+                                self.step - at
+                            ),
+                            _ => unreachable!("a best evaluation is recorded before a stop without improvement"),
+                        }
                         break;
                     }
                 }
