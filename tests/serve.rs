@@ -288,6 +288,13 @@ fn a_multi_task_export_answers_like_predict_with_batching() {
     );
 }
 
+/// A multi-class export answers predict's columns: per class its logit
+/// and probability, and the most probable class.
+#[test]
+fn a_multi_class_export_answers_like_predict() {
+    check_like_predict("DeepFM+2 classes", &[]);
+}
+
 /// v2 infer of rows 0..20, returning the version that answered and probs.
 fn infer(agent: &ureq::Agent, base: &str, body: &str) -> Result<(String, Vec<f64>), String> {
     let mut r = agent
