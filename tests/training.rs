@@ -264,7 +264,21 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 47] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 48] = [
+    (
+        // Without batch norm: the biases under it have no gradient but
+        // rounding, past any relative tolerance.
+        "DAT: DSSM towers over their augmented vectors, in-batch softmax and the adaptive-mimic losses",
+        r#"model_config { model_class: "DAT"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  feature_groups { group_name: "user_id_augment" feature_names: ["c1"] }
+  feature_groups { group_name: "item_id_augment" feature_names: ["c2"] }
+  dat { user_tower { id: "c1" dnn { hidden_units: [8, 4] use_bn: false } }
+        item_tower { id: "c2" dnn { hidden_units: [6, 4] use_bn: false } }
+        temperature: 0.2 amm_u_weight: 0.7 amm_i_weight: 0.3 }
+  loss_type: SOFTMAX_CROSS_ENTROPY }"#,
+    ),
     (
         // The booster's side of the hints is cut from the gradient, which
         // finite differences cannot see; burn's autodiff detaches it too.

@@ -244,6 +244,10 @@ pub enum Arch {
         /// DSSM_SENet: each tower's features first go through a SENet
         /// (`reduction_ratio`, `num_squeeze_group`), user's then item's.
         senet: Option<[(usize, usize); 2]>,
+        /// DAT: each tower also reads its side's `<side>_id_augment` group,
+        /// whose vector learns to mimic the other tower's output: the
+        /// weights of `amm_loss_u` and `amm_loss_i`.
+        amm: Option<[f32; 2]>,
     },
     /// DropoutNet: per side (user, item) the `<side>_content` group through
     /// its DNN and the `<side>_preference` group, each row dropped whole
@@ -867,9 +871,11 @@ fn single_task_arch(
                 item,
                 sim,
                 senet: Some(senets),
+                amm: None,
             };
             (arch, l2)
         }
+        Some(M::Dat(d)) => dat(d, model, &format!("{m}.dat"))?,
         Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
         Some(M::Dropoutnet(d)) => dropoutnet(d, &format!("{m}.dropoutnet"))?,
         _ if matches!(
@@ -1012,6 +1018,47 @@ fn dropoutnet(d: &proto::DropoutNet, path: &str) -> Result<(Arch, f32), ConfigEr
     Ok((Arch::DropoutNet { user, item }, d.l2_regularization))
 }
 
+/// DAT as EasyRec builds it: DSSM's towers, always L2-normalised, their
+/// similarity over `temperature` without a learned scale, trained by the
+/// listwise SOFTMAX_CROSS_ENTROPY alone, plus the adaptive-mimic losses.
+fn dat(d: &proto::Dat, model: &proto::EasyRecModel, path: &str) -> Result<(Arch, f32), ConfigError> {
+    if model.loss_type() != proto::LossType::SoftmaxCrossEntropy {
+        return Err(ConfigError::unsupported(
+            "model_config.loss_type",
+            format!(
+                "DAT with {} (EasyRec's DAT trains SOFTMAX_CROSS_ENTROPY only)",
+                model.loss_type().as_str_name()
+            ),
+        ));
+    }
+    let tower = |t: &proto::DatTower| proto::DssmTower {
+        id: t.id.clone(),
+        dnn: t.dnn.clone(),
+    };
+    let plain = proto::Dssm {
+        user_tower: tower(&d.user_tower),
+        item_tower: tower(&d.item_tower),
+        l2_regularization: d.l2_regularization,
+        simi_func: Some(proto::Similarity::Cosine as i32),
+        scale_simi: Some(false),
+        item_id: None,
+        ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
+        temperature: d.temperature,
+    };
+    let (arch, l2) = dssm(&plain, path)?;
+    let Arch::Dssm { user, item, sim, .. } = arch else {
+        unreachable!("dssm builds a DSSM")
+    };
+    let arch = Arch::Dssm {
+        user,
+        item,
+        sim,
+        senet: None,
+        amm: Some([d.amm_u_weight, d.amm_i_weight]),
+    };
+    Ok((arch, l2))
+}
+
 /// DSSM's towers and similarity (`path`: where `d` sits in the config).
 fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
     if d.item_id.as_deref().is_some_and(|i| !i.is_empty()) {
@@ -1060,6 +1107,7 @@ fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
             item,
             sim,
             senet: None,
+            amm: None,
         },
         d.l2_regularization,
     ))

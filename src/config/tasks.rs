@@ -187,12 +187,6 @@ pub fn fixed_weights(model: &proto::EasyRecModel) -> Result<(), ConfigError> {
 /// A `losses` list (at `path`) as loss terms on logits trained for `output`.
 fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<LossTerm>, ConfigError> {
     use proto::loss::LossParam;
-    if output != LossKind::BinaryClassification {
-        return Err(ConfigError::unsupported(
-            path,
-            "extra losses of a model not trained by sigmoid cross entropy",
-        ));
-    }
     let mut terms = Vec::new();
     for (i, l) in losses.iter().enumerate() {
         let path = format!("{path}[{i}]");
@@ -256,6 +250,12 @@ fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<
             kind,
             weight: l.weight(),
         });
+    }
+    if output != LossKind::BinaryClassification {
+        return Err(ConfigError::unsupported(
+            path,
+            "extra losses of a model not trained by sigmoid cross entropy",
+        ));
     }
     Ok(terms)
 }

@@ -1175,7 +1175,9 @@ impl TrainingPlan {
             "RankModel" => ModelKind::RankModel,
             "MultiTaskModel" => ModelKind::MultiTaskModel,
             // DSSM_SENet is DSSM with a SENet in each tower.
-            "DSSM" | "DSSM_SENet" => ModelKind::Dssm,
+            // DSSM_SENet is DSSM with a SENet in each tower; DAT is DSSM
+            // with augmented vectors.
+            "DSSM" | "DSSM_SENet" | "DAT" => ModelKind::Dssm,
             "DropoutNet" => ModelKind::DropoutNet,
             "MatchModel" => ModelKind::MatchModel,
             "RocketLaunching" => ModelKind::RocketLaunching,
@@ -1183,7 +1185,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DropoutNet, RocketLaunching)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, DropoutNet, RocketLaunching)".into(),
                 })
             }
         };
@@ -1340,6 +1342,7 @@ impl TrainingPlan {
                 } else {
                     loss_kind(model.loss_type(), model.num_class(), "model_config")?
                 };
+                let terms = super::tasks::loss_terms(model, loss)?;
                 if let LossKind::MultiClass { classes } = loss {
                     if !kind.has_class_head() {
                         return Err(ConfigError::unsupported(
@@ -1357,7 +1360,7 @@ impl TrainingPlan {
                     label,
                     weight: 1.0,
                     loss,
-                    terms: super::tasks::loss_terms(model, loss)?,
+                    terms,
                     metrics,
                     summed: false,
                     masked_by: None,
@@ -1428,6 +1431,14 @@ impl TrainingPlan {
                     ))
                 }
                 Some(_) => {}
+            }
+            if matches!(plan.arch, model_plan::Arch::Dssm { amm: Some(_), .. }) {
+                // EasyRec multiplies DAT's [batch, dim] mimic losses by the
+                // [batch] weights, which only broadcast as a scalar.
+                return Err(ConfigError::unsupported(
+                    "data_config.sample_weight",
+                    "per-sample weights of DAT's adaptive-mimic losses",
+                ));
             }
             match plan.tasks.as_slice() {
                 [t] if t.terms.is_empty() => {}

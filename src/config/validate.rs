@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 16] = [
+pub const MODEL_BLOCKS: [(&str, &str); 17] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -88,6 +88,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 16] = [
     ("DSSM_SENet", "dssm_senet"),
     ("DropoutNet", "dropoutnet"),
     ("RocketLaunching", "rocket_launching"),
+    ("DAT", "dat"),
 ];
 
 fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
@@ -111,6 +112,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         DssmSenet(_) => "dssm_senet",
         Dropoutnet(_) => "dropoutnet",
         RocketLaunching(_) => "rocket_launching",
+        Dat(_) => "dat",
     }
 }
 

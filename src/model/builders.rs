@@ -109,7 +109,13 @@ pub fn build(
             b.dbmtl(g_, scope, bottom.as_ref(), experts, towers)?;
             return Ok(g);
         }
-        Arch::Dssm { user, item, sim, senet } => b.dssm(g_, scope, (user, item), *senet, *sim)?,
+        Arch::Dssm {
+            user,
+            item,
+            sim,
+            senet,
+            amm,
+        } => b.dssm(g_, scope, (user, item), (*senet, *amm), *sim)?,
         Arch::DropoutNet { user, item } => b.dropoutnet(g_, scope, (user, item))?,
         Arch::RocketLaunching {
             share,
@@ -605,12 +611,23 @@ impl Builder<'_> {
         g: &mut Graph,
         s: &mut Scope,
         (user, item): (&DnnSpec, &DnnSpec),
-        senet: Option<[(usize, usize); 2]>,
+        (senet, amm): (Option<[(usize, usize); 2]>, Option<[f32; 2]>),
         sim: Similarity,
     ) -> anyhow::Result<NodeId> {
+        // DAT's augmented vectors, user's then item's.
+        let augments = match amm {
+            Some(_) => Some([
+                self.xs[self.group("user_id_augment", "DAT")?],
+                self.xs[self.group("item_id_augment", "DAT")?],
+            ]),
+            None => None,
+        };
         let mut tower = |name: &str, spec: &DnnSpec, se: Option<(usize, usize)>| -> anyhow::Result<NodeId> {
             let gi = self.group(name, "DSSM")?;
             let mut x = self.xs[gi];
+            if let Some(a) = augments {
+                x = g.concat(&[x, a[usize::from(name == "item")]]);
+            }
             if let Some(params) = se {
                 // DSSM_SENet reads the group's plain features, one by one.
                 let l = &self.groups[gi];
@@ -626,6 +643,27 @@ impl Builder<'_> {
         };
         let u = tower("user", user, senet.map(|s| s[0]))?;
         let v = tower("item", item, senet.map(|s| s[1]))?;
+        if let (Some([wu, wi]), Some([au, ai])) = (amm, augments) {
+            // EasyRec's amm_loss_u and amm_loss_i: the mean squared gap of
+            // each side's augmented vector to the other tower's output,
+            // that output cut from the gradient.
+            let d = g.width(u);
+            for (name, a, p, w) in [("amm_loss_u", au, v, wu), ("amm_loss_i", ai, u, wi)] {
+                if g.width(a) != d {
+                    bail!(
+                        "DAT: the `{}_id_augment` group is {} wide, and must be as wide as the towers' output ({d})",
+                        if name == "amm_loss_u" { "user" } else { "item" },
+                        g.width(a)
+                    );
+                }
+                let p = g.stop_gradient(p);
+                let gap = g.sub(a, p);
+                let sq = g.mul(gap, gap);
+                let sum = g.row_sum(sq);
+                let mean = g.scale(sum, 1.0 / d as f32, None);
+                g.penalty(name, mean, Reduce::Mean, w);
+            }
+        }
         Ok(similarity(g, s, (u, v), sim))
     }
 

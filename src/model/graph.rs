@@ -324,8 +324,8 @@ pub struct Graph {
     pub penalties: Vec<Penalty>,
 }
 
-/// A loss the graph computes: one value per row, reduced over the batch
-/// and weighted.
+/// A loss the graph computes: one value per row, reduced over the batch's
+/// examples (sampled items' rows left out) and weighted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Penalty {
     /// EasyRec's name of the loss (`hint_loss`).

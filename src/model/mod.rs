@@ -645,10 +645,14 @@ impl Model {
             }
             seeds.push((out, dl));
         }
+        // Penalties read the examples' rows, not sampled items'.
         for p in &self.graph.penalties {
-            let (l, g) = p.reduce.apply(tape.value(p.node), weights);
+            let v = tape.value(p.node);
+            let (l, g) = p.reduce.apply(&v[..users], weights);
             loss += p.weight * l;
-            seeds.push((p.node, g.into_iter().map(|x| x * p.weight).collect()));
+            let mut seed: Vec<f32> = g.into_iter().map(|x| x * p.weight).collect();
+            seed.resize(v.len(), 0.0);
+            seeds.push((p.node, seed));
         }
         let needs = self.graph.needs_grad(&self.trained_inputs());
         let mut dense = vec![0.0f32; self.params.values.len()];

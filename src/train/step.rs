@@ -173,13 +173,11 @@ impl Trainer {
                     acc + reference::kd_loss_of(kd, logits.clone(), &batch.labels[kd.label])
                 })
             })
-            .chain(
-                self.model
-                    .graph
-                    .penalties
-                    .iter()
-                    .map(|p| reference::penalty_of(p, values[p.node.0].clone(), batch.weights.as_deref())),
-            )
+            .chain(self.model.graph.penalties.iter().map(|p| {
+                // Penalties read the examples' rows, not sampled items'.
+                let examples = values[p.node.0].clone().narrow(0, 0, batch.examples());
+                reference::penalty_of(p, examples, batch.weights.as_deref())
+            }))
             .reduce(|a, c| a + c)
             .expect("a model has a task");
         let grads = loss.backward();

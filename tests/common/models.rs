@@ -313,6 +313,18 @@ model_config { model_class: "DeepFM"
   num_class: 2 }"#,
     ),
     (
+        "DAT",
+        r#"model_config { model_class: "DAT"
+  feature_groups { group_name: "user" feature_names: ["d1", "c1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["d2", "c2", "c4"] }
+  feature_groups { group_name: "user_id_augment" feature_names: ["c1"] }
+  feature_groups { group_name: "item_id_augment" feature_names: ["c2"] }
+  dat { user_tower { id: "c1" dnn { hidden_units: [8, 4] } }
+        item_tower { id: "c2" dnn { hidden_units: [4] } }
+        temperature: 0.5 }
+  loss_type: SOFTMAX_CROSS_ENTROPY }"#,
+    ),
+    (
         "RocketLaunching",
         r#"model_config { model_class: "RocketLaunching"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c3", "c4", "c1_x_c2"] }
@@ -489,7 +501,14 @@ pub fn setup(dir: &Path, model: &str, extra: &str) -> PathBuf {
     let data = dir.join("data.csv");
     write_data(&data, 300, 5);
     let block = MODELS.iter().find(|(m, _)| *m == model).unwrap().1;
+    // A listwise match model evaluates recall_at_topk, as EasyRec's.
+    let metrics = if block.contains("SOFTMAX_CROSS_ENTROPY") {
+        "metrics_set { recall_at_topk { topk: 3 } }"
+    } else {
+        "metrics_set { auc {} }"
+    };
     let text = COMMON
+        .replace("metrics_set { auc {} }", metrics)
         .replace("DATA", data.to_str().unwrap())
         .replace("MODEL_DIR", dir.join("model").to_str().unwrap())
         + block
