@@ -246,6 +246,9 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
     order
 }
 
+/// DSSM_SENet's `(reduction_ratio, num_squeeze_group)`, user's then item's.
+type SenetParams = [(usize, usize); 2];
+
 struct Builder<'a> {
     groups: &'a [GroupLayout],
     /// Each group's input node.
@@ -611,7 +614,7 @@ impl Builder<'_> {
         g: &mut Graph,
         s: &mut Scope,
         (user, item): (&DnnSpec, &DnnSpec),
-        (senet, amm): (Option<[(usize, usize); 2]>, Option<[f32; 2]>),
+        (senet, amm): (Option<SenetParams>, Option<[f32; 2]>),
         sim: Similarity,
     ) -> anyhow::Result<NodeId> {
         // DAT's augmented vectors, user's then item's.
