@@ -80,7 +80,14 @@ fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
             assert_eq!(ours.len(), t.plan.tasks.len(), "{model}: one score per task");
             assert_eq!(theirs.len(), ours.len(), "{model}: one export output pair per task");
             for (o, e) in ours.iter().zip(&theirs) {
-                assert_eq!((e.scores.len(), e.logits.len()), (o.scores.len(), o.scores.len()));
+                assert_eq!((e.scores.len(), e.logits.len()), (o.scores.len(), o.logits.len()));
+                assert_eq!(e.values.is_some(), o.values.is_some(), "{model}: ZILN's y");
+                let (ov, ev) = (o.values.as_deref().unwrap_or(&[]), e.values.as_deref().unwrap_or(&[]));
+                assert_eq!(ov.len(), ev.len());
+                // ZILN's expected values scale with exp(mu): compared relatively.
+                for (a, b) in ov.iter().zip(ev) {
+                    worst = worst.max((a - b).abs() / a.abs().max(1.0));
+                }
                 for (a, b) in o.scores.iter().zip(&e.scores).chain(o.logits.iter().zip(&e.logits)) {
                     worst = worst.max((a - b).abs());
                 }

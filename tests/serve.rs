@@ -295,6 +295,12 @@ fn a_multi_class_export_answers_like_predict() {
     check_like_predict("DeepFM+2 classes", &[]);
 }
 
+/// A ZILN export answers its three logits, `probs` and the expected `y`.
+#[test]
+fn a_ziln_export_answers_like_predict() {
+    check_like_predict("RankModel+ZILN", &[]);
+}
+
 /// v2 infer of rows 0..20, returning the version that answered and probs.
 fn infer(agent: &ureq::Agent, base: &str, body: &str) -> Result<(String, Vec<f64>), String> {
     let mut r = agent

@@ -198,6 +198,14 @@ model_config { model_class: "DeepFM"
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "RankModel with a BST layer" => common::models::BST_LAYER,
         "DropoutNet" => common::models::DROPOUTNET,
+        "RankModel with a ZILN loss" => {
+            r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone { blocks { name: "deep" inputs { feature_group_name: "all" } keras_layer { class_name: "MLP" mlp { hidden_units: [8, 4] } } } }
+  model_params { l2_regularization: 1e-6 }
+  num_class: 3
+  losses { loss_type: ZILN_LOSS weight: 0.8 ziln_loss { mu_regularization: 0.02 max_sigma: 3.0 } } }"#
+        }
         "DeepFM with two classes" => {
             r#"model_config { model_class: "DeepFM"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3"] wide_deep: WIDE }
@@ -264,7 +272,16 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 48] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 49] = [
+    (
+        "RankModel: an MLP's three logits trained by EasyRec's zero-inflated lognormal loss",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone { blocks { name: "deep" inputs { feature_group_name: "all" } keras_layer { class_name: "MLP" mlp { hidden_units: [8, 4] } } } }
+  model_params { l2_regularization: 1e-6 }
+  num_class: 3
+  losses { loss_type: ZILN_LOSS weight: 0.8 ziln_loss { mu_regularization: 0.02 max_sigma: 3.0 } } }"#,
+    ),
     (
         // Without batch norm: the biases under it have no gradient but
         // rounding, past any relative tolerance.
@@ -808,7 +825,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 32] = [
+const MODELS: [&str; 33] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -841,6 +858,7 @@ const MODELS: [&str; 32] = [
     "DropoutNet",
     "DeepFM with knowledge distillation",
     "DeepFM with two classes",
+    "RankModel with a ZILN loss",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

@@ -102,10 +102,10 @@ pub fn add_kd(model: &proto::EasyRecModel, label_fields: &[String], tasks: &mut 
                     ),
                 )
             })?;
-        if task.classes() > 1 {
+        if task.logit_width() > 1 {
             return Err(ConfigError::unsupported(
                 format!("{path}.pred_name"),
-                format!("distilling the {} logits of a multi-class task", task.classes()),
+                format!("distilling a task of {} logits per row", task.logit_width()),
             ));
         }
         if !kd.pred_is_logits() {
@@ -159,6 +159,63 @@ pub enum LossTermKind {
     /// the cross entropy of `(z_i − z_j)/T − margin` against 1, the mean
     /// over pairs (0 without pairs).
     PairWise { margin: f32, temperature: f32 },
+    /// EasyRec's `zero_inflated_lognormal_loss` on three logits per row:
+    /// `class_weight` x the sigmoid cross entropy of the first against
+    /// `label > 0`, `reg_weight` x the lognormal's negative log likelihood
+    /// of the positive labels (mu, and sigma = clip(softplus(z2),
+    /// sqrt(1e-7), max_sigma)) over their count, plus `mu_reg` x mean mu²
+    /// and `sigma_reg` x mean z2².
+    Ziln {
+        mu_reg: f32,
+        sigma_reg: f32,
+        max_sigma: f32,
+        class_weight: f32,
+        reg_weight: f32,
+    },
+}
+
+/// A single-task model's `losses` list holding `ZILN_LOSS`: the task's
+/// loss kind (its outputs), with `num_class` 3 and no other loss, as
+/// EasyRec's ZILN predictions need; `None` without one.
+pub fn ziln_kind(model: &proto::EasyRecModel) -> Result<Option<LossKind>, ConfigError> {
+    use proto::loss::LossParam;
+    let Some(i) = model
+        .losses
+        .iter()
+        .position(|l| l.loss_type() == proto::LossType::ZilnLoss)
+    else {
+        return Ok(None);
+    };
+    if model.losses.len() > 1 {
+        return Err(ConfigError::unsupported(
+            "model_config.losses",
+            "ZILN_LOSS beside other losses",
+        ));
+    }
+    if model.num_class() != 3 {
+        return Err(ConfigError::invalid(
+            "model_config.num_class",
+            format!(
+                "ZILN_LOSS needs num_class: 3 (three logits per row), not {}",
+                model.num_class()
+            ),
+        ));
+    }
+    let p = match &model.losses[i].loss_param {
+        Some(LossParam::ZilnLoss(p)) => *p,
+        None => proto::ZilnLoss::default(),
+        Some(_) => {
+            return Err(ConfigError::invalid(
+                format!("model_config.losses[{i}].loss_type"),
+                "ZILN_LOSS does not take the parameters given with it",
+            ))
+        }
+    };
+    Ok(Some(LossKind::Ziln(super::typed::ZilnPrediction {
+        max_sigma: p.max_sigma(),
+        max_log_clip: p.max_log_clip_value(),
+        return_log: p.return_log_pred_value(),
+    })))
 }
 
 /// `model_config.losses` of a single-task model, checked: EasyRec's Fixed
@@ -206,6 +263,19 @@ fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<
                 beta_square: p.f1_beta_square,
                 label_smoothing: p.label_smoothing,
             },
+            (proto::LossType::ZilnLoss, p) if matches!(output, LossKind::Ziln(_)) => {
+                let p = match p {
+                    Some(LossParam::ZilnLoss(p)) => *p,
+                    _ => proto::ZilnLoss::default(),
+                };
+                LossTermKind::Ziln {
+                    mu_reg: p.mu_regularization(),
+                    sigma_reg: p.sigma_regularization(),
+                    max_sigma: p.max_sigma(),
+                    class_weight: p.classification_weight(),
+                    reg_weight: p.regression_weight(),
+                }
+            }
             (proto::LossType::PairWiseLoss, None) => LossTermKind::PairWise {
                 margin: 0.0,
                 temperature: 1.0,
@@ -251,7 +321,7 @@ fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<
             weight: l.weight(),
         });
     }
-    if output != LossKind::BinaryClassification {
+    if output != LossKind::BinaryClassification && !matches!(output, LossKind::Ziln(_)) {
         return Err(ConfigError::unsupported(
             path,
             "extra losses of a model not trained by sigmoid cross entropy",
@@ -294,9 +364,10 @@ impl Task {
     /// regression.
     pub fn score_name(&self) -> String {
         match self.loss {
-            LossKind::BinaryClassification | LossKind::InBatchSoftmax | LossKind::MultiClass { .. } => {
-                format!("probs{}", self.suffix())
-            }
+            LossKind::BinaryClassification
+            | LossKind::InBatchSoftmax
+            | LossKind::MultiClass { .. }
+            | LossKind::Ziln(_) => format!("probs{}", self.suffix()),
             LossKind::Regression => format!("y{}", self.suffix()),
         }
     }
@@ -305,12 +376,31 @@ impl Task {
         self.loss == LossKind::BinaryClassification
     }
 
-    /// The task's logits per row: its classes, or one.
+    /// The classes of a multi-class task; one otherwise.
     pub fn classes(&self) -> usize {
         match self.loss {
             LossKind::MultiClass { classes } => classes,
             _ => 1,
         }
+    }
+
+    /// The task's logits per row: its classes, ZILN's three, or one.
+    pub fn logit_width(&self) -> usize {
+        match self.loss {
+            LossKind::Ziln(_) => 3,
+            _ => self.classes(),
+        }
+    }
+
+    /// The outputs an export gives for this task, each `[batch]` but a
+    /// multi-class task's (and ZILN's logits), `[batch, width]`: its
+    /// logits, its scores, and ZILN's expected value `y<suffix>`.
+    pub fn export_outputs(&self) -> Vec<String> {
+        let mut out = vec![self.output(), self.score_name()];
+        if let LossKind::Ziln(_) = self.loss {
+            out.push(format!("y{}", self.suffix()));
+        }
+        out
     }
 
     /// Whether the task's loss and metrics read the whole batch's
@@ -365,7 +455,7 @@ pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), Con
         LossKind::BinaryClassification => ("CLASSIFICATION", "auc"),
         LossKind::Regression => ("L2_LOSS", "mean_absolute_error"),
         LossKind::InBatchSoftmax => ("SOFTMAX_CROSS_ENTROPY", "recall_at_topk"),
-        LossKind::MultiClass { .. } => unreachable!("a match model scores one class"),
+        LossKind::MultiClass { .. } | LossKind::Ziln(_) => unreachable!("a match model scores one logit"),
     };
     match metrics.iter().position(|m| m.name() != evaluates) {
         Some(i) => Err(ConfigError::invalid(
@@ -396,6 +486,24 @@ pub fn check_multi_class_metrics(classes: usize, metrics: &[Metric], path: &str)
                         if classes == 2 { " and auc" } else { "" },
                         other.name()
                     ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The metrics of a ZILN task: the ranking metrics of its `probs` (`auc`,
+/// `gauc`, `session_auc`); EasyRec's regression metrics of its `y` are
+/// not built here.
+pub fn check_ziln_metrics(metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
+    for (i, m) in metrics.iter().enumerate() {
+        match m {
+            Metric::Auc | Metric::Gauc { .. } | Metric::SessionAuc { .. } => {}
+            other => {
+                return Err(ConfigError::unsupported(
+                    format!("{path}[{i}]"),
+                    format!("{} of a ZILN task (supported: auc, gauc, session_auc)", other.name()),
                 ))
             }
         }

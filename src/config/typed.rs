@@ -357,7 +357,7 @@ impl ModelKind {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LossKind {
     /// Sigmoid cross entropy on one logit.
     BinaryClassification,
@@ -370,6 +370,22 @@ pub enum LossKind {
     /// Softmax cross entropy over `classes` logits (CLASSIFICATION with
     /// `num_class > 1`); the label is the class index.
     MultiClass { classes: usize },
+    /// EasyRec's zero-inflated lognormal (`ZILN_LOSS`, lifetime value):
+    /// three logits per row (whether the label is positive, the
+    /// lognormal's mu and its sigma before softplus), scored as `probs`
+    /// (of a positive label) and `y` (the expected value).
+    Ziln(ZilnPrediction),
+}
+
+/// How a ZILN task's expected value `y` is computed from its logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZilnPrediction {
+    /// Sigma's upper clip.
+    pub max_sigma: f32,
+    /// The log of `y` is clipped to [-100, this].
+    pub max_log_clip: f32,
+    /// `y` is given as its logarithm (unclipped).
+    pub return_log: bool,
 }
 
 /// How an IdFeature / TagFeature turns a raw value into a row id.
@@ -1339,10 +1355,21 @@ impl TrainingPlan {
                         ));
                     }
                     LossKind::BinaryClassification
+                } else if let Some(ziln) = super::tasks::ziln_kind(model)? {
+                    ziln
                 } else {
                     loss_kind(model.loss_type(), model.num_class(), "model_config")?
                 };
                 let terms = super::tasks::loss_terms(model, loss)?;
+                if let LossKind::Ziln(_) = loss {
+                    if !kind.has_class_head() {
+                        return Err(ConfigError::unsupported(
+                            "model_config.losses",
+                            format!("ZILN_LOSS on {}", model.model_class),
+                        ));
+                    }
+                    super::tasks::check_ziln_metrics(&metrics, "eval_config.metrics_set")?;
+                }
                 if let LossKind::MultiClass { classes } = loss {
                     if !kind.has_class_head() {
                         return Err(ConfigError::unsupported(

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
-use crate::config::typed::{LossKind, TrainingPlan};
+use crate::config::typed::{LossKind, TrainingPlan, ZilnPrediction};
 use crate::model::graph::{BN_EPS, DICE_EPS};
 use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
 
@@ -167,27 +167,39 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
     let values = b.emit(&model.graph, &group_inputs);
     // Per task: `logits<suffix>` and `probs<suffix>` (`y<suffix>` for
     // regression), both `[batch]`, or `[batch, classes]` for a multi-class
-    // task (its probabilities the softmax).
+    // task (its probabilities the softmax); a ZILN task's `[batch, 3]`
+    // logits, the probability of a positive label and the expected value
+    // `y<suffix>`.
+    let shape_of = |width: usize| match width {
+        1 => vec![batch.clone()],
+        w => vec![batch.clone(), Dim::Fixed(w)],
+    };
     for t in &plan.tasks {
         let name = t.output();
         let out = model.graph.output_node(&name).expect("every task has an output");
-        let shape = match t.classes() {
-            1 => vec![batch.clone()],
-            c => vec![batch.clone(), Dim::Fixed(c)],
-        };
-        let flat = match t.classes() {
+        let flat = match t.logit_width() {
             1 => b.reshape(&values[out.0], &[-1]),
             _ => values[out.0].clone(),
         };
         b.g.node("Identity", &[&flat], Vec::new(), Some(&name));
-        b.g.output(&name, Elem::F32, &shape);
+        b.g.output(&name, Elem::F32, &shape_of(t.logit_width()));
+        let score_shape = shape_of(t.classes());
         let (op, attrs) = match t.loss {
             LossKind::BinaryClassification | LossKind::InBatchSoftmax => ("Sigmoid", Vec::new()),
             LossKind::Regression => ("Identity", Vec::new()),
             LossKind::MultiClass { .. } => ("Softmax", vec![("axis", Attr::Int(1))]),
+            LossKind::Ziln(z) => {
+                let [probs, y] = b.ziln(&name, z);
+                b.g.node("Identity", &[&probs], Vec::new(), Some(&t.score_name()));
+                b.g.output(&t.score_name(), Elem::F32, &score_shape);
+                let y_name = &t.export_outputs()[2];
+                b.g.node("Identity", &[&y], Vec::new(), Some(y_name));
+                b.g.output(y_name, Elem::F32, &score_shape);
+                continue;
+            }
         };
         b.g.node(op, &[&name], attrs, Some(&t.score_name()));
-        b.g.output(&t.score_name(), Elem::F32, &shape);
+        b.g.output(&t.score_name(), Elem::F32, &score_shape);
     }
     for (name, out) in model.embedding_outputs() {
         b.g.node("Identity", &[&values[out.0]], Vec::new(), Some(name));
@@ -377,6 +389,53 @@ impl Builder<'_> {
         let ends = self.g.i64s(&[1], &[end]);
         let axes = self.axes(&[axis]);
         self.g.op("Slice", &[x, &starts, &ends, &axes])
+    }
+
+    /// `log(1 + exp(x))`, stable: `relu(x) + log(1 + exp(-|x|))`.
+    fn softplus(&mut self, x: &str) -> String {
+        let pos = self.g.op("Relu", &[x]);
+        let abs = self.g.op("Abs", &[x]);
+        let neg = self.g.op("Neg", &[&abs]);
+        let e = self.g.op("Exp", &[&neg]);
+        let one = self.scalar_f32(1.0);
+        let sum = self.g.op("Add", &[&e, &one]);
+        let log = self.g.op("Log", &[&sum]);
+        self.g.op("Add", &[&pos, &log])
+    }
+
+    /// `x` clipped to `[lo, hi]`.
+    fn clip(&mut self, x: &str, lo: f32, hi: f32) -> String {
+        let (lo, hi) = (self.scalar_f32(lo), self.scalar_f32(hi));
+        let up = self.g.op("Max", &[x, &lo]);
+        self.g.op("Min", &[&up, &hi])
+    }
+
+    /// A ZILN task's `[batch]` probability of a positive label and its
+    /// expected value (`kernels::ziln_prediction`) from its `[batch, 3]`
+    /// logits.
+    fn ziln(&mut self, logits: &str, p: ZilnPrediction) -> [String; 2] {
+        let col = |b: &mut Self, k: usize| {
+            let c = b.slice(logits, 1, k, 1);
+            b.reshape(&c, &[-1])
+        };
+        let (z0, mu, z2) = (col(self, 0), col(self, 1), col(self, 2));
+        let probs = self.g.op("Sigmoid", &[&z0]);
+        let sp = self.softplus(&z2);
+        let sigma = self.clip(&sp, kernels::ZILN_MIN_SIGMA as f32, p.max_sigma);
+        let neg = self.g.op("Neg", &[&z0]);
+        let sp_neg = self.softplus(&neg);
+        let sq = self.g.op("Mul", &[&sigma, &sigma]);
+        let half = self.scalar_f32(0.5);
+        let half_sq = self.g.op("Mul", &[&sq, &half]);
+        let sum = self.g.op("Add", &[&mu, &half_sq]);
+        let log_y = self.g.op("Sub", &[&sum, &sp_neg]);
+        let y = if p.return_log {
+            log_y
+        } else {
+            let clipped = self.clip(&log_y, -100.0, p.max_log_clip);
+            self.g.op("Exp", &[&clipped])
+        };
+        [probs, y]
     }
 
     fn reshape(&mut self, x: &str, shape: &[i64]) -> String {

@@ -255,7 +255,8 @@ impl ExportedModel {
     /// Each task's scores of an encoded batch (in `plan.tasks` order):
     /// probabilities (classification) or values (regression), and logits.
     pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
-        // Per task, its logits then its scores (see `export::graph`).
+        // Per task, its logits, its scores and ZILN's values (see
+        // `export::graph`).
         let mut out = self.outputs(batch)?.into_iter();
         self.plan
             .tasks
@@ -265,8 +266,13 @@ impl ExportedModel {
                 let mut s = TaskScores {
                     logits: next()?,
                     scores: next()?,
-                    classes: t.classes(),
+                    values: None,
+                    logit_width: t.logit_width(),
+                    score_width: t.classes(),
                 };
+                if t.export_outputs().len() > 2 {
+                    s.values = Some(next()?);
+                }
                 // Sampled items are no examples to score.
                 s.truncate(batch.examples());
                 Ok(s)
@@ -278,7 +284,8 @@ impl ExportedModel {
     /// tower embeddings, `[batch, d]` row-major), in the graph's order.
     pub fn embeddings(&self, batch: &Batch) -> anyhow::Result<Vec<Vec<f32>>> {
         let mut all = self.outputs(batch)?;
-        Ok(all.split_off((2 * self.plan.tasks.len()).min(all.len())))
+        let tasks: usize = self.plan.tasks.iter().map(|t| t.export_outputs().len()).sum();
+        Ok(all.split_off(tasks.min(all.len())))
     }
 
     /// Every output of the graph on an encoded batch, flat, in order.

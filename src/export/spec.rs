@@ -255,7 +255,7 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
         "outputs": plan
             .tasks
             .iter()
-            .flat_map(|t| [t.output(), t.score_name()])
+            .flat_map(|t| t.export_outputs())
             .chain(model.embedding_outputs().into_iter().map(|(n, _)| n.to_string()))
             .collect::<Vec<_>>(),
         "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",

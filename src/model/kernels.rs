@@ -577,6 +577,7 @@ pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f3
             }
             LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
             LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
+            LossKind::Ziln(_) => unreachable!("a ZILN task trains its losses term (ziln)"),
         })
         .collect();
     ((total / logits.len().max(1) as f64) as f32, grad)
@@ -642,6 +643,7 @@ pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f
             }
             LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
             LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
+            LossKind::Ziln(_) => unreachable!("a ZILN task trains its losses term (ziln)"),
         })
         .collect();
     ((total / nonzero as f64) as f32, grad)
@@ -674,11 +676,86 @@ pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32]) -> (f32, Vec<
                 label_smoothing,
             } => f1_reweighted(logits, labels, beta_square, label_smoothing),
             LossTermKind::PairWise { margin, temperature } => pairwise(logits, labels, margin, temperature),
+            LossTermKind::Ziln {
+                mu_reg,
+                sigma_reg,
+                max_sigma,
+                class_weight,
+                reg_weight,
+            } => ziln(logits, labels, [mu_reg, sigma_reg, max_sigma, class_weight, reg_weight]),
         };
         total += term.weight as f64 * l as f64;
         grad.iter_mut().zip(&g).for_each(|(a, b)| *a += term.weight * b);
     }
     (total as f32, grad)
+}
+
+/// The smallest sigma of a ZILN task: Keras' `sqrt(epsilon())`.
+pub const ZILN_MIN_SIGMA: f64 = 3.162_277_66e-4;
+
+/// ZILN's sigma and its slope with respect to the third logit:
+/// `clip(softplus(z), ZILN_MIN_SIGMA, max_sigma)` (no slope where clipped).
+pub fn ziln_sigma(z: f64, max_sigma: f64) -> (f64, f64) {
+    let s = softplus(z);
+    if s < ZILN_MIN_SIGMA {
+        (ZILN_MIN_SIGMA, 0.0)
+    } else if s > max_sigma {
+        (max_sigma, 0.0)
+    } else {
+        (s, sigmoid(z))
+    }
+}
+
+/// EasyRec's `zero_inflated_lognormal_pred` of one row's three logits:
+/// the probability of a positive label and the expected value
+/// `exp(log_sigmoid(z0) + mu + sigma² / 2)`, its logarithm clipped to
+/// [-100, max_log_clip] (or the unclipped logarithm with `return_log`).
+pub fn ziln_prediction(z: &[f32], p: crate::config::typed::ZilnPrediction) -> (f32, f32) {
+    let (z0, mu) = (z[0] as f64, z[1] as f64);
+    let (sigma, _) = ziln_sigma(z[2] as f64, p.max_sigma as f64);
+    let log_y = -softplus(-z0) + mu + 0.5 * sigma * sigma;
+    let y = if p.return_log {
+        log_y
+    } else {
+        log_y.clamp(-100.0, p.max_log_clip as f64).exp()
+    };
+    (sigmoid(z0) as f32, y as f32)
+}
+
+/// EasyRec's `zero_inflated_lognormal_loss` of logits `[b, 3]` against
+/// the labels (`LossTermKind::Ziln`), and its gradient; `p` holds
+/// mu_reg, sigma_reg, max_sigma, class_weight and reg_weight.
+fn ziln(logits: &[f32], labels: &[f32], p: [f32; 5]) -> (f32, Vec<f32>) {
+    let [mu_reg, sigma_reg, max_sigma, class_weight, reg_weight] = p.map(f64::from);
+    let b = labels.len().max(1) as f64;
+    let positives = labels.iter().filter(|y| **y > 0.0).count() as f64 + 1e-8;
+    let half_log_2pi = 0.5 * (2.0 * std::f64::consts::PI).ln();
+    let (mut cls, mut reg, mut mu2, mut z2sq) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let mut grad = vec![0.0f32; logits.len()];
+    for (r, (z, g)) in logits.chunks_exact(3).zip(grad.chunks_exact_mut(3)).enumerate() {
+        let (z0, mu, z2) = (z[0] as f64, z[1] as f64, z[2] as f64);
+        let positive = labels[r] > 0.0;
+        let p = f64::from(u8::from(positive));
+        cls += softplus(z0) - z0 * p;
+        g[0] = (class_weight * (sigmoid(z0) - p) / b) as f32;
+        let (sigma, dsigma) = ziln_sigma(z2, max_sigma);
+        let mut dmu = 2.0 * mu_reg * mu / b;
+        let mut dz2 = 2.0 * sigma_reg * z2 / b;
+        if positive {
+            let x = (labels[r] as f64).ln();
+            let d = x - mu;
+            // -log p(label) of LogNormal(mu, sigma).
+            reg += x + sigma.ln() + half_log_2pi + d * d / (2.0 * sigma * sigma);
+            dmu += reg_weight * (-d / (sigma * sigma)) / positives;
+            dz2 += reg_weight * (1.0 / sigma - d * d / (sigma * sigma * sigma)) * dsigma / positives;
+        }
+        g[1] = dmu as f32;
+        g[2] = dz2 as f32;
+        mu2 += mu * mu;
+        z2sq += z2 * z2;
+    }
+    let loss = class_weight * cls / b + reg_weight * reg / positives + mu_reg * mu2 / b + sigma_reg * z2sq / b;
+    (loss as f32, grad)
 }
 
 fn sigmoid(x: f64) -> f64 {
@@ -1275,6 +1352,69 @@ mod tests {
         assert!((r - l).abs() < 1e-5, "{r} vs {l}");
         let r: f32 = reference::softmax_ce_of(t, &y, None).into_scalar();
         assert!((r - plain).abs() < 1e-5, "{r} vs {plain}");
+    }
+
+    /// ZILN's loss: its gradient by finite differences (inside sigma's
+    /// clip) and against the reference executor's autodiff, sigma clipped
+    /// at both ends included; its prediction by EasyRec's formula.
+    #[test]
+    fn ziln_loss_matches_finite_differences_and_the_reference() {
+        use crate::model::reference;
+        use burn::tensor::{Tensor, TensorData};
+        let params = [0.02f32, 0.01, 3.0, 1.0, 0.7];
+        let kind = LossTermKind::Ziln {
+            mu_reg: params[0],
+            sigma_reg: params[1],
+            max_sigma: params[2],
+            class_weight: params[3],
+            reg_weight: params[4],
+        };
+        let z = [0.3f32, 0.5, -0.2, -1.2, 1.5, 0.8, 2.0, -0.3, 4.0, 0.1, 2.2, -12.0];
+        let y = [2.5f32, 0.0, 0.7, 0.0];
+        let (l, g) = ziln(&z, &y, params);
+        let eps = 1e-3f32;
+        for k in [0, 1, 2, 3, 4, 5, 6, 7, 9, 10] {
+            let (mut up, mut down) = (z, z);
+            up[k] += eps;
+            down[k] -= eps;
+            let numeric = (ziln(&up, &y, params).0 - ziln(&down, &y, params).0) / (2.0 * eps);
+            assert!((numeric - g[k]).abs() < 2e-3, "logit {k}: {numeric} vs {}", g[k]);
+        }
+        // Sigma clipped above (row 2) and below (row 3): only the
+        // penalty's slope.
+        for k in [8, 11] {
+            assert!((g[k] - 2.0 * 0.01 * z[k] / 4.0).abs() < 1e-7, "logit {k}: {}", g[k]);
+        }
+        let task = Task {
+            terms: vec![crate::config::tasks::LossTerm { kind, weight: 1.0 }],
+            loss: LossKind::Ziln(crate::config::typed::ZilnPrediction {
+                max_sigma: 3.0,
+                max_log_clip: 20.0,
+                return_log: false,
+            }),
+            ..task(Vec::new())
+        };
+        let device = burn::tensor::Device::flex().autodiff();
+        let t = Tensor::<2>::from_data(TensorData::new(z.to_vec(), [4, 3]), &device).require_grad();
+        let r = reference::task_loss_of(&task, t.clone(), &y);
+        let rl: f32 = r.clone().into_scalar();
+        assert!((rl - l).abs() < 1e-5, "{rl} vs {l}");
+        let grads = r.backward();
+        let rg = crate::model::params::to_vec(t.grad(&grads).unwrap());
+        for (k, (a, b)) in g.iter().zip(&rg).enumerate() {
+            assert!((a - b).abs() < 1e-5, "logit {k}: cpu {a} vs reference {b}");
+        }
+        let (p, v) = ziln_prediction(&z[..3], task_ziln(&task));
+        let sigma = (1.0f64 + (-0.2f64).exp()).ln();
+        let want = (-(1.0 + (-0.3f64).exp()).ln() + 0.5 + 0.5 * sigma * sigma).exp();
+        assert!((p - 1.0 / (1.0 + (-0.3f32).exp())).abs() < 1e-6 && (v as f64 - want).abs() < 1e-5 * want);
+    }
+
+    fn task_ziln(t: &Task) -> crate::config::typed::ZilnPrediction {
+        match t.loss {
+            LossKind::Ziln(z) => z,
+            _ => unreachable!(),
+        }
     }
 
     /// A batch without a pair of different labels has no pairwise loss.

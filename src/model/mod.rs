@@ -515,7 +515,7 @@ impl Model {
                     .and_then(|vd| GroupDropout::of(l, plan, vd.embedding_wise))
             })
             .collect();
-        let classes = plan.tasks.first().map_or(1, Task::classes);
+        let classes = plan.tasks.first().map_or(1, Task::logit_width);
         let mut graph = builders::build(&plan.arch, (&groups, &dropout), classes, &mut scope)?;
         if plan.negative_sampling.is_some() {
             // EasyRec runs the user tower on the examples alone and the
@@ -578,8 +578,8 @@ impl Model {
                     .unwrap_or_else(|| panic!("the model graph has output `{}`", t.output()));
                 assert_eq!(
                     self.graph.width(n),
-                    t.classes(),
-                    "task output `{}` has a column per class",
+                    t.logit_width(),
+                    "task output `{}` has a column per logit",
                     t.output()
                 );
                 n
@@ -738,7 +738,7 @@ impl Model {
             .iter()
             .zip(self.task_outputs(tasks))
             .map(|(t, n)| {
-                let scores = TaskScores::from_logits(t, tape.value(n)[..users * t.classes()].to_vec());
+                let scores = TaskScores::from_logits(t, tape.value(n)[..users * t.logit_width()].to_vec());
                 if !t.in_batch() {
                     let loss = match weights {
                         Some(w) => kernels::weighted_loss_grad(t.loss, &scores.logits, &labels[t.label], w).0 as f64,
@@ -811,19 +811,24 @@ pub struct BatchEval {
     pub ranks: Vec<[u32; 3]>,
 }
 
-/// One task's predictions for a batch: per row `classes` values (one but
-/// for a multi-class task), row-major.
+/// One task's predictions for a batch, row-major: per row `logit_width`
+/// logits (a multi-class task's classes, ZILN's three, else one) and
+/// `score_width` scores (a multi-class task's classes, else one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskScores {
     pub logits: Vec<f32>,
     /// Probabilities (classification: per class for a multi-class task) or
     /// values (regression).
     pub scores: Vec<f32>,
-    pub classes: usize,
+    /// A ZILN task's expected value `y` per row.
+    pub values: Option<Vec<f32>>,
+    pub logit_width: usize,
+    pub score_width: usize,
 }
 
 impl TaskScores {
     pub fn from_logits(task: &Task, logits: Vec<f32>) -> Self {
+        let mut values = None;
         let scores = match task.loss {
             // A match model's listwise scores are exported as EasyRec does:
             // the sigmoid of the row's own similarity.
@@ -832,71 +837,87 @@ impl TaskScores {
             }
             LossKind::Regression => logits.clone(),
             LossKind::MultiClass { classes } => logits.chunks_exact(classes).flat_map(softmax).collect(),
+            LossKind::Ziln(z) => {
+                let (probs, ys) = logits.chunks_exact(3).map(|l| kernels::ziln_prediction(l, z)).unzip();
+                values = Some(ys);
+                probs
+            }
         };
         TaskScores {
             logits,
             scores,
-            classes: task.classes(),
+            values,
+            logit_width: task.logit_width(),
+            score_width: task.classes(),
         }
     }
 
     /// The rows held.
     pub fn rows(&self) -> usize {
-        self.logits.len() / self.classes.max(1)
+        self.logits.len() / self.logit_width.max(1)
     }
 
     /// Keeps the first `rows` rows.
     pub fn truncate(&mut self, rows: usize) {
-        self.logits.truncate(rows * self.classes);
-        self.scores.truncate(rows * self.classes);
+        self.logits.truncate(rows * self.logit_width);
+        self.scores.truncate(rows * self.score_width);
+        if let Some(v) = &mut self.values {
+            v.truncate(rows);
+        }
     }
 
     /// Rows `start..end` alone.
     pub fn rows_in(&self, start: usize, end: usize) -> TaskScores {
-        let c = self.classes;
+        let (l, s) = (self.logit_width, self.score_width);
         TaskScores {
-            logits: self.logits[start * c..end * c].to_vec(),
-            scores: self.scores[start * c..end * c].to_vec(),
-            classes: c,
+            logits: self.logits[start * l..end * l].to_vec(),
+            scores: self.scores[start * s..end * s].to_vec(),
+            values: self.values.as_ref().map(|v| v[start..end].to_vec()),
+            logit_width: l,
+            score_width: s,
         }
     }
 }
 
 /// The columns predict and serve give for `task`: its logits and scores
-/// (`logits`, `probs` or `y`, with the task's suffix), or for a
-/// multi-class task per class `logits_<k>` and `probs_<k>` (EasyRec's
-/// `probs_1` is the second class's) and the most probable class `y`.
+/// (`logits`, `probs` or `y`, with the task's suffix), per logit
+/// `logits_<k>` where a row has several, per class `probs_<k>` (EasyRec's
+/// `probs_1` is the second class's) and the most probable class `y` for
+/// a multi-class task, and ZILN's expected value `y`.
 pub fn score_columns(task: &Task) -> Vec<String> {
-    match task.classes() {
-        1 => vec![task.output(), task.score_name()],
-        c => {
-            let per_class = |base: String| (0..c).map(move |k| format!("{base}_{k}"));
-            per_class(task.output())
-                .chain(per_class(task.score_name()))
-                .chain([format!("y{}", task.suffix())])
-                .collect()
+    let per = |base: String, n: usize| -> Vec<String> {
+        match n {
+            1 => vec![base],
+            n => (0..n).map(|k| format!("{base}_{k}")).collect(),
         }
+    };
+    let mut out = per(task.output(), task.logit_width());
+    out.extend(per(task.score_name(), task.classes()));
+    if task.classes() > 1 || matches!(task.loss, LossKind::Ziln(_)) {
+        out.push(format!("y{}", task.suffix()));
     }
+    out
 }
 
 impl TaskScores {
     /// The values of `score_columns`, one per row each.
     pub fn columns(&self) -> Vec<Vec<f32>> {
-        let c = self.classes;
-        if c == 1 {
-            return vec![self.logits.clone(), self.scores.clone()];
+        let column = |v: &[f32], w: usize, k: usize| v.iter().skip(k).step_by(w).copied().collect::<Vec<f32>>();
+        let (l, s) = (self.logit_width, self.score_width);
+        let mut out: Vec<Vec<f32>> = (0..l).map(|k| column(&self.logits, l, k)).collect();
+        out.extend((0..s).map(|k| column(&self.scores, s, k)));
+        if s > 1 {
+            let best = self
+                .scores
+                .chunks_exact(s)
+                .map(|p| (0..s).fold(0, |b, k| if p[k] > p[b] { k } else { b }) as f32)
+                .collect();
+            out.push(best);
         }
-        let column = |v: &[f32], k: usize| v.iter().skip(k).step_by(c).copied().collect::<Vec<f32>>();
-        let best = self
-            .scores
-            .chunks_exact(c)
-            .map(|p| (0..c).fold(0, |b, k| if p[k] > p[b] { k } else { b }) as f32)
-            .collect();
-        (0..c)
-            .map(|k| column(&self.logits, k))
-            .chain((0..c).map(|k| column(&self.scores, k)))
-            .chain([best])
-            .collect()
+        if let Some(v) = &self.values {
+            out.push(v.clone());
+        }
+        out
     }
 }
 

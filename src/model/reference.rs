@@ -6,7 +6,7 @@ use burn::tensor::activation::{log_softmax, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use super::graph::{BnStats, Graph, Op, Penalty, Reduce, BN_EPS, DICE_EPS, L2_EPS, VD_EPS, VD_TEMP};
-use super::kernels::NO_HARD_NEGATIVE;
+use super::kernels::{self, NO_HARD_NEGATIVE};
 use super::params::{to_vec, ParamStore};
 use super::Targets;
 use crate::config::model_plan::Activation;
@@ -347,6 +347,7 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
         }
         LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
         LossKind::MultiClass { .. } => unreachable!("a multi-class loss reads class indices (softmax_ce_of)"),
+        LossKind::Ziln(_) => unreachable!("a ZILN task trains its losses term"),
     }
 }
 
@@ -435,6 +436,7 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
         }
         LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
         LossKind::MultiClass { .. } => return softmax_ce_of(logits, label_values, Some(weights)),
+        LossKind::Ziln(_) => unreachable!("sample weights of a losses list are refused"),
     };
     let nonzero = weights.iter().filter(|w| **w != 0.0).count().max(1);
     (per_row * column(weights.to_vec())).sum().div_scalar(nonzero as f32)
@@ -480,6 +482,15 @@ pub fn kd_loss_of(kd: &KdTerm, logits: Tensor<2>, soft: &[f32]) -> Tensor<1> {
         }
     };
     per_row.mean().mul_scalar(kd.weight)
+}
+
+/// `log(1 + exp(z))`, stable, with the slope `sigmoid(z)` attached
+/// directly: the max/abs form's one-sided slopes at `z = 0` (an output
+/// whose inputs are all zero) sum to 1 or 0 instead of 0.5 (see `loss_of`).
+fn softplus_of(z: Tensor<2>) -> Tensor<2> {
+    let value = z.clone().clamp_min(0.0) + z.clone().abs().neg().exp().log1p();
+    let linear = z.clone() * sigmoid(z).detach();
+    linear.clone() + (value - linear).detach()
 }
 
 /// A cross entropy whose gradient is `p − y` exactly (see `loss_of`):
@@ -534,6 +545,40 @@ pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32]) -> Ten
                 (w * sigmoid_ce(logits.clone(), column(smoothed)))
                     .sum()
                     .div_scalar(b.max(1) as f32)
+            }
+            LossTermKind::Ziln {
+                mu_reg,
+                sigma_reg,
+                max_sigma,
+                class_weight,
+                reg_weight,
+            } => {
+                let column = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device);
+                let positive: Vec<f32> = label_values.iter().map(|y| f32::from(u8::from(*y > 0.0))).collect();
+                let count = positive.iter().sum::<f32>() + 1e-8;
+                // log of the label where positive, 0 (the label 1) elsewhere.
+                let log_label: Vec<f32> = label_values
+                    .iter()
+                    .map(|y| if *y > 0.0 { y.ln() } else { 0.0 })
+                    .collect();
+                let (p, x) = (column(positive), column(log_label));
+                let (z0, mu, z2) = (
+                    logits.clone().narrow(1, 0, 1),
+                    logits.clone().narrow(1, 1, 1),
+                    logits.clone().narrow(1, 2, 1),
+                );
+                let cls = sigmoid_ce(z0, p.clone()).mean();
+                let sigma = softplus_of(z2.clone()).clamp(kernels::ZILN_MIN_SIGMA as f32, max_sigma);
+                let d = x.clone() - mu.clone();
+                let half_log_2pi = 0.5 * (2.0 * std::f32::consts::PI).ln();
+                let nll = x
+                    + sigma.clone().log().add_scalar(half_log_2pi)
+                    + (d.clone() * d).div(sigma.clone() * sigma).mul_scalar(0.5);
+                let reg = (nll * p).sum().div_scalar(count);
+                cls.mul_scalar(class_weight)
+                    + reg.mul_scalar(reg_weight)
+                    + (mu.clone() * mu).mean().mul_scalar(mu_reg)
+                    + (z2.clone() * z2).mean().mul_scalar(sigma_reg)
             }
             LossTermKind::PairWise { margin, temperature } => {
                 let mut mask = vec![0.0f32; b * b];

@@ -313,6 +313,15 @@ model_config { model_class: "DeepFM"
   num_class: 2 }"#,
     ),
     (
+        "RankModel+ZILN",
+        r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
+  backbone { blocks { name: "deep" inputs { feature_group_name: "all" } keras_layer { class_name: "MLP" mlp { hidden_units: [8, 4] } } } }
+  model_params { l2_regularization: 1e-6 }
+  num_class: 3
+  losses { loss_type: ZILN_LOSS weight: 0.8 ziln_loss { mu_regularization: 0.02 max_sigma: 3.0 } } }"#,
+    ),
+    (
         "DAT",
         r#"model_config { model_class: "DAT"
   feature_groups { group_name: "user" feature_names: ["d1", "c1", "c3"] }
