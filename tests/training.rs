@@ -272,7 +272,19 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 49] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 50] = [
+    (
+        "DBMTL: a JRC tower (two logits, sessions by c2) related to a tower of f1-reweighted and pairwise losses",
+        r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  dbmtl { bottom_dnn { hidden_units: [8] use_bn: false }
+          task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [6] use_bn: false }
+                        losses { loss_type: F1_REWEIGHTED_LOSS f1_reweighted_loss { f1_beta_square: 1.0 } }
+                        relation_dnn { hidden_units: [4] use_bn: false } }
+          task_towers { tower_name: "cvr" label_name: "label2" num_class: 2 dnn { hidden_units: [6] use_bn: false }
+                        losses { loss_type: JRC_LOSS jrc_loss { session_name: "c2" alpha: 0.4 } }
+                        relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] use_bn: false } weight: 2.0 } } }"#,
+    ),
     (
         "RankModel: an MLP's three logits trained by EasyRec's zero-inflated lognormal loss",
         r#"model_config { model_class: "RankModel"

@@ -299,6 +299,8 @@ pub struct TaskTower {
     pub relation_dnn: Option<DnnSpec>,
     /// Indices of the earlier towers this one depends on.
     pub relations: Vec<usize>,
+    /// The tower's logits per row (its task's `logit_width`).
+    pub logits: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -649,6 +651,7 @@ fn rocket_launching(x: &proto::RocketLaunching, model: &proto::EasyRecModel) -> 
             summed: false,
             masked_by: None,
             kd: Vec::new(),
+            session: None,
         })
         .collect();
     let arch = Arch::RocketLaunching {

@@ -28,6 +28,9 @@ pub struct Task {
     /// Knowledge distillation (`model_config.kd`) on this task's logits,
     /// added to its loss.
     pub kd: Vec<KdTerm>,
+    /// The input field whose values group rows into sessions for the
+    /// task's JRC loss.
+    pub session: Option<String>,
 }
 
 /// One `model_config.kd` entry: the task's logits against a soft label
@@ -159,6 +162,13 @@ pub enum LossTermKind {
     /// the cross entropy of `(z_i − z_j)/T − margin` against 1, the mean
     /// over pairs (0 without pairs).
     PairWise { margin: f32, temperature: f32 },
+    /// EasyRec's `jrc_loss` on two logits per row (its fixed weighting
+    /// and same-label loss): `alpha` x the softmax cross entropy plus
+    /// `1 - alpha` x, per session (the task's `session` field) and class,
+    /// the cross entropy of the class's labels against the softmax of the
+    /// class's logits over the session's rows, summed over sessions and
+    /// divided by the rows.
+    Jrc { alpha: f32 },
     /// EasyRec's `zero_inflated_lognormal_loss` on three logits per row:
     /// `class_weight` x the sigmoid cross entropy of the first against
     /// `label > 0`, `reg_weight` x the lognormal's negative log likelihood
@@ -174,48 +184,70 @@ pub enum LossTermKind {
     },
 }
 
-/// A single-task model's `losses` list holding `ZILN_LOSS`: the task's
-/// loss kind (its outputs), with `num_class` 3 and no other loss, as
-/// EasyRec's ZILN predictions need; `None` without one.
-pub fn ziln_kind(model: &proto::EasyRecModel) -> Result<Option<LossKind>, ConfigError> {
+/// A `losses` list (at `path`, of a model or task tower of `num_class`
+/// classes) holding `ZILN_LOSS` or `JRC_LOSS`: the task's loss kind (its
+/// outputs) and JRC's session field, that loss alone in the list with
+/// the class count EasyRec's predictions need (3 and 2); `None` without
+/// either.
+pub fn list_kind(
+    losses: &[proto::Loss],
+    num_class: u32,
+    path: &str,
+) -> Result<Option<(LossKind, Option<String>)>, ConfigError> {
     use proto::loss::LossParam;
-    let Some(i) = model
-        .losses
+    let Some(i) = losses
         .iter()
-        .position(|l| l.loss_type() == proto::LossType::ZilnLoss)
+        .position(|l| matches!(l.loss_type(), proto::LossType::ZilnLoss | proto::LossType::JrcLoss))
     else {
         return Ok(None);
     };
-    if model.losses.len() > 1 {
-        return Err(ConfigError::unsupported(
-            "model_config.losses",
-            "ZILN_LOSS beside other losses",
-        ));
+    let t = losses[i].loss_type();
+    let (name, classes) = match t {
+        proto::LossType::ZilnLoss => ("ZILN_LOSS", 3),
+        _ => ("JRC_LOSS", 2),
+    };
+    if losses.len() > 1 {
+        return Err(ConfigError::unsupported(path, format!("{name} beside other losses")));
     }
-    if model.num_class() != 3 {
+    let class_path = match path.rsplit_once('.') {
+        Some((parent, _)) => format!("{parent}.num_class"),
+        None => "num_class".into(),
+    };
+    if num_class != classes {
         return Err(ConfigError::invalid(
-            "model_config.num_class",
-            format!(
-                "ZILN_LOSS needs num_class: 3 (three logits per row), not {}",
-                model.num_class()
-            ),
+            class_path,
+            format!("{name} needs num_class: {classes} ({classes} logits per row), not {num_class}"),
         ));
     }
-    let p = match &model.losses[i].loss_param {
-        Some(LossParam::ZilnLoss(p)) => *p,
-        None => proto::ZilnLoss::default(),
-        Some(_) => {
+    let wrong = || {
+        ConfigError::invalid(
+            format!("{path}[{i}].loss_type"),
+            format!("{name} does not take the parameters given with it"),
+        )
+    };
+    Ok(Some(match (t, &losses[i].loss_param) {
+        (proto::LossType::ZilnLoss, p) => {
+            let p = match p {
+                Some(LossParam::ZilnLoss(p)) => *p,
+                None => proto::ZilnLoss::default(),
+                Some(_) => return Err(wrong()),
+            };
+            let z = super::typed::ZilnPrediction {
+                max_sigma: p.max_sigma(),
+                max_log_clip: p.max_log_clip_value(),
+                return_log: p.return_log_pred_value(),
+            };
+            (LossKind::Ziln(z), None)
+        }
+        (_, Some(LossParam::JrcLoss(p))) => (LossKind::Jrc, Some(p.session_name.clone())),
+        (_, None) => {
             return Err(ConfigError::invalid(
-                format!("model_config.losses[{i}].loss_type"),
-                "ZILN_LOSS does not take the parameters given with it",
+                format!("{path}[{i}].jrc_loss.session_name"),
+                "JRC_LOSS needs its session field",
             ))
         }
-    };
-    Ok(Some(LossKind::Ziln(super::typed::ZilnPrediction {
-        max_sigma: p.max_sigma(),
-        max_log_clip: p.max_log_clip_value(),
-        return_log: p.return_log_pred_value(),
-    })))
+        (_, Some(_)) => return Err(wrong()),
+    }))
 }
 
 /// `model_config.losses` of a single-task model, checked: EasyRec's Fixed
@@ -276,6 +308,21 @@ fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<
                     reg_weight: p.regression_weight(),
                 }
             }
+            (proto::LossType::JrcLoss, Some(LossParam::JrcLoss(p))) if output == LossKind::Jrc => {
+                if p.loss_weight_strategy != "fixed" {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.jrc_loss.loss_weight_strategy"),
+                        format!("JRC weighting `{}` (supported: fixed)", p.loss_weight_strategy),
+                    ));
+                }
+                if !p.same_label_loss() {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.jrc_loss.same_label_loss"),
+                        "JRC without the same-label generative loss",
+                    ));
+                }
+                LossTermKind::Jrc { alpha: p.alpha() }
+            }
             (proto::LossType::PairWiseLoss, None) => LossTermKind::PairWise {
                 margin: 0.0,
                 temperature: 1.0,
@@ -321,7 +368,7 @@ fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<
             weight: l.weight(),
         });
     }
-    if output != LossKind::BinaryClassification && !matches!(output, LossKind::Ziln(_)) {
+    if output != LossKind::BinaryClassification && !matches!(output, LossKind::Ziln(_) | LossKind::Jrc) {
         return Err(ConfigError::unsupported(
             path,
             "extra losses of a model not trained by sigmoid cross entropy",
@@ -367,13 +414,14 @@ impl Task {
             LossKind::BinaryClassification
             | LossKind::InBatchSoftmax
             | LossKind::MultiClass { .. }
-            | LossKind::Ziln(_) => format!("probs{}", self.suffix()),
+            | LossKind::Ziln(_)
+            | LossKind::Jrc => format!("probs{}", self.suffix()),
             LossKind::Regression => format!("y{}", self.suffix()),
         }
     }
 
     pub fn classification(&self) -> bool {
-        self.loss == LossKind::BinaryClassification
+        matches!(self.loss, LossKind::BinaryClassification | LossKind::Jrc)
     }
 
     /// The classes of a multi-class task; one otherwise.
@@ -388,6 +436,7 @@ impl Task {
     pub fn logit_width(&self) -> usize {
         match self.loss {
             LossKind::Ziln(_) => 3,
+            LossKind::Jrc => 2,
             _ => self.classes(),
         }
     }
@@ -455,7 +504,9 @@ pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), Con
         LossKind::BinaryClassification => ("CLASSIFICATION", "auc"),
         LossKind::Regression => ("L2_LOSS", "mean_absolute_error"),
         LossKind::InBatchSoftmax => ("SOFTMAX_CROSS_ENTROPY", "recall_at_topk"),
-        LossKind::MultiClass { .. } | LossKind::Ziln(_) => unreachable!("a match model scores one logit"),
+        LossKind::MultiClass { .. } | LossKind::Ziln(_) | LossKind::Jrc => {
+            unreachable!("a match model scores one logit")
+        }
     };
     match metrics.iter().position(|m| m.name() != evaluates) {
         Some(i) => Err(ConfigError::invalid(
@@ -493,17 +544,20 @@ pub fn check_multi_class_metrics(classes: usize, metrics: &[Metric], path: &str)
     Ok(())
 }
 
-/// The metrics of a ZILN task: the ranking metrics of its `probs` (`auc`,
-/// `gauc`, `session_auc`); EasyRec's regression metrics of its `y` are
-/// not built here.
-pub fn check_ziln_metrics(metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
+/// The metrics of a ZILN or JRC task: the ranking metrics of its `probs`
+/// (`auc`, `gauc`, `session_auc`); EasyRec's regression metrics of ZILN's
+/// `y` and max_f1 of JRC's logits are not built here.
+pub fn check_probs_metrics(metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
     for (i, m) in metrics.iter().enumerate() {
         match m {
             Metric::Auc | Metric::Gauc { .. } | Metric::SessionAuc { .. } => {}
             other => {
                 return Err(ConfigError::unsupported(
                     format!("{path}[{i}]"),
-                    format!("{} of a ZILN task (supported: auc, gauc, session_auc)", other.name()),
+                    format!(
+                        "{} of a ZILN or JRC task (supported: auc, gauc, session_auc)",
+                        other.name()
+                    ),
                 ))
             }
         }
@@ -638,29 +692,44 @@ pub fn task_towers(
         let opt_dnn = |d: Option<&proto::Dnn>, field: &str| -> Result<Option<DnnSpec>, ConfigError> {
             d.map(|d| dnn(d, &format!("{p}.{field}"))).transpose()
         };
-        layers.push(TaskTower {
-            name: t.name.to_string(),
-            dnn: opt_dnn(t.dnn, "dnn")?,
-            relation_dnn: opt_dnn(t.relation_dnn, "relation_dnn")?,
-            relations,
-        });
-        let loss = loss_kind(t.loss_type, t.num_class, &p)?;
+        let (loss, session) = match list_kind(t.losses, t.num_class, &format!("{p}.losses"))? {
+            Some((LossKind::Jrc, session)) => (LossKind::Jrc, session),
+            Some(_) => {
+                return Err(ConfigError::unsupported(
+                    format!("{p}.losses"),
+                    "ZILN_LOSS in a task tower",
+                ))
+            }
+            None => (loss_kind(t.loss_type, t.num_class, &p)?, None),
+        };
         if let LossKind::MultiClass { classes } = loss {
             return Err(ConfigError::unsupported(
                 format!("{p}.num_class"),
                 format!("a multi-class task tower ({classes} classes)"),
             ));
         }
+        let metrics = metric_list(t.metrics, &format!("{p}.metrics_set"))?;
+        if loss == LossKind::Jrc {
+            check_probs_metrics(&metrics, &format!("{p}.metrics_set"))?;
+        }
+        layers.push(TaskTower {
+            name: t.name.to_string(),
+            dnn: opt_dnn(t.dnn, "dnn")?,
+            relation_dnn: opt_dnn(t.relation_dnn, "relation_dnn")?,
+            relations,
+            logits: if loss == LossKind::Jrc { 2 } else { 1 },
+        });
         tasks.push(Task {
             terms: tower_terms(t.losses, &format!("{p}.losses"), loss)?,
             name: t.name.to_string(),
             label,
             weight: t.weight,
             loss,
-            metrics: metric_list(t.metrics, &format!("{p}.metrics_set"))?,
+            metrics,
             summed: false,
             masked_by: None,
             kd: Vec::new(),
+            session,
         });
     }
     Ok((layers, tasks))

@@ -375,6 +375,9 @@ pub enum LossKind {
     /// lognormal's mu and its sigma before softplus), scored as `probs`
     /// (of a positive label) and `y` (the expected value).
     Ziln(ZilnPrediction),
+    /// EasyRec's JRC loss (`JRC_LOSS`, num_class 2): two logits per row,
+    /// scored as `probs`, the softmax's second class.
+    Jrc,
 }
 
 /// How a ZILN task's expected value `y` is computed from its logits.
@@ -1051,12 +1054,14 @@ impl TrainingPlan {
 
     /// The field every grouped AUC (GAUC's `uid_field`, session AUC's
     /// `session_id_field`) of every task groups rows by, in task order.
+    /// JRC losses' session fields join them: rows carry one grouping field.
     pub fn gauc_uid_fields(&self) -> impl Iterator<Item = &str> {
-        self.tasks.iter().flat_map(|t| &t.metrics).filter_map(|m| match m {
+        let metrics = self.tasks.iter().flat_map(|t| &t.metrics).filter_map(|m| match m {
             Metric::Gauc { uid_field } => Some(uid_field.as_str()),
             Metric::SessionAuc { session_id_field } => Some(session_id_field.as_str()),
             _ => None,
-        })
+        });
+        metrics.chain(self.tasks.iter().filter_map(|t| t.session.as_deref()))
     }
 
     pub fn from_config(cfg: &proto::EasyRecConfig) -> Result<Self, ConfigError> {
@@ -1341,6 +1346,7 @@ impl TrainingPlan {
                     None => 0,
                 };
                 let metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
+                let mut session = None;
                 let loss = if matches!(kind, ModelKind::Dssm | ModelKind::MatchModel) {
                     let loss = super::tasks::match_loss_kind(model.loss_type(), model.num_class())?;
                     super::tasks::check_match_metrics(loss, &metrics)?;
@@ -1355,20 +1361,23 @@ impl TrainingPlan {
                         ));
                     }
                     LossKind::BinaryClassification
-                } else if let Some(ziln) = super::tasks::ziln_kind(model)? {
-                    ziln
+                } else if let Some((kind, s)) =
+                    super::tasks::list_kind(&model.losses, model.num_class(), "model_config.losses")?
+                {
+                    session = s;
+                    kind
                 } else {
                     loss_kind(model.loss_type(), model.num_class(), "model_config")?
                 };
                 let terms = super::tasks::loss_terms(model, loss)?;
-                if let LossKind::Ziln(_) = loss {
+                if matches!(loss, LossKind::Ziln(_) | LossKind::Jrc) {
                     if !kind.has_class_head() {
                         return Err(ConfigError::unsupported(
                             "model_config.losses",
-                            format!("ZILN_LOSS on {}", model.model_class),
+                            format!("{} on {}", model.losses[0].loss_type().as_str_name(), model.model_class),
                         ));
                     }
-                    super::tasks::check_ziln_metrics(&metrics, "eval_config.metrics_set")?;
+                    super::tasks::check_probs_metrics(&metrics, "eval_config.metrics_set")?;
                 }
                 if let LossKind::MultiClass { classes } = loss {
                     if !kind.has_class_head() {
@@ -1392,6 +1401,7 @@ impl TrainingPlan {
                     summed: false,
                     masked_by: None,
                     kd: Vec::new(),
+                    session,
                 }]
             }
         };

@@ -188,6 +188,14 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
             LossKind::BinaryClassification | LossKind::InBatchSoftmax => ("Sigmoid", Vec::new()),
             LossKind::Regression => ("Identity", Vec::new()),
             LossKind::MultiClass { .. } => ("Softmax", vec![("axis", Attr::Int(1))]),
+            LossKind::Jrc => {
+                let p = b.g.node("Softmax", &[&name], vec![("axis", Attr::Int(1))], None);
+                let second = b.slice(&p, 1, 1, 1);
+                let probs = b.reshape(&second, &[-1]);
+                b.g.node("Identity", &[&probs], Vec::new(), Some(&t.score_name()));
+                b.g.output(&t.score_name(), Elem::F32, &score_shape);
+                continue;
+            }
             LossKind::Ziln(z) => {
                 let [probs, y] = b.ziln(&name, z);
                 b.g.node("Identity", &[&probs], Vec::new(), Some(&t.score_name()));

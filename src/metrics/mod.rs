@@ -272,6 +272,7 @@ mod tests {
             summed: false,
             masked_by: None,
             kd: Vec::new(),
+            session: None,
         };
         let st = EvalState {
             preds: vec![0.7, 0.2, 0.1, 0.1, 0.3, 0.6, 0.5, 0.4, 0.1],

@@ -776,6 +776,9 @@ impl Builder<'_> {
         let mut logits = Vec::new();
         for t in [cvr, ctr] {
             let spec = t.dnn.as_ref().context("an ESMM tower has a dnn")?;
+            if t.logits != 1 {
+                bail!("ESMM: tower `{}` must score one logit for pCTCVR", t.name);
+            }
             let h = s.dnn(g, all, &t.name, spec);
             let z = s.dense(g, h, &format!("{}/dnn_output", t.name), 1, Activation::Linear);
             g.output(&format!("logits_{}", t.name), z);
@@ -855,7 +858,7 @@ fn task_heads(g: &mut Graph, s: &mut Scope, towers: &[TaskTower], inputs: Vec<No
             Some(d) => s.dnn(g, input, &t.name, d),
             None => input,
         };
-        let logits = s.dense(g, h, &format!("dnn_output_{i}"), 1, Activation::Linear);
+        let logits = s.dense(g, h, &format!("dnn_output_{i}"), t.logits, Activation::Linear);
         g.output(&format!("logits_{}", t.name), logits);
     }
 }
@@ -895,7 +898,7 @@ fn bayes_towers(g: &mut Graph, s: &mut Scope, inputs: Vec<NodeId>, towers: &[Tas
             None => input,
         };
         relation.push(r);
-        let logits = s.dense(g, r, &format!("{}/output", t.name), 1, Activation::Linear);
+        let logits = s.dense(g, r, &format!("{}/output", t.name), t.logits, Activation::Linear);
         g.output(&format!("logits_{}", t.name), logits);
     }
 }

@@ -577,7 +577,7 @@ pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f3
             }
             LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
             LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
-            LossKind::Ziln(_) => unreachable!("a ZILN task trains its losses term (ziln)"),
+            LossKind::Ziln(_) | LossKind::Jrc => unreachable!("a ZILN or JRC task trains its losses term"),
         })
         .collect();
     ((total / logits.len().max(1) as f64) as f32, grad)
@@ -643,7 +643,7 @@ pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f
             }
             LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
             LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
-            LossKind::Ziln(_) => unreachable!("a ZILN task trains its losses term (ziln)"),
+            LossKind::Ziln(_) | LossKind::Jrc => unreachable!("a ZILN or JRC task trains its losses term"),
         })
         .collect();
     ((total / nonzero as f64) as f32, grad)
@@ -651,14 +651,17 @@ pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f
 
 /// A task's batch loss and its gradient with respect to each logit: its
 /// `loss_type`'s mean loss, or with `model_config.losses` their weighted sum.
-pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32]) -> (f32, Vec<f32>) {
+///
+/// `sessions` holds each row's session (its `Task::session` field, hashed)
+/// for a JRC term; it is empty otherwise.
+pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32], sessions: &[u64]) -> (f32, Vec<f32>) {
     if task.summed {
         // The sum over the rows: the mean's loss and slopes times the rows.
         let unsummed = Task {
             summed: false,
             ..task.clone()
         };
-        let (l, mut g) = task_loss_grad(&unsummed, logits, labels);
+        let (l, mut g) = task_loss_grad(&unsummed, logits, labels, sessions);
         let n = labels.len() as f32;
         g.iter_mut().for_each(|x| *x *= n);
         return (l * n, g);
@@ -683,11 +686,54 @@ pub fn task_loss_grad(task: &Task, logits: &[f32], labels: &[f32]) -> (f32, Vec<
                 class_weight,
                 reg_weight,
             } => ziln(logits, labels, [mu_reg, sigma_reg, max_sigma, class_weight, reg_weight]),
+            LossTermKind::Jrc { alpha } => jrc(logits, labels, sessions, alpha),
         };
         total += term.weight as f64 * l as f64;
         grad.iter_mut().zip(&g).for_each(|(a, b)| *a += term.weight * b);
     }
     (total as f32, grad)
+}
+
+/// EasyRec's `jrc_loss` (fixed weighting, same-label loss) of logits
+/// `[b, 2]` against 0/1 labels, rows grouped by `sessions`, and its
+/// gradient: `alpha` x the softmax cross entropy plus `1 - alpha` x the
+/// generative loss, per session S and class c, `-Σ_{i∈S} y_ic (z_ic -
+/// logsumexp_{k∈S} z_kc)` (y_i1 the label, y_i0 its complement), summed
+/// over sessions over the rows (EasyRec's mean over rows of their
+/// session's loss over its size).
+fn jrc(logits: &[f32], labels: &[f32], sessions: &[u64], alpha: f32) -> (f32, Vec<f32>) {
+    let b = labels.len();
+    assert_eq!(sessions.len(), b, "a JRC loss needs every row's session");
+    let (ce, ce_grad) = softmax_ce(logits, labels, 2, None);
+    let mut by_session: std::collections::HashMap<u64, Vec<usize>> = std::collections::HashMap::new();
+    for (r, s) in sessions.iter().enumerate() {
+        by_session.entry(*s).or_default().push(r);
+    }
+    let mut ge = 0.0f64;
+    let mut grad: Vec<f32> = ce_grad.iter().map(|g| alpha * g).collect();
+    let scale = (1.0 - alpha as f64) / b.max(1) as f64;
+    for rows in by_session.values() {
+        for c in 0..2 {
+            let target = |r: usize| {
+                if c == 1 {
+                    labels[r] as f64
+                } else {
+                    1.0 - labels[r] as f64
+                }
+            };
+            let z = |r: usize| logits[r * 2 + c] as f64;
+            let m = rows.iter().map(|&r| z(r)).fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + rows.iter().map(|&r| (z(r) - m).exp()).sum::<f64>().ln();
+            let total: f64 = rows.iter().map(|&r| target(r)).sum();
+            for &r in rows {
+                ge -= target(r) * (z(r) - lse);
+                let p = (z(r) - lse).exp();
+                grad[r * 2 + c] += (scale * (total * p - target(r))) as f32;
+            }
+        }
+    }
+    let loss = alpha as f64 * ce as f64 + (1.0 - alpha as f64) * ge / b.max(1) as f64;
+    (loss as f32, grad)
 }
 
 /// The smallest sigma of a ZILN task: Keras' `sqrt(epsilon())`.
@@ -1073,8 +1119,8 @@ pub fn kd_loss_grad(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>
 }
 
 /// A task's batch loss (evaluation).
-pub fn loss_value(task: &Task, logits: &[f32], labels: &[f32]) -> f64 {
-    task_loss_grad(task, logits, labels).0 as f64
+pub fn loss_value(task: &Task, logits: &[f32], labels: &[f32], sessions: &[u64]) -> f64 {
+    task_loss_grad(task, logits, labels, sessions).0 as f64
 }
 
 #[cfg(test)]
@@ -1095,6 +1141,7 @@ mod tests {
             summed: false,
             masked_by: None,
             kd: Vec::new(),
+            session: None,
         }
     }
 
@@ -1154,14 +1201,15 @@ mod tests {
             },
         ] {
             let t = task(vec![kind]);
-            let (_, g) = task_loss_grad(&t, &logits, &labels);
+            let (_, g) = task_loss_grad(&t, &logits, &labels, &[]);
             for k in 0..logits.len() {
                 let eps = 1e-3f32;
                 let mut up = logits;
                 up[k] += eps;
                 let mut down = logits;
                 down[k] -= eps;
-                let numeric = (task_loss_grad(&t, &up, &labels).0 - task_loss_grad(&t, &down, &labels).0) / (2.0 * eps);
+                let numeric =
+                    (task_loss_grad(&t, &up, &labels, &[]).0 - task_loss_grad(&t, &down, &labels, &[]).0) / (2.0 * eps);
                 assert!(
                     (numeric - g[k]).abs() < 2e-3,
                     "{kind:?} logit {k}: numeric {numeric}, analytic {}",
@@ -1396,7 +1444,7 @@ mod tests {
         };
         let device = burn::tensor::Device::flex().autodiff();
         let t = Tensor::<2>::from_data(TensorData::new(z.to_vec(), [4, 3]), &device).require_grad();
-        let r = reference::task_loss_of(&task, t.clone(), &y);
+        let r = reference::task_loss_of(&task, t.clone(), &y, &[]);
         let rl: f32 = r.clone().into_scalar();
         assert!((rl - l).abs() < 1e-5, "{rl} vs {l}");
         let grads = r.backward();
@@ -1408,6 +1456,48 @@ mod tests {
         let sigma = (1.0f64 + (-0.2f64).exp()).ln();
         let want = (-(1.0 + (-0.3f64).exp()).ln() + 0.5 + 0.5 * sigma * sigma).exp();
         assert!((p - 1.0 / (1.0 + (-0.3f32).exp())).abs() < 1e-6 && (v as f64 - want).abs() < 1e-5 * want);
+    }
+
+    /// JRC: the loss and gradient against EasyRec's formulation on the
+    /// reference executor (masked [b, b] log-softmax over rows), and the
+    /// gradient by finite differences; sessions of one row, and of rows
+    /// that share a label, included.
+    #[test]
+    fn jrc_loss_matches_easyrecs_formulation_and_finite_differences() {
+        use crate::model::reference;
+        use burn::tensor::{Tensor, TensorData};
+        let z = [0.3f32, -0.5, 1.2, 0.4, -0.7, 0.9, 0.0, 0.2, 2.0, -1.0, 0.5, 0.5];
+        let y = [1.0f32, 0.0, 1.0, 1.0, 0.0, 0.0];
+        let sessions = [7u64, 7, 3, 7, 9, 3];
+        let t = Task {
+            terms: vec![crate::config::tasks::LossTerm {
+                kind: LossTermKind::Jrc { alpha: 0.3 },
+                weight: 1.0,
+            }],
+            loss: LossKind::Jrc,
+            session: Some("s".into()),
+            ..task(Vec::new())
+        };
+        let (l, g) = task_loss_grad(&t, &z, &y, &sessions);
+        let eps = 1e-3f32;
+        for k in 0..z.len() {
+            let (mut up, mut down) = (z, z);
+            up[k] += eps;
+            down[k] -= eps;
+            let numeric =
+                (task_loss_grad(&t, &up, &y, &sessions).0 - task_loss_grad(&t, &down, &y, &sessions).0) / (2.0 * eps);
+            assert!((numeric - g[k]).abs() < 2e-3, "logit {k}: {numeric} vs {}", g[k]);
+        }
+        let device = burn::tensor::Device::flex().autodiff();
+        let x = Tensor::<2>::from_data(TensorData::new(z.to_vec(), [6, 2]), &device).require_grad();
+        let r = reference::task_loss_of(&t, x.clone(), &y, &sessions);
+        let rl: f32 = r.clone().into_scalar();
+        assert!((rl - l).abs() < 1e-5, "{rl} vs {l}");
+        let grads = r.backward();
+        let rg = crate::model::params::to_vec(x.grad(&grads).unwrap());
+        for (k, (a, b)) in g.iter().zip(&rg).enumerate() {
+            assert!((a - b).abs() < 1e-5, "logit {k}: cpu {a} vs reference {b}");
+        }
     }
 
     fn task_ziln(t: &Task) -> crate::config::typed::ZilnPrediction {
@@ -1424,7 +1514,7 @@ mod tests {
             margin: 0.0,
             temperature: 1.0,
         }]);
-        let (l, g) = task_loss_grad(&t, &[0.5, -0.5], &[1.0, 1.0]);
+        let (l, g) = task_loss_grad(&t, &[0.5, -0.5], &[1.0, 1.0], &[]);
         assert_eq!((l, g), (0.0, vec![0.0, 0.0]));
     }
 }

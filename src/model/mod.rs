@@ -631,7 +631,7 @@ impl Model {
             }
             let (l, mut dl) = match weights {
                 Some(w) => kernels::weighted_loss_grad(t.loss, tape.value(out), &labels[t.label], w),
-                None => kernels::task_loss_grad(t, tape.value(out), &labels[t.label]),
+                None => kernels::task_loss_grad(t, tape.value(out), &labels[t.label], targets.sessions),
             };
             loss += t.weight * l;
             if t.weight != 1.0 {
@@ -742,7 +742,7 @@ impl Model {
                 if !t.in_batch() {
                     let loss = match weights {
                         Some(w) => kernels::weighted_loss_grad(t.loss, &scores.logits, &labels[t.label], w).0 as f64,
-                        None => kernels::loss_value(t, &scores.logits, &labels[t.label]),
+                        None => kernels::loss_value(t, &scores.logits, &labels[t.label], targets.sessions),
                     } + t
                         .kd
                         .iter()
@@ -788,6 +788,9 @@ pub struct Targets<'a> {
     pub labels: &'a [Vec<f32>],
     pub weights: Option<&'a [f32]>,
     pub hard_negatives: &'a [(usize, usize)],
+    /// Each example's session (its grouping field, hashed) where a JRC
+    /// loss reads it; empty otherwise.
+    pub sessions: &'a [u64],
 }
 
 impl<'a> Targets<'a> {
@@ -796,6 +799,7 @@ impl<'a> Targets<'a> {
             labels: &batch.labels,
             weights: batch.weights.as_deref(),
             hard_negatives: &batch.hard_negatives,
+            sessions: batch.uids.as_deref().unwrap_or_default(),
         }
     }
 }
@@ -837,6 +841,8 @@ impl TaskScores {
             }
             LossKind::Regression => logits.clone(),
             LossKind::MultiClass { classes } => logits.chunks_exact(classes).flat_map(softmax).collect(),
+            // EasyRec's JRC probability: the second class's.
+            LossKind::Jrc => logits.chunks_exact(2).map(|z| softmax(z)[1]).collect(),
             LossKind::Ziln(z) => {
                 let (probs, ys) = logits.chunks_exact(3).map(|l| kernels::ziln_prediction(l, z)).unzip();
                 values = Some(ys);

@@ -347,7 +347,7 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
         }
         LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
         LossKind::MultiClass { .. } => unreachable!("a multi-class loss reads class indices (softmax_ce_of)"),
-        LossKind::Ziln(_) => unreachable!("a ZILN task trains its losses term"),
+        LossKind::Ziln(_) | LossKind::Jrc => unreachable!("a ZILN or JRC task trains its losses term"),
     }
 }
 
@@ -436,7 +436,7 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
         }
         LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
         LossKind::MultiClass { .. } => return softmax_ce_of(logits, label_values, Some(weights)),
-        LossKind::Ziln(_) => unreachable!("sample weights of a losses list are refused"),
+        LossKind::Ziln(_) | LossKind::Jrc => unreachable!("sample weights of a losses list are refused"),
     };
     let nonzero = weights.iter().filter(|w| **w != 0.0).count().max(1);
     (per_row * column(weights.to_vec())).sum().div_scalar(nonzero as f32)
@@ -505,13 +505,13 @@ fn sigmoid_ce(z: Tensor<2>, y: Tensor<2>) -> Tensor<2> {
 /// A task's batch loss on the reference executor, the oracle of
 /// `kernels::task_loss_grad`: its `loss_type`'s, or the weighted sum of
 /// `model_config.losses`.
-pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32]) -> Tensor<1> {
+pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32], sessions: &[u64]) -> Tensor<1> {
     if task.summed {
         let unsummed = Task {
             summed: false,
             ..task.clone()
         };
-        return task_loss_of(&unsummed, logits, label_values).mul_scalar(label_values.len() as f32);
+        return task_loss_of(&unsummed, logits, label_values, sessions).mul_scalar(label_values.len() as f32);
     }
     let device = logits.device();
     let b = label_values.len();
@@ -579,6 +579,36 @@ pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32]) -> Ten
                     + reg.mul_scalar(reg_weight)
                     + (mu.clone() * mu).mean().mul_scalar(mu_reg)
                     + (z2.clone() * z2).mean().mul_scalar(sigma_reg)
+            }
+            LossTermKind::Jrc { alpha } => {
+                // EasyRec's jrc_loss as written: [b, b] session masks, the
+                // logits tiled and masked, log-softmax over the rows.
+                let ce = softmax_ce_of(logits.clone(), label_values, None);
+                let mask: Vec<f32> = (0..b * b)
+                    .map(|k| f32::from(u8::from(sessions[k / b] == sessions[k % b])))
+                    .collect();
+                let size: Vec<f32> = (0..b).map(|j| (0..b).map(|i| mask[i * b + j]).sum()).collect();
+                let square = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, b]), &device);
+                let off = square(mask.iter().map(|x| (1.0 - x) * -1e9).collect());
+                let mut ge: Option<Tensor<2>> = None;
+                for c in 0..2 {
+                    let y: Vec<f32> = (0..b * b)
+                        .map(|k| {
+                            let yi = label_values[k / b];
+                            mask[k] * if c == 1 { yi } else { 1.0 - yi }
+                        })
+                        .collect();
+                    let z = logits.clone().narrow(1, c, 1); // [b, 1], broadcast over columns j
+                    let tiled = z.matmul(Tensor::<2>::ones([1, b], &device)) + off.clone();
+                    let l = (square(y) * log_softmax(tiled, 0)).sum_dim(0).neg(); // [1, b]
+                    ge = Some(match ge {
+                        Some(g) => g + l,
+                        None => l,
+                    });
+                }
+                let sizes = Tensor::<2>::from_data(TensorData::new(size, [1, b]), &device);
+                let ge = ge.expect("two classes").div(sizes).mean();
+                ce.mul_scalar(alpha) + ge.mul_scalar(1.0 - alpha)
             }
             LossTermKind::PairWise { margin, temperature } => {
                 let mut mask = vec![0.0f32; b * b];

@@ -166,7 +166,12 @@ impl Trainer {
                 let logits = values[out.0].clone();
                 let main = match &batch.weights {
                     Some(w) => reference::weighted_loss_of(t.loss, logits.clone(), &batch.labels[t.label], w),
-                    None => task_loss_of(t, logits.clone(), &batch.labels[t.label]),
+                    None => task_loss_of(
+                        t,
+                        logits.clone(),
+                        &batch.labels[t.label],
+                        batch.uids.as_deref().unwrap_or_default(),
+                    ),
                 }
                 .mul_scalar(t.weight);
                 t.kd.iter().fold(main, |acc, kd| {

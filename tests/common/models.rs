@@ -403,6 +403,15 @@ model_config { model_class: "DeepFM"
           task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
     ),
     (
+        "DBMTL+JRC",
+        r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
+  dbmtl { bottom_dnn { hidden_units: [8] }
+          task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
+          task_towers { tower_name: "cvr" num_class: 2 losses { loss_type: JRC_LOSS jrc_loss { session_name: "c1" } }
+                        relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
         "RankModel",
         r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "d1"] wide_deep: WIDE }
