@@ -135,6 +135,9 @@ pub enum Interaction {
     Cat,
 }
 
+/// DSSM_SENet's `(reduction_ratio, num_squeeze_group)`, user's then item's.
+pub type SenetParams = [(usize, usize); 2];
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Arch {
     WideAndDeep {
@@ -243,7 +246,7 @@ pub enum Arch {
         sim: Similarity,
         /// DSSM_SENet: each tower's features first go through a SENet
         /// (`reduction_ratio`, `num_squeeze_group`), user's then item's.
-        senet: Option<[(usize, usize); 2]>,
+        senet: Option<SenetParams>,
         /// DAT: each tower also reads its side's `<side>_id_augment` group,
         /// whose vector learns to mimic the other tower's output: the
         /// weights of `amm_loss_u` and `amm_loss_i`.
@@ -851,13 +854,9 @@ fn single_task_arch(
                 Ok((r, g))
             };
             let senets = [senet(&d.user_tower, "user_tower")?, senet(&d.item_tower, "item_tower")?];
-            let towers = |t: &proto::DssmSeNetTower| proto::DssmTower {
-                id: t.id.clone(),
-                dnn: t.dnn.clone(),
-            };
             let plain = proto::Dssm {
-                user_tower: towers(&d.user_tower),
-                item_tower: towers(&d.item_tower),
+                user_tower: dssm_tower(&d.user_tower.id, &d.user_tower.dnn),
+                item_tower: dssm_tower(&d.item_tower.id, &d.item_tower.dnn),
                 l2_regularization: d.l2_regularization,
                 simi_func: d.simi_func,
                 scale_simi: d.scale_simi,
@@ -865,18 +864,7 @@ fn single_task_arch(
                 ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
                 temperature: d.temperature,
             };
-            let (arch, l2) = dssm(&plain, &path)?;
-            let Arch::Dssm { user, item, sim, .. } = arch else {
-                unreachable!("dssm builds a DSSM")
-            };
-            let arch = Arch::Dssm {
-                user,
-                item,
-                sim,
-                senet: Some(senets),
-                amm: None,
-            };
-            (arch, l2)
+            dssm_variant(&plain, &path, (Some(senets), None))?
         }
         Some(M::Dat(d)) => dat(d, model, &format!("{m}.dat"))?,
         Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
@@ -1034,13 +1022,9 @@ fn dat(d: &proto::Dat, model: &proto::EasyRecModel, path: &str) -> Result<(Arch,
             ),
         ));
     }
-    let tower = |t: &proto::DatTower| proto::DssmTower {
-        id: t.id.clone(),
-        dnn: t.dnn.clone(),
-    };
     let plain = proto::Dssm {
-        user_tower: tower(&d.user_tower),
-        item_tower: tower(&d.item_tower),
+        user_tower: dssm_tower(&d.user_tower.id, &d.user_tower.dnn),
+        item_tower: dssm_tower(&d.item_tower.id, &d.item_tower.dnn),
         l2_regularization: d.l2_regularization,
         simi_func: Some(proto::Similarity::Cosine as i32),
         scale_simi: Some(false),
@@ -1048,18 +1032,38 @@ fn dat(d: &proto::Dat, model: &proto::EasyRecModel, path: &str) -> Result<(Arch,
         ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
         temperature: d.temperature,
     };
-    let (arch, l2) = dssm(&plain, path)?;
+    dssm_variant(&plain, path, (None, Some([d.amm_u_weight, d.amm_i_weight])))
+}
+
+/// A DSSM tower of a model that is DSSM with more (DSSM_SENet, DAT).
+fn dssm_tower(id: &str, dnn: &proto::Dnn) -> proto::DssmTower {
+    proto::DssmTower {
+        id: id.to_string(),
+        dnn: dnn.clone(),
+    }
+}
+
+/// DSSM's arch of `plain` with a variant's extras: DSSM_SENet's SENets,
+/// DAT's mimic-loss weights.
+fn dssm_variant(
+    plain: &proto::Dssm,
+    path: &str,
+    (senet, amm): (Option<SenetParams>, Option<[f32; 2]>),
+) -> Result<(Arch, f32), ConfigError> {
+    let (arch, l2) = dssm(plain, path)?;
     let Arch::Dssm { user, item, sim, .. } = arch else {
         unreachable!("dssm builds a DSSM")
     };
-    let arch = Arch::Dssm {
-        user,
-        item,
-        sim,
-        senet: None,
-        amm: Some([d.amm_u_weight, d.amm_i_weight]),
-    };
-    Ok((arch, l2))
+    Ok((
+        Arch::Dssm {
+            user,
+            item,
+            sim,
+            senet,
+            amm,
+        },
+        l2,
+    ))
 }
 
 /// DSSM's towers and similarity (`path`: where `d` sits in the config).

@@ -175,13 +175,17 @@ pub enum LossTermKind {
     /// of the positive labels (mu, and sigma = clip(softplus(z2),
     /// sqrt(1e-7), max_sigma)) over their count, plus `mu_reg` x mean mu²
     /// and `sigma_reg` x mean z2².
-    Ziln {
-        mu_reg: f32,
-        sigma_reg: f32,
-        max_sigma: f32,
-        class_weight: f32,
-        reg_weight: f32,
-    },
+    Ziln(ZilnTerm),
+}
+
+/// `ZILNLoss`'s training parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZilnTerm {
+    pub mu_reg: f32,
+    pub sigma_reg: f32,
+    pub max_sigma: f32,
+    pub class_weight: f32,
+    pub reg_weight: f32,
 }
 
 /// A `losses` list (at `path`, of a model or task tower of `num_class`
@@ -300,13 +304,13 @@ fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<
                     Some(LossParam::ZilnLoss(p)) => *p,
                     _ => proto::ZilnLoss::default(),
                 };
-                LossTermKind::Ziln {
+                LossTermKind::Ziln(ZilnTerm {
                     mu_reg: p.mu_regularization(),
                     sigma_reg: p.sigma_regularization(),
                     max_sigma: p.max_sigma(),
                     class_weight: p.classification_weight(),
                     reg_weight: p.regression_weight(),
-                }
+                })
             }
             (proto::LossType::JrcLoss, Some(LossParam::JrcLoss(p))) if output == LossKind::Jrc => {
                 if p.loss_weight_strategy != "fixed" {

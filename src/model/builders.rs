@@ -8,7 +8,7 @@ use super::graph::{Graph, Kernel, NodeId, Reduce, Scope};
 use super::params::Init;
 use super::{GroupDropout, GroupLayout};
 use crate::config::model_plan::{
-    Activation, Arch, DnnSpec, DropoutTower, Interaction, PleLevel, Similarity, TaskTower,
+    Activation, Arch, DnnSpec, DropoutTower, Interaction, PleLevel, SenetParams, Similarity, TaskTower,
 };
 
 /// The graph of `arch` over `groups`, its parameters added to `scope`.
@@ -245,9 +245,6 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
     }
     order
 }
-
-/// DSSM_SENet's `(reduction_ratio, num_squeeze_group)`, user's then item's.
-type SenetParams = [(usize, usize); 2];
 
 struct Builder<'a> {
     groups: &'a [GroupLayout],

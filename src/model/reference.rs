@@ -546,13 +546,7 @@ pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32], sessio
                     .sum()
                     .div_scalar(b.max(1) as f32)
             }
-            LossTermKind::Ziln {
-                mu_reg,
-                sigma_reg,
-                max_sigma,
-                class_weight,
-                reg_weight,
-            } => {
+            LossTermKind::Ziln(zp) => {
                 let column = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device);
                 let positive: Vec<f32> = label_values.iter().map(|y| f32::from(u8::from(*y > 0.0))).collect();
                 let count = positive.iter().sum::<f32>() + 1e-8;
@@ -568,17 +562,17 @@ pub fn task_loss_of(task: &Task, logits: Tensor<2>, label_values: &[f32], sessio
                     logits.clone().narrow(1, 2, 1),
                 );
                 let cls = sigmoid_ce(z0, p.clone()).mean();
-                let sigma = softplus_of(z2.clone()).clamp(kernels::ZILN_MIN_SIGMA as f32, max_sigma);
+                let sigma = softplus_of(z2.clone()).clamp(kernels::ZILN_MIN_SIGMA as f32, zp.max_sigma);
                 let d = x.clone() - mu.clone();
                 let half_log_2pi = 0.5 * (2.0 * std::f32::consts::PI).ln();
                 let nll = x
                     + sigma.clone().log().add_scalar(half_log_2pi)
                     + (d.clone() * d).div(sigma.clone() * sigma).mul_scalar(0.5);
                 let reg = (nll * p).sum().div_scalar(count);
-                cls.mul_scalar(class_weight)
-                    + reg.mul_scalar(reg_weight)
-                    + (mu.clone() * mu).mean().mul_scalar(mu_reg)
-                    + (z2.clone() * z2).mean().mul_scalar(sigma_reg)
+                cls.mul_scalar(zp.class_weight)
+                    + reg.mul_scalar(zp.reg_weight)
+                    + (mu.clone() * mu).mean().mul_scalar(zp.mu_reg)
+                    + (z2.clone() * z2).mean().mul_scalar(zp.sigma_reg)
             }
             LossTermKind::Jrc { alpha } => {
                 // EasyRec's jrc_loss as written: [b, b] session masks, the
