@@ -1195,7 +1195,6 @@ impl TrainingPlan {
             "PLE" => ModelKind::Ple,
             "RankModel" => ModelKind::RankModel,
             "MultiTaskModel" => ModelKind::MultiTaskModel,
-            // DSSM_SENet is DSSM with a SENet in each tower.
             // DSSM_SENet is DSSM with a SENet in each tower; DAT is DSSM
             // with augmented vectors.
             "DSSM" | "DSSM_SENet" | "DAT" => ModelKind::Dssm,
@@ -1328,8 +1327,12 @@ impl TrainingPlan {
                 for t in tasks.iter_mut().filter(|t| t.metrics.is_empty()) {
                     t.metrics = eval_metrics.clone();
                 }
-                for t in tasks.iter().filter(|t| t.classes() > 1) {
-                    super::tasks::check_multi_class_metrics(t.classes(), &t.metrics, "eval_config.metrics_set")?;
+                for t in &tasks {
+                    if t.classes() > 1 {
+                        super::tasks::check_multi_class_metrics(t.classes(), &t.metrics, "eval_config.metrics_set")?;
+                    } else if matches!(t.loss, LossKind::Jrc | LossKind::Ziln(_)) {
+                        super::tasks::check_probs_metrics(&t.metrics, "eval_config.metrics_set")?;
+                    }
                 }
                 tasks
             }

@@ -858,11 +858,6 @@ impl TaskScores {
         }
     }
 
-    /// The rows held.
-    pub fn rows(&self) -> usize {
-        self.logits.len() / self.logit_width.max(1)
-    }
-
     /// Keeps the first `rows` rows.
     pub fn truncate(&mut self, rows: usize) {
         self.logits.truncate(rows * self.logit_width);
