@@ -10,23 +10,7 @@
 const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
     (
         "protos.EasyRecModel",
-        &[
-            "cmbf",
-            "dat",
-            "dropoutnet",
-            "dssm",
-            "dssm_senet",
-            "esmm",
-            "metric_learning",
-            "mind",
-            "multi_tower_recall",
-            "pdn",
-            "ple",
-            "rocket_launching",
-            "simple_multi_task",
-            "uniter",
-            "variational_dropout",
-        ],
+        &["cmbf", "metric_learning", "mind", "multi_tower_recall", "pdn", "uniter"],
     ),
     ("protos.DBMTL", &["bottom_cmbf", "bottom_uniter"]),
     (
@@ -42,28 +26,19 @@ const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
         &[
             "aitm",
             "attention",
-            "bst",
-            "cin",
-            "din",
             "dot_product",
             "gate",
             "multi_head_attention",
             "nary_dis_embedding",
             "overlap",
             "seq_aug",
-            "st_params",
             "text_encoder",
             "transformer",
         ],
     ),
     (
         "protos.Loss",
-        &[
-            "listwise_distill_loss",
-            "listwise_rank_loss",
-            "pairwise_hinge_loss",
-            "ziln_loss",
-        ],
+        &["listwise_distill_loss", "listwise_rank_loss", "pairwise_hinge_loss"],
     ),
     (
         "protos.KD",
@@ -86,20 +61,7 @@ const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
 ];
 
 /// Enum values of EasyRec's schema that ours leaves out, by enum.
-const EASYREC_ONLY_ENUM_VALUES: &[(&str, &[&str])] = &[
-    (
-        "protos.LossType",
-        &[
-            "BINARY_CROSS_ENTROPY_LOSS",
-            "KL_DIVERGENCE_LOSS",
-            "LISTWISE_DISTILL_LOSS",
-            "LISTWISE_RANK_LOSS",
-            "PAIRWISE_HINGE_LOSS",
-            "ZILN_LOSS",
-        ],
-    ),
-    ("protos.Similarity", &["EUCLID"]),
-];
+const EASYREC_ONLY_ENUM_VALUES: &[(&str, &[&str])] = &[("protos.Similarity", &["EUCLID"])];
 
 fn easyrec_only(table: &[(&str, &[&str])], owner: &str, name: &str) -> bool {
     table.iter().any(|(o, names)| *o == owner && names.contains(&name))
@@ -186,16 +148,47 @@ mod tests {
             "blocks".into(),
             "keras_layer".into(),
         ];
-        let m = unknown_field_message("cin", &path, "protos.KerasLayer", &[]);
+        let m = unknown_field_message("seq_aug", &path, "protos.KerasLayer", &[]);
         assert_eq!(
             m,
-            "`model_config.backbone.blocks.keras_layer.cin` is an EasyRec option that is not supported by this trainer"
+            "`model_config.backbone.blocks.keras_layer.seq_aug` is an EasyRec option that is not supported by this trainer"
         );
         // The same name in another message is not EasyRec's.
-        let m = unknown_field_message("cin", &["train_config".to_string()], "protos.TrainConfig", &[]);
-        assert!(m.starts_with("unknown field `cin`"), "{m}");
-        assert!(easyrec_only_enum_value("ZILN_LOSS", "loss_type", "protos.LossType").is_some());
-        assert!(easyrec_only_enum_value("ZILN", "loss_type", "protos.LossType").is_none());
+        let m = unknown_field_message("seq_aug", &["train_config".to_string()], "protos.TrainConfig", &[]);
+        assert!(m.starts_with("unknown field `seq_aug`"), "{m}");
+        assert!(easyrec_only_enum_value("EUCLID", "simi_func", "protos.Similarity").is_some());
+        assert!(easyrec_only_enum_value("EUCLIDEAN", "simi_func", "protos.Similarity").is_none());
+    }
+
+    /// Every field and enum value named as EasyRec's alone is missing from
+    /// our schema (a stale entry would hide a field we accept).
+    #[test]
+    fn easyrec_only_names_are_not_in_our_schema() {
+        let pool = crate::config::schema();
+        let mut stale = Vec::new();
+        for (owner, names) in EASYREC_ONLY_FIELDS {
+            let m = pool
+                .get_message_by_name(owner)
+                .unwrap_or_else(|| panic!("no message {owner}"));
+            stale.extend(
+                names
+                    .iter()
+                    .filter(|n| m.get_field_by_name(n).is_some())
+                    .map(|n| format!("{owner}.{n}")),
+            );
+        }
+        for (owner, values) in EASYREC_ONLY_ENUM_VALUES {
+            let e = pool
+                .get_enum_by_name(owner)
+                .unwrap_or_else(|| panic!("no enum {owner}"));
+            stale.extend(
+                values
+                    .iter()
+                    .filter(|v| e.get_value_by_name(v).is_some())
+                    .map(|v| format!("{owner}.{v}")),
+            );
+        }
+        assert!(stale.is_empty(), "in our schema now: {stale:?}");
     }
 
     #[test]
