@@ -685,7 +685,14 @@ fn single_task_arch(
                 wide_output_dim: if has_layers(w.final_dnn.as_ref()) {
                     w.wide_output_dim as usize
                 } else {
-                    model.num_class().max(1) as usize
+                    let classes = model.num_class().max(1);
+                    if w.wide_output_dim != classes {
+                        log::warn!(
+                            "{m}.wide_and_deep.wide_output_dim: {} is replaced by num_class ({classes}) without final_dnn, as EasyRec does",
+                            w.wide_output_dim
+                        );
+                    }
+                    classes as usize
                 },
                 dnn: dnn(&w.dnn, &format!("{m}.wide_and_deep.dnn"))?,
                 // A final_dnn without layers is none, as EasyRec reads it.
