@@ -235,10 +235,26 @@ impl EvalState {
 /// The metrics of every task: a single task's as `report` gives them; for
 /// several tasks the weighted total `loss`, then each task's entries with
 /// its suffix (`loss_ctr`, `auc_ctr`, ...), as EasyRec names them.
-pub fn report_tasks(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> {
-    if let ([t], [st]) = (tasks, states) {
-        return st.report(t);
-    }
+/// `states` holds the tasks' states, then one per graph penalty (named by
+/// `penalties`): each joins `loss`, as in EasyRec's sum of its losses, and
+/// is reported by its name.
+pub fn report_tasks(tasks: &[Task], states: &[EvalState], penalties: &[String]) -> Vec<(String, f64)> {
+    let (states, extra) = states.split_at(tasks.len());
+    let extra: Vec<(String, f64)> = penalties
+        .iter()
+        .zip(extra)
+        .map(|(n, s)| (n.clone(), s.loss()))
+        .collect();
+    let mut out = match (tasks, states) {
+        ([t], [st]) => st.report(t),
+        _ => report_several(tasks, states),
+    };
+    out[0].1 += extra.iter().map(|(_, v)| v).sum::<f64>();
+    out.extend(extra);
+    out
+}
+
+fn report_several(tasks: &[Task], states: &[EvalState]) -> Vec<(String, f64)> {
     let total: f64 = tasks.iter().zip(states).map(|(t, s)| t.weight as f64 * s.loss()).sum();
     let mut out = vec![("loss".to_string(), total)];
     for (t, st) in tasks.iter().zip(states) {
@@ -282,6 +298,37 @@ mod tests {
         let r = st.report(&task);
         assert_eq!(r[1], ("accuracy".to_string(), 1.0 / 3.0));
         assert_eq!(r[2], ("recall_at_topk".to_string(), 2.0 / 3.0));
+    }
+
+    /// A graph penalty joins the eval `loss` and is reported by its name,
+    /// for one task as for several.
+    #[test]
+    fn penalties_join_the_eval_loss() {
+        let task = |name: &str| Task {
+            name: name.into(),
+            label: 0,
+            weight: 2.0,
+            loss: crate::config::typed::LossKind::BinaryClassification,
+            terms: Vec::new(),
+            metrics: Vec::new(),
+            summed: false,
+            masked_by: None,
+            kd: Vec::new(),
+            session: None,
+        };
+        let state = |l: f64| EvalState {
+            preds: vec![0.5],
+            labels: vec![1.0],
+            batch_losses: vec![l],
+            ..Default::default()
+        };
+        let names = ["hint_loss".to_string()];
+        let one = report_tasks(&[task("")], &[state(0.5), state(0.25)], &names);
+        assert_eq!(one[0], ("loss".to_string(), 0.75));
+        assert_eq!(one.last(), Some(&("hint_loss".to_string(), 0.25)));
+        let two = report_tasks(&[task("a"), task("b")], &[state(0.5), state(1.0), state(0.25)], &names);
+        assert_eq!(two[0], ("loss".to_string(), 2.0 * 0.5 + 2.0 * 1.0 + 0.25));
+        assert_eq!(two.last(), Some(&("hint_loss".to_string(), 0.25)));
     }
 
     #[test]

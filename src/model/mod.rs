@@ -765,6 +765,22 @@ impl Model {
             .collect()
     }
 
+    /// Inference-mode values of the graph's penalties on a labelled batch,
+    /// each weighted as trained (empty without penalties).
+    pub fn penalty_losses(&self, x: &[Vec<f32>], targets: Targets) -> Vec<f64> {
+        if self.graph.penalties.is_empty() {
+            return Vec::new();
+        }
+        let b = self.rows_of(x);
+        let users = targets.labels.first().map_or(b, Vec::len);
+        let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
+        self.graph
+            .penalties
+            .iter()
+            .map(|p| p.weight as f64 * p.reduce.apply(&tape.value(p.node)[..users], targets.weights).0 as f64)
+            .collect()
+    }
+
     /// Inference-mode logits and scores of `b` rows for each task, on the
     /// CPU executor.
     pub fn scores(&self, x: &[Vec<f32>], b: usize, tasks: &[Task]) -> Vec<TaskScores> {

@@ -231,7 +231,8 @@ impl Trainer {
     /// over a whole input.
     pub fn evaluate(&self, paths: &[String]) -> anyhow::Result<Vec<EvalState>> {
         let tasks = &self.plan.tasks;
-        let mut st = vec![EvalState::default(); tasks.len()];
+        // The tasks' states, then one per graph penalty (its batch losses).
+        let mut st = vec![EvalState::default(); tasks.len() + self.model.graph.penalties.len()];
         for batch in self.stream(paths, false, 0)? {
             let batch = batch.context("reading evaluation data")?;
             let inputs = self.group_inputs(&batch);
@@ -248,6 +249,14 @@ impl Trainer {
                     ranks: ev.ranks,
                     loss_sum: ev.loss * batch.examples() as f64,
                     batch_losses: vec![ev.loss],
+                });
+            }
+            let penalties = self.model.penalty_losses(&inputs, crate::model::Targets::of(&batch));
+            for (e, l) in st[tasks.len()..].iter_mut().zip(penalties) {
+                e.merge(EvalState {
+                    loss_sum: l * batch.examples() as f64,
+                    batch_losses: vec![l],
+                    ..Default::default()
                 });
             }
         }
