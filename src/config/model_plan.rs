@@ -644,18 +644,7 @@ fn rocket_launching(x: &proto::RocketLaunching, model: &proto::EasyRecModel) -> 
     let loss = super::tasks::loss_kind(proto::LossType::Classification, model.num_class(), "model_config")?;
     let tasks = ["booster", "light"]
         .into_iter()
-        .map(|name| Task {
-            name: name.to_string(),
-            label: 0,
-            weight: 1.0,
-            loss,
-            terms: Vec::new(),
-            metrics: Vec::new(),
-            summed: false,
-            masked_by: None,
-            kd: Vec::new(),
-            session: None,
-        })
+        .map(|name| Task::on_label(name, 0, loss))
         .collect();
     let arch = Arch::RocketLaunching {
         share: dnn(&x.share_dnn, &format!("{path}.share_dnn"))?,

@@ -382,6 +382,24 @@ fn terms_of(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<
 }
 
 impl Task {
+    /// A task named `name` (empty for a single task) trained by `loss` on
+    /// label field `label` alone: weight 1, no extra losses, metrics,
+    /// distillation, mask or session.
+    pub fn on_label(name: &str, label: usize, loss: LossKind) -> Task {
+        Task {
+            name: name.to_string(),
+            label,
+            weight: 1.0,
+            loss,
+            terms: Vec::new(),
+            metrics: Vec::new(),
+            summed: false,
+            masked_by: None,
+            kd: Vec::new(),
+            session: None,
+        }
+    }
+
     /// What EasyRec appends to this task's outputs and metrics: `_ctr`, or
     /// nothing for a single task.
     pub fn suffix(&self) -> String {
@@ -725,15 +743,10 @@ pub fn task_towers(
         });
         tasks.push(Task {
             terms: tower_terms(t.losses, &format!("{p}.losses"), loss)?,
-            name: t.name.to_string(),
-            label,
             weight: t.weight,
-            loss,
             metrics,
-            summed: false,
-            masked_by: None,
-            kd: Vec::new(),
             session,
+            ..Task::on_label(t.name, label, loss)
         });
     }
     Ok((layers, tasks))

@@ -1395,16 +1395,10 @@ impl TrainingPlan {
                     super::tasks::check_multi_class_metrics(classes, &metrics, "eval_config.metrics_set")?;
                 }
                 vec![Task {
-                    name: String::new(),
-                    label,
-                    weight: 1.0,
-                    loss,
                     terms,
                     metrics,
-                    summed: false,
-                    masked_by: None,
-                    kd: Vec::new(),
                     session,
+                    ..Task::on_label("", label, loss)
                 }]
             }
         };

@@ -279,16 +279,8 @@ mod tests {
     #[test]
     fn a_multi_class_task_reports_accuracy_and_recall_at_k() {
         let task = Task {
-            name: String::new(),
-            label: 0,
-            weight: 1.0,
-            loss: crate::config::typed::LossKind::MultiClass { classes: 3 },
-            terms: Vec::new(),
             metrics: vec![Metric::Accuracy, Metric::RecallAtTopK { k: 2 }],
-            summed: false,
-            masked_by: None,
-            kd: Vec::new(),
-            session: None,
+            ..Task::on_label("", 0, crate::config::typed::LossKind::MultiClass { classes: 3 })
         };
         let st = EvalState {
             preds: vec![0.7, 0.2, 0.1, 0.1, 0.3, 0.6, 0.5, 0.4, 0.1],
@@ -305,16 +297,8 @@ mod tests {
     #[test]
     fn penalties_join_the_eval_loss() {
         let task = |name: &str| Task {
-            name: name.into(),
-            label: 0,
             weight: 2.0,
-            loss: crate::config::typed::LossKind::BinaryClassification,
-            terms: Vec::new(),
-            metrics: Vec::new(),
-            summed: false,
-            masked_by: None,
-            kd: Vec::new(),
-            session: None,
+            ..Task::on_label(name, 0, crate::config::typed::LossKind::BinaryClassification)
         };
         let state = |l: f64| EvalState {
             preds: vec![0.5],

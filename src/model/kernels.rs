@@ -1123,19 +1123,11 @@ mod tests {
 
     fn task(terms: Vec<LossTermKind>) -> Task {
         Task {
-            name: String::new(),
-            label: 0,
-            weight: 1.0,
-            loss: LossKind::BinaryClassification,
             terms: terms
                 .into_iter()
                 .map(|kind| crate::config::tasks::LossTerm { kind, weight: 1.5 })
                 .collect(),
-            metrics: Vec::new(),
-            summed: false,
-            masked_by: None,
-            kd: Vec::new(),
-            session: None,
+            ..Task::on_label("", 0, LossKind::BinaryClassification)
         }
     }
 
