@@ -214,9 +214,7 @@ impl EvalState {
         for m in metrics {
             let v = match m {
                 Metric::Accuracy => {
-                    let best = rows
-                        .clone()
-                        .map(|p| (0..classes).fold(0, |b, k| if p[k] > p[b] { k } else { b }));
+                    let best = rows.clone().map(crate::model::kernels::argmax);
                     best.zip(&self.labels).filter(|(b, y)| *b == **y as usize).count() as f64 / n
                 }
                 Metric::RecallAtTopK { k } => share(&|a| a < *k),

@@ -60,7 +60,6 @@ pub fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n)
     }
 }
 
-/// Column sums of a row-major `[rows, n]` matrix, added into `out`.
 /// Softmax of `row` in place (an empty row stays empty).
 pub fn softmax_in_place(row: &mut [f32]) {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -70,6 +69,12 @@ pub fn softmax_in_place(row: &mut [f32]) {
         s += *v;
     });
     row.iter_mut().for_each(|v| *v /= s);
+}
+
+/// The index of the row's greatest value, the first among equals (as
+/// TensorFlow's `argmax`): a multi-class task's predicted class.
+pub fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |b, k| if row[k] > row[b] { k } else { b })
 }
 
 /// `Op::Attention` over one batch row: `q`, `k` `[n, heads * dk]`, `v`
@@ -181,6 +186,7 @@ pub fn transpose_rows(x: &[f32], width: usize, n: usize) -> Vec<f32> {
     y
 }
 
+/// Column sums of a row-major `[rows, n]` matrix, added into `out`.
 pub fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
     if n == 0 {
         return;

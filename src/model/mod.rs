@@ -856,9 +856,20 @@ impl TaskScores {
                 logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect()
             }
             LossKind::Regression => logits.clone(),
-            LossKind::MultiClass { classes } => logits.chunks_exact(classes).flat_map(softmax).collect(),
+            LossKind::MultiClass { classes } => {
+                let mut p = logits.clone();
+                p.chunks_exact_mut(classes).for_each(kernels::softmax_in_place);
+                p
+            }
             // EasyRec's JRC probability: the second class's.
-            LossKind::Jrc => logits.chunks_exact(2).map(|z| softmax(z)[1]).collect(),
+            LossKind::Jrc => logits
+                .chunks_exact(2)
+                .map(|z| {
+                    let mut p = [z[0], z[1]];
+                    kernels::softmax_in_place(&mut p);
+                    p[1]
+                })
+                .collect(),
             LossKind::Ziln(z) => {
                 let (probs, ys) = logits.chunks_exact(3).map(|l| kernels::ziln_prediction(l, z)).unzip();
                 values = Some(ys);
@@ -924,11 +935,7 @@ impl TaskScores {
         let mut out: Vec<Vec<f32>> = (0..l).map(|k| column(&self.logits, l, k)).collect();
         out.extend((0..s).map(|k| column(&self.scores, s, k)));
         if s > 1 {
-            let best = self
-                .scores
-                .chunks_exact(s)
-                .map(|p| (0..s).fold(0, |b, k| if p[k] > p[b] { k } else { b }) as f32)
-                .collect();
+            let best = self.scores.chunks_exact(s).map(|p| kernels::argmax(p) as f32).collect();
             out.push(best);
         }
         if let Some(v) = &self.values {
@@ -936,12 +943,4 @@ impl TaskScores {
         }
         out
     }
-}
-
-/// The softmax of one row of logits.
-fn softmax(z: &[f32]) -> Vec<f32> {
-    let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f32> = z.iter().map(|x| (x - m).exp()).collect();
-    let s: f32 = e.iter().sum();
-    e.into_iter().map(|x| x / s).collect()
 }
