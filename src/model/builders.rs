@@ -572,18 +572,6 @@ impl Builder<'_> {
         );
         g.output("logits_booster", b_out);
         g.output("logits_light", l_out);
-        // Σ (a - stop_gradient(b))² per row, over `per` of its columns.
-        let squared_gap = |g: &mut Graph, a: NodeId, b: NodeId, per: f32| {
-            let b = g.stop_gradient(b);
-            let d = g.sub(a, b);
-            let sq = g.mul(d, d);
-            let sum = g.row_sum(sq);
-            if per == 1.0 {
-                sum
-            } else {
-                g.scale(sum, per, None)
-            }
-        };
         let hint = squared_gap(g, l_out, b_out, 1.0 / self.classes as f32);
         g.penalty("hint_loss", hint, Reduce::Mean, 1.0);
         if feature_based {
@@ -656,11 +644,7 @@ impl Builder<'_> {
                         g.width(a)
                     );
                 }
-                let p = g.stop_gradient(p);
-                let gap = g.sub(a, p);
-                let sq = g.mul(gap, gap);
-                let sum = g.row_sum(sq);
-                let mean = g.scale(sum, 1.0 / d as f32, None);
+                let mean = squared_gap(g, a, p, 1.0 / d as f32);
                 g.penalty(name, mean, Reduce::Mean, w);
             }
         }
@@ -897,6 +881,21 @@ fn bayes_towers(g: &mut Graph, s: &mut Scope, inputs: Vec<NodeId>, towers: &[Tas
         relation.push(r);
         let logits = s.dense(g, r, &format!("{}/output", t.name), t.logits, Activation::Linear);
         g.output(&format!("logits_{}", t.name), logits);
+    }
+}
+
+/// A teacher's hint to a student, per row: `Σ (a - stop_gradient(target))²`
+/// times `per` (1 / width for the mean), the target cut from the gradient
+/// (RocketLaunching's hints, DAT's mimic losses).
+fn squared_gap(g: &mut Graph, a: NodeId, target: NodeId, per: f32) -> NodeId {
+    let target = g.stop_gradient(target);
+    let d = g.sub(a, target);
+    let sq = g.mul(d, d);
+    let sum = g.row_sum(sq);
+    if per == 1.0 {
+        sum
+    } else {
+        g.scale(sum, per, None)
     }
 }
 
