@@ -183,31 +183,36 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         };
         b.g.node("Identity", &[&flat], Vec::new(), Some(&name));
         b.g.output(&name, Elem::F32, &shape_of(t.logit_width()));
-        let score_shape = shape_of(t.classes());
-        let (op, attrs) = match t.loss {
-            LossKind::BinaryClassification | LossKind::InBatchSoftmax => ("Sigmoid", Vec::new()),
-            LossKind::Regression => ("Identity", Vec::new()),
-            LossKind::MultiClass { .. } => ("Softmax", vec![("axis", Attr::Int(1))]),
+        // The outputs after the logits (`Task::export_outputs`): the
+        // scores, and ZILN's expected value.
+        let named = t.export_outputs();
+        let softmax = vec![("axis", Attr::Int(1))];
+        let after: Vec<String> = match t.loss {
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax => {
+                vec![b.g.node("Sigmoid", &[&name], Vec::new(), Some(&named[1]))]
+            }
+            LossKind::Regression => vec![b.g.node("Identity", &[&name], Vec::new(), Some(&named[1]))],
+            LossKind::MultiClass { .. } => vec![b.g.node("Softmax", &[&name], softmax, Some(&named[1]))],
             LossKind::Jrc => {
-                let p = b.g.node("Softmax", &[&name], vec![("axis", Attr::Int(1))], None);
+                let p = b.g.node("Softmax", &[&name], softmax, None);
                 let second = b.slice(&p, 1, 1, 1);
-                let probs = b.reshape(&second, &[-1]);
-                b.g.node("Identity", &[&probs], Vec::new(), Some(&t.score_name()));
-                b.g.output(&t.score_name(), Elem::F32, &score_shape);
-                continue;
+                vec![b.reshape(&second, &[-1])]
             }
-            LossKind::Ziln(z) => {
-                let [probs, y] = b.ziln(&name, z);
-                b.g.node("Identity", &[&probs], Vec::new(), Some(&t.score_name()));
-                b.g.output(&t.score_name(), Elem::F32, &score_shape);
-                let y_name = &t.export_outputs()[2];
-                b.g.node("Identity", &[&y], Vec::new(), Some(y_name));
-                b.g.output(y_name, Elem::F32, &score_shape);
-                continue;
-            }
+            LossKind::Ziln(z) => b.ziln(&name, z).to_vec(),
         };
-        b.g.node(op, &[&name], attrs, Some(&t.score_name()));
-        b.g.output(&t.score_name(), Elem::F32, &score_shape);
+        assert_eq!(
+            after.len(),
+            named.len() - 1,
+            "a value per export output of `{}`",
+            t.output()
+        );
+        let score_shape = shape_of(t.classes());
+        for (value, out) in after.iter().zip(&named[1..]) {
+            if value != out {
+                b.g.node("Identity", &[value], Vec::new(), Some(out));
+            }
+            b.g.output(out, Elem::F32, &score_shape);
+        }
     }
     for (name, out) in model.embedding_outputs() {
         b.g.node("Identity", &[&values[out.0]], Vec::new(), Some(name));
