@@ -645,14 +645,9 @@ impl Model {
             }
             seeds.push((out, dl));
         }
-        // Penalties read the examples' rows, not sampled items'.
-        for p in &self.graph.penalties {
-            let v = tape.value(p.node);
-            let (l, g) = p.reduce.apply(&v[..users], weights);
-            loss += p.weight * l;
-            let mut seed: Vec<f32> = g.into_iter().map(|x| x * p.weight).collect();
-            seed.resize(v.len(), 0.0);
-            seeds.push((p.node, seed));
+        for (l, node, seed) in self.penalties_on(&tape, users, weights) {
+            loss += l;
+            seeds.push((node, seed));
         }
         let needs = self.graph.needs_grad(&self.trained_inputs());
         let mut dense = vec![0.0f32; self.params.values.len()];
@@ -719,12 +714,15 @@ impl Model {
     /// Inference-mode scores of a labelled batch's examples for each task,
     /// with the task's batch loss and, for in-batch tasks, each user's
     /// ranks of its own item (`kernels::in_batch_ranks`).
-    pub fn evaluate_batch(&self, x: &[Vec<f32>], targets: Targets, tasks: &[Task]) -> Vec<BatchEval> {
+    ///
+    /// Beside them, each graph penalty's loss on the batch, weighted as
+    /// trained (EasyRec's eval loss sums them in).
+    pub fn evaluate_batch(&self, x: &[Vec<f32>], targets: Targets, tasks: &[Task]) -> (Vec<BatchEval>, Vec<f64>) {
         let Targets { labels, weights, .. } = targets;
         let b = self.rows_of(x);
         let users = labels.first().map_or(b, Vec::len);
         if users == 0 {
-            return tasks
+            let evals = tasks
                 .iter()
                 .map(|t| BatchEval {
                     scores: TaskScores::from_logits(t, Vec::new()),
@@ -732,9 +730,15 @@ impl Model {
                     ranks: Vec::new(),
                 })
                 .collect();
+            return (evals, vec![0.0; self.graph.penalties.len()]);
         }
         let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
-        tasks
+        let penalties = self
+            .penalties_on(&tape, users, weights)
+            .into_iter()
+            .map(|(l, _, _)| l as f64)
+            .collect();
+        let evals = tasks
             .iter()
             .zip(self.task_outputs(tasks))
             .map(|(t, n)| {
@@ -762,22 +766,24 @@ impl Model {
                     loss: kernels::in_batch_softmax(&towers, logits).0 as f64,
                 }
             })
-            .collect()
+            .collect();
+        (evals, penalties)
     }
 
-    /// Inference-mode values of the graph's penalties on a labelled batch,
-    /// each weighted as trained (empty without penalties).
-    pub fn penalty_losses(&self, x: &[Vec<f32>], targets: Targets) -> Vec<f64> {
-        if self.graph.penalties.is_empty() {
-            return Vec::new();
-        }
-        let b = self.rows_of(x);
-        let users = targets.labels.first().map_or(b, Vec::len);
-        let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
+    /// Each graph penalty on `tape`, read on its first `users` rows (the
+    /// examples, not sampled items): its weighted loss, its node and that
+    /// node's gradient seed (zeros on the other rows).
+    fn penalties_on(&self, tape: &cpu::Tape, users: usize, weights: Option<&[f32]>) -> Vec<(f32, NodeId, Vec<f32>)> {
         self.graph
             .penalties
             .iter()
-            .map(|p| p.weight as f64 * p.reduce.apply(&tape.value(p.node)[..users], targets.weights).0 as f64)
+            .map(|p| {
+                let v = tape.value(p.node);
+                let (l, g) = p.reduce.apply(&v[..users], weights);
+                let mut seed: Vec<f32> = g.into_iter().map(|x| x * p.weight).collect();
+                seed.resize(v.len(), 0.0);
+                (p.weight * l, p.node, seed)
+            })
             .collect()
     }
 

@@ -236,7 +236,7 @@ impl Trainer {
         for batch in self.stream(paths, false, 0)? {
             let batch = batch.context("reading evaluation data")?;
             let inputs = self.group_inputs(&batch);
-            let evals = self
+            let (evals, penalties) = self
                 .model
                 .evaluate_batch(&inputs, crate::model::Targets::of(&batch), tasks);
             for ((e, t), ev) in st.iter_mut().zip(tasks).zip(evals) {
@@ -251,7 +251,6 @@ impl Trainer {
                     batch_losses: vec![ev.loss],
                 });
             }
-            let penalties = self.model.penalty_losses(&inputs, crate::model::Targets::of(&batch));
             for (e, l) in st[tasks.len()..].iter_mut().zip(penalties) {
                 e.merge(EvalState {
                     loss_sum: l * batch.examples() as f64,
