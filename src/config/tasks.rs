@@ -542,11 +542,21 @@ pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), Con
     }
 }
 
+/// The metrics a task of `loss` can evaluate, checked for the losses whose
+/// outputs EasyRec's metrics read apart: multi-class, ZILN and JRC tasks.
+pub fn check_output_metrics(loss: LossKind, metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
+    match loss {
+        LossKind::MultiClass { classes } => check_multi_class_metrics(classes, metrics, path),
+        LossKind::Ziln(_) | LossKind::Jrc => check_probs_metrics(metrics, path),
+        _ => Ok(()),
+    }
+}
+
 /// The metrics EasyRec evaluates on a multi-class task: `accuracy` and
 /// `recall_at_topk` (of the label among the `k` highest logits), and `auc`
 /// of the second class's probability with two classes; it stops on any
 /// other, and so does this.
-pub fn check_multi_class_metrics(classes: usize, metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
+fn check_multi_class_metrics(classes: usize, metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
     for (i, m) in metrics.iter().enumerate() {
         match m {
             Metric::Accuracy | Metric::RecallAtTopK { .. } => {}
@@ -569,7 +579,7 @@ pub fn check_multi_class_metrics(classes: usize, metrics: &[Metric], path: &str)
 /// The metrics of a ZILN or JRC task: the ranking metrics of its `probs`
 /// (`auc`, `gauc`, `session_auc`); EasyRec's regression metrics of ZILN's
 /// `y` and max_f1 of JRC's logits are not built here.
-pub fn check_probs_metrics(metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
+fn check_probs_metrics(metrics: &[Metric], path: &str) -> Result<(), ConfigError> {
     for (i, m) in metrics.iter().enumerate() {
         match m {
             Metric::Auc | Metric::Gauc { .. } | Metric::SessionAuc { .. } => {}
@@ -731,9 +741,7 @@ pub fn task_towers(
             ));
         }
         let metrics = metric_list(t.metrics, &format!("{p}.metrics_set"))?;
-        if loss == LossKind::Jrc {
-            check_probs_metrics(&metrics, &format!("{p}.metrics_set"))?;
-        }
+        check_output_metrics(loss, &metrics, &format!("{p}.metrics_set"))?;
         layers.push(TaskTower {
             name: t.name.to_string(),
             dnn: opt_dnn(t.dnn, "dnn")?,

@@ -1328,11 +1328,7 @@ impl TrainingPlan {
                     t.metrics = eval_metrics.clone();
                 }
                 for t in &tasks {
-                    if t.classes() > 1 {
-                        super::tasks::check_multi_class_metrics(t.classes(), &t.metrics, "eval_config.metrics_set")?;
-                    } else if matches!(t.loss, LossKind::Jrc | LossKind::Ziln(_)) {
-                        super::tasks::check_probs_metrics(&t.metrics, "eval_config.metrics_set")?;
-                    }
+                    super::tasks::check_output_metrics(t.loss, &t.metrics, "eval_config.metrics_set")?;
                 }
                 tasks
             }
@@ -1373,27 +1369,26 @@ impl TrainingPlan {
                     loss_kind(model.loss_type(), model.num_class(), "model_config")?
                 };
                 let terms = super::tasks::loss_terms(model, loss)?;
-                if matches!(loss, LossKind::Ziln(_) | LossKind::Jrc) {
-                    if !kind.has_class_head() {
-                        return Err(ConfigError::unsupported(
-                            "model_config.losses",
-                            format!("{} on {}", model.losses[0].loss_type().as_str_name(), model.model_class),
-                        ));
-                    }
-                    super::tasks::check_probs_metrics(&metrics, "eval_config.metrics_set")?;
+                // Several logits per row need the one output layer of the
+                // models that have it.
+                let several = match loss {
+                    LossKind::MultiClass { classes } => Some((
+                        "model_config.num_class",
+                        format!(
+                            "multi-class classification ({classes} classes) on {}",
+                            model.model_class
+                        ),
+                    )),
+                    LossKind::Ziln(_) | LossKind::Jrc => Some((
+                        "model_config.losses",
+                        format!("{} on {}", model.losses[0].loss_type().as_str_name(), model.model_class),
+                    )),
+                    _ => None,
+                };
+                if let Some((field, what)) = several.filter(|_| !kind.has_class_head()) {
+                    return Err(ConfigError::unsupported(field, what));
                 }
-                if let LossKind::MultiClass { classes } = loss {
-                    if !kind.has_class_head() {
-                        return Err(ConfigError::unsupported(
-                            "model_config.num_class",
-                            format!(
-                                "multi-class classification ({classes} classes) on {}",
-                                model.model_class
-                            ),
-                        ));
-                    }
-                    super::tasks::check_multi_class_metrics(classes, &metrics, "eval_config.metrics_set")?;
-                }
+                super::tasks::check_output_metrics(loss, &metrics, "eval_config.metrics_set")?;
                 vec![Task {
                     terms,
                     metrics,
