@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::model_plan::Activation;
 use crate::config::typed::{LossKind, TrainingPlan, ZilnPrediction};
-use crate::model::graph::{BN_EPS, DICE_EPS};
+use crate::model::graph::{Keys, BN_EPS, DICE_EPS, MASK_ADDER};
 use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
 
 /// How one feature enters the graph.
@@ -682,6 +682,13 @@ impl Builder<'_> {
                     self.reshape(&t, &[-1, width as i64])
                 }
                 Op::Unfold { x, .. } | Op::Fold { x, .. } => self.reshape(&v[x.0], &[-1, width as i64]),
+                Op::PrefixMask { len, n } => {
+                    let ks: Vec<f32> = (0..*n).map(|k| k as f32).collect();
+                    let ks = self.g.f32s(None, &[1, *n], &ks);
+                    let live = self.g.op("Less", &[&ks, &v[len.0]]);
+                    self.g
+                        .node("Cast", &[&live], vec![("to", Attr::Int(CAST_TO_FLOAT))], None)
+                }
                 Op::MaskedSoftmax { x, len } => {
                     // Column k is live where k < len; masked logits sink far
                     // below the rest and are zeroed after the softmax (rows
@@ -787,25 +794,35 @@ impl Builder<'_> {
                     v: val,
                     heads,
                     scale,
-                    len,
+                    keys,
                 } => {
                     // [batch, n, heads, d] -> [batch, heads, n, d] (keys
                     // [batch, heads, d, n]), a softmax over the last axis.
-                    let (n, h) = (graph.rows(*q) as i64, *heads as i64);
-                    let mut split = |x: &str, w: usize, perm: Vec<i64>| {
-                        let x4 = self.reshape(x, &[-1, n, h, w as i64 / h]);
+                    let (f, n, h) = (graph.rows(*q) as i64, graph.rows(*k) as i64, *heads as i64);
+                    let mut split = |x: &str, rows: i64, w: usize, perm: Vec<i64>| {
+                        let x4 = self.reshape(x, &[-1, rows, h, w as i64 / h]);
                         self.g.node("Transpose", &[&x4], vec![("perm", Attr::Ints(perm))], None)
                     };
                     let wq = graph.width(*q);
-                    let q4 = split(&v[q.0], wq, vec![0, 2, 1, 3]);
-                    let kt = split(&v[k.0], wq, vec![0, 2, 3, 1]);
-                    let v4 = split(&v[val.0], width, vec![0, 2, 1, 3]);
+                    let q4 = split(&v[q.0], f, wq, vec![0, 2, 1, 3]);
+                    let kt = split(&v[k.0], n, wq, vec![0, 2, 3, 1]);
+                    let v4 = split(&v[val.0], n, width, vec![0, 2, 1, 3]);
                     let s = self.g.op("MatMul", &[&q4, &kt]);
                     let c = self.scalar_f32(*scale);
                     let s = self.g.op("Mul", &[&s, &c]);
-                    let p = match len {
-                        None => self.g.node("Softmax", &[&s], vec![("axis", Attr::Int(-1))], None),
-                        Some(len) => {
+                    let p = match keys {
+                        Keys::All => self.g.node("Softmax", &[&s], vec![("axis", Attr::Int(-1))], None),
+                        Keys::Mask(m) => {
+                            // s + (1 - m) * MASK_ADDER, the mask `[batch, 1, 1, n]`.
+                            let one = self.scalar_f32(1.0);
+                            let off = self.g.op("Sub", &[&one, &v[m.0]]);
+                            let adder = self.scalar_f32(MASK_ADDER);
+                            let off = self.g.op("Mul", &[&off, &adder]);
+                            let off = self.reshape(&off, &[-1, 1, 1, n]);
+                            let s = self.g.op("Add", &[&s, &off]);
+                            self.g.node("Softmax", &[&s], vec![("axis", Attr::Int(-1))], None)
+                        }
+                        Keys::Live(len) => {
                             // As MaskedSoftmax, the mask `[batch, 1, 1, n]`.
                             let ks: Vec<f32> = (0..n).map(|j| j as f32).collect();
                             let ks = self.g.f32s(None, &[1, n as usize], &ks);

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, Kernel, NodeId, Scope};
+use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
 use super::params::Init;
 use super::GroupLayout;
 use crate::config::backbone::{
@@ -449,7 +449,7 @@ fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyho
     let rows = super::transformer::embedding_postprocessor(g, s, (all, m), (name, name), post);
     // The target and the row's first `len` positions.
     let live = g.shift(len, 1.0);
-    let out = super::transformer::encoder(g, s, rows, Some(live), spec, &format!("{name}/transformer"));
+    let out = super::transformer::encoder(g, s, rows, Keys::Live(live), spec, &format!("{name}/transformer"));
     let out = g.fold(out, m);
     Ok(if b.all_tokens {
         out

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, Kernel, NodeId, Reduce, Scope};
+use super::graph::{Graph, Kernel, Keys, NodeId, Reduce, Scope};
 use super::params::Init;
 use super::{GroupDropout, GroupLayout};
 use crate::config::model_plan::{
@@ -410,7 +410,7 @@ impl Builder<'_> {
             let (q, k, v) = (p("query/dnn", g), p("key/dnn", g), p("value/dnn", g));
             // EasyRec divides by head_size ** -0.5: the scores grow with
             // the head's width rather than being normalised by it.
-            let a = g.attention((q, k, v), (heads, (head_size as f32).sqrt()), None);
+            let a = g.attention((q, k, v), (heads, (head_size as f32).sqrt()), Keys::All);
             let res = s.layer(g, t, &format!("{name}/dnn"), heads * head_size, proj, lin);
             let sum = g.add(&[a, res]);
             t = g.act(sum, Activation::Relu);

@@ -7,8 +7,8 @@
 
 use rayon::prelude::*;
 
-use super::graph::{BnStats, Graph, NodeId, Op, DICE_EPS, L2_EPS};
-use super::kernels::{self, Interact, LANES, ROWS};
+use super::graph::{BnStats, Graph, Keys, NodeId, Op, DICE_EPS, L2_EPS};
+use super::kernels::{self, Interact, RowKeys, LANES, ROWS};
 use super::params::ParamStore;
 use crate::util::Rng;
 
@@ -452,30 +452,41 @@ impl<'a> Tape<'a> {
                 v,
                 heads,
                 scale,
-                len,
+                keys,
             } => {
-                let n = b / self.b;
+                let (f, t) = (b / self.b, self.graph.rows(*k));
                 let (wq, wv) = (self.graph.width(*q), width);
                 let mut y = vec![0.0f32; b * wv];
-                let mut probs = vec![0.0f32; self.b * heads * n * n];
-                let live: Vec<usize> = match len {
-                    Some(l) => self
+                let mut probs = vec![0.0f32; self.b * heads * f * t];
+                let row_keys: Vec<RowKeys> = match keys {
+                    Keys::All => vec![RowKeys::Live(t); self.b],
+                    Keys::Live(l) => self
                         .value(*l)
                         .iter()
-                        .map(|l| (l.max(0.0).ceil() as usize).min(n))
+                        .map(|l| RowKeys::Live((l.max(0.0).ceil() as usize).min(t)))
                         .collect(),
-                    None => vec![n; self.b],
+                    Keys::Mask(m) => self.value(*m).chunks(t.max(1)).map(RowKeys::Mask).collect(),
                 };
-                y.par_chunks_mut(n * wv)
-                    .zip(probs.par_chunks_mut(heads * n * n))
-                    .zip(self.value(*q).par_chunks(n * wq))
-                    .zip(self.value(*k).par_chunks(n * wq))
-                    .zip(self.value(*v).par_chunks(n * wv))
-                    .zip(&live)
-                    .for_each(|(((((o, p), q), k), v), &live)| {
-                        kernels::attention_fwd((q, k, v), (*heads, *scale, live), o, p)
+                y.par_chunks_mut(f * wv)
+                    .zip(probs.par_chunks_mut((heads * f * t).max(1)))
+                    .zip(self.value(*q).par_chunks(f * wq))
+                    .zip(self.value(*k).par_chunks(t * wq))
+                    .zip(self.value(*v).par_chunks(t * wv))
+                    .zip(row_keys)
+                    .for_each(|(((((o, p), q), k), v), keys)| {
+                        kernels::attention_fwd((q, k, v), (*heads, *scale, keys), (f, t), o, p)
                     });
                 (y, Saved::Probs(probs))
+            }
+            Op::PrefixMask { len, n } => {
+                let mut y = vec![0.0f32; b * n];
+                y.par_chunks_mut((*n).max(1))
+                    .zip(self.value(*len))
+                    .for_each(|(row, l)| {
+                        let live = (l.max(0.0).ceil() as usize).min(*n);
+                        row[..live].fill(1.0);
+                    });
+                (y, Saved::None)
             }
             Op::AttnPool { w, x } => {
                 let n = self.graph.width(*w);
@@ -858,7 +869,7 @@ impl<'a> Tape<'a> {
                         }
                     }
                 }
-                Op::Zeros { .. } | Op::StopGradient { .. } => {}
+                Op::Zeros { .. } | Op::StopGradient { .. } | Op::PrefixMask { .. } => {}
                 Op::Bias { x, b: bias } => {
                     kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bias].range()]);
                     accumulate(&mut grads, needs, *x, dy);
@@ -1029,23 +1040,26 @@ impl<'a> Tape<'a> {
                     let Saved::Probs(probs) = &self.saved[i] else {
                         unreachable!("attention saves its weights")
                     };
-                    let n = b / self.b;
+                    let (f, t) = (b / self.b, g.rows(*k));
                     let wq = g.width(*q);
-                    let (mut dq, mut dk, mut dv) =
-                        (vec![0.0f32; b * wq], vec![0.0f32; b * wq], vec![0.0f32; b * width]);
-                    dq.par_chunks_mut(n * wq)
-                        .zip(dk.par_chunks_mut(n * wq))
-                        .zip(dv.par_chunks_mut(n * width))
-                        .zip(probs.par_chunks(heads * n * n))
-                        .zip(dy.par_chunks(n * width))
+                    let (mut dq, mut dk, mut dv) = (
+                        vec![0.0f32; b * wq],
+                        vec![0.0f32; self.b * t * wq],
+                        vec![0.0f32; self.b * t * width],
+                    );
+                    dq.par_chunks_mut(f * wq)
+                        .zip(dk.par_chunks_mut(t * wq))
+                        .zip(dv.par_chunks_mut(t * width))
+                        .zip(probs.par_chunks((heads * f * t).max(1)))
+                        .zip(dy.par_chunks(f * width))
                         .enumerate()
                         .for_each(|(e, ((((dq, dk), dv), p), d))| {
                             let qkv = (
-                                &self.value(*q)[e * n * wq..][..n * wq],
-                                &self.value(*k)[e * n * wq..][..n * wq],
-                                &self.value(*v)[e * n * width..][..n * width],
+                                &self.value(*q)[e * f * wq..][..f * wq],
+                                &self.value(*k)[e * t * wq..][..t * wq],
+                                &self.value(*v)[e * t * width..][..t * width],
                             );
-                            kernels::attention_bwd(qkv, (*heads, *scale), p, d, (dq, dk, dv));
+                            kernels::attention_bwd(qkv, (*heads, *scale), (f, t), (p, d), (dq, dk, dv));
                         });
                     accumulate(&mut grads, needs, *q, dq);
                     accumulate(&mut grads, needs, *k, dk);

@@ -214,20 +214,26 @@ pub enum Op {
         w: NodeId,
         x: NodeId,
     },
-    /// Multi-head scaled dot-product attention among the `rows` positions
-    /// of each batch row (AutoInt's interacting layer, a transformer's
-    /// self-attention): per head `h`, `softmax(q_h · k_hᵀ · scale) · v_h`,
-    /// the heads' columns side by side. `q` and `k` are
-    /// `[r, heads * dk]`, `v` and the output `[r, heads * dv]`. With `len`
-    /// (`[batch, 1]`, a count) a batch row's key `j` is attended to only
-    /// where `j < len`; a row with no key left gets zeros.
+    /// Multi-head scaled dot-product attention of each batch row's `rows(q)`
+    /// queries over its `rows(k)` keys (AutoInt's interacting layer, a
+    /// transformer's self-attention, CMBF's cross attention): per head `h`,
+    /// `softmax(q_h · k_hᵀ · scale) · v_h`, the heads' columns side by
+    /// side. `q` and `k` are `[r, heads * dk]`, `v` `[rk, heads * dv]` (as
+    /// many rows as `k`) and the output `[r, heads * dv]`; `keys` masks
+    /// the keys.
     Attention {
         q: NodeId,
         k: NodeId,
         v: NodeId,
         heads: usize,
         scale: f32,
-        len: Option<NodeId>,
+        keys: Keys,
+    },
+    /// `[r, 1] -> [r, n]`: 1 in the columns `j < len`, 0 after them (a
+    /// sequence's padding mask from its length); constant.
+    PrefixMask {
+        len: NodeId,
+        n: usize,
     },
     /// Each row divided by its L2 norm, TensorFlow's `l2_normalize`:
     /// `x / sqrt(max(Σ x², L2_EPS))`.
@@ -252,6 +258,31 @@ pub enum Op {
         index: Vec<usize>,
     },
 }
+
+/// Which keys an `Op::Attention` attends to, per batch row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Keys {
+    All,
+    /// `[batch, 1]`, a count: key `j` only where `j < len`; a row with no
+    /// key left gets zeros.
+    Live(NodeId),
+    /// `[batch, rows(k)]` of 1 (attended) and 0 (masked), applied as
+    /// EasyRec's BERT attention does: `(1 - m) * MASK_ADDER` added to the
+    /// scores (so a row with every key masked attends to all equally).
+    Mask(NodeId),
+}
+
+impl Keys {
+    pub fn node(self) -> Option<NodeId> {
+        match self {
+            Keys::All => None,
+            Keys::Live(x) | Keys::Mask(x) => Some(x),
+        }
+    }
+}
+
+/// What `Keys::Mask` adds to a masked key's score (EasyRec's `-10000.0`).
+pub const MASK_ADDER: f32 = -10000.0;
 
 /// The temperature of `Op::VariationalDropout`'s concrete relaxation.
 pub const VD_TEMP: f32 = 0.1;
@@ -295,7 +326,8 @@ impl Op {
             Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
             Op::AttnPool { w, x } => vec![*w, *x],
-            Op::Attention { q, k, v, len, .. } => [*q, *k, *v].into_iter().chain(*len).collect(),
+            Op::Attention { q, k, v, keys, .. } => [*q, *k, *v].into_iter().chain(keys.node()).collect(),
+            Op::PrefixMask { len, .. } => vec![*len],
             Op::Concat(xs) | Op::Add(xs) | Op::Dot { xs, .. } => xs.clone(),
             Op::Mul(a, b) => vec![*a, *b],
             Op::Cross { x0, xl, .. } => vec![*x0, *xl],
@@ -386,13 +418,12 @@ impl Graph {
             Op::Input { .. } => 1,
             Op::Zeros { like } => self.rows(*like),
             Op::Tile { x, n } | Op::Unfold { x, n } => self.rows(*x) * n,
-            Op::Attention { q, k, v, len, .. } => {
-                let r = self.rows(*q);
+            Op::Attention { q, k, v, keys, .. } => {
                 assert!(
-                    self.rows(*k) == r && self.rows(*v) == r && len.is_none_or(|l| self.rows(l) == 1),
-                    "attention among the rows of each batch row, one length per batch row"
+                    self.rows(*v) == self.rows(*k) && keys.node().is_none_or(|l| self.rows(l) == 1),
+                    "attention over as many values as keys per batch row, one mask per batch row"
                 );
-                r
+                self.rows(*q)
             }
             Op::Fold { x, n } => {
                 assert!(
@@ -579,12 +610,13 @@ impl Graph {
         self.push(Op::AttnPool { w, x }, total / n)
     }
 
-    /// `Op::Attention` of `heads` heads among each batch row's positions.
+    /// `Op::Attention` of `heads` heads of each batch row's queries over its
+    /// keys.
     pub fn attention(
         &mut self,
         (q, k, v): (NodeId, NodeId, NodeId),
         (heads, scale): (usize, f32),
-        len: Option<NodeId>,
+        keys: Keys,
     ) -> NodeId {
         let (wq, wv) = (self.width(q), self.width(v));
         assert!(
@@ -592,7 +624,11 @@ impl Graph {
             "attention of {heads} heads over queries {wq}, keys {}, values {wv} wide",
             self.width(k)
         );
-        assert!(len.is_none_or(|l| self.width(l) == 1), "a length column");
+        match keys {
+            Keys::All => {}
+            Keys::Live(l) => assert_eq!(self.width(l), 1, "a length column"),
+            Keys::Mask(m) => assert_eq!(self.width(m), self.rows(k), "a mask column per key"),
+        }
         self.push(
             Op::Attention {
                 q,
@@ -600,10 +636,16 @@ impl Graph {
                 v,
                 heads,
                 scale,
-                len,
+                keys,
             },
             wv,
         )
+    }
+
+    /// `Op::PrefixMask` of `n` columns from the lengths `len`.
+    pub fn prefix_mask(&mut self, len: NodeId, n: usize) -> NodeId {
+        assert_eq!(self.width(len), 1, "a length column");
+        self.push(Op::PrefixMask { len, n }, n)
     }
 
     pub fn l2_normalize(&mut self, x: NodeId) -> NodeId {
@@ -755,7 +797,7 @@ impl Graph {
                 | Op::GroupedLinear { .. }
                 | Op::Dice { .. }
                 | Op::VariationalDropout { .. } => true,
-                Op::Zeros { .. } | Op::StopGradient { .. } => false,
+                Op::Zeros { .. } | Op::StopGradient { .. } | Op::PrefixMask { .. } => false,
                 op => op.operands().iter().any(|x| needs[x.0]),
             };
         }

@@ -77,27 +77,44 @@ pub fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |b, k| if row[k] > row[b] { k } else { b })
 }
 
-/// `Op::Attention` over one batch row: `q`, `k` `[n, heads * dk]`, `v`
-/// `[n, heads * dv]`, keys from `live` on masked; writes `out`
-/// `[n, heads * dv]` and the attention weights `probs` `[heads, n, n]`
-/// (zeros for masked keys, for the backward pass).
+/// The keys one batch row's queries attend to (`graph::Keys` read for it).
+#[derive(Debug, Clone, Copy)]
+pub enum RowKeys<'a> {
+    /// The first `n` keys; a row with none gets zeros.
+    Live(usize),
+    /// 1 (attended) or 0 per key: `(1 - m) * MASK_ADDER` added to the scores.
+    Mask(&'a [f32]),
+}
+
+/// `Op::Attention` over one batch row of `f` queries and `t` keys: `q`
+/// `[f, heads * dk]`, `k` `[t, heads * dk]`, `v` `[t, heads * dv]`;
+/// writes `out` `[f, heads * dv]` and the attention weights `probs`
+/// `[heads, f, t]` (zeros for keys past a live prefix, for the backward
+/// pass).
 pub fn attention_fwd(
     (q, k, v): (&[f32], &[f32], &[f32]),
-    (heads, scale, live): (usize, f32, usize),
+    (heads, scale, keys): (usize, f32, RowKeys),
+    (f, t): (usize, usize),
     out: &mut [f32],
     probs: &mut [f32],
 ) {
-    let n = (probs.len() / heads).isqrt();
-    let (wq, wv) = (q.len() / n, v.len() / n);
+    let (wq, wv) = (q.len() / f, v.len() / t);
     let (dk, dv) = (wq / heads, wv / heads);
+    let live = match keys {
+        RowKeys::Live(n) => n.min(t),
+        RowKeys::Mask(_) => t,
+    };
     for h in 0..heads {
-        for i in 0..n {
-            let (p, masked) = probs[(h * n + i) * n..][..n].split_at_mut(live);
+        for i in 0..f {
+            let (p, masked) = probs[(h * f + i) * t..][..t].split_at_mut(live);
             masked.fill(0.0);
             let qi = &q[i * wq + h * dk..][..dk];
             for (j, pj) in p.iter_mut().enumerate() {
                 let kj = &k[j * wq + h * dk..][..dk];
                 *pj = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                if let RowKeys::Mask(m) = keys {
+                    *pj += (1.0 - m[j]) * super::graph::MASK_ADDER;
+                }
             }
             if live > 0 {
                 softmax_in_place(p);
@@ -112,25 +129,25 @@ pub fn attention_fwd(
     }
 }
 
-/// The gradients of `attention_fwd` for one batch row, `(dq, dk, dv)`
-/// written whole, from the output's gradient `dout` and the saved weights.
+/// The gradients of `attention_fwd` for one batch row of `f` queries and
+/// `t` keys, `(dq, dk, dv)` written whole, from the output's gradient
+/// `dout` and the saved weights (a mask is a constant: nothing flows to it).
 pub fn attention_bwd(
     (q, k, v): (&[f32], &[f32], &[f32]),
     (heads, scale): (usize, f32),
-    probs: &[f32],
-    dout: &[f32],
+    (f, t): (usize, usize),
+    (probs, dout): (&[f32], &[f32]),
     (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
 ) {
-    let n = (probs.len() / heads).isqrt();
-    let (wq, wv) = (q.len() / n, v.len() / n);
+    let (wq, wv) = (q.len() / f, v.len() / t);
     let (dkw, dvw) = (wq / heads, wv / heads);
     dq.fill(0.0);
     dk.fill(0.0);
     dv.fill(0.0);
-    let mut ds = vec![0.0f32; n];
+    let mut ds = vec![0.0f32; t];
     for h in 0..heads {
-        for i in 0..n {
-            let p = &probs[(h * n + i) * n..][..n];
+        for i in 0..f {
+            let p = &probs[(h * f + i) * t..][..t];
             let doi = &dout[i * wv + h * dvw..][..dvw];
             for (j, (pj, d)) in p.iter().zip(ds.iter_mut()).enumerate() {
                 let (vj, dvj) = (&v[j * wv + h * dvw..][..dvw], &mut dv[j * wv + h * dvw..][..dvw]);

@@ -5,7 +5,7 @@
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::cpu::{Mode, Tape};
-use super::graph::{Graph, NodeId, Op, Scope};
+use super::graph::{Graph, Keys, NodeId, Op, Scope};
 use super::params::{to_vec, Init, ParamStore};
 use super::reference::{self, Ctx};
 use crate::config::model_plan::{Activation, DnnSpec};
@@ -199,7 +199,7 @@ fn cases() -> Vec<Case> {
                 g.linear(t, s.params, k, None, Activation::Linear)
             };
             let (q, k, v) = (proj("q", 6), proj("k", 6), proj("v", 4));
-            let a = g.attention((q, k, v), (2, 1.7), None);
+            let a = g.attention((q, k, v), (2, 1.7), Keys::All);
             g.fold(a, 3)
         }),
         case("masked single-head attention, a constant shift", true, |g, s, x| {
@@ -212,8 +212,29 @@ fn cases() -> Vec<Case> {
             let t = g.unfold(both, 4);
             let mut proj = |name: &str| s.dense(g, t, name, 3, Activation::Linear);
             let (q, k, v) = (proj("q"), proj("k"), proj("v"));
-            let a = g.attention((q, k, v), (1, 1.0), Some(len));
+            let a = g.attention((q, k, v), (1, 1.0), Keys::Live(len));
             g.fold(a, 4)
+        }),
+        case("cross attention over keys masked as EasyRec's BERT", true, |g, s, x| {
+            // 2 queries of width 3 (x[0]) over 4 keys of width
+            // 3 (x[0] and x[1]): the first key always live, the other three
+            // below len (a few rows have none of them), masked keys' scores
+            // lowered by 10000.
+            let sig = g.act(x[0], Activation::Sigmoid);
+            let len = g.row_sum(sig);
+            let len = g.shift(len, -2.5);
+            let zero = g.zeros(len, 1);
+            let one = g.shift(zero, 1.0);
+            let prefix = g.prefix_mask(len, 3);
+            let mask = g.concat(&[one, prefix]);
+            let from = g.unfold(x[0], 2);
+            let both = g.concat(&[x[0], x[1]]);
+            let to = g.unfold(both, 4);
+            let q = s.dense(g, from, "q", 4, Activation::Linear);
+            let k = s.dense(g, to, "k", 4, Activation::Linear);
+            let v = s.dense(g, to, "v", 2, Activation::Linear);
+            let a = g.attention((q, k, v), (2, 0.5), Keys::Mask(mask));
+            g.fold(a, 2)
         }),
         case("target attention over a masked sequence", true, |g, s, x| {
             // A sequence of 6 positions of width 1 (x[1]), its length from

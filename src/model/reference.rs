@@ -5,7 +5,7 @@
 use burn::tensor::activation::{log_softmax, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Op, Penalty, Reduce, BN_EPS, DICE_EPS, L2_EPS, VD_EPS, VD_TEMP};
+use super::graph::{BnStats, Graph, Keys, Op, Penalty, Reduce, BN_EPS, DICE_EPS, L2_EPS, MASK_ADDER, VD_EPS, VD_TEMP};
 use super::kernels::{self, NO_HARD_NEGATIVE};
 use super::params::{to_vec, ParamStore};
 use super::Targets;
@@ -210,13 +210,9 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 t.repeat_dim(1, *n).reshape([b, width])
             }
             Op::Unfold { .. } | Op::Fold { .. } => v[node.op.operands()[0].0].clone().reshape([b, width]),
+            Op::PrefixMask { len, n } => ctx.constant(prefix_mask(&to_vec(v[len.0].clone()), *n), b, *n),
             Op::MaskedSoftmax { x, len } => {
-                let lens = to_vec(v[len.0].clone());
-                let mask: Vec<f32> = lens
-                    .iter()
-                    .flat_map(|l| (0..width).map(move |k| if (k as f32) < *l { 1.0 } else { 0.0 }))
-                    .collect();
-                let mask = ctx.constant(mask, b, width);
+                let mask = ctx.constant(prefix_mask(&to_vec(v[len.0].clone()), width), b, width);
                 // Masked logits far below the rest, then the mask again for
                 // rows with nothing left.
                 let logits = v[x.0].clone() * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
@@ -285,30 +281,32 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 v: val,
                 heads,
                 scale,
-                len,
+                keys,
             } => {
-                let (n, h) = (node.rows, *heads);
-                let split = |t: Tensor<2>, w: usize| -> Tensor<4> { t.reshape([batch, n, h, w / h]).swap_dims(1, 2) };
+                let (f, t, h) = (node.rows, graph.rows(*k), *heads);
+                let split =
+                    |x: Tensor<2>, n: usize, w: usize| -> Tensor<4> { x.reshape([batch, n, h, w / h]).swap_dims(1, 2) };
                 let wq = graph.width(*q);
                 let (q4, k4, v4) = (
-                    split(v[q.0].clone(), wq),
-                    split(v[k.0].clone(), wq),
-                    split(v[val.0].clone(), width),
+                    split(v[q.0].clone(), f, wq),
+                    split(v[k.0].clone(), t, wq),
+                    split(v[val.0].clone(), t, width),
                 );
                 let s = q4.matmul(k4.swap_dims(2, 3)).mul_scalar(*scale);
-                let p = match len {
-                    None => softmax(s, 3),
-                    Some(len) => {
+                let p = match keys {
+                    Keys::All => softmax(s, 3),
+                    Keys::Live(len) => {
                         // As MaskedSoftmax: masked keys far below the rest,
                         // then the mask again for rows with none left.
-                        let lens = to_vec(v[len.0].clone());
-                        let mask: Vec<f32> = lens
-                            .iter()
-                            .flat_map(|l| (0..n).map(move |j| if (j as f32) < *l { 1.0 } else { 0.0 }))
-                            .collect();
-                        let mask: Tensor<4> = ctx.constant(mask, batch, n).reshape([batch, 1, 1, n]);
+                        let mask: Tensor<4> = ctx
+                            .constant(prefix_mask(&to_vec(v[len.0].clone()), t), batch, t)
+                            .reshape([batch, 1, 1, t]);
                         let logits = s * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
                         softmax(logits, 3) * mask
+                    }
+                    Keys::Mask(m) => {
+                        let m: Tensor<4> = v[m.0].clone().reshape([batch, 1, 1, t]);
+                        softmax(s + m.neg().add_scalar(1.0).mul_scalar(MASK_ADDER), 3)
                     }
                 };
                 p.matmul(v4).swap_dims(1, 2).reshape([b, width])
@@ -323,6 +321,13 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
         v.push(y);
     }
     v
+}
+
+/// Per length, `n` columns of 1 below it and 0 from it on.
+fn prefix_mask(lens: &[f32], n: usize) -> Vec<f32> {
+    lens.iter()
+        .flat_map(|l| (0..n).map(move |k| if (k as f32) < *l { 1.0 } else { 0.0 }))
+        .collect()
 }
 
 /// Mean loss of logits `[b, 1]` against labels.

@@ -15,7 +15,7 @@
 
 use anyhow::bail;
 
-use super::graph::{Graph, Kernel, NodeId, Scope};
+use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
 use super::{CombinedSeq, GroupLayout, SeqLayout};
 use crate::config::model_plan::{Activation, Bst, DnnSpec};
 use crate::config::typed::SeqCombiner;
@@ -248,7 +248,7 @@ fn bst_block(sl: &SeqLayout, bst: Bst, x: NodeId, g: &mut Graph, s: &mut Scope) 
         let q = dense(g, cols, &format!("{name}_query"), w);
         let kk = dense(g, cols, &format!("{name}_key"), w);
         let v = dense(g, cols, &format!("{name}_value"), w);
-        heads.push(g.attention((q, kk, v), (1, 1.0), Some(live)));
+        heads.push(g.attention((q, kk, v), (1, 1.0), Keys::Live(live)));
     }
     let heads = g.concat(&heads);
     let att = dense(g, heads, "multi_head_attention", d);

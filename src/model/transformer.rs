@@ -4,18 +4,18 @@
 //! self-attention with query, key and value layers, an output layer, add
 //! and norm; an intermediate layer, an output layer, add and norm). A
 //! sequence is `[batch * n, width]`, one row per position
-//! (`Graph::unfold`), the positions a row attends to a prefix of its own.
+//! (`Graph::unfold`).
 
-use super::graph::{Graph, Kernel, NodeId, Scope};
+use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
 use super::params::Init;
 use crate::config::backbone::{EncoderSpec, HiddenAct};
 use crate::config::model_plan::Activation;
 
 /// `tf.contrib.layers.layer_norm`'s epsilon, which EasyRec's transformer uses.
-const LN_EPS: f32 = 1e-12;
+pub(super) const LN_EPS: f32 = 1e-12;
 
 /// `layer_norm(x)` as `tf.contrib.layers.layer_norm` in scope `name`.
-fn layer_norm(g: &mut Graph, s: &mut Scope, x: NodeId, name: &str) -> NodeId {
+pub(super) fn layer_norm(g: &mut Graph, s: &mut Scope, x: NodeId, name: &str) -> NodeId {
     let (gamma, beta) = (format!("{name}/LayerNorm/gamma"), format!("{name}/LayerNorm/beta"));
     s.layer_norm_named(g, x, (&gamma, &beta), LN_EPS)
 }
@@ -69,16 +69,9 @@ pub fn embedding_postprocessor(
 }
 
 /// `transformer_encoder` over `x` (`[batch * n, hidden]` rows), each row's
-/// attention on its first `live` positions (`[batch, 1]`; all with none),
-/// layers named `<name>_layer_<i>/...` as EasyRec's variable scopes are.
-pub fn encoder(
-    g: &mut Graph,
-    s: &mut Scope,
-    x: NodeId,
-    live: Option<NodeId>,
-    spec: &EncoderSpec,
-    name: &str,
-) -> NodeId {
+/// attention on the positions `keys` leaves it, layers named
+/// `<name>_layer_<i>/...` as EasyRec's variable scopes are.
+pub fn encoder(g: &mut Graph, s: &mut Scope, x: NodeId, keys: Keys, spec: &EncoderSpec, name: &str) -> NodeId {
     let k = Kernel {
         init: Init::TruncatedNormal(spec.init_range),
         ..Kernel::UNREGULARIZED
@@ -92,7 +85,7 @@ pub fn encoder(
         let q = s.layer(g, prev, &format!("{at}/attention/self/query"), spec.hidden, k, lin);
         let kk = s.layer(g, prev, &format!("{at}/attention/self/key"), spec.hidden, k, lin);
         let v = s.layer(g, prev, &format!("{at}/attention/self/value"), spec.hidden, k, lin);
-        let ctx = g.attention((q, kk, v), (spec.heads, scale), live);
+        let ctx = g.attention((q, kk, v), (spec.heads, scale), keys);
         let out = s.layer(g, ctx, &format!("{at}/attention/output/dense"), spec.hidden, k, lin);
         let out = g.dropout(out, spec.hidden_dropout);
         let sum = g.add(&[out, prev]);
