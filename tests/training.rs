@@ -197,6 +197,8 @@ model_config { model_class: "DeepFM"
         "RankModel with a TextCNN over an unpooled sequence" => common::models::TEXT_CNN,
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "RankModel with a BST layer" => common::models::BST_LAYER,
+        "CMBF" => common::models::CMBF,
+        "Uniter" => common::models::UNITER,
         "DropoutNet" => common::models::DROPOUTNET,
         "RankModel with a ZILN loss" => {
             r#"model_config { model_class: "RankModel"
@@ -272,7 +274,7 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 50] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 51] = [
     (
         "DBMTL: a JRC tower (two logits, sessions by c2) related to a tower of f1-reweighted and pairwise losses",
         r#"model_config { model_class: "DBMTL"
@@ -759,6 +761,21 @@ model_config { model_class: "DBMTL"
           task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
     ),
     (
+        "DBMTL over a CMBF bottom: two image values as positions, cross attention over masked text",
+        r#"feature_configs { input_names: "c3" feature_name: "title" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+model_config { model_class: "DBMTL"
+  feature_groups { group_name: "image" feature_names: ["d1", "d2"] }
+  feature_groups { group_name: "general" feature_names: ["c1", "c2"] }
+  feature_groups { group_name: "text" feature_names: ["title"] }
+  dbmtl { bottom_cmbf { multi_head_num: 2 text_multi_head_num: 2 text_head_size: 2 image_cross_head_size: 2
+                        text_cross_head_size: 2 cross_modal_layer_num: 2 text_self_attention_layer_num: 1
+                        max_position_embeddings: 3 text_seq_emb_dropout_prob: 0 }
+          task_towers { tower_name: "ctr" dnn { hidden_units: [6] } relation_dnn { hidden_units: [4] } }
+          task_towers { tower_name: "cvr" dnn { hidden_units: [6] } relation_tower_names: ["ctr"]
+                        relation_dnn { hidden_units: [4] } weight: 2.0 } } }"#,
+    ),
+    (
         "ESMM over the all group",
         r#"model_config { model_class: "ESMM"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
@@ -837,7 +854,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 33] = [
+const MODELS: [&str; 35] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -871,6 +888,8 @@ const MODELS: [&str; 33] = [
     "DeepFM with knowledge distillation",
     "DeepFM with two classes",
     "RankModel with a ZILN loss",
+    "CMBF",
+    "Uniter",
 ];
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter
@@ -935,7 +954,7 @@ fn dense_gradients_of_every_model_match_finite_differences() {
         // (EasyRec's own layer norm, epsilon 1e-6), and FiBiNet's input
         // layer batch-normalises them: a step of `eps` there crosses most
         // of the curve, so their inputs take a smaller one.
-        let eps = if model.contains("BST") || model.contains("FiBiNet") {
+        let eps = if ["BST", "FiBiNet", "CMBF", "Uniter"].iter().any(|m| model.contains(m)) {
             1e-4
         } else {
             eps

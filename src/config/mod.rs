@@ -6,6 +6,7 @@ pub mod edit;
 pub mod export_plan;
 pub mod loader;
 pub mod model_plan;
+pub mod multimodal;
 pub mod overrides;
 pub mod reflect;
 pub mod sizes;

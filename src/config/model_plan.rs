@@ -168,6 +168,13 @@ pub enum Arch {
         head_size: usize,
         layers: usize,
     },
+    /// CMBF or Uniter: the multi-modal tower over the groups `image`,
+    /// `general`, `text` (its sequences unpooled) and `other`, then
+    /// `final_dnn` and `output`.
+    Multimodal {
+        tower: super::multimodal::Tower,
+        final_dnn: DnnSpec,
+    },
     Dcn {
         deep_input: String,
         deep: DnnSpec,
@@ -214,6 +221,9 @@ pub enum Arch {
     /// optional MMoE experts, a tower per task and relation DNNs that feed
     /// each task the relation outputs of the tasks it depends on.
     Dbmtl {
+        /// A multi-modal tower instead of the `all` group (`bottom_cmbf`,
+        /// `bottom_uniter`; `bottom` is then none, as EasyRec leaves it out).
+        multimodal: Option<super::multimodal::Tower>,
         bottom: Option<DnnSpec>,
         experts: Vec<DnnSpec>,
         towers: Vec<TaskTower>,
@@ -585,13 +595,19 @@ pub fn arch(
             let path = format!("{m}.dbmtl");
             let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
             let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
+            let multimodal = super::multimodal::dbmtl_bottom(x, &path)?;
+            if multimodal.is_some() && x.bottom_dnn.is_some() {
+                log::warn!("{path}.bottom_dnn is left out: the multi-modal bottom replaces it, as in EasyRec");
+            }
             (
                 Arch::Dbmtl {
                     bottom: x
                         .bottom_dnn
                         .as_ref()
+                        .filter(|_| multimodal.is_none())
                         .map(|d| dnn(d, &format!("{path}.bottom_dnn")))
                         .transpose()?,
+                    multimodal,
                     experts: experts(x.expert_dnn.as_ref(), x.num_expert(), &path)?,
                     towers,
                 },
@@ -723,6 +739,11 @@ fn single_task_arch(
                 log::warn!("{m}.fm.use_variant: EasyRec's FM model does not read it, and neither does this trainer");
             }
             (Arch::Fm, f.l2_regularization())
+        }
+        // CMBF and Uniter have no l2_regularization of their own.
+        Some(x @ (M::Cmbf(_) | M::Uniter(_))) => {
+            let (tower, final_dnn) = super::multimodal::model(x, m).expect("a multi-modal model")?;
+            (Arch::Multimodal { tower, final_dnn }, 0.0)
         }
         Some(M::Autoint(a)) => {
             for (field, v) in [

@@ -10,9 +10,8 @@
 const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
     (
         "protos.EasyRecModel",
-        &["cmbf", "metric_learning", "mind", "multi_tower_recall", "pdn", "uniter"],
+        &["metric_learning", "mind", "multi_tower_recall", "pdn"],
     ),
-    ("protos.DBMTL", &["bottom_cmbf", "bottom_uniter"]),
     (
         "protos.TaskTower",
         &["task_space_indicator_name", "task_space_indicator_value"],

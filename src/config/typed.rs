@@ -343,6 +343,8 @@ pub enum ModelKind {
     MatchModel,
     /// A light network hinted by a booster.
     RocketLaunching,
+    /// CMBF or Uniter: a multi-modal tower with EasyRec's rank head.
+    Multimodal,
 }
 
 impl ModelKind {
@@ -352,7 +354,16 @@ impl ModelKind {
         use ModelKind::*;
         matches!(
             self,
-            WideAndDeep | Dlrm | DeepFm | AutoInt | Dcn | MultiTower | MultiTowerDin | MultiTowerBst | RankModel
+            WideAndDeep
+                | Dlrm
+                | DeepFm
+                | AutoInt
+                | Dcn
+                | MultiTower
+                | MultiTowerDin
+                | MultiTowerBst
+                | RankModel
+                | Multimodal
         )
     }
 }
@@ -1201,11 +1212,12 @@ impl TrainingPlan {
             "DropoutNet" => ModelKind::DropoutNet,
             "MatchModel" => ModelKind::MatchModel,
             "RocketLaunching" => ModelKind::RocketLaunching,
+            "CMBF" | "Uniter" => ModelKind::Multimodal,
             other => {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, DropoutNet, RocketLaunching)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, DropoutNet, RocketLaunching, CMBF, Uniter)".into(),
                 })
             }
         };
@@ -1274,6 +1286,29 @@ impl TrainingPlan {
             }
             g.features = plain;
             g.seq.push(model_plan::SeqAttention::input(&g.name, seqs));
+        }
+        // A multi-modal tower reads its `text` group's sequences unpooled,
+        // each with its own length.
+        if super::multimodal::reads_text_unpooled(model) {
+            if let Some(g) = groups.iter_mut().find(|g| g.name == "text") {
+                let (seqs, plain): (Vec<usize>, Vec<usize>) = g
+                    .features
+                    .iter()
+                    .partition(|&&fi| matches!(features[fi].kind, FeatureKind::Sequence { .. }));
+                if let Some(&fi) = plain.first() {
+                    return Err(ConfigError::invalid(
+                        "model_config.feature_groups (text)",
+                        format!(
+                            "the multi-modal tower reads the sequence features of group `text`, and `{}` is not one (EasyRec would leave it out)",
+                            features[fi].name
+                        ),
+                    ));
+                }
+                g.features = Vec::new();
+                for fi in seqs {
+                    g.seq.push(model_plan::SeqAttention::input(&g.name, vec![fi]));
+                }
+            }
         }
         // A SequenceFeature among a group's features is pooled by its
         // sequence_combiner; histories of `sequence_features` need none.

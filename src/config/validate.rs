@@ -71,7 +71,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 17] = [
+pub const MODEL_BLOCKS: [(&str, &str); 19] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -89,6 +89,8 @@ pub const MODEL_BLOCKS: [(&str, &str); 17] = [
     ("DropoutNet", "dropoutnet"),
     ("RocketLaunching", "rocket_launching"),
     ("DAT", "dat"),
+    ("CMBF", "cmbf"),
+    ("Uniter", "uniter"),
 ];
 
 fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
@@ -113,6 +115,8 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         Dropoutnet(_) => "dropoutnet",
         RocketLaunching(_) => "rocket_launching",
         Dat(_) => "dat",
+        Cmbf(_) => "cmbf",
+        Uniter(_) => "uniter",
     }
 }
 

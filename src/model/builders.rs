@@ -10,6 +10,7 @@ use super::{GroupDropout, GroupLayout};
 use crate::config::model_plan::{
     Activation, Arch, DnnSpec, DropoutTower, Interaction, PleLevel, SenetParams, Similarity, TaskTower,
 };
+use crate::config::multimodal::Tower;
 
 /// The graph of `arch` over `groups`, its parameters added to `scope`.
 /// Single-task models have the output `logits`, `classes` wide; multi-task
@@ -64,6 +65,11 @@ pub fn build(
             head_size,
             layers,
         } => b.autoint(g_, scope, (*heads, *head_size), *layers)?,
+        Arch::Multimodal { tower, final_dnn } => {
+            let x = super::multimodal::tower(tower, (groups, &b.xs), g_, scope)?;
+            let top = scope.dnn(g_, x, "final_dnn", final_dnn);
+            scope.unregularized_output(g_, top, "output", classes)
+        }
         Arch::Dlrm {
             bot,
             top,
@@ -102,11 +108,12 @@ pub fn build(
             return Ok(g);
         }
         Arch::Dbmtl {
+            multimodal,
             bottom,
             experts,
             towers,
         } => {
-            b.dbmtl(g_, scope, bottom.as_ref(), experts, towers)?;
+            b.dbmtl(g_, scope, (multimodal.as_ref(), bottom.as_ref()), experts, towers)?;
             return Ok(g);
         }
         Arch::Dssm {
@@ -218,6 +225,10 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
             wide.chain((0..groups.len()).filter(|&i| !groups[i].wide)).collect()
         }
         Arch::Dlrm { .. } => named(&["sparse", "dense"]),
+        Arch::Multimodal { .. }
+        | Arch::Dbmtl {
+            multimodal: Some(_), ..
+        } => named(&["image", "general", "text", "other"]),
         Arch::Dcn {
             deep_input,
             cross_input,
@@ -812,11 +823,14 @@ impl Builder<'_> {
         &self,
         g: &mut Graph,
         s: &mut Scope,
-        bottom: Option<&DnnSpec>,
+        (multimodal, bottom): (Option<&Tower>, Option<&DnnSpec>),
         experts: &[DnnSpec],
         towers: &[TaskTower],
     ) -> anyhow::Result<()> {
-        let mut x = self.all_group("DBMTL")?;
+        let mut x = match multimodal {
+            Some(t) => super::multimodal::tower(t, (self.groups, &self.xs), g, s)?,
+            None => self.all_group("DBMTL")?,
+        };
         if let Some(d) = bottom {
             x = s.dnn(g, x, "bottom_dnn", d);
         }

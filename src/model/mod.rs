@@ -9,6 +9,7 @@ pub mod builders;
 pub mod cpu;
 pub mod graph;
 pub mod kernels;
+pub mod multimodal;
 pub mod names;
 #[cfg(test)]
 mod op_tests;
