@@ -301,19 +301,24 @@ pub struct EncoderSpec {
     pub init_range: f32,
 }
 
-fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
-    let act = match b.hidden_act.as_str() {
+/// A transformer's `hidden_act` (at `path`).
+pub fn hidden_act(name: &str, path: String) -> Result<HiddenAct, ConfigError> {
+    Ok(match name {
         "gelu" => HiddenAct::Gelu,
         "relu" => HiddenAct::Relu,
         "tanh" => HiddenAct::Tanh,
         "swish" => HiddenAct::Swish,
         other => {
-            return Err(ConfigError::invalid(
-                format!("{path}.hidden_act"),
-                format!("`{other}` is not gelu, relu, tanh or swish"),
+            return Err(ConfigError::unsupported(
+                path,
+                format!("the activation `{other}` (supported: gelu, relu, tanh, swish)"),
             ))
         }
-    };
+    })
+}
+
+fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
+    let act = hidden_act(&b.hidden_act, format!("{path}.hidden_act"))?;
     if b.attention_probs_dropout_prob > 0.0 {
         return Err(ConfigError::unsupported(
             format!("{path}.attention_probs_dropout_prob"),

@@ -3,7 +3,7 @@
 //! shared bottom), read once and checked as EasyRec's layers check them;
 //! `model::multimodal` builds them.
 
-use super::backbone::{EncoderSpec, HiddenAct};
+use super::backbone::EncoderSpec;
 use super::model_plan::{dnn, DnnSpec};
 use super::{proto, ConfigError};
 
@@ -190,18 +190,7 @@ fn uniter(u: &proto::UniterTower, path: &str) -> Result<Uniter, ConfigError> {
     if u.intermediate_size == 0 {
         return Err(ConfigError::invalid(at("intermediate_size"), "must be at least 1"));
     }
-    let act = match u.hidden_act.as_str() {
-        "gelu" => HiddenAct::Gelu,
-        "relu" => HiddenAct::Relu,
-        "tanh" => HiddenAct::Tanh,
-        "swish" => HiddenAct::Swish,
-        other => {
-            return Err(ConfigError::unsupported(
-                at("hidden_act"),
-                format!("the activation `{other}` (supported: gelu, relu, tanh, swish)"),
-            ))
-        }
-    };
+    let act = super::backbone::hidden_act(&u.hidden_act, at("hidden_act"))?;
     let max_positions = if u.use_position_embeddings {
         Some(u.max_position_embeddings as usize)
     } else {
