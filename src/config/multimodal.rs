@@ -20,6 +20,9 @@ pub enum Tower {
 /// features (through `other_dnn`) side by side.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cmbf {
+    /// Where the tower's config sits, for the messages of checks against
+    /// the feature groups.
+    pub path: String,
     /// Heads of every attention (`multi_head_num`; EasyRec's towers use it
     /// too, whatever `image_multi_head_num` and `text_multi_head_num` say).
     pub heads: usize,
@@ -46,6 +49,8 @@ pub struct Cmbf {
 /// `other` features (through `other_dnn`) side by side.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Uniter {
+    /// Where the tower's config sits.
+    pub path: String,
     pub encoder: EncoderSpec,
     /// Position embeddings of the image and text sequences, at most this
     /// many positions, when `use_position_embeddings`.
@@ -148,6 +153,7 @@ fn cmbf(c: &proto::CmbfTower, path: &str) -> Result<Cmbf, ConfigError> {
         None
     };
     Ok(Cmbf {
+        path: path.to_string(),
         heads,
         image: CmbfImage {
             hidden: image_hidden,
@@ -197,6 +203,7 @@ fn uniter(u: &proto::UniterTower, path: &str) -> Result<Uniter, ConfigError> {
         None
     };
     Ok(Uniter {
+        path: path.to_string(),
         encoder: EncoderSpec {
             hidden,
             layers: u.num_hidden_layers as usize,

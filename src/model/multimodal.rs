@@ -148,7 +148,7 @@ fn uniter(u: &Uniter, gs: &Groups, g: &mut Graph, s: &mut Scope) -> anyhow::Resu
     let kinds = [gs.image.is_some(), gs.general.is_some(), gs.text.is_some()];
     let token_types = kinds.iter().filter(|k| **k).count() > 1 || n_text > 1 || n_image > 1;
     let vocab = n_text + usize::from(gs.image.is_some()) + usize::from(gs.general.is_some());
-    let mut post = PostProcessor::new(token_types.then_some(vocab), u.max_positions, hidden, s);
+    let mut post = PostProcessor::new(token_types.then_some(vocab), (u.max_positions, &u.path), hidden, s);
     // Positions and their masks, `[CLS]` first.
     let zeros = g.zeros(like, hidden);
     let cls = s.params.add("cls_emb", 1, hidden, Init::GlorotUniform, false, s.rng);
@@ -230,7 +230,9 @@ fn positions_of(l: &GroupLayout, x: NodeId, g: &Graph) -> anyhow::Result<(usize,
 fn encoder_spec(c: &Cmbf, hidden: usize, layers: usize, tower: &str) -> anyhow::Result<EncoderSpec> {
     if hidden == 0 || !hidden.is_multiple_of(c.heads) {
         bail!(
-            "CMBF's {tower} tower is {hidden} wide (head size times its heads), not a positive multiple of multi_head_num ({})",
+            "{}.{tower}_head_size: the {tower} tower is {hidden} wide (head size times its heads), \
+             not a positive multiple of multi_head_num ({})",
+            c.path,
             c.heads
         );
     }
@@ -275,7 +277,8 @@ fn image_tower(c: &Cmbf, (l, x): (&GroupLayout, NodeId), g: &mut Graph, s: &mut 
     } else if im.patches > 1 {
         if !d.is_multiple_of(im.patches) {
             bail!(
-                "CMBF: the image feature's {d} values do not split into image_feature_patch_num ({}) patches",
+                "{}.image_feature_patch_num: the image feature's {d} values do not split into {} patches",
+                c.path,
                 im.patches
             );
         }
@@ -289,7 +292,10 @@ fn image_tower(c: &Cmbf, (l, x): (&GroupLayout, NodeId), g: &mut Graph, s: &mut 
         // own, `img_map_matrix` `[1, f, hidden]`.
         let f = im.feature_dim;
         if f == 0 {
-            bail!("CMBF: a single image feature without patches needs image_feature_dim above 0");
+            bail!(
+                "{}.image_feature_dim: a single image feature without patches needs it above 0",
+                c.path
+            );
         }
         let y = project(g, s, x, "img_projection", f);
         let m = s
@@ -334,7 +340,12 @@ fn text_tower(
     }
     let mut seqs = Vec::new();
     if let Some((l, x)) = text {
-        let mut post = PostProcessor::new(c.token_type.then_some(l.seq.len()), c.max_positions, hidden, s);
+        let mut post = PostProcessor::new(
+            c.token_type.then_some(l.seq.len()),
+            (c.max_positions, &c.path),
+            hidden,
+            s,
+        );
         for (i, sl) in l.seq.iter().enumerate() {
             let ((col, dim), n) = (sl.hist[0], sl.len);
             let h = g.slice(x, col, n * dim);
@@ -379,11 +390,13 @@ fn text_tower(
 struct PostProcessor {
     token_types: Option<(usize, usize)>,
     max_positions: Option<usize>,
+    /// The tower config's path, for the message on too many positions.
+    path: String,
     norms: usize,
 }
 
 impl PostProcessor {
-    fn new(vocab: Option<usize>, max_positions: Option<usize>, hidden: usize, s: &mut Scope) -> Self {
+    fn new(vocab: Option<usize>, (max_positions, path): (Option<usize>, &str), hidden: usize, s: &mut Scope) -> Self {
         let token_types = vocab.map(|vocab| {
             let init = Init::TruncatedNormal(INIT_RANGE);
             let t = s
@@ -394,6 +407,7 @@ impl PostProcessor {
         PostProcessor {
             token_types,
             max_positions,
+            path: path.to_string(),
             norms: 0,
         }
     }
@@ -416,7 +430,10 @@ impl PostProcessor {
         }
         if let (Some(max), Some(name)) = (self.max_positions, position) {
             if n > max {
-                bail!("max_position_embeddings ({max}) must be at least the sequences' lengths ({n} positions)");
+                bail!(
+                    "{}.max_position_embeddings ({max}) must be at least the sequences' lengths ({n} positions)",
+                    self.path
+                );
             }
             let name = format!("position_embedding/{name}");
             let table = s
