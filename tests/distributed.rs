@@ -176,7 +176,9 @@ fn sharded_and_data_parallel_steps_match_one_process() {
                 check(&single(&train_args(&cfg, model, &one, 1, 1, "NoStrategy")), "reference");
                 (tensors(&one, 1), tensors(&reference, 20))
             };
-            for strategy in ["EmbeddingParallelStrategy", "MultiWorkerMirroredStrategy"] {
+            // NoStrategy is EasyRec's parameter-server training, synchronous
+            // with sync_replicas (its default).
+            for strategy in ["EmbeddingParallelStrategy", "MultiWorkerMirroredStrategy", "NoStrategy"] {
                 for ranks in [2, 4] {
                     let what = format!("{model}/{table_opt}/{strategy}/np={ranks}");
                     for (steps, want) in [(1, &ref1), (20, &ref20)] {
@@ -194,6 +196,25 @@ fn sharded_and_data_parallel_steps_match_one_process() {
             }
         }
     }
+}
+
+#[test]
+fn asynchronous_parameter_server_training_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let mut args = train_args(&cfg, "DLRM", &tmp.path().join("m"), 5, 2, "NoStrategy");
+    args.push("--train_config.sync_replicas=false".into());
+    let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("train_config.sync_replicas") && stderr.contains("asynchronous"),
+        "{stderr}"
+    );
+    // One process trains either way: with one worker, asynchronous is synchronous.
+    let mut one = train_args(&cfg, "DLRM", &tmp.path().join("one"), 5, 1, "NoStrategy");
+    one.push("--train_config.sync_replicas=false".into());
+    check(&single(&one), "one process");
 }
 
 #[test]

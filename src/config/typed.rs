@@ -750,6 +750,11 @@ pub struct TrainingPlan {
     pub num_epochs: u32,
     pub num_steps: Option<u32>,
     pub strategy: Strategy,
+    /// `sync_replicas`: with NoStrategy on several ranks, EasyRec's
+    /// synchronous parameter-server training (each global step one batch
+    /// from every worker, their gradients averaged); asynchronous training
+    /// (false) is refused there.
+    pub sync_replicas: bool,
     pub checkpoints: CheckpointCadence,
     pub keep_checkpoint_max: u32,
     /// `enable_oss_stop_signal`: training ends (as at num_steps) once the
@@ -1468,6 +1473,7 @@ impl TrainingPlan {
             num_epochs: data.num_epochs(),
             num_steps,
             strategy,
+            sync_replicas: train.sync_replicas(),
             checkpoints,
             keep_checkpoint_max: train.keep_checkpoint_max(),
             stop_signal: train.enable_oss_stop_signal(),

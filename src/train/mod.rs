@@ -70,12 +70,27 @@ impl Trainer {
                 size,
             },
             (Strategy::DataParallel, _) => Sharding::Replicated,
+            // EasyRec's NoStrategy on several workers is parameter-server
+            // training; synchronous (sync_replicas), each global step
+            // averages one batch's gradients from every worker, which is
+            // what the embedding-parallel step computes, its tables
+            // sharded across the ranks as a parameter server's are.
+            (Strategy::Single, size) if plan.sync_replicas => {
+                log::info!(
+                    "NoStrategy on {size} workers with sync_replicas: synchronous training, \
+                     each step one batch from every worker, tables sharded across the ranks"
+                );
+                Sharding::RowWise {
+                    rank: comm.rank(),
+                    size,
+                }
+            }
             (Strategy::Single, n) => {
-                return Err(ConfigError::invalid(
-                    "train_config.train_distribute",
+                return Err(ConfigError::unsupported(
+                    "train_config.sync_replicas",
                     format!(
-                        "{n} processes were started, but train_distribute is NoStrategy; \
-                         use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy"
+                        "false on {n} processes (asynchronous parameter-server training); \
+                         set it to true, or use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy"
                     ),
                 )
                 .into())
