@@ -202,19 +202,34 @@ fn sharded_and_data_parallel_steps_match_one_process() {
 fn asynchronous_parameter_server_training_is_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), "DLRM", "adagrad");
-    let mut args = train_args(&cfg, "DLRM", &tmp.path().join("m"), 5, 2, "NoStrategy");
-    args.push("--train_config.sync_replicas=false".into());
-    let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("train_config.sync_replicas") && stderr.contains("asynchronous"),
-        "{stderr}"
-    );
-    // One process trains either way: with one worker, asynchronous is synchronous.
-    let mut one = train_args(&cfg, "DLRM", &tmp.path().join("one"), 5, 1, "NoStrategy");
-    one.push("--train_config.sync_replicas=false".into());
-    check(&single(&one), "one process");
+    // sync_replicas: false, and PSStrategy (which EasyRec runs without
+    // sync_replicas), each named.
+    for (strategy, extra, field) in [
+        (
+            "NoStrategy",
+            Some("--train_config.sync_replicas=false"),
+            "train_config.sync_replicas",
+        ),
+        ("PSStrategy", None, "train_config.train_distribute"),
+    ] {
+        let mut args = train_args(&cfg, "DLRM", &tmp.path().join(strategy), 5, 2, strategy);
+        args.extend(extra.map(String::from));
+        let out = parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(field) && stderr.contains("asynchronous"), "{stderr}");
+        // One process trains either way: one worker alone is synchronous.
+        let mut one = train_args(
+            &cfg,
+            "DLRM",
+            &tmp.path().join(format!("{strategy}_one")),
+            5,
+            1,
+            strategy,
+        );
+        one.extend(extra.map(String::from));
+        check(&single(&one), "one process");
+    }
 }
 
 #[test]

@@ -179,6 +179,8 @@ const PASSING: &[&str] = &[
     "zoo/multi_tower_on_taobao_session_auc.config",
     "zoo/multi_tower_on_taobao_sok.config",
     "zoo/multi_tower_on_taobao_unblanace.config",
+    "zoo/multi_tower_ps_strategy_2gpu_on_taobao.config",
+    "zoo/multi_tower_ps_strategy_on_taobao.config",
     "zoo/multi_tower_with_embed.config",
     "zoo/parallel_dssm_on_taobao_backbone.config",
     "zoo/ple_on_sequence_feature_taobao.config",

@@ -115,7 +115,9 @@ impl InputFormat {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
-    /// One process, or every rank training alone.
+    /// NoStrategy or PSStrategy: EasyRec's parameter-server training, one
+    /// process alone or, synchronously, several ranks as embedding-parallel
+    /// (`TrainingPlan::asynchronous`).
     Single,
     /// Tables sharded across ranks, dense part replicated (EmbeddingParallel, Sok).
     EmbeddingParallel,
@@ -750,11 +752,14 @@ pub struct TrainingPlan {
     pub num_epochs: u32,
     pub num_steps: Option<u32>,
     pub strategy: Strategy,
-    /// `sync_replicas`: with NoStrategy on several ranks, EasyRec's
-    /// synchronous parameter-server training (each global step one batch
-    /// from every worker, their gradients averaged); asynchronous training
-    /// (false) is refused there.
-    pub sync_replicas: bool,
+    /// With `Strategy::Single` (NoStrategy, PSStrategy: EasyRec's
+    /// parameter-server training), the option that makes the workers
+    /// asynchronous, if one does: `sync_replicas: false`, or PSStrategy
+    /// (EasyRec turns sync_replicas off under any strategy but NoStrategy).
+    /// Several ranks train synchronously without one (each global step one
+    /// batch from every worker, their gradients averaged) and are refused
+    /// with one; one process trains alike either way.
+    pub asynchronous: Option<&'static str>,
     pub checkpoints: CheckpointCadence,
     pub keep_checkpoint_max: u32,
     /// `enable_oss_stop_signal`: training ends (as at num_steps) once the
@@ -1473,7 +1478,13 @@ impl TrainingPlan {
             num_epochs: data.num_epochs(),
             num_steps,
             strategy,
-            sync_replicas: train.sync_replicas(),
+            asynchronous: if train.train_distribute() == proto::DistributionStrategy::PsStrategy {
+                Some("train_config.train_distribute")
+            } else if !train.sync_replicas() {
+                Some("train_config.sync_replicas")
+            } else {
+                None
+            },
             checkpoints,
             keep_checkpoint_max: train.keep_checkpoint_max(),
             stop_signal: train.enable_oss_stop_signal(),
@@ -1609,15 +1620,15 @@ fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
 fn strategy(s: proto::DistributionStrategy) -> Result<Strategy, ConfigError> {
     use proto::DistributionStrategy::*;
     match s {
-        NoStrategy => Ok(Strategy::Single),
+        NoStrategy | PsStrategy => Ok(Strategy::Single),
         EmbeddingParallelStrategy | SokStrategy => Ok(Strategy::EmbeddingParallel),
         MirroredStrategy | MultiWorkerMirroredStrategy | CollectiveAllReduceStrategy | HorovodStrategy => {
             Ok(Strategy::DataParallel)
         }
-        PsStrategy | ExascaleStrategy => Err(ConfigError::Unsupported {
+        ExascaleStrategy => Err(ConfigError::Unsupported {
             path: "train_config.train_distribute".into(),
-            what: format!("{} (parameter-server / asynchronous training)", s.as_str_name()),
-            hint: " yet; use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy".into(),
+            what: format!("{} (PAI's collective training)", s.as_str_name()),
+            hint: "; use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy".into(),
         }),
     }
 }

@@ -75,7 +75,7 @@ impl Trainer {
             // averages one batch's gradients from every worker, which is
             // what the embedding-parallel step computes, its tables
             // sharded across the ranks as a parameter server's are.
-            (Strategy::Single, size) if plan.sync_replicas => {
+            (Strategy::Single, size) if plan.asynchronous.is_none() => {
                 log::info!(
                     "NoStrategy on {size} workers with sync_replicas: synchronous training, \
                      each step one batch from every worker, tables sharded across the ranks"
@@ -86,14 +86,15 @@ impl Trainer {
                 }
             }
             (Strategy::Single, n) => {
+                let path = plan.asynchronous.expect("the other arm is synchronous");
                 return Err(ConfigError::unsupported(
-                    "train_config.sync_replicas",
+                    path,
                     format!(
-                        "false on {n} processes (asynchronous parameter-server training); \
-                         set it to true, or use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy"
+                        "asynchronous parameter-server training on {n} processes; \
+                         use NoStrategy with sync_replicas: true, EmbeddingParallelStrategy or MultiWorkerMirroredStrategy"
                     ),
                 )
-                .into())
+                .into());
             }
         };
         if comm.size() > 1 && plan.tasks.iter().any(|t| t.summed) {
