@@ -1182,6 +1182,21 @@ impl TrainingPlan {
         let train = cfg.train_config.clone().unwrap_or_default();
         refuse_unhonoured(&train)?;
         let strategy = strategy(train.train_distribute())?;
+        // EasyRec reads num_gpus_per_worker only for CollectiveAllReduce,
+        // whose workers then run that many replicas each; here a rank is
+        // one replica.
+        if train.train_distribute() == proto::DistributionStrategy::CollectiveAllReduceStrategy
+            && train.num_gpus_per_worker() > 1
+        {
+            return Err(ConfigError::Unsupported {
+                path: "train_config.num_gpus_per_worker".into(),
+                what: format!(
+                    "{} replicas per worker under CollectiveAllReduceStrategy",
+                    train.num_gpus_per_worker()
+                ),
+                hint: "; start one rank per replica instead".into(),
+            });
+        }
         let checkpoints = match train.save_checkpoints_secs {
             Some(s) => CheckpointCadence::Secs(s),
             None => CheckpointCadence::Steps(train.save_checkpoints_steps()),
