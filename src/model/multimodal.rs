@@ -185,15 +185,10 @@ fn uniter(u: &Uniter, gs: &Groups, g: &mut Graph, s: &mut Scope) -> anyhow::Resu
         token += 1;
     }
     if let Some((l, x)) = gs.text {
-        for (i, sl) in l.seq.iter().enumerate() {
-            let ((col, dim), m) = (sl.hist[0], sl.len);
-            let h = g.slice(x, col, m * dim);
-            let rows = g.unfold(h, m);
-            let rows = project(g, s, rows, &format!("txt_seq_projection_{i}"), hidden);
-            let at = format!("txt_position_embeddings_{i}");
-            let rows = post.apply(g, s, Rows { x: rows, n: m }, (token + i, Some(&at)), dropout)?;
-            blocks.push(g.fold(rows, m));
-            let len = g.slice(x, sl.len_col, 1);
+        for i in 0..l.seq.len() {
+            let at = (token + i, "txt_position_embeddings");
+            let (flat, len, m) = post.text_sequence((g, s), (l, x), i, at, (hidden, dropout))?;
+            blocks.push(flat);
             masks.push(g.prefix_mask(len, m));
             n += m;
         }
@@ -346,15 +341,11 @@ fn text_tower(
             hidden,
             s,
         );
-        for (i, sl) in l.seq.iter().enumerate() {
-            let ((col, dim), n) = (sl.hist[0], sl.len);
-            let h = g.slice(x, col, n * dim);
-            let rows = g.unfold(h, n);
-            let rows = project(g, s, rows, &format!("txt_seq_projection_{i}"), hidden);
-            let at = format!("position_embeddings_{i}");
-            let rows = post.apply(g, s, Rows { x: rows, n }, (i, Some(&at)), c.text_emb_dropout)?;
-            blocks.push(g.fold(rows, n));
-            seqs.push((g.slice(x, sl.len_col, 1), n));
+        for i in 0..l.seq.len() {
+            let at = (i, "position_embeddings");
+            let (flat, len, n) = post.text_sequence((g, s), (l, x), i, at, (hidden, c.text_emb_dropout))?;
+            blocks.push(flat);
+            seqs.push((len, n));
         }
     }
     let n = n_general + seqs.iter().map(|q| q.1).sum::<usize>();
@@ -410,6 +401,29 @@ impl PostProcessor {
             path: path.to_string(),
             norms: 0,
         }
+    }
+
+    /// Sequence `i` of the `text` group `(l, x)`: its positions projected to
+    /// `hidden` columns (`txt_seq_projection_<i>`), then `apply` with token
+    /// type `token` and the position table `<table>_<i>`. Returns them
+    /// flattened (`[batch, n * hidden]`), the sequence's length column and
+    /// its positions `n`.
+    fn text_sequence(
+        &mut self,
+        (g, s): (&mut Graph, &mut Scope),
+        (l, x): (&GroupLayout, NodeId),
+        i: usize,
+        (token, table): (usize, &str),
+        (hidden, dropout): (usize, f32),
+    ) -> anyhow::Result<(NodeId, NodeId, usize)> {
+        let sl = &l.seq[i];
+        let ((col, dim), n) = (sl.hist[0], sl.len);
+        let h = g.slice(x, col, n * dim);
+        let rows = g.unfold(h, n);
+        let rows = project(g, s, rows, &format!("txt_seq_projection_{i}"), hidden);
+        let at = format!("{table}_{i}");
+        let rows = self.apply(g, s, Rows { x: rows, n }, (token, Some(&at)), dropout)?;
+        Ok((g.fold(rows, n), g.slice(x, sl.len_col, 1), n))
     }
 
     /// One call over `rows`: token type `token`'s row added (with token

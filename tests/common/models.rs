@@ -147,8 +147,6 @@ model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
-/// A RankModel whose BST layer runs EasyRec's transformer encoder (GELU)
-/// over the target and an unpooled sequence padded to its positions.
 /// Two text sequences (of different lengths) over c3, for the multi-modal
 /// models' `text` group.
 macro_rules! text_sequences {
@@ -161,17 +159,26 @@ feature_configs { input_names: "c3" feature_name: "genres" feature_type: Sequenc
     };
 }
 
+/// The multi-modal models' four groups, the sequences as `text`.
+macro_rules! multimodal_groups {
+    () => {
+        r#"
+  feature_groups { group_name: "image" feature_names: ["d1"] }
+  feature_groups { group_name: "general" feature_names: ["c1", "c2"] }
+  feature_groups { group_name: "text" feature_names: ["title", "genres"] }
+  feature_groups { group_name: "other" feature_names: ["d2"] }
+"#
+    };
+}
+
 /// CMBF over all four groups: one image value mapped to three positions
 /// through a self-attention layer, the general features and both sequences
 /// through the text's (token types and positions), cross attention.
 pub const CMBF: &str = concat!(
     text_sequences!(),
-    r#"model_config { model_class: "CMBF"
-  feature_groups { group_name: "image" feature_names: ["d1"] }
-  feature_groups { group_name: "general" feature_names: ["c1", "c2"] }
-  feature_groups { group_name: "text" feature_names: ["title", "genres"] }
-  feature_groups { group_name: "other" feature_names: ["d2"] }
-  cmbf { config { multi_head_num: 2 image_multi_head_num: 1 image_head_size: 4 text_multi_head_num: 2 text_head_size: 3
+    r#"model_config { model_class: "CMBF""#,
+    multimodal_groups!(),
+    r#"  cmbf { config { multi_head_num: 2 image_multi_head_num: 1 image_head_size: 4 text_multi_head_num: 2 text_head_size: 3
                   image_feature_dim: 3 image_self_attention_layer_num: 1 text_self_attention_layer_num: 1
                   cross_modal_layer_num: 1 image_cross_head_size: 2 text_cross_head_size: 3
                   max_position_embeddings: 4 use_token_type: true hidden_dropout_prob: 0.1
@@ -182,17 +189,16 @@ pub const CMBF: &str = concat!(
 /// Uniter over all four groups.
 pub const UNITER: &str = concat!(
     text_sequences!(),
-    r#"model_config { model_class: "Uniter"
-  feature_groups { group_name: "image" feature_names: ["d1"] }
-  feature_groups { group_name: "general" feature_names: ["c1", "c2"] }
-  feature_groups { group_name: "text" feature_names: ["title", "genres"] }
-  feature_groups { group_name: "other" feature_names: ["d2"] }
-  uniter { config { hidden_size: 4 num_attention_heads: 2 num_hidden_layers: 1 intermediate_size: 6 hidden_act: "swish"
+    r#"model_config { model_class: "Uniter""#,
+    multimodal_groups!(),
+    r#"  uniter { config { hidden_size: 4 num_attention_heads: 2 num_hidden_layers: 1 intermediate_size: 6 hidden_act: "swish"
                     max_position_embeddings: 4 hidden_dropout_prob: 0.1 attention_probs_dropout_prob: 0
                     other_feature_dnn { hidden_units: [3] } }
            final_dnn { hidden_units: [4] } } }"#
 );
 
+/// A RankModel whose BST layer runs EasyRec's transformer encoder (GELU)
+/// over the target and an unpooled sequence padded to its positions.
 pub const BST_LAYER: &str = r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
                   hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 2 }
 model_config { model_class: "RankModel"
