@@ -3,12 +3,12 @@
 //! is `{"error": "..."}` with a 4xx code (a 5xx one only for our own
 //! failures), and no request body can stop the server.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::body::{Body, HttpBody};
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,11 +29,18 @@ pub struct App {
     pub registry: Arc<Registry>,
     pub scheduler: Scheduler,
     pub metrics: Arc<Metrics>,
+    /// The largest request body read (`--max_request_bytes`).
+    pub max_request_bytes: usize,
 }
+
+/// How far past `max_request_bytes` a refused body is still read (and
+/// dropped), so that its client finishes sending and reads the 413 rather
+/// than finding the connection reset; a longer one is cut off.
+const DRAIN_FACTOR: usize = 16;
 
 type Shared = State<Arc<App>>;
 
-pub fn router(app: Arc<App>, max_request_bytes: usize) -> Router {
+pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/models/{*rest}", get(v1_get).post(v1_post))
         .route("/v2", get(v2_server))
@@ -42,7 +49,6 @@ pub fn router(app: Arc<App>, max_request_bytes: usize) -> Router {
         .route("/v2/models/{*rest}", get(v2_get).post(v2_post))
         .route("/metrics", get(metrics))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(max_request_bytes))
         .with_state(app)
 }
 
@@ -112,10 +118,39 @@ impl App {
     }
 }
 
-/// The body as JSON, or the refusal: too large (413), unreadable, not JSON.
-fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
-    let body = body.map_err(|r| ApiError(r.status(), r.body_text()))?;
-    serde_json::from_slice(&body).map_err(|e| {
+/// The body as JSON, or the refusal: too large (413, the body read on to
+/// `DRAIN_FACTOR` times the limit and dropped), unreadable, not JSON.
+async fn parse_body(mut body: Body, max: usize) -> Result<Value, ApiError> {
+    let too_large = || {
+        ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body exceeds the length limit of {max} bytes (--max_request_bytes)"),
+        )
+    };
+    if body.size_hint().lower() as usize > max.saturating_mul(DRAIN_FACTOR) {
+        return Err(too_large());
+    }
+    let (mut data, mut seen) = (Vec::new(), 0usize);
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("the request body could not be read: {e}"),
+            )
+        })?;
+        if let Ok(chunk) = frame.into_data() {
+            seen += chunk.len();
+            if seen <= max {
+                data.extend_from_slice(&chunk);
+            } else if seen > max.saturating_mul(DRAIN_FACTOR) {
+                break;
+            }
+        }
+    }
+    if seen > max {
+        return Err(too_large());
+    }
+    serde_json::from_slice(&data).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
             format!("the request body is not valid JSON: {e}"),
@@ -177,7 +212,7 @@ async fn v1_get(State(app): Shared, Path(rest): Path<String>) -> Response {
     app.finish(endpoint, start, result)
 }
 
-async fn v1_post(State(app): Shared, Path(rest): Path<String>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn v1_post(State(app): Shared, Path(rest): Path<String>, body: Body) -> Response {
     let start = Instant::now();
     let Some((target, method)) = rest.rsplit_once(':') else {
         return app.finish("other", start, Err(unknown_path(&format!("POST /v1/models/{rest}"))));
@@ -193,14 +228,9 @@ async fn v1_post(State(app): Shared, Path(rest): Path<String>, body: Result<Byte
     app.finish("predict", start, result)
 }
 
-async fn tf_predict(
-    app: &App,
-    name: &str,
-    version: Option<&str>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Value, ApiError> {
+async fn tf_predict(app: &App, name: &str, version: Option<&str>, body: Body) -> Result<Value, ApiError> {
     let served = app.model(name, version)?;
-    let body = parse_body(body)?;
+    let body = parse_body(body, app.max_request_bytes).await?;
     let (raw, form) = request::tf_serving(&body, &served.model)?;
     let rows = raw.num_rows;
     let scores = app.score(served.clone(), raw).await?;
@@ -301,7 +331,7 @@ async fn v2_get(State(app): Shared, Path(rest): Path<String>) -> Response {
     app.finish(endpoint, start, result)
 }
 
-async fn v2_post(State(app): Shared, Path(rest): Path<String>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn v2_post(State(app): Shared, Path(rest): Path<String>, body: Body) -> Response {
     let start = Instant::now();
     let result = match model_path(&rest) {
         Some((name, version, Some("infer"))) => v2_infer(&app, name, version, body).await,
@@ -310,14 +340,9 @@ async fn v2_post(State(app): Shared, Path(rest): Path<String>, body: Result<Byte
     app.finish("infer", start, result)
 }
 
-async fn v2_infer(
-    app: &App,
-    name: &str,
-    version: Option<&str>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Value, ApiError> {
+async fn v2_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> Result<Value, ApiError> {
     let served = app.model(name, version)?;
-    let body = parse_body(body)?;
+    let body = parse_body(body, app.max_request_bytes).await?;
     if !body.is_object() {
         return Err(BadRequest("the request body must be a JSON object".into()).into());
     }

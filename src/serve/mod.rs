@@ -115,6 +115,7 @@ pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result
         registry,
         scheduler,
         metrics,
+        max_request_bytes: opts.max_request_bytes,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -131,7 +132,7 @@ pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result
         let local = listener.local_addr()?;
         log::info!("serving `{}` on http://{local}", opts.model_name);
         bound(local);
-        axum::serve(listener, http::router(app, opts.max_request_bytes))
+        axum::serve(listener, http::router(app))
             .with_graceful_shutdown(shutdown())
             .await
             .context("the HTTP server failed")
