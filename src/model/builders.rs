@@ -683,8 +683,7 @@ impl Builder<'_> {
                 let x = self.xs[gi];
                 // Bernoulli dropout of whole rows: a one-column mask,
                 // inverted-dropout scaled, weighting the row.
-                let ones = g.zeros(x, 1);
-                let ones = g.shift(ones, 1.0);
+                let ones = g.ones(x, 1);
                 let keep = g.dropout(ones, t.dropout);
                 let x = g.weighted_sum(keep, &[x]);
                 parts.push(s.dnn(g, x, &format!("{name}_preference"), &t.preference));

@@ -572,6 +572,12 @@ impl Graph {
         self.push(Op::Zeros { like }, width)
     }
 
+    /// Ones, `width` columns and as many rows as `like` (a constant mask).
+    pub fn ones(&mut self, like: NodeId, width: usize) -> NodeId {
+        let zeros = self.zeros(like, width);
+        self.shift(zeros, 1.0)
+    }
+
     pub fn sub(&mut self, a: NodeId, b: NodeId) -> NodeId {
         let w = self.width(a);
         assert_eq!(w, self.width(b), "sub of unequal widths");

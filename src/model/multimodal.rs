@@ -153,11 +153,7 @@ fn uniter(u: &Uniter, gs: &Groups, g: &mut Graph, s: &mut Scope) -> anyhow::Resu
     let zeros = g.zeros(like, hidden);
     let cls = s.params.add("cls_emb", 1, hidden, Init::GlorotUniform, false, s.rng);
     let mut blocks = vec![g.bias(zeros, cls)];
-    let ones = |g: &mut Graph, n: usize| {
-        let zeros = g.zeros(like, n);
-        g.shift(zeros, 1.0)
-    };
-    let mut masks = vec![ones(g, 1)];
+    let mut masks = vec![g.ones(like, 1)];
     let mut n = 1;
     if let Some((x, m)) = image {
         let rows = g.unfold(x, m);
@@ -170,7 +166,7 @@ fn uniter(u: &Uniter, gs: &Groups, g: &mut Graph, s: &mut Scope) -> anyhow::Resu
             dropout,
         )?;
         blocks.push(g.fold(rows, m));
-        masks.push(ones(g, m));
+        masks.push(g.ones(like, m));
         n += m;
     }
     let mut token = usize::from(image.is_some());
@@ -180,7 +176,7 @@ fn uniter(u: &Uniter, gs: &Groups, g: &mut Graph, s: &mut Scope) -> anyhow::Resu
         let rows = project(g, s, rows, "txt_projection", hidden);
         let rows = post.apply(g, s, Rows { x: rows, n: m }, (token, None), dropout)?;
         blocks.push(g.fold(rows, m));
-        masks.push(ones(g, m));
+        masks.push(g.ones(like, m));
         n += m;
         token += 1;
     }
@@ -296,8 +292,7 @@ fn image_tower(c: &Cmbf, (l, x): (&GroupLayout, NodeId), g: &mut Graph, s: &mut 
         let m = s
             .params
             .add("img_map_matrix", f, im.hidden, Init::GlorotUniform, false, s.rng);
-        let zero = g.zeros(y, im.hidden);
-        let ones = g.shift(zero, 1.0);
+        let ones = g.ones(y, im.hidden);
         let each = g.outer(y, ones);
         let zeros = g.zeros(y, f * im.hidden);
         let map = g.bias(zeros, m);
@@ -355,8 +350,7 @@ fn text_tower(
         let like = seqs[0].0;
         let mut parts = Vec::new();
         if n_general > 0 {
-            let zeros = g.zeros(like, n_general);
-            parts.push(g.shift(zeros, 1.0));
+            parts.push(g.ones(like, n_general));
         }
         for &(len, m) in &seqs {
             parts.push(g.prefix_mask(len, m));
@@ -475,8 +469,7 @@ fn add_token_type(g: &mut Graph, s: &mut Scope, rows: NodeId, (table, i, vocab):
     if i > 0 {
         cols.push(g.zeros(rows, i));
     }
-    let zero = g.zeros(rows, 1);
-    cols.push(g.shift(zero, 1.0));
+    cols.push(g.ones(rows, 1));
     if i + 1 < vocab {
         cols.push(g.zeros(rows, vocab - i - 1));
     }

@@ -223,8 +223,7 @@ fn cases() -> Vec<Case> {
             let sig = g.act(x[0], Activation::Sigmoid);
             let len = g.row_sum(sig);
             let len = g.shift(len, -2.5);
-            let zero = g.zeros(len, 1);
-            let one = g.shift(zero, 1.0);
+            let one = g.ones(len, 1);
             let prefix = g.prefix_mask(len, 3);
             let mask = g.concat(&[one, prefix]);
             let from = g.unfold(x[0], 2);
