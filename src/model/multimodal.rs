@@ -432,7 +432,6 @@ impl PostProcessor {
         dropout: f32,
     ) -> anyhow::Result<NodeId> {
         let (mut x, n) = (rows.x, rows.n);
-        let hidden = g.width(x);
         if let Some((table, vocab)) = self.token_types {
             x = add_token_type(g, s, x, (table, token, vocab));
         }
@@ -443,12 +442,9 @@ impl PostProcessor {
                     self.path
                 );
             }
-            let name = format!("position_embedding/{name}");
-            let table = s
-                .params
-                .add(&name, n, hidden, Init::TruncatedNormal(INIT_RANGE), false, s.rng);
             let flat = g.fold(x, n);
-            let flat = g.bias(flat, table);
+            let name = format!("position_embedding/{name}");
+            let flat = transformer::add_positions(g, s, (flat, n), &name, INIT_RANGE);
             x = g.unfold(flat, n);
         }
         let scope = match self.norms {

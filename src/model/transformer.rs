@@ -57,15 +57,28 @@ pub fn embedding_postprocessor(
     (scope, table): (&str, &str),
     (init_range, dropout): (f32, f32),
 ) -> NodeId {
-    let width = g.width(x) / n;
     let name = format!("{scope}/position_embedding/{table}");
-    let table = s
-        .params
-        .add(&name, n, width, Init::TruncatedNormal(init_range), false, s.rng);
-    let x = g.bias(x, table);
+    let x = add_positions(g, s, (x, n), &name, init_range);
     let rows = g.unfold(x, n);
     let y = layer_norm(g, s, rows, scope);
     g.dropout(y, dropout)
+}
+
+/// `x` (`[batch, n * width]`, positions side by side) plus the position
+/// table `name` (`[n, width]`, truncated normal of `init_range`): one row
+/// of the table per position.
+pub(super) fn add_positions(
+    g: &mut Graph,
+    s: &mut Scope,
+    (x, n): (NodeId, usize),
+    name: &str,
+    init_range: f32,
+) -> NodeId {
+    let width = g.width(x) / n;
+    let table = s
+        .params
+        .add(name, n, width, Init::TruncatedNormal(init_range), false, s.rng);
+    g.bias(x, table)
 }
 
 /// `transformer_encoder` over `x` (`[batch * n, hidden]` rows), each row's
