@@ -317,14 +317,57 @@ pub fn hidden_act(name: &str, path: String) -> Result<HiddenAct, ConfigError> {
     })
 }
 
-fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
-    let act = hidden_act(&b.hidden_act, format!("{path}.hidden_act"))?;
-    if b.attention_probs_dropout_prob > 0.0 {
-        return Err(ConfigError::unsupported(
-            format!("{path}.attention_probs_dropout_prob"),
-            "dropout of attention probabilities",
-        ));
+/// The fields EasyRec's BERT-style encoders are configured by (its BST
+/// layer's and Uniter's).
+pub struct EncoderFields<'a> {
+    pub hidden_size: u32,
+    pub num_hidden_layers: u32,
+    pub num_attention_heads: u32,
+    pub intermediate_size: u32,
+    pub hidden_act: &'a str,
+    pub hidden_dropout_prob: f32,
+    pub attention_probs_dropout_prob: f32,
+    pub initializer_range: f32,
+}
+
+impl EncoderFields<'_> {
+    /// The encoder, its fields at `path` checked; `dropout_hint` follows
+    /// the refusal of attention-probability dropout.
+    pub fn spec(&self, path: &str, dropout_hint: &str) -> Result<EncoderSpec, ConfigError> {
+        let act = hidden_act(self.hidden_act, format!("{path}.hidden_act"))?;
+        if self.attention_probs_dropout_prob > 0.0 {
+            return Err(ConfigError::unsupported(
+                format!("{path}.attention_probs_dropout_prob"),
+                format!("dropout of attention probabilities{dropout_hint}"),
+            ));
+        }
+        let (hidden, heads) = (self.hidden_size, self.num_attention_heads);
+        if hidden == 0 || heads == 0 || !hidden.is_multiple_of(heads) {
+            return Err(ConfigError::invalid(
+                format!("{path}.hidden_size"),
+                format!("{hidden} is not a positive multiple of num_attention_heads ({heads})"),
+            ));
+        }
+        if self.intermediate_size == 0 {
+            return Err(ConfigError::invalid(
+                format!("{path}.intermediate_size"),
+                "must be at least 1",
+            ));
+        }
+        super::validate::rate(self.hidden_dropout_prob, format!("{path}.hidden_dropout_prob"))?;
+        Ok(EncoderSpec {
+            hidden: hidden as usize,
+            layers: self.num_hidden_layers as usize,
+            heads: heads as usize,
+            intermediate: self.intermediate_size as usize,
+            act,
+            hidden_dropout: self.hidden_dropout_prob,
+            init_range: self.initializer_range,
+        })
     }
+}
+
+fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
     if !b.use_position_embeddings {
         // EasyRec's BST adds position embeddings whatever this says.
         log::warn!("{path}.use_position_embeddings: false is ignored, as EasyRec's BST layer ignores it");
@@ -344,37 +387,24 @@ fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError>
             ))
         }
     }
-    if b.hidden_size == 0 || b.num_attention_heads == 0 || !b.hidden_size.is_multiple_of(b.num_attention_heads) {
-        return Err(ConfigError::invalid(
-            format!("{path}.hidden_size"),
-            format!(
-                "{} is not a positive multiple of num_attention_heads ({})",
-                b.hidden_size, b.num_attention_heads
-            ),
-        ));
-    }
     if b.max_position_embeddings == 0 || b.intermediate_size == 0 {
         return Err(ConfigError::invalid(
             path,
             "max_position_embeddings and intermediate_size are at least 1",
         ));
     }
-    if !(0.0..1.0).contains(&b.hidden_dropout_prob) {
-        return Err(ConfigError::invalid(
-            format!("{path}.hidden_dropout_prob"),
-            format!("{} is outside [0, 1)", b.hidden_dropout_prob),
-        ));
-    }
+    let fields = EncoderFields {
+        hidden_size: b.hidden_size,
+        num_hidden_layers: b.num_hidden_layers,
+        num_attention_heads: b.num_attention_heads,
+        intermediate_size: b.intermediate_size,
+        hidden_act: &b.hidden_act,
+        hidden_dropout_prob: b.hidden_dropout_prob,
+        attention_probs_dropout_prob: b.attention_probs_dropout_prob,
+        initializer_range: b.initializer_range,
+    };
     Ok(BstLayer {
-        encoder: EncoderSpec {
-            hidden: b.hidden_size as usize,
-            layers: b.num_hidden_layers as usize,
-            heads: b.num_attention_heads as usize,
-            intermediate: b.intermediate_size as usize,
-            act,
-            hidden_dropout: b.hidden_dropout_prob,
-            init_range: b.initializer_range,
-        },
+        encoder: fields.spec(path, "")?,
         max_position: b.max_position_embeddings as usize,
         all_tokens: b.output_all_token_embeddings,
     })
@@ -687,12 +717,7 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
             let rate = st
                 .number("rate")?
                 .ok_or_else(|| ConfigError::invalid(&st.path, "Dropout needs `rate`"))?;
-            if !(0.0..1.0).contains(&rate) {
-                return Err(ConfigError::invalid(
-                    format!("{}.rate", st.path),
-                    format!("{rate} is outside [0, 1)"),
-                ));
-            }
+            super::validate::rate(rate, format!("{}.rate", st.path))?;
             Keras::Dropout { rate: rate as f32 }
         }
         "Add" => {
@@ -1033,12 +1058,7 @@ fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                     )
                 }
             };
-            if !(0.0..1.0).contains(&dropout) {
-                return Err(ConfigError::invalid(
-                    format!("{path}.dropout_rate"),
-                    format!("{dropout} is outside [0, 1)"),
-                ));
-            }
+            super::validate::rate(dropout, format!("{path}.dropout_rate"))?;
             Keras::Highway {
                 emb_size,
                 num_layers,
@@ -1124,11 +1144,8 @@ pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
             "a layer of width 0",
         ));
     }
-    if let Some(r) = m.dropout_ratio.iter().find(|r| !(0.0..1.0).contains(*r)) {
-        return Err(ConfigError::invalid(
-            format!("{path}.dropout_ratio"),
-            format!("{r} is outside [0, 1)"),
-        ));
+    for &r in &m.dropout_ratio {
+        super::validate::rate(r, format!("{path}.dropout_ratio"))?;
     }
     if !matches!(m.initializer(), "he_uniform" | "") {
         return Err(ConfigError::unsupported(

@@ -426,11 +426,8 @@ pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
             ),
         ));
     }
-    if let Some(r) = d.dropout_ratio.iter().find(|r| !(0.0..1.0).contains(*r)) {
-        return Err(ConfigError::invalid(
-            format!("{path}.dropout_ratio"),
-            format!("{r} is outside [0, 1)"),
-        ));
+    for &r in &d.dropout_ratio {
+        super::validate::rate(r, format!("{path}.dropout_ratio"))?;
     }
     if d.hidden_units.contains(&0) {
         return Err(ConfigError::invalid(
@@ -990,12 +987,7 @@ fn dropoutnet(d: &proto::DropoutNet, path: &str) -> Result<(Arch, f32), ConfigEr
                 "the tower's last layer is its embedding: it needs at least one layer",
             ));
         }
-        if !(0.0..1.0).contains(&rate) {
-            return Err(ConfigError::invalid(
-                format!("{path}.{name}_dropout_rate"),
-                format!("{rate} is outside [0, 1)"),
-            ));
-        }
+        super::validate::rate(rate, format!("{path}.{name}_dropout_rate"))?;
         Ok(DropoutTower {
             content: dnn(content, &format!("{path}.{name}_content"))?,
             preference: dnn(preference, &format!("{path}.{name}_preference"))?,

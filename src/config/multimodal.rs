@@ -3,8 +3,9 @@
 //! shared bottom), read once and checked as EasyRec's layers check them;
 //! `model::multimodal` builds them.
 
-use super::backbone::EncoderSpec;
+use super::backbone::{EncoderFields, EncoderSpec};
 use super::model_plan::{dnn, DnnSpec};
+use super::validate::rate;
 use super::{proto, ConfigError};
 
 /// A multi-modal tower over the feature groups `image`, `general`, `text`
@@ -111,14 +112,6 @@ pub fn reads_text_unpooled(model: &proto::EasyRecModel) -> bool {
     }
 }
 
-fn probability(p: f32, path: String) -> Result<(), ConfigError> {
-    if (0.0..1.0).contains(&p) {
-        Ok(())
-    } else {
-        Err(ConfigError::invalid(path, format!("{p} is outside [0, 1)")))
-    }
-}
-
 fn cmbf(c: &proto::CmbfTower, path: &str) -> Result<Cmbf, ConfigError> {
     let at = |f: &str| format!("{path}.{f}");
     if c.attention_probs_dropout_prob > 0.0 {
@@ -127,8 +120,8 @@ fn cmbf(c: &proto::CmbfTower, path: &str) -> Result<Cmbf, ConfigError> {
             "dropout of attention probabilities",
         ));
     }
-    probability(c.hidden_dropout_prob, at("hidden_dropout_prob"))?;
-    probability(c.text_seq_emb_dropout_prob, at("text_seq_emb_dropout_prob"))?;
+    rate(c.hidden_dropout_prob, at("hidden_dropout_prob"))?;
+    rate(c.text_seq_emb_dropout_prob, at("text_seq_emb_dropout_prob"))?;
     let heads = c.multi_head_num as usize;
     if heads == 0 {
         return Err(ConfigError::invalid(at("multi_head_num"), "must be at least 1"));
@@ -178,25 +171,17 @@ fn cmbf(c: &proto::CmbfTower, path: &str) -> Result<Cmbf, ConfigError> {
 }
 
 fn uniter(u: &proto::UniterTower, path: &str) -> Result<Uniter, ConfigError> {
-    let at = |f: &str| format!("{path}.{f}");
-    if u.attention_probs_dropout_prob > 0.0 {
-        return Err(ConfigError::unsupported(
-            at("attention_probs_dropout_prob"),
-            "dropout of attention probabilities (EasyRec's default is 0.1: set it to 0)",
-        ));
-    }
-    probability(u.hidden_dropout_prob, at("hidden_dropout_prob"))?;
-    let (hidden, heads) = (u.hidden_size as usize, u.num_attention_heads as usize);
-    if hidden == 0 || heads == 0 || !hidden.is_multiple_of(heads) {
-        return Err(ConfigError::invalid(
-            at("hidden_size"),
-            format!("{hidden} is not a positive multiple of num_attention_heads ({heads})"),
-        ));
-    }
-    if u.intermediate_size == 0 {
-        return Err(ConfigError::invalid(at("intermediate_size"), "must be at least 1"));
-    }
-    let act = super::backbone::hidden_act(&u.hidden_act, at("hidden_act"))?;
+    let fields = EncoderFields {
+        hidden_size: u.hidden_size,
+        num_hidden_layers: u.num_hidden_layers,
+        num_attention_heads: u.num_attention_heads,
+        intermediate_size: u.intermediate_size,
+        hidden_act: &u.hidden_act,
+        hidden_dropout_prob: u.hidden_dropout_prob,
+        attention_probs_dropout_prob: u.attention_probs_dropout_prob,
+        initializer_range: u.initializer_range,
+    };
+    let encoder = fields.spec(path, " (EasyRec's default is 0.1: set it to 0)")?;
     let max_positions = if u.use_position_embeddings {
         Some(u.max_position_embeddings as usize)
     } else {
@@ -204,20 +189,12 @@ fn uniter(u: &proto::UniterTower, path: &str) -> Result<Uniter, ConfigError> {
     };
     Ok(Uniter {
         path: path.to_string(),
-        encoder: EncoderSpec {
-            hidden,
-            layers: u.num_hidden_layers as usize,
-            heads,
-            intermediate: u.intermediate_size as usize,
-            act,
-            hidden_dropout: u.hidden_dropout_prob,
-            init_range: u.initializer_range,
-        },
+        encoder,
         max_positions,
         other_dnn: u
             .other_feature_dnn
             .as_ref()
-            .map(|d| dnn(d, &at("other_feature_dnn")))
+            .map(|d| dnn(d, &format!("{path}.other_feature_dnn")))
             .transpose()?,
     })
 }

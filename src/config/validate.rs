@@ -9,6 +9,15 @@ use prost_reflect::{Cardinality, DynamicMessage, ReflectMessage};
 use super::{proto, suggest, ConfigError};
 use proto::feature_config::FeatureType;
 
+/// A dropout rate (or any fraction kept below 1) at `path`: in [0, 1).
+pub fn rate<T: Into<f64> + std::fmt::Display + Copy>(r: T, path: impl Into<String>) -> Result<(), ConfigError> {
+    if (0.0..1.0).contains(&r.into()) {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(path, format!("{r} is outside [0, 1)")))
+    }
+}
+
 /// proto2 `required` fields. EasyRec never checks that they are set: an
 /// absent one reads as its type's default (the enum's first value, 0, "",
 /// an empty message), and so it does here, with a warning naming it. Only
