@@ -1181,22 +1181,7 @@ impl TrainingPlan {
         let sample_weight = data.sample_weight.clone().filter(|w| !w.is_empty());
         let train = cfg.train_config.clone().unwrap_or_default();
         refuse_unhonoured(&train)?;
-        let strategy = strategy(train.train_distribute())?;
-        // EasyRec reads num_gpus_per_worker only for CollectiveAllReduce,
-        // whose workers then run that many replicas each; here a rank is
-        // one replica.
-        if train.train_distribute() == proto::DistributionStrategy::CollectiveAllReduceStrategy
-            && train.num_gpus_per_worker() > 1
-        {
-            return Err(ConfigError::Unsupported {
-                path: "train_config.num_gpus_per_worker".into(),
-                what: format!(
-                    "{} replicas per worker under CollectiveAllReduceStrategy",
-                    train.num_gpus_per_worker()
-                ),
-                hint: "; start one rank per replica instead".into(),
-            });
-        }
+        let (strategy, asynchronous) = strategy(&train)?;
         let checkpoints = match train.save_checkpoints_secs {
             Some(s) => CheckpointCadence::Secs(s),
             None => CheckpointCadence::Steps(train.save_checkpoints_steps()),
@@ -1493,13 +1478,7 @@ impl TrainingPlan {
             num_epochs: data.num_epochs(),
             num_steps,
             strategy,
-            asynchronous: if train.train_distribute() == proto::DistributionStrategy::PsStrategy {
-                Some("train_config.train_distribute")
-            } else if !train.sync_replicas() {
-                Some("train_config.sync_replicas")
-            } else {
-                None
-            },
+            asynchronous,
             checkpoints,
             keep_checkpoint_max: train.keep_checkpoint_max(),
             stop_signal: train.enable_oss_stop_signal(),
@@ -1632,20 +1611,46 @@ fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn strategy(s: proto::DistributionStrategy) -> Result<Strategy, ConfigError> {
+/// How `train_distribute` (with `sync_replicas` and `num_gpus_per_worker`)
+/// spreads training over the ranks: the strategy, and the option that makes
+/// parameter-server workers asynchronous (`TrainingPlan::asynchronous`).
+fn strategy(train: &proto::TrainConfig) -> Result<(Strategy, Option<&'static str>), ConfigError> {
     use proto::DistributionStrategy::*;
-    match s {
-        NoStrategy | PsStrategy => Ok(Strategy::Single),
-        EmbeddingParallelStrategy | SokStrategy => Ok(Strategy::EmbeddingParallel),
-        MirroredStrategy | MultiWorkerMirroredStrategy | CollectiveAllReduceStrategy | HorovodStrategy => {
-            Ok(Strategy::DataParallel)
-        }
-        ExascaleStrategy => Err(ConfigError::Unsupported {
-            path: "train_config.train_distribute".into(),
-            what: format!("{} (PAI's collective training)", s.as_str_name()),
-            hint: "; use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy".into(),
-        }),
+    let s = train.train_distribute();
+    // EasyRec reads num_gpus_per_worker only for CollectiveAllReduce,
+    // whose workers then run that many replicas each; here a rank is one
+    // replica.
+    if s == CollectiveAllReduceStrategy && train.num_gpus_per_worker() > 1 {
+        return Err(ConfigError::Unsupported {
+            path: "train_config.num_gpus_per_worker".into(),
+            what: format!(
+                "{} replicas per worker under CollectiveAllReduceStrategy",
+                train.num_gpus_per_worker()
+            ),
+            hint: "; start one rank per replica instead".into(),
+        });
     }
+    let asynchronous = match s {
+        // EasyRec turns sync_replicas off under any strategy but NoStrategy.
+        PsStrategy => Some("train_config.train_distribute"),
+        _ if !train.sync_replicas() => Some("train_config.sync_replicas"),
+        _ => None,
+    };
+    let strategy = match s {
+        NoStrategy | PsStrategy => Strategy::Single,
+        EmbeddingParallelStrategy | SokStrategy => Strategy::EmbeddingParallel,
+        MirroredStrategy | MultiWorkerMirroredStrategy | CollectiveAllReduceStrategy | HorovodStrategy => {
+            Strategy::DataParallel
+        }
+        ExascaleStrategy => {
+            return Err(ConfigError::Unsupported {
+                path: "train_config.train_distribute".into(),
+                what: format!("{} (PAI's collective training)", s.as_str_name()),
+                hint: "; use EmbeddingParallelStrategy or MultiWorkerMirroredStrategy".into(),
+            })
+        }
+    };
+    Ok((strategy, asynchronous))
 }
 
 /// Slot vectors the optimizers keep per table row and per dense weight.
