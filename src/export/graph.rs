@@ -152,8 +152,7 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
                     let n = match &m.positions {
                         None => m.sums.clone(),
                         Some((_, seq_lens)) => {
-                            let f =
-                                b.g.node("Cast", &[seq_lens], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
+                            let f = b.cast_f32(seq_lens);
                             let ax1 = b.axes(&[1]);
                             b.g.op("Unsqueeze", &[&f, &ax1])
                         }
@@ -290,8 +289,7 @@ impl Builder<'_> {
         let counts = self.g.op("CumSum", &[&marks, &zero]);
         let rows = self.slice_to(&counts, 0, -1);
         let rows = self.g.op("Unsqueeze", &[&rows, &ax1]);
-        let cast = |g: &mut Graph, x: &str| g.node("Cast", &[x], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
-        let lens_f = cast(&mut self.g, lens);
+        let lens_f = self.cast_f32(lens);
         let lens_col = self.g.op("Unsqueeze", &[&lens_f, &ax1]);
         let zero_f = self.scalar_f32(0.0);
         let zero_col = self.g.op("Mul", &[&lens_col, &zero_f]);
@@ -449,6 +447,29 @@ impl Builder<'_> {
             self.g.op("Exp", &[&clipped])
         };
         [probs, y]
+    }
+
+    /// `[batch, n]` booleans, column `k` live where `k < len` (`[batch, 1]`,
+    /// a count).
+    fn live(&mut self, len: &str, n: usize) -> String {
+        let ks: Vec<f32> = (0..n).map(|k| k as f32).collect();
+        let ks = self.g.f32s(None, &[1, n], &ks);
+        self.g.op("Less", &[&ks, len])
+    }
+
+    fn cast_f32(&mut self, x: &str) -> String {
+        self.g.node("Cast", &[x], vec![("to", Attr::Int(CAST_TO_FLOAT))], None)
+    }
+
+    /// The softmax over the last axis of `logits` where `live` (booleans
+    /// broadcast to it) holds: the other logits sink far below the rest and
+    /// are zeroed after the softmax, so a row with none live is zeros.
+    fn live_softmax(&mut self, logits: &str, live: &str) -> String {
+        let mask = self.cast_f32(live);
+        let low = self.scalar_f32(-1e9);
+        let sunk = self.g.op("Where", &[live, logits, &low]);
+        let y = self.g.node("Softmax", &[&sunk], vec![("axis", Attr::Int(-1))], None);
+        self.g.op("Mul", &[&y, &mask])
     }
 
     fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
@@ -683,26 +704,12 @@ impl Builder<'_> {
                 }
                 Op::Unfold { x, .. } | Op::Fold { x, .. } => self.reshape(&v[x.0], &[-1, width as i64]),
                 Op::PrefixMask { len, n } => {
-                    let ks: Vec<f32> = (0..*n).map(|k| k as f32).collect();
-                    let ks = self.g.f32s(None, &[1, *n], &ks);
-                    let live = self.g.op("Less", &[&ks, &v[len.0]]);
-                    self.g
-                        .node("Cast", &[&live], vec![("to", Attr::Int(CAST_TO_FLOAT))], None)
+                    let live = self.live(&v[len.0], *n);
+                    self.cast_f32(&live)
                 }
                 Op::MaskedSoftmax { x, len } => {
-                    // Column k is live where k < len; masked logits sink far
-                    // below the rest and are zeroed after the softmax (rows
-                    // of length 0 are all zeros).
-                    let ks: Vec<f32> = (0..width).map(|k| k as f32).collect();
-                    let ks = self.g.f32s(None, &[1, width], &ks);
-                    let live = self.g.op("Less", &[&ks, &v[len.0]]);
-                    let mask = self
-                        .g
-                        .node("Cast", &[&live], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
-                    let low = self.scalar_f32(-1e9);
-                    let logits = self.g.op("Where", &[&live, &v[x.0], &low]);
-                    let y = self.g.node("Softmax", &[&logits], vec![("axis", Attr::Int(1))], None);
-                    self.g.op("Mul", &[&y, &mask])
+                    let live = self.live(&v[len.0], width);
+                    self.live_softmax(&v[x.0], &live)
                 }
                 Op::L2Normalize { x } => {
                     let sq = self.g.op("Mul", &[&v[x.0], &v[x.0]]);
@@ -824,17 +831,9 @@ impl Builder<'_> {
                         }
                         Keys::Live(len) => {
                             // As MaskedSoftmax, the mask `[batch, 1, 1, n]`.
-                            let ks: Vec<f32> = (0..n).map(|j| j as f32).collect();
-                            let ks = self.g.f32s(None, &[1, n as usize], &ks);
-                            let live = self.g.op("Less", &[&ks, &v[len.0]]);
+                            let live = self.live(&v[len.0], n as usize);
                             let live = self.reshape(&live, &[-1, 1, 1, n]);
-                            let mask = self
-                                .g
-                                .node("Cast", &[&live], vec![("to", Attr::Int(CAST_TO_FLOAT))], None);
-                            let low = self.scalar_f32(-1e9);
-                            let logits = self.g.op("Where", &[&live, &s, &low]);
-                            let y = self.g.node("Softmax", &[&logits], vec![("axis", Attr::Int(-1))], None);
-                            self.g.op("Mul", &[&y, &mask])
+                            self.live_softmax(&s, &live)
                         }
                     };
                     let o = self.g.op("MatMul", &[&p, &v4]);
