@@ -213,10 +213,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             Op::PrefixMask { len, n } => ctx.constant(prefix_mask(&to_vec(v[len.0].clone()), *n), b, *n),
             Op::MaskedSoftmax { x, len } => {
                 let mask = ctx.constant(prefix_mask(&to_vec(v[len.0].clone()), width), b, width);
-                // Masked logits far below the rest, then the mask again for
-                // rows with nothing left.
-                let logits = v[x.0].clone() * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
-                softmax(logits, 1) * mask
+                live_softmax(v[x.0].clone(), mask)
             }
             Op::L2Normalize { x } => {
                 let x = v[x.0].clone();
@@ -296,13 +293,11 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let p = match keys {
                     Keys::All => softmax(s, 3),
                     Keys::Live(len) => {
-                        // As MaskedSoftmax: masked keys far below the rest,
-                        // then the mask again for rows with none left.
+                        // As MaskedSoftmax, the mask `[batch, 1, 1, keys]`.
                         let mask: Tensor<4> = ctx
                             .constant(prefix_mask(&to_vec(v[len.0].clone()), t), batch, t)
                             .reshape([batch, 1, 1, t]);
-                        let logits = s * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
-                        softmax(logits, 3) * mask
+                        live_softmax(s, mask)
                     }
                     Keys::Mask(m) => {
                         let m: Tensor<4> = v[m.0].clone().reshape([batch, 1, 1, t]);
@@ -321,6 +316,14 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
         v.push(y);
     }
     v
+}
+
+/// The softmax over the last axis of `logits` where `mask` (1 or 0,
+/// broadcast to it) is 1: masked logits far below the rest, then the mask
+/// again, so a row with nothing live is zeros.
+fn live_softmax<const D: usize>(logits: Tensor<D>, mask: Tensor<D>) -> Tensor<D> {
+    let sunk = logits * mask.clone() + mask.clone().sub_scalar(1.0).mul_scalar(1e9);
+    softmax(sunk, D - 1) * mask
 }
 
 /// Per length, `n` columns of 1 below it and 0 from it on.
