@@ -438,9 +438,7 @@ impl<'a> Tape<'a> {
                 let mut y = self.value(*x).to_vec();
                 let lens = self.value(*len);
                 y.par_chunks_mut(width).zip(lens).for_each(|(row, l)| {
-                    // Column k is live where k < len.
-                    let l = (l.max(0.0).ceil() as usize).min(width);
-                    let (live, pad) = row.split_at_mut(l);
+                    let (live, pad) = row.split_at_mut(kernels::live(*l, width));
                     pad.fill(0.0);
                     kernels::softmax_in_place(live);
                 });
@@ -463,7 +461,7 @@ impl<'a> Tape<'a> {
                     Keys::Live(l) => self
                         .value(*l)
                         .iter()
-                        .map(|l| RowKeys::Live((l.max(0.0).ceil() as usize).min(t)))
+                        .map(|l| RowKeys::Live(kernels::live(*l, t)))
                         .collect(),
                     Keys::Mask(m) => self.value(*m).chunks(t.max(1)).map(RowKeys::Mask).collect(),
                 };
@@ -483,8 +481,7 @@ impl<'a> Tape<'a> {
                 y.par_chunks_mut((*n).max(1))
                     .zip(self.value(*len))
                     .for_each(|(row, l)| {
-                        let live = (l.max(0.0).ceil() as usize).min(*n);
-                        row[..live].fill(1.0);
+                        row[..kernels::live(*l, *n)].fill(1.0);
                     });
                 (y, Saved::None)
             }

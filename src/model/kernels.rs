@@ -77,6 +77,12 @@ pub fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |b, k| if row[k] > row[b] { k } else { b })
 }
 
+/// How many of `n` positions a length `len` keeps live: position `k` is
+/// live where `k < len` (a fractional length counts up, none below 0).
+pub fn live(len: f32, n: usize) -> usize {
+    (len.max(0.0).ceil() as usize).min(n)
+}
+
 /// The keys one batch row's queries attend to (`graph::Keys` read for it).
 #[derive(Debug, Clone, Copy)]
 pub enum RowKeys<'a> {
