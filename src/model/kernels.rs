@@ -118,9 +118,11 @@ pub fn attention_fwd(
             for (j, pj) in p.iter_mut().enumerate() {
                 let kj = &k[j * wq + h * dk..][..dk];
                 *pj = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
-                if let RowKeys::Mask(m) = keys {
-                    *pj += (1.0 - m[j]) * super::graph::MASK_ADDER;
-                }
+            }
+            if let RowKeys::Mask(m) = keys {
+                p.iter_mut()
+                    .zip(m)
+                    .for_each(|(p, m)| *p += (1.0 - m) * super::graph::MASK_ADDER);
             }
             if live > 0 {
                 softmax_in_place(p);
