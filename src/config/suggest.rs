@@ -8,10 +8,7 @@
 /// of these fields, so every field of EasyRec's schema is either ours or
 /// named here as not supported: no EasyRec config meets "unknown field".
 const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
-    (
-        "protos.EasyRecModel",
-        &["metric_learning", "mind", "multi_tower_recall", "pdn"],
-    ),
+    ("protos.EasyRecModel", &["metric_learning", "multi_tower_recall", "pdn"]),
     (
         "protos.TaskTower",
         &["task_space_indicator_name", "task_space_indicator_value"],

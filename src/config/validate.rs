@@ -80,7 +80,7 @@ pub fn feature_name(f: &proto::FeatureConfig) -> &str {
 }
 
 /// Model classes with a dedicated parameter block, and that block's field name.
-pub const MODEL_BLOCKS: [(&str, &str); 19] = [
+pub const MODEL_BLOCKS: [(&str, &str); 20] = [
     ("WideAndDeep", "wide_and_deep"),
     ("DeepFM", "deepfm"),
     ("MultiTower", "multi_tower"),
@@ -94,6 +94,7 @@ pub const MODEL_BLOCKS: [(&str, &str); 19] = [
     ("SimpleMultiTask", "simple_multi_task"),
     ("PLE", "ple"),
     ("DSSM", "dssm"),
+    ("MIND", "mind"),
     ("DSSM_SENet", "dssm_senet"),
     ("DropoutNet", "dropoutnet"),
     ("RocketLaunching", "rocket_launching"),
@@ -120,6 +121,7 @@ fn model_block_name(m: &proto::easy_rec_model::Model) -> &'static str {
         SimpleMultiTask(_) => "simple_multi_task",
         Ple(_) => "ple",
         Dssm(_) => "dssm",
+        Mind(_) => "mind",
         DssmSenet(_) => "dssm_senet",
         Dropoutnet(_) => "dropoutnet",
         RocketLaunching(_) => "rocket_launching",

@@ -472,6 +472,62 @@ impl Builder<'_> {
         self.g.op("Mul", &[&y, &mask])
     }
 
+    /// Each row divided by its L2 norm over `axis` (TensorFlow's
+    /// `l2_normalize`).
+    fn l2_normalized(&mut self, x: &str, axis: i64) -> String {
+        let sq = self.g.op("Mul", &[x, x]);
+        let sq = self.reduce_sum(&sq, axis, true);
+        let eps = self.scalar_f32(crate::model::graph::L2_EPS);
+        let sq = self.g.op("Max", &[&sq, &eps]);
+        let norm = self.g.op("Sqrt", &[&sq]);
+        self.g.op("Div", &[x, &norm])
+    }
+
+    /// `Op::CapsuleRouting` in inference: from the constant logits `init`
+    /// (`[n, max_k]`), `iters` rounds over the positions `x` (`[batch * n,
+    /// e]`) as `[batch, n, e]`; the weights `[batch, max_k * n]`.
+    fn routing(
+        &mut self,
+        (x, len, caps): (&str, &str, &str),
+        (n, e): (usize, usize),
+        (k, iters, scale): (usize, usize, f32),
+        init: &[f32],
+    ) -> String {
+        let (ni, ki) = (n as i64, k as i64);
+        let xs = self.reshape(x, &[-1, ni, e as i64]);
+        let xn = if scale > 0.0 {
+            self.l2_normalized(&xs, 2)
+        } else {
+            xs.clone()
+        };
+        let positions = self.live(len, n);
+        let positions = self.cast_f32(&positions);
+        let positions = self.reshape(&positions, &[-1, ni, 1]);
+        let live_caps = self.live(caps, k);
+        let live_caps = self.reshape(&live_caps, &[-1, 1, ki]);
+        let mut logits = self.g.f32s(None, &[1, n, k], init);
+        let by = self.scalar_f32(if scale > 0.0 { scale } else { 1.0 });
+        let swap = |b: &mut Self, t: &str| {
+            b.g.node("Transpose", &[t], vec![("perm", Attr::Ints(vec![0, 2, 1]))], None)
+        };
+        let mut w = String::new();
+        for it in 0..iters {
+            let p = self.live_softmax(&logits, &live_caps);
+            w = self.g.op("Mul", &[&p, &positions]);
+            if it + 1 == iters {
+                break;
+            }
+            let wt = swap(self, &w);
+            let high = self.g.op("MatMul", &[&wt, &xs]);
+            let high = self.l2_normalized(&high, 2);
+            let ht = swap(self, &high);
+            let l = self.g.op("MatMul", &[&xn, &ht]);
+            logits = self.g.op("Mul", &[&l, &by]);
+        }
+        let wt = swap(self, &w);
+        self.reshape(&wt, &[-1, ki * ni])
+    }
+
     fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
         let s = self.g.i64s(&[shape.len()], shape);
         self.g.op("Reshape", &[x, &s])
@@ -710,6 +766,64 @@ impl Builder<'_> {
                 Op::MaskedSoftmax { x, len } => {
                     let live = self.live(&v[len.0], width);
                     self.live_softmax(&v[x.0], &live)
+                }
+                Op::Capsules {
+                    len,
+                    max_k,
+                    positions,
+                    constant,
+                } => {
+                    let k = self.scalar_f32(*max_k as f32);
+                    if *constant {
+                        let zero = self.scalar_f32(0.0);
+                        let z = self.g.op("Mul", &[&v[len.0], &zero]);
+                        self.g.op("Add", &[&z, &k])
+                    } else {
+                        // max(1, min(max_k, ⌊ln live⌋)): ln 0 is −∞, lifted to 1.
+                        let (zero, n, one) = (
+                            self.scalar_f32(0.0),
+                            self.scalar_f32(*positions as f32),
+                            self.scalar_f32(1.0),
+                        );
+                        let live = self.g.op("Ceil", &[&v[len.0]]);
+                        let live = self.g.op("Max", &[&live, &zero]);
+                        let live = self.g.op("Min", &[&live, &n]);
+                        let ln = self.g.op("Log", &[&live]);
+                        let c = self.g.op("Floor", &[&ln]);
+                        let c = self.g.op("Min", &[&c, &k]);
+                        self.g.op("Max", &[&c, &one])
+                    }
+                }
+                Op::CapsuleRouting {
+                    x,
+                    len,
+                    caps,
+                    max_k,
+                    iters,
+                    scale,
+                    init,
+                    ..
+                } => self.routing(
+                    (&v[x.0], &v[len.0], &v[caps.0]),
+                    (graph.rows(*x), graph.width(*x)),
+                    (*max_k, *iters, *scale),
+                    init,
+                ),
+                Op::Squash { x, pow, ratio } => {
+                    let sq = self.g.op("Mul", &[&v[x.0], &v[x.0]]);
+                    let sq = self.reduce_sum(&sq, 1, true);
+                    let eps = self.scalar_f32(crate::model::graph::SQUASH_EPS);
+                    let n = self.g.op("Max", &[&sq, &eps]);
+                    let one = self.scalar_f32(1.0);
+                    let n1 = self.g.op("Add", &[&n, &one]);
+                    let q = self.g.op("Div", &[&n, &n1]);
+                    let p = self.scalar_f32(*pow);
+                    let q = self.g.op("Pow", &[&q, &p]);
+                    let r = self.scalar_f32(*ratio);
+                    let q = self.g.op("Mul", &[&q, &r]);
+                    let root = self.g.op("Sqrt", &[&n]);
+                    let f = self.g.op("Div", &[&q, &root]);
+                    self.g.op("Mul", &[&v[x.0], &f])
                 }
                 Op::L2Normalize { x } => {
                     let sq = self.g.op("Mul", &[&v[x.0], &v[x.0]]);

@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 
+use super::capsule;
 use super::graph::{BnStats, Graph, Keys, NodeId, Op, DICE_EPS, L2_EPS};
 use super::kernels::{self, Interact, RowKeys, LANES, ROWS};
 use super::params::ParamStore;
@@ -380,6 +381,66 @@ impl<'a> Tape<'a> {
                         row.iter_mut().for_each(|v| *v *= *iv);
                     });
                 (y, Saved::Scalars(inv))
+            }
+            Op::Capsules {
+                len,
+                max_k,
+                positions,
+                constant,
+            } => {
+                let y = self
+                    .value(*len)
+                    .iter()
+                    .map(|l| capsule::count(*l, (*max_k, *positions), *constant))
+                    .collect();
+                (y, Saved::None)
+            }
+            Op::CapsuleRouting {
+                x,
+                len,
+                caps,
+                max_k,
+                iters,
+                scale,
+                stddev,
+                init,
+            } => {
+                let (n, e) = (self.graph.rows(*x), self.graph.width(*x));
+                // Training starts each row from draws of its own, row by
+                // row (the reference executor draws them alike).
+                let starts: Vec<Vec<f32>> = match mode {
+                    Mode::Train { rng, .. } => (0..b)
+                        .map(|_| {
+                            (0..n * max_k)
+                                .map(|_| (rng.truncated_normal() * *stddev as f64) as f32)
+                                .collect()
+                        })
+                        .collect(),
+                    Mode::Infer => vec![init.clone(); b],
+                };
+                let r = capsule::Settings {
+                    max_k: *max_k,
+                    iters: *iters,
+                    scale: *scale,
+                };
+                let mut y = vec![0.0f32; b * width];
+                y.par_chunks_mut(width.max(1))
+                    .zip(self.value(*x).par_chunks((n * e).max(1)))
+                    .zip(self.value(*len).par_iter().zip(self.value(*caps)))
+                    .zip(starts)
+                    .for_each(|(((out, xr), (l, c)), start)| {
+                        let live = (kernels::live(*l, n), kernels::live(*c, *max_k));
+                        capsule::route(xr, e, live, start, r, out);
+                    });
+                (y, Saved::None)
+            }
+            Op::Squash { x, pow, ratio } => {
+                let mut y = self.value(*x).to_vec();
+                y.par_chunks_mut(width.max(1)).for_each(|row| {
+                    let (f, _) = capsule::squash_factor(row.iter().map(|v| v * v).sum(), *pow, *ratio);
+                    row.iter_mut().for_each(|v| *v *= f);
+                });
+                (y, Saved::None)
             }
             Op::Scale { x, factor, w } => {
                 let s = factor * w.map_or(1.0, |w| p.slice(w)[0].abs());
@@ -866,7 +927,19 @@ impl<'a> Tape<'a> {
                         }
                     }
                 }
-                Op::Zeros { .. } | Op::StopGradient { .. } | Op::PrefixMask { .. } => {}
+                Op::Zeros { .. }
+                | Op::StopGradient { .. }
+                | Op::PrefixMask { .. }
+                | Op::Capsules { .. }
+                | Op::CapsuleRouting { .. } => {}
+                Op::Squash { x, pow, ratio } => {
+                    let mut dx = vec![0.0f32; dy.len()];
+                    dx.par_chunks_mut(width.max(1))
+                        .zip(self.value(*x).par_chunks(width.max(1)))
+                        .zip(dy.par_chunks(width.max(1)))
+                        .for_each(|((o, xr), d)| o.copy_from_slice(&capsule::squash_grad(xr, d, *pow, *ratio)));
+                    accumulate(&mut grads, needs, *x, dx);
+                }
                 Op::Bias { x, b: bias } => {
                     kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bias].range()]);
                     accumulate(&mut grads, needs, *x, dy);

@@ -235,6 +235,43 @@ pub enum Op {
         len: NodeId,
         n: usize,
     },
+    /// `[r, 1] -> [r, 1]`: MIND's interest count of each row from its
+    /// sequence length `len` (a count, at most `positions` live), as
+    /// EasyRec's capsule layer: `max_k` with `constant`, else
+    /// `max(1, min(max_k, ⌊ln len⌋))` (1 for an empty sequence); constant.
+    Capsules {
+        len: NodeId,
+        max_k: usize,
+        positions: usize,
+        constant: bool,
+    },
+    /// MIND's dynamic routing (EasyRec's `CapsuleLayer`) of each batch
+    /// row's `rows(x)` positions `x` (`[r * n, e]`) into `max_k` capsules:
+    /// the routing weights after the last iteration's softmax, `[r, max_k *
+    /// n]` capsule by capsule. Positions from `len` on and capsules from
+    /// `caps` on weigh 0. Every iteration runs on `x` cut from the
+    /// gradient, as EasyRec's, so the weights are a constant. The first
+    /// logits are `init` (`[n, max_k]`) in inference and truncated normal
+    /// draws of spread `stddev` in training; each iteration after the
+    /// first scores position `s` against capsule `k` as `scale ·
+    /// norm(x_s) · norm(c_k)` (`x_s · norm(c_k)` when `scale` is 0).
+    CapsuleRouting {
+        x: NodeId,
+        len: NodeId,
+        caps: NodeId,
+        max_k: usize,
+        iters: usize,
+        scale: f32,
+        stddev: f32,
+        init: Vec<f32>,
+    },
+    /// Each row squashed, EasyRec's capsule `squash`: `x · (n / (1 +
+    /// n))^pow · ratio / √n` with `n = max(Σ x², SQUASH_EPS)`.
+    Squash {
+        x: NodeId,
+        pow: f32,
+        ratio: f32,
+    },
     /// Each row divided by its L2 norm, TensorFlow's `l2_normalize`:
     /// `x / sqrt(max(Σ x², L2_EPS))`.
     L2Normalize {
@@ -257,6 +294,17 @@ pub enum Op {
         p: usize,
         index: Vec<usize>,
     },
+}
+
+/// The settings of an `Op::CapsuleRouting`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub max_k: usize,
+    pub iters: usize,
+    pub scale: f32,
+    pub stddev: f32,
+    /// The inference logits, `[positions, max_k]`.
+    pub init: Vec<f32>,
 }
 
 /// Which keys an `Op::Attention` attends to, per batch row.
@@ -294,6 +342,9 @@ pub const VD_EPS: f32 = f64::EPSILON as f32;
 /// `l2_normalize` epsilon).
 pub const L2_EPS: f32 = 1e-12;
 
+/// The floor of the squared norm `Op::Squash` reads (EasyRec's).
+pub const SQUASH_EPS: f32 = 1e-8;
+
 impl Op {
     /// The nodes this op reads.
     pub fn operands(&self) -> Vec<NodeId> {
@@ -322,7 +373,10 @@ impl Op {
             | Op::Dice { x, .. }
             | Op::VariationalDropout { x, .. }
             | Op::StopGradient { x }
+            | Op::Squash { x, .. }
             | Op::Softmax { x } => vec![*x],
+            Op::Capsules { len, .. } => vec![*len],
+            Op::CapsuleRouting { x, len, caps, .. } => vec![*x, *len, *caps],
             Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
             Op::AttnPool { w, x } => vec![*w, *x],
@@ -424,6 +478,17 @@ impl Graph {
                     "attention over as many values as keys per batch row, one mask per batch row"
                 );
                 self.rows(*q)
+            }
+            // Per batch row: the routing weights of its positions.
+            Op::CapsuleRouting {
+                x, len, caps, max_k, ..
+            } => {
+                assert!(
+                    self.rows(*len) == 1 && self.rows(*caps) == 1 && self.width(*caps) == 1,
+                    "routing by one length and one capsule count per batch row"
+                );
+                assert_eq!(width, max_k * self.rows(*x), "routing weights per capsule and position");
+                1
             }
             Op::Fold { x, n } => {
                 assert!(
@@ -654,6 +719,48 @@ impl Graph {
         self.push(Op::PrefixMask { len, n }, n)
     }
 
+    /// `Op::Capsules`: the interest count of each row from its sequence
+    /// length `len` over `positions` positions.
+    pub fn capsules(&mut self, len: NodeId, (max_k, positions): (usize, usize), constant: bool) -> NodeId {
+        assert_eq!(self.width(len), 1, "a length column");
+        self.push(
+            Op::Capsules {
+                len,
+                max_k,
+                positions,
+                constant,
+            },
+            1,
+        )
+    }
+
+    /// `Op::CapsuleRouting` of the positions `x` (`rows(x)` per batch row)
+    /// into `r.max_k` capsules, `caps` of them live per row.
+    pub fn capsule_routing(&mut self, (x, len, caps): (NodeId, NodeId, NodeId), r: Routing) -> NodeId {
+        let n = self.rows(x);
+        assert_eq!(r.init.len(), n * r.max_k, "initial logits per position and capsule");
+        assert!(r.iters > 0, "routing runs at least once");
+        self.push(
+            Op::CapsuleRouting {
+                x,
+                len,
+                caps,
+                max_k: r.max_k,
+                iters: r.iters,
+                scale: r.scale,
+                stddev: r.stddev,
+                init: r.init,
+            },
+            r.max_k * n,
+        )
+    }
+
+    /// `Op::Squash` of each row.
+    pub fn squash(&mut self, x: NodeId, pow: f32, ratio: f32) -> NodeId {
+        let w = self.width(x);
+        self.push(Op::Squash { x, pow, ratio }, w)
+    }
+
     pub fn l2_normalize(&mut self, x: NodeId) -> NodeId {
         let w = self.width(x);
         self.push(Op::L2Normalize { x }, w)
@@ -803,7 +910,11 @@ impl Graph {
                 | Op::GroupedLinear { .. }
                 | Op::Dice { .. }
                 | Op::VariationalDropout { .. } => true,
-                Op::Zeros { .. } | Op::StopGradient { .. } | Op::PrefixMask { .. } => false,
+                Op::Zeros { .. }
+                | Op::StopGradient { .. }
+                | Op::PrefixMask { .. }
+                | Op::Capsules { .. }
+                | Op::CapsuleRouting { .. } => false,
                 op => op.operands().iter().any(|x| needs[x.0]),
             };
         }

@@ -6,6 +6,7 @@
 
 pub mod backbone;
 pub mod builders;
+pub mod capsule;
 pub mod cpu;
 pub mod graph;
 pub mod kernels;

@@ -5,7 +5,7 @@
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::cpu::{Mode, Tape};
-use super::graph::{Graph, Keys, NodeId, Op, Scope};
+use super::graph::{Graph, Keys, NodeId, Op, Routing, Scope};
 use super::params::{to_vec, Init, ParamStore};
 use super::reference::{self, Ctx};
 use crate::config::model_plan::{Activation, DnnSpec};
@@ -234,6 +234,46 @@ fn cases() -> Vec<Case> {
             let v = s.dense(g, to, "v", 2, Activation::Linear);
             let a = g.attention((q, k, v), (2, 0.5), Keys::Mask(mask));
             g.fold(a, 2)
+        }),
+        case("squash", true, |g, _, x| {
+            let t = g.unfold(x[0], 2);
+            let y = g.squash(t, 0.5, 1.3);
+            g.fold(y, 2)
+        }),
+        case("capsule routing, pooling and squash", false, |g, s, x| {
+            // 8 positions of width 3 projected to 4, routed into at most 3
+            // capsules: a length from x[0] (-2..10, so some rows have none,
+            // some every position) gives 1 or 2 of them. The routing is a
+            // constant, so finite differences do not apply.
+            let all = g.concat(&[x[0], x[1], x[1], x[0]]);
+            let t = g.unfold(all, 8);
+            let w = s.params.add("capsule/S", 3, 4, Init::GlorotUniform, false, s.rng);
+            let hi = g.linear(t, s.params, w, None, Activation::Linear);
+            let sig = g.act(x[0], Activation::Sigmoid);
+            let len = g.row_sum(sig);
+            let len = g.scale(len, 2.0, None);
+            let len = g.shift(len, -2.0);
+            let caps = g.capsules(len, (3, 8), false);
+            let init = super::capsule::eval_logits(8, 3, 1.0);
+            let routing = Routing {
+                max_k: 3,
+                iters: 3,
+                scale: 20.0,
+                stddev: 1.0,
+                init,
+            };
+            let r = g.capsule_routing((hi, len, caps), routing);
+            let seq = g.fold(hi, 8);
+            let pooled: Vec<NodeId> = (0..3)
+                .map(|c| {
+                    let wc = g.slice(r, c * 8, 8);
+                    g.attn_pool(wc, seq)
+                })
+                .collect();
+            let all = g.concat(&pooled);
+            let rows = g.unfold(all, 3);
+            let sq = g.squash(rows, 1.0, 1.0);
+            g.fold(sq, 3)
         }),
         case("target attention over a masked sequence", true, |g, s, x| {
             // A sequence of 6 positions of width 1 (x[1]), its length from

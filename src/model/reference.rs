@@ -5,7 +5,9 @@
 use burn::tensor::activation::{log_softmax, relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::graph::{BnStats, Graph, Keys, Op, Penalty, Reduce, BN_EPS, DICE_EPS, L2_EPS, MASK_ADDER, VD_EPS, VD_TEMP};
+use super::graph::{
+    BnStats, Graph, Keys, Op, Penalty, Reduce, BN_EPS, DICE_EPS, L2_EPS, MASK_ADDER, SQUASH_EPS, VD_EPS, VD_TEMP,
+};
 use super::kernels::{self, NO_HARD_NEGATIVE};
 use super::params::{to_vec, ParamStore};
 use super::Targets;
@@ -99,7 +101,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             } => {
                 let x = v[x.0].clone();
                 let stat = if *examples_only && ctx.training {
-                    x.clone().narrow(0, 0, ctx.examples)
+                    x.clone().narrow(0, 0, ctx.examples * node.rows)
                 } else {
                     x.clone()
                 };
@@ -214,6 +216,66 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
             Op::MaskedSoftmax { x, len } => {
                 let mask = ctx.constant(prefix_mask(&to_vec(v[len.0].clone()), width), b, width);
                 live_softmax(v[x.0].clone(), mask)
+            }
+            Op::Capsules {
+                len,
+                max_k,
+                positions,
+                constant,
+            } => {
+                let lens = to_vec(v[len.0].clone());
+                let counts = lens
+                    .iter()
+                    .map(|l| super::capsule::count(*l, (*max_k, *positions), *constant))
+                    .collect();
+                ctx.constant(counts, b, 1)
+            }
+            Op::CapsuleRouting {
+                x,
+                len,
+                caps,
+                max_k,
+                iters,
+                scale,
+                stddev,
+                init,
+            } => {
+                let (n, e, k) = (graph.rows(*x), graph.width(*x), *max_k);
+                let start: Vec<f32> = if ctx.training {
+                    (0..batch * n * k)
+                        .map(|_| (ctx.rng.truncated_normal() * *stddev as f64) as f32)
+                        .collect()
+                } else {
+                    init.iter().copied().cycle().take(batch * n * k).collect()
+                };
+                let xs: Tensor<3> = v[x.0].clone().detach().reshape([batch, n, e]);
+                let positions: Tensor<3> = ctx
+                    .constant(prefix_mask(&to_vec(v[len.0].clone()), n), batch, n)
+                    .reshape([batch, n, 1]);
+                let live_caps: Tensor<3> = ctx
+                    .constant(prefix_mask(&to_vec(v[caps.0].clone()), k), batch, k)
+                    .reshape([batch, 1, k]);
+                let norm = |t: Tensor<3>| t.clone() / (t.clone() * t).sum_dim(2).clamp_min(L2_EPS).sqrt();
+                let xn = if *scale > 0.0 { norm(xs.clone()) } else { xs.clone() };
+                let by = if *scale > 0.0 { *scale } else { 1.0 };
+                let mut logits: Tensor<3> = ctx.constant(start, batch * n, k).reshape([batch, n, k]);
+                let mut w = logits.clone();
+                for it in 0..*iters {
+                    let caps_mask = live_caps.clone().repeat_dim(1, n);
+                    w = live_softmax(logits.clone(), caps_mask) * positions.clone();
+                    if it + 1 == *iters {
+                        break;
+                    }
+                    let high = norm(w.clone().swap_dims(1, 2).matmul(xs.clone()));
+                    logits = xn.clone().matmul(high.swap_dims(1, 2)).mul_scalar(by);
+                }
+                w.swap_dims(1, 2).reshape([batch, k * n])
+            }
+            Op::Squash { x, pow, ratio } => {
+                let x = v[x.0].clone();
+                let n = (x.clone() * x.clone()).sum_dim(1).clamp_min(SQUASH_EPS);
+                let f = (n.clone() / n.clone().add_scalar(1.0)).powf_scalar(*pow) * n.sqrt().recip();
+                x * f.mul_scalar(*ratio)
             }
             Op::L2Normalize { x } => {
                 let x = v[x.0].clone();
