@@ -5,6 +5,7 @@ pub mod backbone;
 pub mod edit;
 pub mod export_plan;
 pub mod loader;
+pub mod mind;
 pub mod model_plan;
 pub mod multimodal;
 pub mod overrides;

@@ -262,6 +262,8 @@ pub enum Arch {
         /// weights of `amm_loss_u` and `amm_loss_i`.
         amm: Option<[f32; 2]>,
     },
+    /// MIND (`config::mind::Mind`) over the `hist`, `user` and `item` groups.
+    Mind(Box<super::mind::Mind>),
     /// DropoutNet: per side (user, item) the `<side>_content` group through
     /// its DNN and the `<side>_preference` group, each row dropped whole
     /// with the side's rate in training, through its own; both outputs
@@ -882,6 +884,10 @@ fn single_task_arch(
         }
         Some(M::Dat(d)) => dat(d, model, &format!("{m}.dat"))?,
         Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
+        Some(M::Mind(d)) => {
+            let (mind, l2) = super::mind::mind(d, model, &format!("{m}.mind"))?;
+            (Arch::Mind(Box::new(mind)), l2)
+        }
         Some(M::Dropoutnet(d)) => dropoutnet(d, &format!("{m}.dropoutnet"))?,
         _ if matches!(
             model.model_class.as_str(),
@@ -1077,18 +1083,7 @@ fn dssm_variant(
 
 /// DSSM's towers and similarity (`path`: where `d` sits in the config).
 fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
-    if d.item_id.as_deref().is_some_and(|i| !i.is_empty()) {
-        return Err(ConfigError::unsupported(
-            format!("{path}.item_id"),
-            "masking in-batch negatives that share the positive's item id",
-        ));
-    }
-    if d.ignore_in_batch_neg_sam {
-        return Err(ConfigError::unsupported(
-            format!("{path}.ignore_in_batch_neg_sam"),
-            "ignoring in-batch negatives (it goes with negative samplers)",
-        ));
-    }
+    super::mind::in_batch_option(d.item_id.as_deref(), d.ignore_in_batch_neg_sam, path)?;
     let tower = |t: &proto::DssmTower, name: &str| -> Result<DnnSpec, ConfigError> {
         let spec = dnn(&t.dnn, &format!("{path}.{name}.dnn"))?;
         if spec.hidden_units.is_empty() {

@@ -434,7 +434,7 @@ impl Task {
     pub fn score_name(&self) -> String {
         match self.loss {
             LossKind::BinaryClassification
-            | LossKind::InBatchSoftmax
+            | LossKind::InBatchSoftmax { .. }
             | LossKind::MultiClass { .. }
             | LossKind::Ziln(_)
             | LossKind::Jrc => format!("probs{}", self.suffix()),
@@ -477,7 +477,7 @@ impl Task {
     /// Whether the task's loss and metrics read the whole batch's
     /// similarities (a match model's listwise loss).
     pub fn in_batch(&self) -> bool {
-        self.loss == LossKind::InBatchSoftmax
+        matches!(self.loss, LossKind::InBatchSoftmax { .. })
     }
 }
 
@@ -500,9 +500,13 @@ pub fn loss_kind(loss_type: proto::LossType, num_class: u32, path: &str) -> Resu
 /// A match model's loss (EasyRec's `MatchModel`): pointwise
 /// CLASSIFICATION (one class) or L2_LOSS on the similarity, or listwise
 /// SOFTMAX_CROSS_ENTROPY over the batch's items.
-pub fn match_loss_kind(loss_type: proto::LossType, num_class: u32) -> Result<LossKind, ConfigError> {
+pub fn match_loss_kind(
+    loss_type: proto::LossType,
+    num_class: u32,
+    ignore_in_batch: bool,
+) -> Result<LossKind, ConfigError> {
     match loss_type {
-        proto::LossType::SoftmaxCrossEntropy => Ok(LossKind::InBatchSoftmax),
+        proto::LossType::SoftmaxCrossEntropy => Ok(LossKind::InBatchSoftmax { ignore_in_batch }),
         proto::LossType::Classification if num_class != 1 => Err(ConfigError::invalid(
             "model_config.num_class",
             "a match model's CLASSIFICATION loss scores one class",
@@ -525,7 +529,7 @@ pub fn check_match_metrics(loss: LossKind, metrics: &[Metric]) -> Result<(), Con
     let (trained, evaluates) = match loss {
         LossKind::BinaryClassification => ("CLASSIFICATION", "auc"),
         LossKind::Regression => ("L2_LOSS", "mean_absolute_error"),
-        LossKind::InBatchSoftmax => ("SOFTMAX_CROSS_ENTROPY", "recall_at_topk"),
+        LossKind::InBatchSoftmax { .. } => ("SOFTMAX_CROSS_ENTROPY", "recall_at_topk"),
         LossKind::MultiClass { .. } | LossKind::Ziln(_) | LossKind::Jrc => {
             unreachable!("a match model scores one logit")
         }

@@ -339,6 +339,8 @@ pub enum ModelKind {
     MultiTaskModel,
     /// Two-tower retrieval.
     Dssm,
+    /// Multi-interest retrieval: capsules over a behaviour sequence.
+    Mind,
     /// Two-tower retrieval robust to missing preference features.
     DropoutNet,
     /// A `backbone` DAG whose two outputs are a match model's towers.
@@ -379,7 +381,9 @@ pub enum LossKind {
     /// A match model's in-batch softmax (EasyRec's listwise
     /// `SOFTMAX_CROSS_ENTROPY`): each user's item against the batch's
     /// other items. The task's `logits` are the row's own similarity.
-    InBatchSoftmax,
+    /// `ignore_in_batch` (EasyRec's `ignore_in_batch_neg_sam`): the batch's
+    /// other items are left out, only sampled ones compete.
+    InBatchSoftmax { ignore_in_batch: bool },
     /// Softmax cross entropy over `classes` logits (CLASSIFICATION with
     /// `num_class > 1`); the label is the class index.
     MultiClass { classes: usize },
@@ -391,6 +395,13 @@ pub enum LossKind {
     /// EasyRec's JRC loss (`JRC_LOSS`, num_class 2): two logits per row,
     /// scored as `probs`, the softmax's second class.
     Jrc,
+}
+
+impl LossKind {
+    /// A match model's in-batch softmax.
+    pub fn is_in_batch(self) -> bool {
+        matches!(self, LossKind::InBatchSoftmax { .. })
+    }
 }
 
 /// How a ZILN task's expected value `y` is computed from its logits.
@@ -1219,6 +1230,7 @@ impl TrainingPlan {
             // DSSM_SENet is DSSM with a SENet in each tower; DAT is DSSM
             // with augmented vectors.
             "DSSM" | "DSSM_SENet" | "DAT" => ModelKind::Dssm,
+            "MIND" => ModelKind::Mind,
             "DropoutNet" => ModelKind::DropoutNet,
             "MatchModel" => ModelKind::MatchModel,
             "RocketLaunching" => ModelKind::RocketLaunching,
@@ -1227,7 +1239,7 @@ impl TrainingPlan {
                 return Err(ConfigError::Unsupported {
                     path: "model_config.model_class".into(),
                     what: format!("model class `{other}`"),
-                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, DropoutNet, RocketLaunching, CMBF, Uniter)".into(),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, MIND, DropoutNet, RocketLaunching, CMBF, Uniter)".into(),
                 })
             }
         };
@@ -1296,6 +1308,27 @@ impl TrainingPlan {
             }
             g.features = plain;
             g.seq.push(model_plan::SeqAttention::input(&g.name, seqs));
+        }
+        // MIND reads its `hist` group's sequences unpooled, on the first
+        // one's length.
+        if kind == ModelKind::Mind {
+            if let Some(g) = groups.iter_mut().find(|g| g.name == "hist") {
+                if let Some(&fi) = g
+                    .features
+                    .iter()
+                    .find(|&&fi| !matches!(features[fi].kind, FeatureKind::Sequence { .. }))
+                {
+                    return Err(ConfigError::invalid(
+                        "model_config.feature_groups (hist)",
+                        format!(
+                            "MIND reads the sequence features of group `hist`, and `{}` is not one",
+                            features[fi].name
+                        ),
+                    ));
+                }
+                let seqs = std::mem::take(&mut g.features);
+                g.seq.push(model_plan::SeqAttention::input(&g.name, seqs));
+            }
         }
         // A multi-modal tower reads its `text` group's sequences unpooled,
         // each with its own length.
@@ -1389,10 +1422,25 @@ impl TrainingPlan {
                     })?,
                     None => 0,
                 };
-                let metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
+                let mut metrics = model_plan::metrics(cfg.eval_config.as_ref())?;
                 let mut session = None;
-                let loss = if matches!(kind, ModelKind::Dssm | ModelKind::MatchModel) {
-                    let loss = super::tasks::match_loss_kind(model.loss_type(), model.num_class())?;
+                let loss = if matches!(kind, ModelKind::Dssm | ModelKind::MatchModel | ModelKind::Mind) {
+                    let ignore = super::mind::ignore_in_batch(model);
+                    let loss = super::tasks::match_loss_kind(model.loss_type(), model.num_class(), ignore)?;
+                    if kind == ModelKind::Mind && loss.is_in_batch() {
+                        // EasyRec's listwise MIND evaluates recall_at_topk
+                        // and passes over any other metric.
+                        metrics.retain(|m| {
+                            let keep = m.name() == "recall_at_topk";
+                            if !keep {
+                                log::warn!(
+                                    "eval_config.metrics_set: MIND trained with SOFTMAX_CROSS_ENTROPY evaluates recall_at_topk only; {} is left out, as EasyRec does",
+                                    m.name()
+                                );
+                            }
+                            keep
+                        });
+                    }
                     super::tasks::check_match_metrics(loss, &metrics)?;
                     loss
                 } else if kind == ModelKind::DropoutNet {

@@ -187,7 +187,7 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         let named = t.export_outputs();
         let softmax = vec![("axis", Attr::Int(1))];
         let after: Vec<String> = match t.loss {
-            LossKind::BinaryClassification | LossKind::InBatchSoftmax => {
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax { .. } => {
                 vec![b.g.node("Sigmoid", &[&name], Vec::new(), Some(&named[1]))]
             }
             LossKind::Regression => vec![b.g.node("Identity", &[&name], Vec::new(), Some(&named[1]))],

@@ -124,6 +124,7 @@ pub fn build(
             amm,
         } => b.dssm(g_, scope, (user, item), (*senet, *amm), *sim)?,
         Arch::DropoutNet { user, item } => b.dropoutnet(g_, scope, (user, item))?,
+        Arch::Mind(m) => super::mind::mind(m, (groups, &b.xs), g_, scope)?,
         Arch::RocketLaunching {
             share,
             booster,
@@ -154,7 +155,7 @@ pub fn build(
 /// `sim_b` with `scale_simi`. Besides it, the graph gets the outputs
 /// `user_tower_emb`, `item_tower_emb` and `user_scaled` (the user
 /// embedding times the similarity's scale: the in-batch loss's user side).
-fn similarity(g: &mut Graph, s: &mut Scope, (u, v): (NodeId, NodeId), sim: Similarity) -> NodeId {
+pub(super) fn similarity(g: &mut Graph, s: &mut Scope, (u, v): (NodeId, NodeId), sim: Similarity) -> NodeId {
     let (w, b) = if sim.scale_simi {
         (
             Some(s.params.add("sim_w", 1, 1, Init::Ones, false, s.rng)),
@@ -246,6 +247,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         Arch::Esmm { .. } => named(&["all"]),
         Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } | Arch::MatchBackbone { .. } => Vec::new(),
         Arch::Dssm { .. } => named(&["user", "item"]),
+        Arch::Mind(_) => named(&["hist", "user", "item"]),
         Arch::DropoutNet { .. } => named(&["user_content", "user_preference", "item_content", "item_preference"]),
     };
     order.dedup();

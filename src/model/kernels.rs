@@ -606,7 +606,7 @@ pub fn loss_grad(kind: LossKind, logits: &[f32], labels: &[f32]) -> (f32, Vec<f3
                 total += ((x - y) * (x - y)) as f64;
                 2.0 * (x - y) / b
             }
-            LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
+            LossKind::InBatchSoftmax { .. } => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
             LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
             LossKind::Ziln(_) | LossKind::Jrc => unreachable!("a ZILN or JRC task trains its losses term"),
         })
@@ -672,7 +672,7 @@ pub fn weighted_loss_grad(kind: LossKind, logits: &[f32], labels: &[f32], w: &[f
                 total += w as f64 * ((x - y) * (x - y)) as f64;
                 w * 2.0 * (x - y) / n
             }
-            LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
+            LossKind::InBatchSoftmax { .. } => unreachable!("the in-batch softmax reads the towers (in_batch_softmax)"),
             LossKind::MultiClass { .. } => unreachable!("answered by softmax_ce"),
             LossKind::Ziln(_) | LossKind::Jrc => unreachable!("a ZILN or JRC task trains its losses term"),
         })
@@ -921,6 +921,9 @@ pub struct Towers<'a> {
     /// The users' sample weights (`None`: all 1).
     pub weights: Option<&'a [f32]>,
     pub hard: &'a [(usize, usize)],
+    /// Leave the batch's other items out of each user's logits
+    /// (`NO_HARD_NEGATIVE` in their columns).
+    pub ignore_in_batch: bool,
 }
 
 impl Towers<'_> {
@@ -971,6 +974,13 @@ pub fn in_batch_logits(t: &Towers) -> Vec<f32> {
     let (b, n, d) = (t.users, t.shared(), t.d);
     let mut l = vec![0.0f32; b * n];
     matmul(&mut l, &t.us[..b * d], false, &t.v[..n * d], true, (b, d, n), false);
+    if t.ignore_in_batch {
+        for i in 0..b {
+            for j in (0..b.min(n)).filter(|&j| j != i) {
+                l[i * n + j] = NO_HARD_NEGATIVE;
+            }
+        }
+    }
     let (by, most) = t.hard_by_user();
     if most == 0 {
         return l;
@@ -1237,6 +1247,7 @@ mod tests {
             users: 3,
             weights: None,
             hard: &[],
+            ignore_in_batch: false,
         };
         // Rows: [0.5 0.5 -1], [-0.5 -0.5 1], [1 1 -2].
         let logits = in_batch_logits(&t);
@@ -1269,6 +1280,7 @@ mod tests {
                     users: b,
                     weights: Some(&[0.5, 2.0]),
                     hard,
+                    ignore_in_batch: false,
                 };
                 in_batch_softmax(&t, in_batch_logits(&t))
             };
@@ -1297,6 +1309,7 @@ mod tests {
             users: b,
             weights: None,
             hard: &[(1, 3), (1, 4)],
+            ignore_in_batch: false,
         };
         let l = in_batch_logits(&t);
         assert_eq!((l.len(), l[3], l[4]), (2 * 5, NO_HARD_NEGATIVE, NO_HARD_NEGATIVE));

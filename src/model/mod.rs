@@ -10,6 +10,7 @@ pub mod capsule;
 pub mod cpu;
 pub mod graph;
 pub mod kernels;
+pub mod mind;
 pub mod multimodal;
 pub mod names;
 #[cfg(test)]
@@ -619,7 +620,7 @@ impl Model {
                 continue;
             }
             if t.in_batch() {
-                let ([us, v, u], towers) = self.towers(&tape, users, targets);
+                let ([us, v, u], towers) = self.towers(&tape, users, (targets, t.loss));
                 let (l, gr) = kernels::in_batch_softmax(&towers, kernels::in_batch_logits(&towers));
                 let w = t.weight;
                 loss += w * l;
@@ -664,9 +665,11 @@ impl Model {
 
     /// The graph outputs besides the tasks' that an export carries: a match
     /// model's tower embeddings (`user_tower_emb`, `item_tower_emb`), each
-    /// `[batch, d]`, so retrieval can index items and embed users apart.
+    /// `[batch, d]`, so retrieval can index items and embed users apart;
+    /// MIND's interests too (`user_interests`, `[batch, max_k * d]`, and
+    /// their count `user_emb_num`).
     pub fn embedding_outputs(&self) -> Vec<(&'static str, NodeId)> {
-        ["user_tower_emb", "item_tower_emb"]
+        ["user_tower_emb", "item_tower_emb", "user_interests", "user_emb_num"]
             .into_iter()
             .filter_map(|n| Some((n, self.graph.output_node(n)?)))
             .collect()
@@ -693,12 +696,12 @@ impl Model {
     }
 
     /// The tower outputs' nodes and their values on `tape`, whose first
-    /// `users` rows are examples.
+    /// `users` rows are examples, for the in-batch loss `loss`.
     fn towers<'t>(
         &self,
         tape: &'t cpu::Tape,
         users: usize,
-        targets: Targets<'t>,
+        (targets, loss): (Targets<'t>, LossKind),
     ) -> ([NodeId; 3], kernels::Towers<'t>) {
         let [us, v, u] = self.tower_outputs();
         let towers = kernels::Towers {
@@ -709,6 +712,7 @@ impl Model {
             users,
             weights: targets.weights,
             hard: targets.hard_negatives,
+            ignore_in_batch: matches!(loss, LossKind::InBatchSoftmax { ignore_in_batch: true }),
         };
         ([us, v, u], towers)
     }
@@ -760,7 +764,7 @@ impl Model {
                         ranks: Vec::new(),
                     };
                 }
-                let (_, towers) = self.towers(&tape, users, targets);
+                let (_, towers) = self.towers(&tape, users, (targets, t.loss));
                 let logits = kernels::in_batch_logits(&towers);
                 BatchEval {
                     scores,
@@ -860,7 +864,7 @@ impl TaskScores {
         let scores = match task.loss {
             // A match model's listwise scores are exported as EasyRec does:
             // the sigmoid of the row's own similarity.
-            LossKind::BinaryClassification | LossKind::InBatchSoftmax => {
+            LossKind::BinaryClassification | LossKind::InBatchSoftmax { .. } => {
                 logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect()
             }
             LossKind::Regression => logits.clone(),

@@ -415,7 +415,7 @@ pub fn loss_of(kind: LossKind, logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1
             let d = logits - labels;
             (d.clone() * d).mean()
         }
-        LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
+        LossKind::InBatchSoftmax { .. } => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
         LossKind::MultiClass { .. } => unreachable!("a multi-class loss reads class indices (softmax_ce_of)"),
         LossKind::Ziln(_) | LossKind::Jrc => unreachable!("a ZILN or JRC task trains its losses term"),
     }
@@ -441,7 +441,11 @@ pub fn softmax_ce_of(logits: Tensor<2>, label_values: &[f32], weights: Option<&[
 /// of `kernels::in_batch_softmax`: `us`, `v`, `u` are `[n, d]`, their
 /// first `targets.labels` rows examples (weighing `targets.weights`, else
 /// 1) and the rest sampled items, the last of them hard negatives.
-pub fn in_batch_loss_of(us: Tensor<2>, v: Tensor<2>, u: Tensor<2>, targets: Targets) -> Tensor<1> {
+pub fn in_batch_loss_of(
+    (us, v, u): (Tensor<2>, Tensor<2>, Tensor<2>),
+    targets: Targets,
+    ignore_in_batch: bool,
+) -> Tensor<1> {
     let b = targets.labels.first().map_or(0, Vec::len);
     let hard = targets.hard_negatives;
     let rows = v.dims()[0];
@@ -453,6 +457,20 @@ pub fn in_batch_loss_of(us: Tensor<2>, v: Tensor<2>, u: Tensor<2>, targets: Targ
         .clone()
         .narrow(0, 0, b)
         .matmul(v.clone().narrow(0, 0, shared).swap_dims(0, 1));
+    if ignore_in_batch {
+        // The batch's other items sink out of each user's softmax.
+        let off: Vec<f32> = (0..b * shared)
+            .map(|k| {
+                let (i, j) = (k / shared, k % shared);
+                if j < b && j != i {
+                    NO_HARD_NEGATIVE
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        logits = logits + constant(off, [b, shared]);
+    }
     if !hard.is_empty() {
         // Each pair's score, gathered and scattered by one-hot matrices
         // into its user's row; the empty places hold the mask.
@@ -504,7 +522,7 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
             let d = logits - labels;
             d.clone() * d
         }
-        LossKind::InBatchSoftmax => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
+        LossKind::InBatchSoftmax { .. } => unreachable!("the in-batch softmax reads the towers (in_batch_loss_of)"),
         LossKind::MultiClass { .. } => return softmax_ce_of(logits, label_values, Some(weights)),
         LossKind::Ziln(_) | LossKind::Jrc => unreachable!("sample weights of a losses list are refused"),
     };

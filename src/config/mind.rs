@@ -1,0 +1,172 @@
+//! MIND's typed configuration (`model_config.mind`): the capsule layer
+//! over the `hist` group's sequences, the user, concat and item DNNs, and
+//! the label-aware attention, checked against what EasyRec's model does.
+
+use super::model_plan::{dnn, DnnSpec, Similarity};
+use super::proto;
+use super::ConfigError;
+
+/// MIND (`Arch::Mind`): the `hist` group's sequences, combined per
+/// position, through `pre_capsule`, weighted by the softmax of the time
+/// feature when there is one, routed into interest capsules; each capsule
+/// beside the `user` group's DNN output through `concat` (its last layer
+/// linear) is an interest; the `item` group through `item` (last layer
+/// linear) is the item. The user's embedding is the interests weighted by
+/// the softmax of their similarity to the row's item times `simi_pow`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mind {
+    pub pre_capsule: Option<DnnSpec>,
+    pub user: DnnSpec,
+    pub concat: DnnSpec,
+    pub item: DnnSpec,
+    /// Average the sequences per position (`SUM`), else concatenate them.
+    pub average: bool,
+    pub capsule: Capsule,
+    pub simi_pow: f32,
+    pub sim: Similarity,
+    /// The index among the `hist` group's features of the time feature
+    /// (`time_id_fea`), which weighs the positions instead of being one.
+    pub time_id: Option<usize>,
+}
+
+/// EasyRec's `Capsule`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capsule {
+    pub max_k: usize,
+    pub max_seq_len: usize,
+    pub high_dim: usize,
+    pub iters: usize,
+    pub logits_scale: f32,
+    pub logits_stddev: f32,
+    pub squash_pow: f32,
+    pub scale_ratio: f32,
+    pub constant_count: bool,
+}
+
+/// MIND's typed configuration and its l2_regularization; `path` is where
+/// `m` sits in the config.
+pub fn mind(m: &proto::Mind, model: &proto::EasyRecModel, path: &str) -> Result<(Mind, f32), ConfigError> {
+    let c = &m.capsule_config;
+    let cpath = format!("{path}.capsule_config");
+    for (v, name) in [
+        (c.max_k(), "max_k"),
+        (c.max_seq_len, "max_seq_len"),
+        (c.high_dim, "high_dim"),
+        (c.num_iters(), "num_iters"),
+    ] {
+        if v == 0 {
+            return Err(ConfigError::invalid(format!("{cpath}.{name}"), "must be at least 1"));
+        }
+    }
+    let capsule = Capsule {
+        max_k: c.max_k() as usize,
+        max_seq_len: c.max_seq_len as usize,
+        high_dim: c.high_dim as usize,
+        iters: c.num_iters() as usize,
+        logits_scale: c.routing_logits_scale(),
+        logits_stddev: c.routing_logits_stddev(),
+        squash_pow: c.squash_pow(),
+        scale_ratio: c.scale_ratio(),
+        constant_count: c.const_caps_num(),
+    };
+    let last_linear = |d: &proto::Dnn, name: &str| -> Result<DnnSpec, ConfigError> {
+        let spec = dnn(d, &format!("{path}.{name}"))?;
+        if spec.hidden_units.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{path}.{name}.hidden_units"),
+                "its last layer is the embedding: it needs at least one layer",
+            ));
+        }
+        Ok(spec)
+    };
+    let concat = last_linear(&m.concat_dnn, "concat_dnn")?;
+    let item = last_linear(&m.item_dnn, "item_dnn")?;
+    if concat.hidden_units.last() != item.hidden_units.last() {
+        return Err(ConfigError::invalid(
+            format!("{path}.item_dnn.hidden_units"),
+            format!(
+                "the interests and the item are compared, so concat_dnn and item_dnn must end equally wide ({} and {})",
+                concat.hidden_units.last().unwrap_or(&0),
+                item.hidden_units.last().unwrap_or(&0)
+            ),
+        ));
+    }
+    if m.simi_pow() >= 100.0 {
+        return Err(ConfigError::unsupported(
+            format!("{path}.simi_pow"),
+            "simi_pow >= 100 (EasyRec's arg-max interest instead of the attention)",
+        ));
+    }
+    if m.max_interests_simi() < 1.0 {
+        return Err(ConfigError::unsupported(
+            format!("{path}.max_interests_simi"),
+            "the interest-similarity penalty (max_interests_simi below 1)",
+        ));
+    }
+    in_batch_option(m.item_id.as_deref(), m.ignore_in_batch_neg_sam(), path)?;
+    let time_id = match m.time_id_fea.as_deref().filter(|t| !t.is_empty()) {
+        None => None,
+        Some(t) => {
+            let hist = model.feature_groups.iter().find(|g| g.group_name() == "hist");
+            Some(
+                hist.and_then(|g| g.feature_names.iter().position(|f| f == t))
+                    .ok_or_else(|| {
+                        ConfigError::invalid(
+                            format!("{path}.time_id_fea"),
+                            format!("`{t}` is not a feature of group `hist`"),
+                        )
+                    })?,
+            )
+        }
+    };
+    let pre_capsule = match &m.pre_capsule_dnn {
+        Some(d) if !d.hidden_units.is_empty() => Some(dnn(d, &format!("{path}.pre_capsule_dnn"))?),
+        _ => None,
+    };
+    let cosine = m.simi_func() == proto::Similarity::Cosine;
+    Ok((
+        Mind {
+            pre_capsule,
+            user: dnn(&m.user_dnn, &format!("{path}.user_dnn"))?,
+            concat,
+            item,
+            average: m.user_seq_combine() == proto::mind::UserSeqCombineMethod::Sum,
+            capsule,
+            simi_pow: m.simi_pow(),
+            sim: Similarity {
+                cosine,
+                temperature: 1.0,
+                scale_simi: m.scale_simi(),
+            },
+            time_id,
+        },
+        m.l2_regularization,
+    ))
+}
+
+/// A match model's `item_id` and `ignore_in_batch_neg_sam`: the in-batch
+/// softmax leaves the batch's other items out with the latter; masking
+/// only those that share the positive's item id (`item_id` alone) is not
+/// built. With both EasyRec ignores `item_id`, and so does this.
+pub fn in_batch_option(item_id: Option<&str>, ignore_in_batch: bool, path: &str) -> Result<(), ConfigError> {
+    if item_id.is_some_and(|i| !i.is_empty()) && !ignore_in_batch {
+        return Err(ConfigError::unsupported(
+            format!("{path}.item_id"),
+            "masking in-batch negatives that share the positive's item id (ignore_in_batch_neg_sam leaves them all out)",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the model's in-batch softmax leaves the batch's other items
+/// out (`ignore_in_batch_neg_sam` of DSSM, DSSM_SENet, DAT or MIND).
+pub fn ignore_in_batch(model: &proto::EasyRecModel) -> bool {
+    use proto::easy_rec_model::Model as M;
+    match &model.model {
+        Some(M::Dssm(d)) => d.ignore_in_batch_neg_sam,
+        Some(M::DssmSenet(d)) => d.ignore_in_batch_neg_sam,
+        Some(M::Dat(d)) => d.ignore_in_batch_neg_sam,
+        Some(M::Mind(m)) => m.ignore_in_batch_neg_sam(),
+        _ => false,
+    }
+}
