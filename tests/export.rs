@@ -66,9 +66,13 @@ fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
             let embeddings = t.model.embedding_values(&inputs, batch.size);
             let exported = onnx.embeddings(&batch).unwrap();
             assert_eq!(exported.len(), embeddings.len(), "{model}: embedding outputs");
+            if *model == "MIND" {
+                // The towers, the interests and their count.
+                assert_eq!(embeddings.len(), 4, "{model}: embedding outputs");
+            }
             assert_eq!(
                 embeddings.is_empty(),
-                !(model.starts_with("DSSM") || ["MatchModel", "DropoutNet", "DAT"].contains(model)),
+                !(model.starts_with("DSSM") || ["MatchModel", "DropoutNet", "DAT", "MIND"].contains(model)),
                 "{model}: embedding outputs"
             );
             for (a, b) in embeddings.iter().zip(&exported) {

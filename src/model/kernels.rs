@@ -1317,6 +1317,33 @@ mod tests {
         assert_eq!((l[8], l[9]), (dot(1, 3), dot(1, 4)));
     }
 
+    /// Leaving the batch's other items out (`ignore_in_batch_neg_sam`):
+    /// each user's softmax is over its own item and the drawn ones.
+    #[test]
+    fn ignoring_in_batch_items_leaves_the_own_and_the_drawn() {
+        let (d, b, n) = (1, 2, 4);
+        let us = [1.0f32, -0.5, 0.0, 0.0];
+        let v = [0.3f32, 0.8, -0.2, 0.6];
+        let t = Towers {
+            us: &us,
+            v: &v,
+            u: &us,
+            d,
+            users: b,
+            weights: None,
+            hard: &[],
+            ignore_in_batch: true,
+        };
+        let l = in_batch_logits(&t);
+        assert_eq!((l[1], l[n]), (NO_HARD_NEGATIVE, NO_HARD_NEGATIVE));
+        let (loss, _) = in_batch_softmax(&t, l);
+        let row = |own: f64, drawn: [f64; 2]| -(own.exp() / (own.exp() + drawn[0].exp() + drawn[1].exp())).ln();
+        let ce = row(0.3, [-0.2, 0.6]) + row(-0.4, [0.1, -0.3]);
+        // relu(-u_i · v_i): user 1's own pair scores -0.4.
+        let want = (ce + 0.4) / 2.0;
+        assert!((loss as f64 - want).abs() < 1e-5, "loss {loss}, want {want}");
+    }
+
     /// Ranks over all items, the batch's, and the own with the sampled.
     #[test]
     fn ranks_count_every_item_above_the_own_one() {

@@ -235,6 +235,15 @@ fn cases() -> Vec<Case> {
             let a = g.attention((q, k, v), (2, 0.5), Keys::Mask(mask));
             g.fold(a, 2)
         }),
+        case("l2 normalisation of rows that are zero", false, |g, s, x| {
+            // Half the rows are 0 (a ReLU of one column): their norm is
+            // floored and their gradient the incoming one over its root.
+            let c = g.slice(x[0], 0, 1);
+            let r = g.act(c, Activation::Relu);
+            let wide = s.dense(g, x[1], "w", 3, Activation::Linear);
+            let zeroed = g.outer(r, wide);
+            g.l2_normalize(zeroed)
+        }),
         case("squash", true, |g, _, x| {
             let t = g.unfold(x[0], 2);
             let y = g.squash(t, 0.5, 1.3);

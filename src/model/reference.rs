@@ -502,7 +502,11 @@ pub fn in_batch_loss_of(
     let eye: Vec<f32> = (0..b * n).map(|k| f32::from(u8::from(k / n == k % n))).collect();
     let hit = (softmax(logits, 1) * constant(eye, [b, n])).sum_dim(1);
     let ce = hit.add_scalar(1e-12).log().neg();
-    let reg = (u.narrow(0, 0, b) * v.narrow(0, 0, b)).sum_dim(1).neg().clamp_min(0.0);
+    // relu(−u·v) with TensorFlow's slope 0 at 0 (a user embedding of
+    // zeros scores exactly 0 and is not pushed).
+    let below = (u.narrow(0, 0, b) * v.narrow(0, 0, b)).sum_dim(1).neg();
+    let active = below.clone().greater_elem(0.0).float().detach();
+    let reg = below * active;
     let w = targets.weights.map_or_else(|| vec![1.0; b], <[f32]>::to_vec);
     let mass: f32 = w.iter().sum();
     ((ce + reg) * constant(w, [b, 1])).sum().div_scalar(mass)

@@ -197,6 +197,24 @@ pub const UNITER: &str = concat!(
            final_dnn { hidden_units: [4] } } }"#
 );
 
+/// MIND over a history of c3's tags and its time feature (one column),
+/// the sequences through pre_capsule_dnn, every user three interests,
+/// cosines (DNNs without batch norm: the executor variants have MIND's
+/// batch norms with inner products).
+pub const MIND: &str = r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+feature_configs { input_names: "c3" feature_name: "hist_time" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 10 embedding_dim: 1 max_seq_len: 3 }
+model_config { model_class: "MIND"
+  feature_groups { group_name: "hist" feature_names: ["hist", "hist_time"] }
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  mind { user_dnn { hidden_units: [4] use_bn: false } concat_dnn { hidden_units: [5, 4] use_bn: false }
+         item_dnn { hidden_units: [6, 4] }
+         pre_capsule_dnn { hidden_units: [3] use_bn: false }
+         capsule_config { max_k: 3 max_seq_len: 4 high_dim: 4 const_caps_num: true squash_pow: 0.5 }
+         time_id_fea: "hist_time" simi_pow: 5 l2_regularization: 1e-4 } }"#;
+
 /// A RankModel whose BST layer runs EasyRec's transformer encoder (GELU)
 /// over the target and an unpooled sequence padded to its positions.
 pub const BST_LAYER: &str = r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
@@ -527,6 +545,7 @@ model_config { model_class: "MultiTowerDIN"
     ("RankModel with a BST layer", BST_LAYER),
     ("CMBF", CMBF),
     ("Uniter", UNITER),
+    ("MIND", MIND),
     ("DropoutNet", DROPOUTNET),
     (
         "MultiTowerBST",
