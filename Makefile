@@ -41,7 +41,7 @@ data/ml100k/train.csv: | build
 	$(BIN)/prep_movielens --input $(ML100K_SRC) --output data/ml100k
 
 ml100k: build data/ml100k/train.csv
-	rm -rf experiments/wide_and_deep_ml100k experiments/dlrm_ml100k experiments/dbmtl_ml100k experiments/mmoe_ml100k experiments/din_ml100k experiments/dssm_ml100k experiments/esmm_ml100k experiments/autoint_ml100k experiments/bst_ml100k experiments/din_backbone_ml100k experiments/cmbf_ml100k experiments/uniter_ml100k
+	rm -rf experiments/wide_and_deep_ml100k experiments/dlrm_ml100k experiments/dbmtl_ml100k experiments/mmoe_ml100k experiments/din_ml100k experiments/dssm_ml100k experiments/esmm_ml100k experiments/autoint_ml100k experiments/bst_ml100k experiments/din_backbone_ml100k experiments/cmbf_ml100k experiments/uniter_ml100k experiments/mind_ml100k
 	$(BIN)/train_eval --pipeline_config_path samples/wide_and_deep_ml100k.config
 	$(BIN)/train_eval --pipeline_config_path samples/dlrm_ml100k.config
 	$(BIN)/train_eval --pipeline_config_path samples/dbmtl_ml100k.config
@@ -54,6 +54,7 @@ ml100k: build data/ml100k/train.csv
 	$(BIN)/train_eval --pipeline_config_path samples/autoint_ml100k.config
 	$(BIN)/train_eval --pipeline_config_path samples/cmbf_ml100k.config
 	$(BIN)/train_eval --pipeline_config_path samples/uniter_ml100k.config
+	$(BIN)/train_eval --pipeline_config_path samples/mind_ml100k.config
 
 demo: build data/synthetic/train.parquet
 	@echo "== DLRM on the bundled 200-row Criteo sample (CSV)"
