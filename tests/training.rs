@@ -1841,6 +1841,9 @@ fn mind_trains_on_sampled_and_hard_negatives_alone() {
     for m in ["recall@3", "recall_in_batch@3", "recall_neg_sam@3"] {
         assert!(names.contains(&m), "{names:?}");
     }
+    // max_interests_simi's penalty is trained and reported.
+    let simi = summary.metrics.iter().find(|(n, _)| n.contains("reg_interest_simi"));
+    assert!(simi.is_some_and(|(_, v)| v.is_finite()), "{names:?}");
 }
 
 /// A DSSM trainer on the training data with `sampler` (its `ITEMS`,

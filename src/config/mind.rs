@@ -27,6 +27,9 @@ pub struct Mind {
     /// The index among the `hist` group's features of the time feature
     /// (`time_id_fea`), which weighs the positions instead of being one.
     pub time_id: Option<usize>,
+    /// `max_interests_simi` below 1: the loss `reg_interest_simi`, how far
+    /// the batch's mean similarity of a user's interests exceeds it.
+    pub max_interests_simi: Option<f32>,
 }
 
 /// EasyRec's `Capsule`.
@@ -97,10 +100,11 @@ pub fn mind(m: &proto::Mind, model: &proto::EasyRecModel, path: &str) -> Result<
             "simi_pow >= 100 (EasyRec's arg-max interest instead of the attention)",
         ));
     }
-    if m.max_interests_simi() < 1.0 {
-        return Err(ConfigError::unsupported(
+    let max_interests_simi = m.max_interests_simi();
+    if !max_interests_simi.is_finite() {
+        return Err(ConfigError::invalid(
             format!("{path}.max_interests_simi"),
-            "the interest-similarity penalty (max_interests_simi below 1)",
+            "must be a number",
         ));
     }
     in_batch_option(m.item_id.as_deref(), m.ignore_in_batch_neg_sam(), path)?;
@@ -139,6 +143,7 @@ pub fn mind(m: &proto::Mind, model: &proto::EasyRecModel, path: &str) -> Result<
                 scale_simi: m.scale_simi(),
             },
             time_id,
+            max_interests_simi: (max_interests_simi < 1.0).then_some(max_interests_simi),
         },
         m.l2_regularization,
     ))

@@ -809,6 +809,29 @@ impl Builder<'_> {
                     (*max_k, *iters, *scale),
                     init,
                 ),
+                Op::InterestSimilarity { x, caps, max_k } => {
+                    // ((|S|² − Σ|x_k|²) / max(c (c − 1), 1) + 1) / 2 · m, m = (c > 1).
+                    let wx = graph.width(*x);
+                    let x3 = self.reshape(&v[x.0], &[-1, *max_k as i64, (wx / max_k) as i64]);
+                    let sum = self.reduce_sum(&x3, 1, false);
+                    let whole = self.g.op("Mul", &[&sum, &sum]);
+                    let whole = self.reduce_sum(&whole, 1, true);
+                    let sq = self.g.op("Mul", &[&v[x.0], &v[x.0]]);
+                    let parts = self.reduce_sum(&sq, 1, true);
+                    let diff = self.g.op("Sub", &[&whole, &parts]);
+                    let one = self.scalar_f32(1.0);
+                    let less = self.g.op("Sub", &[&v[caps.0], &one]);
+                    let pairs = self.g.op("Mul", &[&v[caps.0], &less]);
+                    let den = self.g.op("Max", &[&pairs, &one]);
+                    let s = self.g.op("Div", &[&diff, &den]);
+                    let s = self.g.op("Add", &[&s, &one]);
+                    let half = self.scalar_f32(0.5);
+                    let s = self.g.op("Mul", &[&s, &half]);
+                    let multi = self.g.op("Greater", &[&v[caps.0], &one]);
+                    let m = self.cast_f32(&multi);
+                    let s = self.g.op("Mul", &[&s, &m]);
+                    self.concat(&[s, m], 1)
+                }
                 Op::Squash { x, pow, ratio } => {
                     let sq = self.g.op("Mul", &[&v[x.0], &v[x.0]]);
                     let sq = self.reduce_sum(&sq, 1, true);

@@ -101,6 +101,34 @@ fn l2_normalized(v: &[f32]) -> Vec<f32> {
     v.iter().map(|a| a * inv).collect()
 }
 
+/// One row's `Op::InterestSimilarity` of its `max_k` interests `x` (each
+/// `d` wide), `caps` of them live: `[(s + 1) / 2 · m, m]`, `m` whether
+/// there are several; and the gradient of the first value with respect
+/// to `x`, times `dy`.
+pub fn interest_similarity(x: &[f32], d: usize, caps: f32) -> ([f32; 2], impl Fn(f32) -> Vec<f32> + '_) {
+    let m = if caps > 1.0 { 1.0 } else { 0.0 };
+    let den = (caps * (caps - 1.0)).max(1.0);
+    let mut sum = vec![0.0f32; d];
+    for blk in x.chunks_exact(d.max(1)) {
+        sum.iter_mut().zip(blk).for_each(|(s, v)| *s += v);
+    }
+    let whole: f32 = sum.iter().map(|v| v * v).sum();
+    let parts: f32 = x.iter().map(|v| v * v).sum();
+    let s = (whole - parts) / den;
+    let grad = move |dy: f32| -> Vec<f32> {
+        // d/dx_k of (|S|² − Σ|x_k|²) / (2 den) is (S − x_k) / den.
+        x.chunks_exact(d.max(1))
+            .flat_map(|blk| {
+                blk.iter()
+                    .zip(&sum)
+                    .map(|(v, s)| dy * m * (s - v) / den)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    ([(s + 1.0) / 2.0 * m, m], grad)
+}
+
 /// The squash factor of a row whose squared norm is `sq`:
 /// `(n / (1 + n))^pow · ratio / √n` with `n = max(sq, SQUASH_EPS)`, and
 /// its slope in `sq` (0 where the floor holds).

@@ -434,6 +434,16 @@ impl<'a> Tape<'a> {
                     });
                 (y, Saved::None)
             }
+            Op::InterestSimilarity { x, caps, max_k } => {
+                let wx = self.graph.width(*x);
+                let y = self
+                    .value(*x)
+                    .chunks_exact(wx.max(1))
+                    .zip(self.value(*caps))
+                    .flat_map(|(row, c)| capsule::interest_similarity(row, wx / max_k, *c).0)
+                    .collect();
+                (y, Saved::None)
+            }
             Op::Squash { x, pow, ratio } => {
                 let mut y = self.value(*x).to_vec();
                 y.par_chunks_mut(width.max(1)).for_each(|row| {
@@ -932,6 +942,18 @@ impl<'a> Tape<'a> {
                 | Op::PrefixMask { .. }
                 | Op::Capsules { .. }
                 | Op::CapsuleRouting { .. } => {}
+                Op::InterestSimilarity { x, caps, max_k } => {
+                    let wx = g.width(*x);
+                    let mut dx = vec![0.0f32; self.b * wx];
+                    dx.par_chunks_mut(wx.max(1))
+                        .zip(self.value(*x).par_chunks(wx.max(1)))
+                        .zip(self.value(*caps).par_iter().zip(dy.par_chunks(2)))
+                        .for_each(|((o, row), (c, d))| {
+                            let (_, grad) = capsule::interest_similarity(row, wx / max_k, *c);
+                            o.copy_from_slice(&grad(d[0]));
+                        });
+                    accumulate(&mut grads, needs, *x, dx);
+                }
                 Op::Squash { x, pow, ratio } => {
                     let mut dx = vec![0.0f32; dy.len()];
                     dx.par_chunks_mut(width.max(1))

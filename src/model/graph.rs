@@ -265,6 +265,17 @@ pub enum Op {
         stddev: f32,
         init: Vec<f32>,
     },
+    /// MIND's interest similarity of each row (EasyRec's
+    /// `_build_interest_simi`): `x` holds the row's `max_k` interests side
+    /// by side (normalised, those past `caps` zeroed); with `S` their sum,
+    /// `s = (|S|² − Σ |x_k|²) / max(c (c − 1), 1)`, the mean cosine of two
+    /// of them. `[r, 2]`: `(s + 1) / 2` and 1 for a row of more than one
+    /// interest, else 0 and 0 (the second column a constant).
+    InterestSimilarity {
+        x: NodeId,
+        caps: NodeId,
+        max_k: usize,
+    },
     /// Each row squashed, EasyRec's capsule `squash`: `x · (n / (1 +
     /// n))^pow · ratio / √n` with `n = max(Σ x², SQUASH_EPS)`.
     Squash {
@@ -377,6 +388,7 @@ impl Op {
             | Op::Softmax { x } => vec![*x],
             Op::Capsules { len, .. } => vec![*len],
             Op::CapsuleRouting { x, len, caps, .. } => vec![*x, *len, *caps],
+            Op::InterestSimilarity { x, caps, .. } => vec![*x, *caps],
             Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
             Op::MaskedSoftmax { x, len } => vec![*x, *len],
             Op::AttnPool { w, x } => vec![*w, *x],
@@ -423,7 +435,7 @@ pub struct Penalty {
 }
 
 /// How a penalty's per-row values become one loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Reduce {
     /// The mean over the rows; with sample weights their weighted sum over
     /// the count of non-zero weights, as TensorFlow's losses weigh.
@@ -431,6 +443,11 @@ pub enum Reduce {
     /// The square root of the sum over the rows (a distance over the whole
     /// batch, unweighted).
     RootOfSum,
+    /// Over rows of two columns `(value, count)`: `relu(Σ value / max(Σ
+    /// count, 1) − max)`, unweighted (MIND's `reg_interest_simi`, the mean
+    /// similarity of the rows that count above `max`); the counts are
+    /// constants.
+    ReluOfShare { max: f32 },
 }
 
 impl Reduce {
@@ -453,7 +470,37 @@ impl Reduce {
                 let r = v.iter().sum::<f32>().sqrt();
                 (r, vec![0.5 / r; v.len()])
             }
+            (Reduce::ReluOfShare { max }, _) => {
+                let (s, c) = v
+                    .chunks_exact(2)
+                    .fold((0.0f32, 0.0f32), |(s, c), r| (s + r[0], c + r[1]));
+                let d = c.max(1.0);
+                let over = s / d - max;
+                let mut g = vec![0.0f32; v.len()];
+                if over <= 0.0 {
+                    return (0.0, g);
+                }
+                g.iter_mut().step_by(2).for_each(|x| *x = 1.0 / d);
+                (over, g)
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod reduce_tests {
+    use super::Reduce;
+
+    #[test]
+    fn relu_of_share_is_the_counted_rows_mean_above_its_bound() {
+        let r = Reduce::ReluOfShare { max: 0.5 };
+        // Rows (value, count): two counted rows of mean 0.8.
+        let v = [0.9f32, 1.0, 0.0, 0.0, 0.7, 1.0];
+        let (l, g) = r.apply(&v, None);
+        assert!((l - 0.3).abs() < 1e-6, "{l}");
+        assert_eq!(g, vec![0.5, 0.0, 0.5, 0.0, 0.5, 0.0]);
+        let (l, g) = r.apply(&[0.2, 1.0, 0.1, 1.0], None);
+        assert_eq!((l, g), (0.0, vec![0.0; 4]));
     }
 }
 
@@ -755,6 +802,14 @@ impl Graph {
         )
     }
 
+    /// `Op::InterestSimilarity` of the interests `x` (`caps` of them live
+    /// per row, `max_k` side by side).
+    pub fn interest_similarity(&mut self, x: NodeId, caps: NodeId, max_k: usize) -> NodeId {
+        assert_eq!((self.width(caps), self.rows(caps)), (1, 1), "one count per row");
+        assert!(self.width(x).is_multiple_of(max_k), "{max_k} interests side by side");
+        self.push(Op::InterestSimilarity { x, caps, max_k }, 2)
+    }
+
     /// `Op::Squash` of each row.
     pub fn squash(&mut self, x: NodeId, pow: f32, ratio: f32) -> NodeId {
         let w = self.width(x);
@@ -870,12 +925,18 @@ impl Graph {
         self.outputs.push((name.to_string(), x));
     }
 
-    /// Adds `node` (`[batch, 1]`) to the loss as `penalty` says.
+    /// Adds `node` (`[batch, 1]`, `[batch, 2]` for `Reduce::ReluOfShare`)
+    /// to the loss as `penalty` says.
     pub fn penalty(&mut self, name: &str, node: NodeId, reduce: Reduce, weight: f32) {
+        let width = if matches!(reduce, Reduce::ReluOfShare { .. }) {
+            2
+        } else {
+            1
+        };
         assert_eq!(
             (self.width(node), self.rows(node)),
-            (1, 1),
-            "penalty `{name}` is one value per batch row"
+            (width, 1),
+            "penalty `{name}` is {width} values per batch row"
         );
         self.penalties.push(Penalty {
             name: name.to_string(),

@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, Keys, NodeId, Routing, Scope};
+use super::graph::{Graph, Keys, NodeId, Reduce, Routing, Scope};
 use super::params::Init;
 use super::GroupLayout;
 use crate::config::mind::Mind;
@@ -139,6 +139,15 @@ pub fn mind(
     let user = g.attention((item, interests, interests), (1, m.simi_pow), Keys::Live(caps));
     let shown = g.outer(live, interests);
     let shown = g.fold(shown, k);
+    if let Some(max) = m.max_interests_simi {
+        // EasyRec's reg_interest_simi: the mean cosine of two interests of
+        // a user (of the users with several) above max_interests_simi.
+        let n = g.l2_normalize(interests);
+        let n = g.outer(live, n);
+        let n = g.fold(n, k);
+        let simi = g.interest_similarity(n, caps, k);
+        g.penalty("reg_interest_simi", simi, Reduce::ReluOfShare { max }, 1.0);
+    }
     g.output("user_interests", shown);
     g.output("user_emb_num", caps);
     Ok(super::builders::similarity(g, s, (user, item), m.sim))

@@ -785,7 +785,7 @@ impl Model {
             .iter()
             .map(|p| {
                 let v = tape.value(p.node);
-                let (l, g) = p.reduce.apply(&v[..users], weights);
+                let (l, g) = p.reduce.apply(&v[..users * self.graph.width(p.node)], weights);
                 let mut seed: Vec<f32> = g.into_iter().map(|x| x * p.weight).collect();
                 seed.resize(v.len(), 0.0);
                 (p.weight * l, p.node, seed)

@@ -284,6 +284,23 @@ fn cases() -> Vec<Case> {
             let sq = g.squash(rows, 1.0, 1.0);
             g.fold(sq, 3)
         }),
+        case("interest similarity of live interests", true, |g, s, x| {
+            // 3 interests of width 4 from both inputs, 1 to 3 of them live
+            // (a count from x[0]), normalised and masked as MIND's.
+            let all = g.concat(&[x[0], x[1]]);
+            let rows = g.unfold(all, 3);
+            let rows = s.dense(g, rows, "w", 4, Activation::Tanh);
+            let n = g.l2_normalize(rows);
+            let sig = g.act(x[0], Activation::Sigmoid);
+            let len = g.row_sum(sig);
+            let upto = g.prefix_mask(len, 3);
+            let caps = g.row_sum(upto);
+            let live = g.prefix_mask(caps, 3);
+            let live = g.unfold(live, 3);
+            let n = g.outer(live, n);
+            let n = g.fold(n, 3);
+            g.interest_similarity(n, caps, 3)
+        }),
         case("target attention over a masked sequence", true, |g, s, x| {
             // A sequence of 6 positions of width 1 (x[1]), its length from
             // x[0] (fractional: position k is live where k < len), the key

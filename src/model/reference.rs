@@ -271,6 +271,19 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 }
                 w.swap_dims(1, 2).reshape([batch, k * n])
             }
+            Op::InterestSimilarity { x, caps, max_k } => {
+                let wx = graph.width(*x);
+                let counts = to_vec(v[caps.0].clone());
+                let m: Vec<f32> = counts.iter().map(|c| if *c > 1.0 { 1.0 } else { 0.0 }).collect();
+                let den: Vec<f32> = counts.iter().map(|c| 1.0 / (c * (c - 1.0)).max(1.0)).collect();
+                let x3: Tensor<3> = v[x.0].clone().reshape([b, *max_k, wx / max_k]);
+                let sum = x3.clone().sum_dim(1).reshape([b, wx / max_k]);
+                let whole = (sum.clone() * sum).sum_dim(1);
+                let parts = (x3.clone() * x3).reshape([b, wx]).sum_dim(1);
+                let m = ctx.constant(m, b, 1);
+                let s = (whole - parts) * ctx.constant(den, b, 1);
+                Tensor::cat(vec![s.add_scalar(1.0).div_scalar(2.0) * m.clone(), m], 1)
+            }
             Op::Squash { x, pow, ratio } => {
                 let x = v[x.0].clone();
                 let n = (x.clone() * x.clone()).sum_dim(1).clamp_min(SQUASH_EPS);
@@ -535,7 +548,7 @@ pub fn weighted_loss_of(kind: LossKind, logits: Tensor<2>, label_values: &[f32],
 }
 
 /// A graph penalty's weighted loss on the reference executor, the oracle
-/// of `Reduce::apply`: `v` is `[b, 1]`.
+/// of `Reduce::apply`: `v` is `[b, 1]` (`[b, 2]` for `ReluOfShare`).
 pub fn penalty_of(p: &Penalty, v: Tensor<2>, weights: Option<&[f32]>) -> Tensor<1> {
     let device = v.device();
     let b = v.dims()[0];
@@ -547,6 +560,13 @@ pub fn penalty_of(p: &Penalty, v: Tensor<2>, weights: Option<&[f32]>) -> Tensor<
             (v * w).sum().div_scalar(n as f32)
         }
         (Reduce::RootOfSum, _) => v.sum().sqrt(),
+        (Reduce::ReluOfShare { max }, _) => {
+            // The counts are constants; relu's slope at 0 is TensorFlow's 0.
+            let count: f32 = to_vec(v.clone().narrow(1, 1, 1)).iter().sum();
+            let over = v.narrow(1, 0, 1).sum().div_scalar(count.max(1.0)).sub_scalar(max);
+            let active = over.clone().greater_elem(0.0).float().detach();
+            over * active
+        }
     };
     l.mul_scalar(p.weight)
 }

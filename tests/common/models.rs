@@ -213,7 +213,7 @@ model_config { model_class: "MIND"
          item_dnn { hidden_units: [6, 4] }
          pre_capsule_dnn { hidden_units: [3] use_bn: false }
          capsule_config { max_k: 3 max_seq_len: 4 high_dim: 4 const_caps_num: true squash_pow: 0.5 }
-         time_id_fea: "hist_time" simi_pow: 5 l2_regularization: 1e-4 } }"#;
+         time_id_fea: "hist_time" simi_pow: 5 max_interests_simi: 0.2 l2_regularization: 1e-4 } }"#;
 
 /// A RankModel whose BST layer runs EasyRec's transformer encoder (GELU)
 /// over the target and an unpooled sequence padded to its positions.
