@@ -43,7 +43,7 @@ pub struct Settings {
 /// is 0).
 pub fn route(x: &[f32], e: usize, (live, caps): (usize, usize), mut logits: Vec<f32>, r: Settings, out: &mut [f32]) {
     let k = r.max_k;
-    let n = if e == 0 { 0 } else { x.len() / e };
+    let n = x.len().checked_div(e).unwrap_or(0);
     let caps = caps.min(k);
     let mut w = vec![0.0f32; n * k];
     let normed: Vec<f32> = if r.scale > 0.0 {
