@@ -2,7 +2,7 @@
 //! over the `hist` group's sequences, the user, concat and item DNNs, and
 //! the label-aware attention, checked against what EasyRec's model does.
 
-use super::model_plan::{dnn, DnnSpec, Similarity};
+use super::model_plan::{comparable, dnn, embedding_dnn, DnnSpec, Similarity};
 use super::proto;
 use super::ConfigError;
 
@@ -72,28 +72,9 @@ pub fn mind(m: &proto::Mind, model: &proto::EasyRecModel, path: &str) -> Result<
         scale_ratio: c.scale_ratio(),
         constant_count: c.const_caps_num(),
     };
-    let last_linear = |d: &proto::Dnn, name: &str| -> Result<DnnSpec, ConfigError> {
-        let spec = dnn(d, &format!("{path}.{name}"))?;
-        if spec.hidden_units.is_empty() {
-            return Err(ConfigError::invalid(
-                format!("{path}.{name}.hidden_units"),
-                "its last layer is the embedding: it needs at least one layer",
-            ));
-        }
-        Ok(spec)
-    };
-    let concat = last_linear(&m.concat_dnn, "concat_dnn")?;
-    let item = last_linear(&m.item_dnn, "item_dnn")?;
-    if concat.hidden_units.last() != item.hidden_units.last() {
-        return Err(ConfigError::invalid(
-            format!("{path}.item_dnn.hidden_units"),
-            format!(
-                "the interests and the item are compared, so concat_dnn and item_dnn must end equally wide ({} and {})",
-                concat.hidden_units.last().unwrap_or(&0),
-                item.hidden_units.last().unwrap_or(&0)
-            ),
-        ));
-    }
+    let concat = embedding_dnn(&m.concat_dnn, &format!("{path}.concat_dnn"))?;
+    let item = embedding_dnn(&m.item_dnn, &format!("{path}.item_dnn"))?;
+    comparable(&concat, &item, &format!("{path}.item_dnn.hidden_units"))?;
     if m.simi_pow() >= 100.0 {
         return Err(ConfigError::unsupported(
             format!("{path}.simi_pow"),

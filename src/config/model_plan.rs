@@ -1081,31 +1081,42 @@ fn dssm_variant(
     ))
 }
 
-/// DSSM's towers and similarity (`path`: where `d` sits in the config).
-fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
-    super::mind::in_batch_option(d.item_id.as_deref(), d.ignore_in_batch_neg_sam, path)?;
-    let tower = |t: &proto::DssmTower, name: &str| -> Result<DnnSpec, ConfigError> {
-        let spec = dnn(&t.dnn, &format!("{path}.{name}.dnn"))?;
-        if spec.hidden_units.is_empty() {
-            return Err(ConfigError::invalid(
-                format!("{path}.{name}.dnn.hidden_units"),
-                "the tower's last layer is its embedding: it needs at least one layer",
-            ));
-        }
-        Ok(spec)
-    };
-    let user = tower(&d.user_tower, "user_tower")?;
-    let item = tower(&d.item_tower, "item_tower")?;
-    if user.hidden_units.last() != item.hidden_units.last() {
+/// A DNN whose last layer is an embedding a match model compares (`path`:
+/// where `d` sits): it needs a layer.
+pub fn embedding_dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
+    let spec = dnn(d, path)?;
+    if spec.hidden_units.is_empty() {
         return Err(ConfigError::invalid(
-            format!("{path}.item_tower.dnn.hidden_units"),
+            format!("{path}.hidden_units"),
+            "its last layer is the embedding compared: it needs at least one layer",
+        ));
+    }
+    Ok(spec)
+}
+
+/// The embeddings of `a` and `b` are compared, so their last layers must be
+/// equally wide (`path`: `b`'s hidden_units, named in the error).
+pub fn comparable(a: &DnnSpec, b: &DnnSpec, path: &str) -> Result<(), ConfigError> {
+    let (x, y) = (a.hidden_units.last(), b.hidden_units.last());
+    if x != y {
+        return Err(ConfigError::invalid(
+            path,
             format!(
-                "the towers' last layers must be equally wide to be compared ({} and {})",
-                user.hidden_units.last().unwrap_or(&0),
-                item.hidden_units.last().unwrap_or(&0)
+                "the embeddings compared must be equally wide, and the last layers are {} and {}",
+                x.unwrap_or(&0),
+                y.unwrap_or(&0)
             ),
         ));
     }
+    Ok(())
+}
+
+/// DSSM's towers and similarity (`path`: where `d` sits in the config).
+fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
+    super::mind::in_batch_option(d.item_id.as_deref(), d.ignore_in_batch_neg_sam, path)?;
+    let user = embedding_dnn(&d.user_tower.dnn, &format!("{path}.user_tower.dnn"))?;
+    let item = embedding_dnn(&d.item_tower.dnn, &format!("{path}.item_tower.dnn"))?;
+    comparable(&user, &item, &format!("{path}.item_tower.dnn.hidden_units"))?;
     let cosine = d.simi_func() == proto::Similarity::Cosine;
     let sim = Similarity {
         cosine,

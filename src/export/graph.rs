@@ -794,20 +794,11 @@ impl Builder<'_> {
                         self.g.op("Max", &[&c, &one])
                     }
                 }
-                Op::CapsuleRouting {
-                    x,
-                    len,
-                    caps,
-                    max_k,
-                    iters,
-                    scale,
-                    init,
-                    ..
-                } => self.routing(
+                Op::CapsuleRouting { x, len, caps, routing } => self.routing(
                     (&v[x.0], &v[len.0], &v[caps.0]),
                     (graph.rows(*x), graph.width(*x)),
-                    (*max_k, *iters, *scale),
-                    init,
+                    (routing.max_k, routing.iters, routing.scale),
+                    &routing.init,
                 ),
                 Op::InterestSimilarity { x, caps, max_k } => {
                     // ((|S|² − Σ|x_k|²) / max(c (c − 1), 1) + 1) / 2 · m, m = (c > 1).

@@ -214,12 +214,7 @@ pub fn columns_by_name(arch: &Arch, name: &str, wide: bool) -> bool {
 /// that holds the tables of that group. Groups the model does not read
 /// come last.
 pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
-    let named = |names: &[&str]| -> Vec<usize> {
-        names
-            .iter()
-            .filter_map(|n| groups.iter().position(|g| g.name == *n && !g.wide))
-            .collect()
-    };
+    let named = |names: &[&str]| -> Vec<usize> { names.iter().filter_map(|n| super::named_group(groups, n)).collect() };
     let mut order: Vec<usize> = match arch {
         Arch::WideAndDeep { .. } | Arch::DeepFm { .. } | Arch::Fm => {
             let wide = (0..groups.len()).filter(|&i| groups[i].wide);
@@ -270,17 +265,12 @@ struct Builder<'a> {
 impl Builder<'_> {
     /// The non-wide group called `name`.
     fn group(&self, name: &str, model: &str) -> anyhow::Result<usize> {
-        self.groups
-            .iter()
-            .position(|g| g.name == name && !g.wide)
-            .with_context(|| format!("{model} needs a feature group named `{name}`"))
+        super::named_group(self.groups, name).with_context(|| format!("{model} needs a feature group named `{name}`"))
     }
 
     /// The group called `deep`, else the first non-wide one.
     fn deep_group(&self, model: &str) -> anyhow::Result<usize> {
-        self.groups
-            .iter()
-            .position(|g| g.name == "deep" && !g.wide)
+        super::named_group(self.groups, "deep")
             .or_else(|| self.groups.iter().position(|g| !g.wide))
             .with_context(|| format!("{model} needs a deep feature group"))
     }

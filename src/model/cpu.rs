@@ -395,24 +395,16 @@ impl<'a> Tape<'a> {
                     .collect();
                 (y, Saved::None)
             }
-            Op::CapsuleRouting {
-                x,
-                len,
-                caps,
-                max_k,
-                iters,
-                scale,
-                stddev,
-                init,
-            } => {
+            Op::CapsuleRouting { x, len, caps, routing } => {
                 let (n, e) = (self.graph.rows(*x), self.graph.width(*x));
+                let (max_k, stddev, init) = (&routing.max_k, routing.stddev, &routing.init);
                 // Training starts each row from draws of its own, row by
                 // row (the reference executor draws them alike).
                 let starts: Vec<Vec<f32>> = match mode {
                     Mode::Train { rng, .. } => (0..b)
                         .map(|_| {
                             (0..n * max_k)
-                                .map(|_| (rng.truncated_normal() * *stddev as f64) as f32)
+                                .map(|_| (rng.truncated_normal() * stddev as f64) as f32)
                                 .collect()
                         })
                         .collect(),
@@ -420,8 +412,8 @@ impl<'a> Tape<'a> {
                 };
                 let r = capsule::Settings {
                     max_k: *max_k,
-                    iters: *iters,
-                    scale: *scale,
+                    iters: routing.iters,
+                    scale: routing.scale,
                 };
                 let mut y = vec![0.0f32; b * width];
                 y.par_chunks_mut(width.max(1))

@@ -259,11 +259,7 @@ pub enum Op {
         x: NodeId,
         len: NodeId,
         caps: NodeId,
-        max_k: usize,
-        iters: usize,
-        scale: f32,
-        stddev: f32,
-        init: Vec<f32>,
+        routing: Routing,
     },
     /// MIND's interest similarity of each row (EasyRec's
     /// `_build_interest_simi`): `x` holds the row's `max_k` interests side
@@ -527,14 +523,16 @@ impl Graph {
                 self.rows(*q)
             }
             // Per batch row: the routing weights of its positions.
-            Op::CapsuleRouting {
-                x, len, caps, max_k, ..
-            } => {
+            Op::CapsuleRouting { x, len, caps, routing } => {
                 assert!(
                     self.rows(*len) == 1 && self.rows(*caps) == 1 && self.width(*caps) == 1,
                     "routing by one length and one capsule count per batch row"
                 );
-                assert_eq!(width, max_k * self.rows(*x), "routing weights per capsule and position");
+                assert_eq!(
+                    width,
+                    routing.max_k * self.rows(*x),
+                    "routing weights per capsule and position"
+                );
                 1
             }
             Op::Fold { x, n } => {
@@ -787,18 +785,15 @@ impl Graph {
         let n = self.rows(x);
         assert_eq!(r.init.len(), n * r.max_k, "initial logits per position and capsule");
         assert!(r.iters > 0, "routing runs at least once");
+        let width = r.max_k * n;
         self.push(
             Op::CapsuleRouting {
                 x,
                 len,
                 caps,
-                max_k: r.max_k,
-                iters: r.iters,
-                scale: r.scale,
-                stddev: r.stddev,
-                init: r.init,
+                routing: r,
             },
-            r.max_k * n,
+            width,
         )
     }
 

@@ -27,10 +27,7 @@ pub fn mind(
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
     let find = |name: &str| {
-        groups
-            .iter()
-            .position(|l| l.name == name && !l.wide)
-            .with_context(|| format!("MIND needs a feature group named `{name}`"))
+        super::named_group(groups, name).with_context(|| format!("MIND needs a feature group named `{name}`"))
     };
     let hi = find("hist")?;
     let (l, x) = (&groups[hi], xs[hi]);

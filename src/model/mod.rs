@@ -66,6 +66,11 @@ pub struct GroupLayout {
     pub seq: Vec<SeqLayout>,
 }
 
+/// The index of the non-wide group called `name`.
+pub fn named_group(groups: &[GroupLayout], name: &str) -> Option<usize> {
+    groups.iter().position(|g| g.name == name && !g.wide)
+}
+
 impl GroupLayout {
     /// The width of the group's features as the model reads them: its
     /// plain parts, then its combined sequences' outputs.

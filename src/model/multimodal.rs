@@ -64,12 +64,7 @@ pub fn tower(
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
-    let find = |name: &str| {
-        groups
-            .iter()
-            .position(|l| l.name == name && !l.wide)
-            .map(|i| (&groups[i], xs[i]))
-    };
+    let find = |name: &str| super::named_group(groups, name).map(|i| (&groups[i], xs[i]));
     let gs = Groups {
         image: find("image"),
         general: find("general"),

@@ -230,17 +230,9 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                     .collect();
                 ctx.constant(counts, b, 1)
             }
-            Op::CapsuleRouting {
-                x,
-                len,
-                caps,
-                max_k,
-                iters,
-                scale,
-                stddev,
-                init,
-            } => {
-                let (n, e, k) = (graph.rows(*x), graph.width(*x), *max_k);
+            Op::CapsuleRouting { x, len, caps, routing } => {
+                let (n, e, k) = (graph.rows(*x), graph.width(*x), routing.max_k);
+                let (iters, scale, stddev, init) = (&routing.iters, &routing.scale, &routing.stddev, &routing.init);
                 let start: Vec<f32> = if ctx.training {
                     (0..batch * n * k)
                         .map(|_| (ctx.rng.truncated_normal() * *stddev as f64) as f32)
