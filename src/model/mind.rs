@@ -45,7 +45,9 @@ pub fn mind(
         let rows = g.unfold(h, p);
         if m.time_id == Some(i) {
             if d != 1 {
-                bail!("MIND's time_id_fea must have an embedding_dim of 1, and it has {d}");
+                bail!(
+                    "model_config.mind.time_id_fea: the time feature must have an embedding_dim of 1, and it has {d}"
+                );
             }
             time = Some(rows);
         } else {
