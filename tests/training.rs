@@ -1122,7 +1122,9 @@ fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
             .unwrap();
         assert_eq!(fresh.step, 10);
         let again = fresh.evaluate(&paths).unwrap();
-        assert_eq!(again.len(), t.plan.tasks.len());
+        // One state per task, then one per graph penalty (MIND's
+        // reg_interest_simi).
+        assert_eq!(again.len(), t.plan.tasks.len() + t.model.graph.penalties.len());
         for (a, b) in again.iter().zip(&after) {
             assert_eq!(a.preds, b.preds, "{model}");
         }
