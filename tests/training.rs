@@ -1123,8 +1123,12 @@ fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
         assert_eq!(fresh.step, 10);
         let again = fresh.evaluate(&paths).unwrap();
         // One state per task, then one per graph penalty (MIND's
-        // reg_interest_simi).
-        assert_eq!(again.len(), t.plan.tasks.len() + t.model.graph.penalties.len());
+        // reg_interest_simi) and per graph summary (its similarities).
+        let graph = &t.model.graph;
+        assert_eq!(
+            again.len(),
+            t.plan.tasks.len() + graph.penalties.len() + graph.summaries.len()
+        );
         for (a, b) in again.iter().zip(&after) {
             assert_eq!(a.preds, b.preds, "{model}");
         }
@@ -1843,9 +1847,14 @@ fn mind_trains_on_sampled_and_hard_negatives_alone() {
     for m in ["recall@3", "recall_in_batch@3", "recall_neg_sam@3"] {
         assert!(names.contains(&m), "{names:?}");
     }
-    // max_interests_simi's penalty is trained and reported.
+    // max_interests_simi's penalty is trained and reported, and so are
+    // EasyRec's similarities of the interests and of the capsules.
     let simi = summary.metrics.iter().find(|(n, _)| n.contains("reg_interest_simi"));
     assert!(simi.is_some_and(|(_, v)| v.is_finite()), "{names:?}");
+    for m in ["interest_similarity", "capsule_similarity"] {
+        let v = summary.metrics.iter().find(|(n, _)| n == m).map(|(_, v)| *v);
+        assert!(v.is_some_and(|v| (0.0..=1.0).contains(&v)), "{m}: {v:?} in {names:?}");
+    }
 }
 
 /// A DSSM trainer on the training data with `sampler` (its `ITEMS`,

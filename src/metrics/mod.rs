@@ -235,20 +235,26 @@ impl EvalState {
 /// its suffix (`loss_ctr`, `auc_ctr`, ...), as EasyRec names them.
 /// `states` holds the tasks' states, then one per graph penalty (named by
 /// `penalties`): each joins `loss`, as in EasyRec's sum of its losses, and
-/// is reported by its name.
-pub fn report_tasks(tasks: &[Task], states: &[EvalState], penalties: &[String]) -> Vec<(String, f64)> {
+/// is reported by its name; then one per graph summary (named by
+/// `summaries`), reported by its name, the mean of its batch values.
+pub fn report_tasks(
+    tasks: &[Task],
+    states: &[EvalState],
+    (penalties, summaries): (&[String], &[String]),
+) -> Vec<(String, f64)> {
     let (states, extra) = states.split_at(tasks.len());
-    let extra: Vec<(String, f64)> = penalties
-        .iter()
-        .zip(extra)
-        .map(|(n, s)| (n.clone(), s.loss()))
-        .collect();
+    let (extra, values) = extra.split_at(penalties.len().min(extra.len()));
+    let named = |names: &[String], st: &[EvalState]| -> Vec<(String, f64)> {
+        names.iter().zip(st).map(|(n, s)| (n.clone(), s.loss())).collect()
+    };
+    let extra = named(penalties, extra);
     let mut out = match (tasks, states) {
         ([t], [st]) => st.report(t),
         _ => report_several(tasks, states),
     };
     out[0].1 += extra.iter().map(|(_, v)| v).sum::<f64>();
     out.extend(extra);
+    out.extend(named(summaries, values));
     out
 }
 
@@ -305,12 +311,21 @@ mod tests {
             ..Default::default()
         };
         let names = ["hint_loss".to_string()];
-        let one = report_tasks(&[task("")], &[state(0.5), state(0.25)], &names);
+        let one = report_tasks(&[task("")], &[state(0.5), state(0.25)], (&names, &[]));
         assert_eq!(one[0], ("loss".to_string(), 0.75));
         assert_eq!(one.last(), Some(&("hint_loss".to_string(), 0.25)));
-        let two = report_tasks(&[task("a"), task("b")], &[state(0.5), state(1.0), state(0.25)], &names);
+        let two = report_tasks(
+            &[task("a"), task("b")],
+            &[state(0.5), state(1.0), state(0.25)],
+            (&names, &[]),
+        );
         assert_eq!(two[0], ("loss".to_string(), 2.0 * 0.5 + 2.0 * 1.0 + 0.25));
         assert_eq!(two.last(), Some(&("hint_loss".to_string(), 0.25)));
+        // A summary is reported after them and stays out of the loss.
+        let simi = ["interest_similarity".to_string()];
+        let three = report_tasks(&[task("")], &[state(0.5), state(0.25), state(0.8)], (&names, &simi));
+        assert_eq!(three[0], ("loss".to_string(), 0.75));
+        assert_eq!(three.last(), Some(&("interest_similarity".to_string(), 0.8)));
     }
 
     #[test]

@@ -416,6 +416,8 @@ pub struct Graph {
     /// Losses of the architecture itself, beside its tasks' (a teacher's
     /// hint to its student), trained and never exported.
     pub penalties: Vec<Penalty>,
+    /// Values evaluation reports beside the tasks' metrics, never trained.
+    pub summaries: Vec<Summary>,
 }
 
 /// A loss the graph computes: one value per row, reduced over the batch's
@@ -428,6 +430,25 @@ pub struct Penalty {
     pub node: NodeId,
     pub reduce: Reduce,
     pub weight: f32,
+}
+
+/// A value of the graph that evaluation reports by name (MIND's
+/// `interest_similarity`): per batch `share` of its examples' rows
+/// `(value, count)`, averaged over the batches (TensorFlow's streaming
+/// mean of a batch value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub name: String,
+    /// `[batch, 2]`.
+    pub node: NodeId,
+}
+
+/// `Σ value / max(Σ count, 1)` over rows `(value, count)` side by side.
+pub fn share(v: &[f32]) -> f32 {
+    let (s, c) = v
+        .chunks_exact(2)
+        .fold((0.0f32, 0.0f32), |(s, c), r| (s + r[0], c + r[1]));
+    s / c.max(1.0)
 }
 
 /// How a penalty's per-row values become one loss.
@@ -467,16 +488,13 @@ impl Reduce {
                 (r, vec![0.5 / r; v.len()])
             }
             (Reduce::ReluOfShare { max }, _) => {
-                let (s, c) = v
-                    .chunks_exact(2)
-                    .fold((0.0f32, 0.0f32), |(s, c), r| (s + r[0], c + r[1]));
-                let d = c.max(1.0);
-                let over = s / d - max;
+                let over = share(v) - max;
                 let mut g = vec![0.0f32; v.len()];
                 if over <= 0.0 {
                     return (0.0, g);
                 }
-                g.iter_mut().step_by(2).for_each(|x| *x = 1.0 / d);
+                let count: f32 = v.iter().skip(1).step_by(2).sum();
+                g.iter_mut().step_by(2).for_each(|x| *x = 1.0 / count.max(1.0));
                 (over, g)
             }
         }
@@ -938,6 +956,20 @@ impl Graph {
             node,
             reduce,
             weight,
+        });
+    }
+
+    /// Reports `node` (`[batch, 2]` rows `(value, count)`) in evaluation
+    /// as `name` (`Summary`).
+    pub fn summary(&mut self, name: &str, node: NodeId) {
+        assert_eq!(
+            (self.width(node), self.rows(node)),
+            (2, 1),
+            "summary `{name}` is (value, count) per batch row"
+        );
+        self.summaries.push(Summary {
+            name: name.to_string(),
+            node,
         });
     }
 

@@ -138,14 +138,22 @@ pub fn mind(
     let user = g.attention((item, interests, interests), (1, m.simi_pow), Keys::Live(caps));
     let shown = g.outer(live, interests);
     let shown = g.fold(shown, k);
-    if let Some(max) = m.max_interests_simi {
-        // EasyRec's reg_interest_simi: the mean cosine of two interests of
-        // a user (of the users with several) above max_interests_simi.
-        let n = g.l2_normalize(interests);
+    // EasyRec's similarity of a user's interests, and of its capsules (the
+    // mean cosine of two of them, over the users with several): reported
+    // in evaluation, and with max_interests_simi below 1 the interests'
+    // excess over it is the loss reg_interest_simi.
+    let similarity = |g: &mut Graph, x: NodeId| {
+        let n = g.l2_normalize(x);
         let n = g.outer(live, n);
         let n = g.fold(n, k);
-        let simi = g.interest_similarity(n, caps, k);
-        g.penalty("reg_interest_simi", simi, Reduce::ReluOfShare { max }, 1.0);
+        g.interest_similarity(n, caps, k)
+    };
+    let interest_simi = similarity(g, interests);
+    let capsule_simi = similarity(g, capsules);
+    g.summary("interest_similarity", interest_simi);
+    g.summary("capsule_similarity", capsule_simi);
+    if let Some(max) = m.max_interests_simi {
+        g.penalty("reg_interest_simi", interest_simi, Reduce::ReluOfShare { max }, 1.0);
     }
     g.output("user_interests", shown);
     g.output("user_emb_num", caps);

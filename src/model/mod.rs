@@ -727,7 +727,8 @@ impl Model {
     /// ranks of its own item (`kernels::in_batch_ranks`).
     ///
     /// Beside them, each graph penalty's loss on the batch, weighted as
-    /// trained (EasyRec's eval loss sums them in).
+    /// trained (EasyRec's eval loss sums them in), then each graph
+    /// summary's value on the batch.
     pub fn evaluate_batch(&self, x: &[Vec<f32>], targets: Targets, tasks: &[Task]) -> (Vec<BatchEval>, Vec<f64>) {
         let Targets { labels, weights, .. } = targets;
         let b = self.rows_of(x);
@@ -741,13 +742,22 @@ impl Model {
                     ranks: Vec::new(),
                 })
                 .collect();
-            return (evals, vec![0.0; self.graph.penalties.len()]);
+            return (
+                evals,
+                vec![0.0; self.graph.penalties.len() + self.graph.summaries.len()],
+            );
         }
         let tape = cpu::Tape::forward(&self.graph, (&self.params, &self.buffers), x, b, cpu::Mode::Infer);
+        let summaries = self
+            .graph
+            .summaries
+            .iter()
+            .map(|m| graph::share(&tape.value(m.node)[..users * 2]) as f64);
         let penalties = self
             .penalties_on(&tape, users, weights)
             .into_iter()
             .map(|(l, _, _)| l as f64)
+            .chain(summaries)
             .collect();
         let evals = tasks
             .iter()

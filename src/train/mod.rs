@@ -247,8 +247,10 @@ impl Trainer {
     /// over a whole input.
     pub fn evaluate(&self, paths: &[String]) -> anyhow::Result<Vec<EvalState>> {
         let tasks = &self.plan.tasks;
-        // The tasks' states, then one per graph penalty (its batch losses).
-        let mut st = vec![EvalState::default(); tasks.len() + self.model.graph.penalties.len()];
+        // The tasks' states, then one per graph penalty (its batch losses)
+        // and one per graph summary (its batch values).
+        let graph = &self.model.graph;
+        let mut st = vec![EvalState::default(); tasks.len() + graph.penalties.len() + graph.summaries.len()];
         for batch in self.stream(paths, false, 0)? {
             let batch = batch.context("reading evaluation data")?;
             let inputs = self.group_inputs(&batch);

@@ -237,8 +237,10 @@ impl Trainer {
     /// summaries to `eval_val/` beside it (where TensorBoard expects them).
     pub fn eval_and_report(&self, paths: &[String], out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
         let states = self.evaluate(paths)?;
-        let penalties: Vec<String> = self.model.graph.penalties.iter().map(|p| p.name.clone()).collect();
-        let metrics = crate::metrics::report_tasks(&self.plan.tasks, &states, &penalties);
+        let graph = &self.model.graph;
+        let penalties: Vec<String> = graph.penalties.iter().map(|p| p.name.clone()).collect();
+        let summaries: Vec<String> = graph.summaries.iter().map(|m| m.name.clone()).collect();
+        let metrics = crate::metrics::report_tasks(&self.plan.tasks, &states, (&penalties, &summaries));
         let examples = states.first().map_or(0, |s| s.labels.len());
         let mut obj = serde_json::Map::new();
         for (k, v) in &metrics {
