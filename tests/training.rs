@@ -1857,6 +1857,29 @@ fn mind_trains_on_sampled_and_hard_negatives_alone() {
     }
 }
 
+/// EasyRec's `item_id` on a listwise DSSM: a user's softmax leaves out
+/// the batch's other examples of its own item (`c2` takes ten values, so
+/// a batch of 16 repeats some): the CPU executor matches burn's autodiff
+/// and the loss differs from the one over every batch item.
+#[test]
+fn item_id_leaves_the_batch_examples_of_a_users_item_out_of_its_negatives() {
+    let block = model_block("DSSM in-batch softmax");
+    let masked = block.replace("temperature: 0.2", "temperature: 0.2 item_id: \"c2\"");
+    assert_ne!(masked, block);
+    let dir = tempfile::tempdir().unwrap();
+    let t = trainer_of(dir.path(), "DSSM with item_id", &masked);
+    let (batch, inputs, fast) = matches_reference(&t);
+    let keys = batch.item_keys.clone().expect("the batch carries its items");
+    assert!(
+        keys.iter().enumerate().any(|(i, k)| keys[..i].contains(k)),
+        "some item repeats"
+    );
+    let mut unmasked = batch.clone();
+    unmasked.item_keys = None;
+    let all = t.loss_and_grads(&unmasked, &inputs).loss;
+    assert!((all - fast.loss).abs() > 1e-4, "{all} vs {}", fast.loss);
+}
+
 /// A DSSM trainer on the training data with `sampler` (its `ITEMS`,
 /// `USERS` and `EDGES` paths filled in) in data_config.
 fn sampled_dssm(dir: &Path, sampler: &str) -> Trainer {

@@ -88,7 +88,6 @@ pub fn mind(m: &proto::Mind, model: &proto::EasyRecModel, path: &str) -> Result<
             "must be a number",
         ));
     }
-    in_batch_option(m.item_id.as_deref(), m.ignore_in_batch_neg_sam(), path)?;
     let time_id = match m.time_id_fea.as_deref().filter(|t| !t.is_empty()) {
         None => None,
         Some(t) => {
@@ -130,18 +129,28 @@ pub fn mind(m: &proto::Mind, model: &proto::EasyRecModel, path: &str) -> Result<
     ))
 }
 
-/// A match model's `item_id` and `ignore_in_batch_neg_sam`: the in-batch
-/// softmax leaves the batch's other items out with the latter; masking
-/// only those that share the positive's item id (`item_id` alone) is not
-/// built. With both EasyRec ignores `item_id`, and so does this.
-pub fn in_batch_option(item_id: Option<&str>, ignore_in_batch: bool, path: &str) -> Result<(), ConfigError> {
-    if item_id.is_some_and(|i| !i.is_empty()) && !ignore_in_batch {
-        return Err(ConfigError::unsupported(
-            format!("{path}.item_id"),
-            "masking in-batch negatives that share the positive's item id (ignore_in_batch_neg_sam leaves them all out)",
+/// A listwise match model's `item_id` (DSSM, DSSM_SENet, MIND), the input
+/// field whose equal values leave the batch's other examples out of a
+/// user's negatives; `None` without one, or with `ignore_in_batch_neg_sam`,
+/// which leaves them all out (EasyRec then ignores `item_id`).
+pub fn in_batch_item(model: &proto::EasyRecModel, data: &proto::DatasetConfig) -> Result<Option<String>, ConfigError> {
+    use proto::easy_rec_model::Model as M;
+    let (item, block) = match &model.model {
+        Some(M::Dssm(d)) => (d.item_id.as_deref(), "dssm"),
+        Some(M::DssmSenet(d)) => (d.item_id.as_deref(), "dssm_senet"),
+        Some(M::Mind(m)) => (m.item_id.as_deref(), "mind"),
+        _ => (None, ""),
+    };
+    let Some(item) = item.filter(|i| !i.is_empty() && !ignore_in_batch(model)) else {
+        return Ok(None);
+    };
+    if !data.input_fields.iter().any(|f| f.input_name == item) {
+        return Err(ConfigError::invalid(
+            format!("model_config.{block}.item_id"),
+            format!("`{item}` is not among data_config.input_fields"),
         ));
     }
-    Ok(())
+    Ok(Some(item.to_string()))
 }
 
 /// Whether the model's in-batch softmax leaves the batch's other items

@@ -1113,7 +1113,6 @@ pub fn comparable(a: &DnnSpec, b: &DnnSpec, path: &str) -> Result<(), ConfigErro
 
 /// DSSM's towers and similarity (`path`: where `d` sits in the config).
 fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
-    super::mind::in_batch_option(d.item_id.as_deref(), d.ignore_in_batch_neg_sam, path)?;
     let user = embedding_dnn(&d.user_tower.dnn, &format!("{path}.user_tower.dnn"))?;
     let item = embedding_dnn(&d.item_tower.dnn, &format!("{path}.item_tower.dnn"))?;
     comparable(&user, &item, &format!("{path}.item_tower.dnn.hidden_units"))?;

@@ -771,6 +771,10 @@ pub struct TrainingPlan {
     /// batch from every worker, their gradients averaged) and are refused
     /// with one; one process trains alike either way.
     pub asynchronous: Option<&'static str>,
+    /// A listwise match model's `item_id` (without
+    /// `ignore_in_batch_neg_sam`): the input field whose equal values
+    /// mark the batch's other examples that are no negatives of a user.
+    pub in_batch_item: Option<String>,
     pub checkpoints: CheckpointCadence,
     pub keep_checkpoint_max: u32,
     /// `enable_oss_stop_signal`: training ends (as at num_steps) once the
@@ -1499,6 +1503,10 @@ impl TrainingPlan {
                     .filter(|m| !m.is_empty())
                     .map(PathBuf::from),
             });
+        let in_batch_item = match tasks.iter().any(|t| t.in_batch()) {
+            true => super::mind::in_batch_item(model, &data)?,
+            false => None,
+        };
         let plan = TrainingPlan {
             memory: super::sizes::Claims::of(cfg, optimizer_slots(kind, &optimizers))?,
             fields: model_plan::input_fields(&data)?,
@@ -1527,6 +1535,7 @@ impl TrainingPlan {
             num_steps,
             strategy,
             asynchronous,
+            in_batch_item,
             checkpoints,
             keep_checkpoint_max: train.keep_checkpoint_max(),
             stop_signal: train.enable_oss_stop_signal(),

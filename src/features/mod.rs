@@ -50,6 +50,9 @@ pub struct Batch {
     pub features: Vec<Encoded>,
     /// Hashed `uid_field` per row, when a GAUC metric needs it.
     pub uids: Option<Vec<u64>>,
+    /// Hashed item id per example (`TrainingPlan::in_batch_item`), when the
+    /// in-batch softmax leaves out the batch's examples of a user's item.
+    pub item_keys: Option<Vec<u64>>,
     /// Each example's `data_config.sample_weight`, when the config names one.
     pub weights: Option<Vec<f32>>,
     /// The last rows are this many items drawn by a negative sampler, no
@@ -74,6 +77,9 @@ impl Batch {
         self.labels.iter_mut().for_each(|l| l.truncate(rows));
         if let Some(u) = &mut self.uids {
             u.truncate(rows);
+        }
+        if let Some(k) = &mut self.item_keys {
+            k.truncate(rows);
         }
         if let Some(w) = &mut self.weights {
             w.truncate(rows);
@@ -301,6 +307,8 @@ pub struct Encoder {
     /// indices (whole numbers below the count given).
     label_kinds: Vec<LabelKind>,
     uid_col: Option<usize>,
+    /// `TrainingPlan::in_batch_item`'s column.
+    item_col: Option<usize>,
     /// Labels appended as two labels' product (`TrainingPlan::label_products`).
     label_products: Vec<(usize, usize)>,
     /// `data_config.sample_weight`'s column (training and evaluation).
@@ -457,6 +465,12 @@ impl Encoder {
             encs.push(enc);
         }
         let uid_col = uid_field.map(|u| col(&mut projection, u, false)).transpose()?;
+        let item_col = plan
+            .in_batch_item
+            .as_deref()
+            .filter(|_| with_label)
+            .map(|i| col(&mut projection, i, false))
+            .transpose()?;
         let weight_col = plan
             .sample_weight
             .as_deref()
@@ -486,6 +500,7 @@ impl Encoder {
                 })
                 .collect(),
             uid_col,
+            item_col,
             weight_col,
             label_products: if with_label { plan.label_products() } else { Vec::new() },
         })
@@ -588,17 +603,22 @@ impl Encoder {
             .zip(&self.names)
             .map(|(e, name)| encode_one(e, raw, n).with_context(|| format!("encoding feature `{name}`")))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let uids = self.uid_col.map(|c| match &raw.columns[c] {
-            Column::Int(v) => v.iter().map(|x| hash_i64(*x)).collect(),
-            Column::Str(s) => (0..n).map(|i| hash_str(s.get(i))).collect(),
-            Column::Float(v) => v.iter().map(|x| x.to_bits()).collect(),
-            Column::List { .. } => vec![0; n],
-        });
+        let keys = |c: usize| -> Vec<u64> {
+            match &raw.columns[c] {
+                Column::Int(v) => v.iter().map(|x| hash_i64(*x)).collect(),
+                Column::Str(s) => (0..n).map(|i| hash_str(s.get(i))).collect(),
+                Column::Float(v) => v.iter().map(|x| x.to_bits()).collect(),
+                Column::List { .. } => vec![0; n],
+            }
+        };
+        let uids = self.uid_col.map(keys);
+        let item_keys = self.item_col.map(keys);
         Ok(Batch {
             size: n,
             labels,
             features,
             uids,
+            item_keys,
             weights,
             sampled: 0,
             hard_negatives: Vec::new(),

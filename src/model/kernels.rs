@@ -924,6 +924,9 @@ pub struct Towers<'a> {
     /// Leave the batch's other items out of each user's logits
     /// (`NO_HARD_NEGATIVE` in their columns).
     pub ignore_in_batch: bool,
+    /// Each user's item, hashed (empty: none given): the batch's other
+    /// examples of the same item are left out of its logits.
+    pub items: &'a [u64],
 }
 
 impl Towers<'_> {
@@ -967,6 +970,13 @@ pub struct TowerGrads {
     pub u: Vec<f32>,
 }
 
+/// Whether user `i`'s logits leave out the batch's item `j` (`j != i`):
+/// all of them with `ignore_in_batch`, else those of the user's own item
+/// when items are given (EasyRec's `_mask_in_batch`).
+pub fn in_batch_left_out(t: &Towers, i: usize, j: usize) -> bool {
+    t.ignore_in_batch || (!t.items.is_empty() && t.items[i] == t.items[j])
+}
+
 /// The logits of the users against the shared items (`Us · Vᵀ`), then
 /// against their own hard negatives (`NO_HARD_NEGATIVE` where a user has
 /// fewer than the most), `[users, shared + most]` row-major.
@@ -974,11 +984,9 @@ pub fn in_batch_logits(t: &Towers) -> Vec<f32> {
     let (b, n, d) = (t.users, t.shared(), t.d);
     let mut l = vec![0.0f32; b * n];
     matmul(&mut l, &t.us[..b * d], false, &t.v[..n * d], true, (b, d, n), false);
-    if t.ignore_in_batch {
-        for i in 0..b {
-            for j in (0..b.min(n)).filter(|&j| j != i) {
-                l[i * n + j] = NO_HARD_NEGATIVE;
-            }
+    for i in 0..b {
+        for j in (0..b.min(n)).filter(|&j| j != i && in_batch_left_out(t, i, j)) {
+            l[i * n + j] = NO_HARD_NEGATIVE;
         }
     }
     let (by, most) = t.hard_by_user();
@@ -1248,6 +1256,7 @@ mod tests {
             weights: None,
             hard: &[],
             ignore_in_batch: false,
+            items: &[],
         };
         // Rows: [0.5 0.5 -1], [-0.5 -0.5 1], [1 1 -2].
         let logits = in_batch_logits(&t);
@@ -1281,6 +1290,7 @@ mod tests {
                     weights: Some(&[0.5, 2.0]),
                     hard,
                     ignore_in_batch: false,
+                    items: &[],
                 };
                 in_batch_softmax(&t, in_batch_logits(&t))
             };
@@ -1310,6 +1320,7 @@ mod tests {
             weights: None,
             hard: &[(1, 3), (1, 4)],
             ignore_in_batch: false,
+            items: &[],
         };
         let l = in_batch_logits(&t);
         assert_eq!((l.len(), l[3], l[4]), (2 * 5, NO_HARD_NEGATIVE, NO_HARD_NEGATIVE));
@@ -1333,6 +1344,7 @@ mod tests {
             weights: None,
             hard: &[],
             ignore_in_batch: true,
+            items: &[],
         };
         let l = in_batch_logits(&t);
         assert_eq!((l[1], l[n]), (NO_HARD_NEGATIVE, NO_HARD_NEGATIVE));
@@ -1342,6 +1354,29 @@ mod tests {
         // relu(-u_i · v_i): user 1's own pair scores -0.4.
         let want = (ce + 0.4) / 2.0;
         assert!((loss as f64 - want).abs() < 1e-5, "loss {loss}, want {want}");
+    }
+
+    /// EasyRec's `item_id`: a user's softmax leaves out the batch's other
+    /// examples of its own item.
+    #[test]
+    fn the_batch_examples_of_a_users_item_are_no_negatives() {
+        let us = [1.0f32, -0.5, 0.3];
+        let v = [0.3f32, 0.8, -0.2];
+        let t = Towers {
+            us: &us,
+            v: &v,
+            u: &us,
+            d: 1,
+            users: 3,
+            weights: None,
+            hard: &[],
+            ignore_in_batch: false,
+            items: &[7, 9, 7],
+        };
+        let l = in_batch_logits(&t);
+        // Users 0 and 2 share item 7: each leaves the other out.
+        assert_eq!((l[2], l[6]), (NO_HARD_NEGATIVE, NO_HARD_NEGATIVE));
+        assert_eq!((l[0], l[1], l[4], l[8]), (0.3, 0.8, -0.4, 0.3 * -0.2));
     }
 
     /// Ranks over all items, the batch's, and the own with the sampled.

@@ -718,6 +718,7 @@ impl Model {
             weights: targets.weights,
             hard: targets.hard_negatives,
             ignore_in_batch: matches!(loss, LossKind::InBatchSoftmax { ignore_in_batch: true }),
+            items: targets.items,
         };
         ([us, v, u], towers)
     }
@@ -834,6 +835,9 @@ pub struct Targets<'a> {
     /// Each example's session (its grouping field, hashed) where a JRC
     /// loss reads it; empty otherwise.
     pub sessions: &'a [u64],
+    /// Each example's item (hashed) where the in-batch softmax leaves out
+    /// the batch's other examples of a user's item; empty otherwise.
+    pub items: &'a [u64],
 }
 
 impl<'a> Targets<'a> {
@@ -843,6 +847,7 @@ impl<'a> Targets<'a> {
             weights: batch.weights.as_deref(),
             hard_negatives: &batch.hard_negatives,
             sessions: batch.uids.as_deref().unwrap_or_default(),
+            items: batch.item_keys.as_deref().unwrap_or_default(),
         }
     }
 }

@@ -462,12 +462,15 @@ pub fn in_batch_loss_of(
         .clone()
         .narrow(0, 0, b)
         .matmul(v.clone().narrow(0, 0, shared).swap_dims(0, 1));
-    if ignore_in_batch {
-        // The batch's other items sink out of each user's softmax.
+    let items = targets.items;
+    if ignore_in_batch || !items.is_empty() {
+        // The batch's items a user leaves out sink out of its softmax: all
+        // others, or those of its own item.
         let off: Vec<f32> = (0..b * shared)
             .map(|k| {
                 let (i, j) = (k / shared, k % shared);
-                if j < b && j != i {
+                let out = j < b && j != i && (ignore_in_batch || items[i] == items[j]);
+                if out {
                     NO_HARD_NEGATIVE
                 } else {
                     0.0
