@@ -1844,8 +1844,17 @@ fn mind_trains_on_sampled_and_hard_negatives_alone() {
     );
     let summary = t.run().unwrap();
     let names: Vec<&str> = summary.metrics.iter().map(|(n, _)| n.as_str()).collect();
-    for m in ["recall@3", "recall_in_batch@3", "recall_neg_sam@3"] {
-        assert!(names.contains(&m), "{names:?}");
+    // EasyRec's listwise MIND metrics, those by interest among them.
+    for m in [
+        "recall@3",
+        "recall_in_batch@3",
+        "recall_neg_sam@3",
+        "interests_recall@3",
+        "interests_neg_sam_recall@3",
+        "hard_neg_acc",
+    ] {
+        let v = summary.metrics.iter().find(|(n, _)| n == m).map(|(_, v)| *v);
+        assert!(v.is_some_and(|v| (0.0..=1.0).contains(&v)), "{m}: {v:?} in {names:?}");
     }
     // max_interests_simi's penalty is trained and reported, and so are
     // EasyRec's similarities of the interests and of the capsules.

@@ -108,6 +108,9 @@ pub struct EvalState {
     /// (the batch's and the sampled ones), among the batch's, and among its
     /// own and the sampled ones.
     pub ranks: Vec<[u32; 3]>,
+    /// MIND's in-batch task: the users' ranks by interest and their hard
+    /// negatives' verdicts (`model::Interests`).
+    pub interests: crate::model::Interests,
     pub loss_sum: f64,
     /// Each evaluation batch's mean loss: EasyRec's `loss` is their
     /// unweighted mean (TensorFlow's streaming mean over batches), so a
@@ -121,6 +124,8 @@ impl EvalState {
         self.labels.extend(other.labels);
         self.uids.extend(other.uids);
         self.ranks.extend(other.ranks);
+        self.interests.ranks.extend(other.interests.ranks);
+        self.interests.hard_hits.extend(other.interests.hard_hits);
         self.loss_sum += other.loss_sum;
         self.batch_losses.extend(other.batch_losses);
     }
@@ -147,16 +152,31 @@ impl EvalState {
         if classification {
             out.push(("logloss".into(), logloss(&self.preds, &self.labels)));
         }
+        let hard = &self.interests.hard_hits;
+        if !hard.is_empty() {
+            // MIND's hard_neg_acc: the users whose own item beats their hard negatives.
+            let acc = hard.iter().filter(|h| **h).count() as f64 / hard.len() as f64;
+            out.push(("hard_neg_acc".into(), acc));
+        }
         for m in metrics {
             let v = match m {
                 Metric::RecallAtTopK { k } => {
                     // Without sampled negatives the in-batch recall is the
                     // recall, and the own item always leads the (empty)
                     // sampled list; EasyRec reports all three.
+                    let recall = |ranks: &[[u32; 3]], i: usize| {
+                        let hits = ranks.iter().filter(|r| (r[i] as usize) < *k).count();
+                        (!ranks.is_empty()).then(|| hits as f64 / ranks.len() as f64)
+                    };
                     for (i, name) in ["recall", "recall_in_batch", "recall_neg_sam"].into_iter().enumerate() {
-                        let hits = self.ranks.iter().filter(|r| (r[i] as usize) < *k).count();
-                        let recall = (!self.ranks.is_empty()).then(|| hits as f64 / self.ranks.len() as f64);
-                        out.push((format!("{name}@{k}"), recall.unwrap_or(f64::NAN)));
+                        out.push((format!("{name}@{k}"), recall(&self.ranks, i).unwrap_or(f64::NAN)));
+                    }
+                    // MIND's, by each item's best similarity to an interest.
+                    let by_interest = &self.interests.ranks;
+                    if !by_interest.is_empty() {
+                        for (i, name) in [(0, "interests_recall"), (2, "interests_neg_sam_recall")] {
+                            out.push((format!("{name}@{k}"), recall(by_interest, i).unwrap_or(f64::NAN)));
+                        }
                     }
                     continue;
                 }

@@ -1088,6 +1088,53 @@ pub fn in_batch_softmax(t: &Towers, logits: Vec<f32>) -> (f32, TowerGrads) {
     ((total / mass as f64) as f32, TowerGrads { us: dus, v: dv, u: du })
 }
 
+/// MIND's item scores by interest (EasyRec's `simple_item_sim` and
+/// `hard_neg_sim`): per user `i` and item row `r` of the towers' items,
+/// `max_h ui[i, h] · v[r]` over the user's `max_k` interests (the masked
+/// ones, zeros, among them, as EasyRec's; `ui` holds `k` of them side by
+/// side per row, users first), `[users, rows]`.
+pub fn interest_sims(ui: &[f32], k: usize, t: &Towers) -> Vec<f32> {
+    let (d, b) = (t.d.max(1), t.users);
+    let rows = t.v.len() / d;
+    let mut out = vec![f32::NEG_INFINITY; b * rows];
+    for i in 0..b {
+        let interests = &ui[i * k * d..(i + 1) * k * d];
+        for r in 0..rows {
+            let item = &t.v[r * d..(r + 1) * d];
+            out[i * rows + r] = interests
+                .chunks_exact(d)
+                .map(|h| h.iter().zip(item).map(|(a, c)| a * c).sum::<f32>())
+                .fold(f32::NEG_INFINITY, f32::max);
+        }
+    }
+    out
+}
+
+/// MIND's evaluation by interest from `interest_sims`: each user's ranks
+/// of its own item among the batch's and the drawn ones (EasyRec's
+/// `interests_recall@k` and `interests_neg_sam_recall@k` read them), and
+/// with hard negatives whether the user's own `logits` (the graph's, with
+/// the similarity's scale and bias, as EasyRec compares them) is first
+/// against its hard negatives' scores (`hard_neg_acc`; ties go to it).
+pub fn interest_eval(sims: &[f32], logits: &[f32], t: &Towers) -> super::Interests {
+    let (b, rows) = (t.users, sims.len() / t.users.max(1));
+    let shared = t.shared();
+    let simple: Vec<f32> = sims
+        .chunks_exact(rows.max(1))
+        .flat_map(|r| r[..shared].to_vec())
+        .collect();
+    let ranks = in_batch_ranks(&simple, b);
+    let hard_hits = if t.hard.is_empty() {
+        Vec::new()
+    } else {
+        let (by, _) = t.hard_by_user();
+        (0..b)
+            .map(|i| by[i].iter().all(|&r| sims[i * rows + r] <= logits[i]))
+            .collect()
+    };
+    super::Interests { ranks, hard_hits }
+}
+
 /// Where each user's own item ranks by its logits (`[b, n]`, `b` users
 /// against the batch's `b` items and `n - b` sampled ones, hard negatives
 /// included): how many items
@@ -1354,6 +1401,39 @@ mod tests {
         // relu(-u_i · v_i): user 1's own pair scores -0.4.
         let want = (ce + 0.4) / 2.0;
         assert!((loss as f64 - want).abs() < 1e-5, "loss {loss}, want {want}");
+    }
+
+    /// MIND's scores by interest: an item's best similarity to one of the
+    /// user's interests; ranks among the batch's and drawn items, and the
+    /// own logit against the hard negatives' scores.
+    #[test]
+    fn interests_rank_items_by_their_best_interest() {
+        // 2 users of 2 interests in 1-D; items: the users' own two, one
+        // drawn and one hard negative of user 1.
+        let ui = [1.0f32, -1.0, 0.5, 0.0];
+        let v = [0.2f32, -0.6, 0.4, 0.9];
+        let t = Towers {
+            us: &[0.0; 4],
+            v: &v,
+            u: &[0.0; 4],
+            d: 1,
+            users: 2,
+            weights: None,
+            hard: &[(1, 3)],
+            ignore_in_batch: false,
+            items: &[],
+        };
+        let sims = interest_sims(&ui, 2, &t);
+        // max(x, -x) for user 0, max(0.5x, 0) for user 1.
+        let want = [0.2, 0.6, 0.4, 0.9, 0.1, 0.0, 0.2, 0.45];
+        sims.iter()
+            .zip(want)
+            .for_each(|(a, b)| assert!((a - b).abs() < 1e-6, "{sims:?}"));
+        let eval = interest_eval(&sims, &[0.3, 0.5], &t);
+        // User 0: its 0.2 below 0.6 and 0.4; user 1: its 0.0 below 0.1 and 0.2.
+        assert_eq!(eval.ranks, vec![[2, 1, 1], [2, 1, 1]]);
+        // User 1's logit 0.5 beats its hard negative's 0.45; user 0 has none.
+        assert_eq!(eval.hard_hits, vec![true, true]);
     }
 
     /// EasyRec's `item_id`: a user's softmax leaves out the batch's other

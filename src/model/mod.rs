@@ -741,6 +741,7 @@ impl Model {
                     scores: TaskScores::from_logits(t, Vec::new()),
                     loss: 0.0,
                     ranks: Vec::new(),
+                    interests: Interests::default(),
                 })
                 .collect();
             return (
@@ -778,14 +779,24 @@ impl Model {
                         scores,
                         loss,
                         ranks: Vec::new(),
+                        interests: Interests::default(),
                     };
                 }
                 let (_, towers) = self.towers(&tape, users, (targets, t.loss));
                 let logits = kernels::in_batch_logits(&towers);
+                let interests = match self.graph.output_node("user_interests") {
+                    Some(ui) => {
+                        let k = self.graph.width(ui) / towers.d.max(1);
+                        let sims = kernels::interest_sims(tape.value(ui), k, &towers);
+                        kernels::interest_eval(&sims, &scores.logits, &towers)
+                    }
+                    None => Interests::default(),
+                };
                 BatchEval {
                     scores,
                     ranks: kernels::in_batch_ranks(&logits, users),
                     loss: kernels::in_batch_softmax(&towers, logits).0 as f64,
+                    interests,
                 }
             })
             .collect();
@@ -861,6 +872,19 @@ pub struct BatchEval {
     /// In-batch tasks: each user's ranks of its own item among all items,
     /// the batch's and its own with the sampled ones (`kernels::in_batch_ranks`).
     pub ranks: Vec<[u32; 3]>,
+    /// MIND's: the same ranks by each item's best similarity to one of the
+    /// user's interests (`kernels::interest_sims`), and per user whether
+    /// its own logit beats its hard negatives' best interest similarities
+    /// (batches with hard negatives); empty otherwise.
+    pub interests: Interests,
+}
+
+/// A MIND in-batch task's per-user evaluation by its interests
+/// (`BatchEval::interests`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Interests {
+    pub ranks: Vec<[u32; 3]>,
+    pub hard_hits: Vec<bool>,
 }
 
 /// One task's predictions for a batch, row-major: per row `logit_width`

@@ -265,6 +265,7 @@ impl Trainer {
                     labels: kept(&batch.labels[t.label], mask),
                     uids: kept(batch.uids.as_deref().unwrap_or_default(), mask),
                     ranks: ev.ranks,
+                    interests: ev.interests,
                     loss_sum: ev.loss * batch.examples() as f64,
                     batch_losses: vec![ev.loss],
                 });
@@ -283,17 +284,30 @@ impl Trainer {
                 let mut loss = [e.loss_sum];
                 self.comm.all_reduce_sum(&mut loss);
                 let bits: Vec<u64> = e.batch_losses.iter().map(|x| x.to_bits()).collect();
+                let ranks = |r: &[[u32; 3]]| -> Vec<[u32; 3]> {
+                    self.comm
+                        .all_gather_u64(&r.iter().flatten().map(|&r| u64::from(r)).collect::<Vec<_>>())
+                        .concat()
+                        .chunks_exact(3)
+                        .map(|r| [r[0] as u32, r[1] as u32, r[2] as u32])
+                        .collect()
+                };
+                let hits: Vec<u64> = e.interests.hard_hits.iter().map(|h| u64::from(*h)).collect();
                 *e = EvalState {
                     preds: self.comm.all_gather_f32(&e.preds).concat(),
                     labels: self.comm.all_gather_f32(&e.labels).concat(),
                     uids: self.comm.all_gather_u64(&e.uids).concat(),
-                    ranks: self
-                        .comm
-                        .all_gather_u64(&e.ranks.iter().flatten().map(|&r| u64::from(r)).collect::<Vec<_>>())
-                        .concat()
-                        .chunks_exact(3)
-                        .map(|r| [r[0] as u32, r[1] as u32, r[2] as u32])
-                        .collect(),
+                    ranks: ranks(&e.ranks),
+                    interests: crate::model::Interests {
+                        ranks: ranks(&e.interests.ranks),
+                        hard_hits: self
+                            .comm
+                            .all_gather_u64(&hits)
+                            .concat()
+                            .into_iter()
+                            .map(|h| h == 1)
+                            .collect(),
+                    },
                     loss_sum: loss[0],
                     batch_losses: self
                         .comm
