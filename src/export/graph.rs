@@ -767,14 +767,9 @@ impl Builder<'_> {
                     let live = self.live(&v[len.0], width);
                     self.live_softmax(&v[x.0], &live)
                 }
-                Op::Capsules {
-                    len,
-                    max_k,
-                    positions,
-                    constant,
-                } => {
-                    let k = self.scalar_f32(*max_k as f32);
-                    if *constant {
+                Op::Capsules { len, count } => {
+                    let k = self.scalar_f32(count.max_k as f32);
+                    if count.constant {
                         let zero = self.scalar_f32(0.0);
                         let z = self.g.op("Mul", &[&v[len.0], &zero]);
                         self.g.op("Add", &[&z, &k])
@@ -782,7 +777,7 @@ impl Builder<'_> {
                         // max(1, min(max_k, ⌊ln live⌋)): ln 0 is −∞, lifted to 1.
                         let (zero, n, one) = (
                             self.scalar_f32(0.0),
-                            self.scalar_f32(*positions as f32),
+                            self.scalar_f32(count.positions as f32),
                             self.scalar_f32(1.0),
                         );
                         let live = self.g.op("Ceil", &[&v[len.0]]);

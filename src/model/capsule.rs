@@ -7,19 +7,30 @@
 use super::graph::{L2_EPS, SQUASH_EPS};
 use super::kernels;
 
-/// How many interest capsules a sequence of length `len` (a count, at most
-/// `positions` live) gets: `max_k` with `constant`, else `max(1, min(max_k,
-/// ⌊ln len⌋))`, 1 for an empty sequence (EasyRec's `tf.log` of 0 is −∞,
-/// which the `max` lifts to 1).
-pub fn count(len: f32, (max_k, positions): (usize, usize), constant: bool) -> f32 {
-    if constant {
-        return max_k as f32;
+/// How many interest capsules a sequence gets (`Op::Capsules`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub max_k: usize,
+    /// The sequence's positions: a longer length counts as this.
+    pub positions: usize,
+    /// Always `max_k` (`const_caps_num`).
+    pub constant: bool,
+}
+
+impl Count {
+    /// The count for a sequence of length `len` (a count): `max_k` when
+    /// constant, else `max(1, min(max_k, ⌊ln len⌋))`, 1 for an empty
+    /// sequence (EasyRec's `tf.log` of 0 is −∞, which the `max` lifts to 1).
+    pub fn of(&self, len: f32) -> f32 {
+        if self.constant {
+            return self.max_k as f32;
+        }
+        let live = kernels::live(len, self.positions);
+        if live == 0 {
+            return 1.0;
+        }
+        ((live as f32).ln().floor() as usize).clamp(1, self.max_k) as f32
     }
-    let live = kernels::live(len, positions);
-    if live == 0 {
-        return 1.0;
-    }
-    ((live as f32).ln().floor() as usize).clamp(1, max_k) as f32
 }
 
 /// The settings one row's routing reads.
@@ -234,13 +245,18 @@ mod tests {
 
     #[test]
     fn capsule_count_follows_the_log_of_the_length() {
-        let c = |len: f32| count(len, (5, 64), false);
+        let count = |max_k, positions, constant| Count {
+            max_k,
+            positions,
+            constant,
+        };
+        let c = |len: f32| count(5, 64, false).of(len);
         assert_eq!(
             [c(0.0), c(1.0), c(7.0), c(8.0), c(20.0), c(55.0), c(64.0)],
             [1.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
         );
-        assert_eq!(count(200.0, (5, 300), false), 5.0);
-        assert_eq!(count(3.0, (5, 64), true), 5.0);
+        assert_eq!(count(5, 300, false).of(200.0), 5.0);
+        assert_eq!(count(5, 64, true).of(3.0), 5.0);
     }
 
     #[test]

@@ -382,19 +382,7 @@ impl<'a> Tape<'a> {
                     });
                 (y, Saved::Scalars(inv))
             }
-            Op::Capsules {
-                len,
-                max_k,
-                positions,
-                constant,
-            } => {
-                let y = self
-                    .value(*len)
-                    .iter()
-                    .map(|l| capsule::count(*l, (*max_k, *positions), *constant))
-                    .collect();
-                (y, Saved::None)
-            }
+            Op::Capsules { len, count } => (self.value(*len).iter().map(|l| count.of(*l)).collect(), Saved::None),
             Op::CapsuleRouting { x, len, caps, routing } => {
                 let (n, e) = (self.graph.rows(*x), self.graph.width(*x));
                 let (max_k, stddev, init) = (&routing.max_k, routing.stddev, &routing.init);

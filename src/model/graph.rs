@@ -241,9 +241,7 @@ pub enum Op {
     /// `max(1, min(max_k, ⌊ln len⌋))` (1 for an empty sequence); constant.
     Capsules {
         len: NodeId,
-        max_k: usize,
-        positions: usize,
-        constant: bool,
+        count: super::capsule::Count,
     },
     /// MIND's dynamic routing (EasyRec's `CapsuleLayer`) of each batch
     /// row's `rows(x)` positions `x` (`[r * n, e]`) into `max_k` capsules:
@@ -783,18 +781,10 @@ impl Graph {
     }
 
     /// `Op::Capsules`: the interest count of each row from its sequence
-    /// length `len` over `positions` positions.
-    pub fn capsules(&mut self, len: NodeId, (max_k, positions): (usize, usize), constant: bool) -> NodeId {
+    /// length `len`.
+    pub fn capsules(&mut self, len: NodeId, count: super::capsule::Count) -> NodeId {
         assert_eq!(self.width(len), 1, "a length column");
-        self.push(
-            Op::Capsules {
-                len,
-                max_k,
-                positions,
-                constant,
-            },
-            1,
-        )
+        self.push(Op::Capsules { len, count }, 1)
     }
 
     /// `Op::CapsuleRouting` of the positions `x` (`rows(x)` per batch row)

@@ -96,7 +96,12 @@ pub fn mind(
         s.rng,
     );
     let high = g.linear(hist, s.params, sw, None, Activation::Linear);
-    let caps = g.capsules(len, (k, p), c.constant_count);
+    let count = super::capsule::Count {
+        max_k: k,
+        positions: p,
+        constant: c.constant_count,
+    };
+    let caps = g.capsules(len, count);
     let routing = Routing {
         max_k: k,
         iters: c.iters,

@@ -262,7 +262,12 @@ fn cases() -> Vec<Case> {
             let len = g.row_sum(sig);
             let len = g.scale(len, 2.0, None);
             let len = g.shift(len, -2.0);
-            let caps = g.capsules(len, (3, 8), false);
+            let count = super::capsule::Count {
+                max_k: 3,
+                positions: 8,
+                constant: false,
+            };
+            let caps = g.capsules(len, count);
             let init = super::capsule::eval_logits(8, 3, 1.0);
             let routing = Routing {
                 max_k: 3,

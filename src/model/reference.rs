@@ -217,17 +217,8 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let mask = ctx.constant(prefix_mask(&to_vec(v[len.0].clone()), width), b, width);
                 live_softmax(v[x.0].clone(), mask)
             }
-            Op::Capsules {
-                len,
-                max_k,
-                positions,
-                constant,
-            } => {
-                let lens = to_vec(v[len.0].clone());
-                let counts = lens
-                    .iter()
-                    .map(|l| super::capsule::count(*l, (*max_k, *positions), *constant))
-                    .collect();
+            Op::Capsules { len, count } => {
+                let counts = to_vec(v[len.0].clone()).iter().map(|l| count.of(*l)).collect();
                 ctx.constant(counts, b, 1)
             }
             Op::CapsuleRouting { x, len, caps, routing } => {
