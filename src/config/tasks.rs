@@ -477,7 +477,7 @@ impl Task {
     /// Whether the task's loss and metrics read the whole batch's
     /// similarities (a match model's listwise loss).
     pub fn in_batch(&self) -> bool {
-        matches!(self.loss, LossKind::InBatchSoftmax { .. })
+        self.loss.is_in_batch()
     }
 }
 

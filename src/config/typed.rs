@@ -402,6 +402,12 @@ impl LossKind {
     pub fn is_in_batch(self) -> bool {
         matches!(self, LossKind::InBatchSoftmax { .. })
     }
+
+    /// An in-batch softmax that leaves the batch's other items out
+    /// (`ignore_in_batch_neg_sam`).
+    pub fn ignores_in_batch(self) -> bool {
+        matches!(self, LossKind::InBatchSoftmax { ignore_in_batch: true })
+    }
 }
 
 /// How a ZILN task's expected value `y` is computed from its logits.
@@ -1028,6 +1034,36 @@ pub struct FineTune {
     pub var_map: Option<PathBuf>,
 }
 
+/// The features of group `name`, taken out of it for a model that reads
+/// them as unpooled sequences (`reader`: who, and a note for the error),
+/// with the group; `None` without such a group. A feature that is no
+/// SequenceFeature is an error naming it.
+fn unpooled_sequences<'g>(
+    groups: &'g mut [model_plan::FeatureGroup],
+    name: &str,
+    features: &[FeatureSpec],
+    (reader, note): (&str, &str),
+) -> Result<Option<(&'g mut model_plan::FeatureGroup, Vec<usize>)>, ConfigError> {
+    let Some(g) = groups.iter_mut().find(|g| g.name == name) else {
+        return Ok(None);
+    };
+    if let Some(&fi) = g
+        .features
+        .iter()
+        .find(|&&fi| !matches!(features[fi].kind, FeatureKind::Sequence { .. }))
+    {
+        return Err(ConfigError::invalid(
+            format!("model_config.feature_groups ({name})"),
+            format!(
+                "{reader} reads the sequence features of group `{name}`, and `{}` is not one{note}",
+                features[fi].name
+            ),
+        ));
+    }
+    let seqs = std::mem::take(&mut g.features);
+    Ok(Some((g, seqs)))
+}
+
 fn paths(s: &str) -> Vec<String> {
     s.split(',')
         .map(str::trim)
@@ -1316,42 +1352,15 @@ impl TrainingPlan {
         // MIND reads its `hist` group's sequences unpooled, on the first
         // one's length.
         if kind == ModelKind::Mind {
-            if let Some(g) = groups.iter_mut().find(|g| g.name == "hist") {
-                if let Some(&fi) = g
-                    .features
-                    .iter()
-                    .find(|&&fi| !matches!(features[fi].kind, FeatureKind::Sequence { .. }))
-                {
-                    return Err(ConfigError::invalid(
-                        "model_config.feature_groups (hist)",
-                        format!(
-                            "MIND reads the sequence features of group `hist`, and `{}` is not one",
-                            features[fi].name
-                        ),
-                    ));
-                }
-                let seqs = std::mem::take(&mut g.features);
+            if let Some((g, seqs)) = unpooled_sequences(&mut groups, "hist", &features, ("MIND", ""))? {
                 g.seq.push(model_plan::SeqAttention::input(&g.name, seqs));
             }
         }
         // A multi-modal tower reads its `text` group's sequences unpooled,
         // each with its own length.
         if super::multimodal::reads_text_unpooled(model) {
-            if let Some(g) = groups.iter_mut().find(|g| g.name == "text") {
-                let (seqs, plain): (Vec<usize>, Vec<usize>) = g
-                    .features
-                    .iter()
-                    .partition(|&&fi| matches!(features[fi].kind, FeatureKind::Sequence { .. }));
-                if let Some(&fi) = plain.first() {
-                    return Err(ConfigError::invalid(
-                        "model_config.feature_groups (text)",
-                        format!(
-                            "the multi-modal tower reads the sequence features of group `text`, and `{}` is not one (EasyRec would leave it out)",
-                            features[fi].name
-                        ),
-                    ));
-                }
-                g.features = Vec::new();
+            let reader = ("the multi-modal tower", " (EasyRec would leave it out)");
+            if let Some((g, seqs)) = unpooled_sequences(&mut groups, "text", &features, reader)? {
                 for fi in seqs {
                     g.seq.push(model_plan::SeqAttention::input(&g.name, vec![fi]));
                 }

@@ -834,14 +834,7 @@ impl Builder<'_> {
                     let f = self.g.op("Div", &[&q, &root]);
                     self.g.op("Mul", &[&v[x.0], &f])
                 }
-                Op::L2Normalize { x } => {
-                    let sq = self.g.op("Mul", &[&v[x.0], &v[x.0]]);
-                    let sq = self.reduce_sum(&sq, 1, true);
-                    let eps = self.scalar_f32(crate::model::graph::L2_EPS);
-                    let sq = self.g.op("Max", &[&sq, &eps]);
-                    let norm = self.g.op("Sqrt", &[&sq]);
-                    self.g.op("Div", &[&v[x.0], &norm])
-                }
+                Op::L2Normalize { x } => self.l2_normalized(&v[x.0], 1),
                 Op::GroupedLinear { x, w, b: bias, n } => {
                     let (n, din) = (*n as i64, (graph.width(*x) / n) as i64);
                     let dout = width as i64 / n;

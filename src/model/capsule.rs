@@ -4,7 +4,7 @@
 //! routing logits EasyRec starts from in inference (NumPy's legacy
 //! generator seeded with 28).
 
-use super::graph::{L2_EPS, SQUASH_EPS};
+use super::graph::SQUASH_EPS;
 use super::kernels;
 
 /// How many interest capsules a sequence gets (`Op::Capsules`).
@@ -108,7 +108,7 @@ pub fn route(x: &[f32], e: usize, (live, caps): (usize, usize), mut logits: Vec<
 
 /// `v / sqrt(max(Σ v², L2_EPS))`, TensorFlow's `l2_normalize`.
 fn l2_normalized(v: &[f32]) -> Vec<f32> {
-    let inv = 1.0 / v.iter().map(|a| a * a).sum::<f32>().max(L2_EPS).sqrt();
+    let inv = kernels::l2_inv(v);
     v.iter().map(|a| a * inv).collect()
 }
 

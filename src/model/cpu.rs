@@ -376,8 +376,7 @@ impl<'a> Tape<'a> {
                 y.par_chunks_mut(width.max(1))
                     .zip(inv.par_iter_mut())
                     .for_each(|(row, iv)| {
-                        let sq: f32 = row.iter().map(|v| v * v).sum();
-                        *iv = 1.0 / sq.max(L2_EPS).sqrt();
+                        *iv = kernels::l2_inv(row);
                         row.iter_mut().for_each(|v| *v *= *iv);
                     });
                 (y, Saved::Scalars(inv))

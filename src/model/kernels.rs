@@ -77,6 +77,12 @@ pub fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |b, k| if row[k] > row[b] { k } else { b })
 }
 
+/// `1 / sqrt(max(Σ v², L2_EPS))`: what TensorFlow's `l2_normalize`
+/// scales a row by.
+pub fn l2_inv(row: &[f32]) -> f32 {
+    1.0 / row.iter().map(|v| v * v).sum::<f32>().max(super::graph::L2_EPS).sqrt()
+}
+
 /// How many of `n` positions a length `len` keeps live: position `k` is
 /// live where `k < len` (a fractional length counts up, none below 0).
 pub fn live(len: f32, n: usize) -> usize {

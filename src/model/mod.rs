@@ -717,7 +717,7 @@ impl Model {
             users,
             weights: targets.weights,
             hard: targets.hard_negatives,
-            ignore_in_batch: matches!(loss, LossKind::InBatchSoftmax { ignore_in_batch: true }),
+            ignore_in_batch: loss.ignores_in_batch(),
             items: targets.items,
         };
         ([us, v, u], towers)

@@ -238,8 +238,11 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let live_caps: Tensor<3> = ctx
                     .constant(prefix_mask(&to_vec(v[caps.0].clone()), k), batch, k)
                     .reshape([batch, 1, k]);
-                let norm = |t: Tensor<3>| t.clone() / (t.clone() * t).sum_dim(2).clamp_min(L2_EPS).sqrt();
-                let xn = if *scale > 0.0 { norm(xs.clone()) } else { xs.clone() };
+                let xn = if *scale > 0.0 {
+                    l2_normalized(xs.clone())
+                } else {
+                    xs.clone()
+                };
                 let by = if *scale > 0.0 { *scale } else { 1.0 };
                 let mut logits: Tensor<3> = ctx.constant(start, batch * n, k).reshape([batch, n, k]);
                 let mut w = logits.clone();
@@ -249,7 +252,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                     if it + 1 == *iters {
                         break;
                     }
-                    let high = norm(w.clone().swap_dims(1, 2).matmul(xs.clone()));
+                    let high = l2_normalized(w.clone().swap_dims(1, 2).matmul(xs.clone()));
                     logits = xn.clone().matmul(high.swap_dims(1, 2)).mul_scalar(by);
                 }
                 w.swap_dims(1, 2).reshape([batch, k * n])
@@ -273,11 +276,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 let f = (n.clone() / n.clone().add_scalar(1.0)).powf_scalar(*pow) * n.sqrt().recip();
                 x * f.mul_scalar(*ratio)
             }
-            Op::L2Normalize { x } => {
-                let x = v[x.0].clone();
-                let norm = (x.clone() * x.clone()).sum_dim(1).clamp_min(L2_EPS).sqrt();
-                x / norm
-            }
+            Op::L2Normalize { x } => l2_normalized(v[x.0].clone()),
             Op::Shift { x, by } => v[x.0].clone().add_scalar(*by),
             Op::GroupedLinear { x, w, b: bias, n } => {
                 let din = graph.width(*x) / n;
@@ -374,6 +373,13 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
         v.push(y);
     }
     v
+}
+
+/// `t` over its L2 norm along the last axis, TensorFlow's `l2_normalize`:
+/// `t / sqrt(max(Σ t², L2_EPS))`.
+fn l2_normalized<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    let norm = (t.clone() * t.clone()).sum_dim(D - 1).clamp_min(L2_EPS).sqrt();
+    t / norm
 }
 
 /// The softmax over the last axis of `logits` where `mask` (1 or 0,

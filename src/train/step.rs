@@ -7,7 +7,6 @@ use burn::tensor::{Device, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::Trainer;
-use crate::config::typed::LossKind;
 use crate::features::Batch;
 use crate::model::graph::{update_bn_buffers, BnStats};
 use crate::model::params::to_vec;
@@ -157,7 +156,7 @@ impl Trainer {
                 if t.in_batch() {
                     let [us, v, u] = self.model.tower_outputs().map(|n| values[n.0].clone());
                     let targets = crate::model::Targets::of(batch);
-                    let ignore = matches!(t.loss, LossKind::InBatchSoftmax { ignore_in_batch: true });
+                    let ignore = t.loss.ignores_in_batch();
                     return reference::in_batch_loss_of((us, v, u), targets, ignore).mul_scalar(t.weight);
                 }
                 let out = self
