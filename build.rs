@@ -2,7 +2,8 @@
 //! generates prost structs from the descriptors and keeps the encoded
 //! descriptor set so the config loader can reflect over the same schema.
 //! The ONNX schema is compiled the same way, for the exporter, and the
-//! entries of TensorFlow's checkpoint index, for reading EasyRec's checkpoints.
+//! entries of TensorFlow's checkpoint index, for reading EasyRec's checkpoints,
+//! and the parameter-server messages of asynchronous training.
 
 use std::path::PathBuf;
 
@@ -37,5 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [&proto_dir],
     )?;
     prost_build::Config::new().out_dir(&out_dir).compile_fds(tensorflow)?;
+
+    // The messages between workers and servers of asynchronous training.
+    let ps = protox::compile([proto_dir.join("rustrec/ps.proto")], [&proto_dir])?;
+    prost_build::Config::new().out_dir(&out_dir).compile_fds(ps)?;
     Ok(())
 }

@@ -388,10 +388,7 @@ fn join_row_shards(parts: &[(usize, usize, Loaded)]) -> Option<Loaded> {
     }
     let mut data = vec![0.0f32; rows.checked_mul(dim)?];
     for (rank, size, part) in parts {
-        let sharding = Sharding::RowWise {
-            rank: *rank,
-            size: *size,
-        };
+        let sharding = Sharding::row_wise(*rank, *size);
         if part.shape[0] != sharding.local_rows(rows) {
             return None;
         }

@@ -34,6 +34,11 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let options = TrainOptions {
         resume: args.continue_train,
         skip_nonfinite_batches: args.skip_nonfinite_batches,
+        ps: crate::train::ps::PsOptions {
+            servers: args.num_ps,
+            max_staleness: args.max_staleness,
+            straggler: args.straggler.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))),
+        },
     };
     abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, options))
 }
@@ -44,6 +49,8 @@ struct TrainOptions {
     resume: bool,
     /// `--skip_nonfinite_batches`.
     skip_nonfinite_batches: u64,
+    /// `--num_ps`, `--max_staleness` (and the tests' straggler).
+    ps: crate::train::ps::PsOptions,
 }
 
 /// Under mpirun a failing rank ends the whole job at once, naming itself;
@@ -70,7 +77,7 @@ fn train_on(
     // Built (and its export options checked) before anyone trains; rank 0 exports.
     let mut exporter =
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
-    let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(|e| UserError(format!("{e:#}")))?;
+    let mut trainer = Trainer::with_roles(plan, comm.clone(), &opts.ps).map_err(|e| UserError(format!("{e:#}")))?;
     trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
     // Rank 0 holds the model_dir's lock for the whole job; under the lock,
     // whatever a dead job left half written can go.

@@ -58,9 +58,30 @@ pub struct TrainEvalArgs {
     /// dropped, with a warning naming the step) before stopping; 0 stops at the first.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub skip_nonfinite_batches: u64,
+    /// Asynchronous training under mpirun (sync_replicas: false, or PSStrategy):
+    /// how many of the ranks are parameter servers (the first N); default one per
+    /// four ranks, at least one. The others are workers.
+    #[arg(long, value_name = "N")]
+    pub num_ps: Option<usize>,
+    /// Asynchronous training: a push that more than N other pushes overtook since
+    /// its pull is dropped (counted and logged); default 4 per worker.
+    #[arg(long, value_name = "N")]
+    pub max_staleness: Option<u64>,
+    /// Tests and benches only: WORKER:MILLISECONDS slows that asynchronous worker
+    /// (index among the workers) down by sleeping after each of its steps.
+    #[arg(long, value_name = "WORKER:MS", hide = true, value_parser = parse_straggler)]
+    pub straggler: Option<(usize, u64)>,
     /// Print the effective config (after all overrides) as text proto and exit.
     #[arg(long)]
     pub print_config: bool,
+}
+
+fn parse_straggler(s: &str) -> Result<(usize, u64), String> {
+    let (w, ms) = s.split_once(':').ok_or("expected WORKER:MILLISECONDS")?;
+    Ok((
+        w.parse().map_err(|e| format!("worker {w:?}: {e}"))?,
+        ms.parse().map_err(|e| format!("milliseconds {ms:?}: {e}"))?,
+    ))
 }
 
 #[derive(Debug, Parser)]

@@ -22,6 +22,12 @@ pub trait Communicator {
     fn all_to_all_u64(&self, send: &[Vec<u64>]) -> Vec<Vec<u64>>;
     fn all_to_all_f32(&self, send: &[Vec<f32>]) -> Vec<Vec<f32>>;
     fn barrier(&self);
+    /// Sends `msg` to rank `to` alone (point to point, for the
+    /// parameter-server roles of asynchronous training).
+    fn send_bytes(&self, to: usize, msg: &[u8]);
+    /// The next message sent here from rank `from`, or from any rank with
+    /// `None`: (its sender, its bytes). Waits until one comes.
+    fn receive_bytes(&self, from: Option<usize>) -> (usize, Vec<u8>);
     /// Ends every rank of the job with `code`.
     fn abort(&self, code: i32) -> !;
     /// Bytes this rank has handed to collectives so far (0 alone).
@@ -56,6 +62,12 @@ impl Communicator for Single {
         send.to_vec()
     }
     fn barrier(&self) {}
+    fn send_bytes(&self, to: usize, _: &[u8]) {
+        panic!("a single process has no rank {to} to send to")
+    }
+    fn receive_bytes(&self, _: Option<usize>) -> (usize, Vec<u8>) {
+        panic!("a single process has no other rank to receive from")
+    }
     fn abort(&self, code: i32) -> ! {
         std::process::exit(code)
     }

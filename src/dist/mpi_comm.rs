@@ -6,8 +6,9 @@ use anyhow::Context;
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;
+use mpi::point_to_point::{MatchedReceiveVec as _, Message, Status};
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Equivalence};
+use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Destination as _, Equivalence, Source as _};
 use mpi::Count;
 
 use super::Communicator;
@@ -130,6 +131,36 @@ impl Communicator for MpiComm {
     }
     fn barrier(&self) {
         self.world.barrier();
+    }
+    fn send_bytes(&self, to: usize, msg: &[u8]) {
+        self.count::<u8>(msg.len());
+        self.world.process_at_rank(to as mpi::Rank).send(msg);
+    }
+    /// Polls instead of blocking: OpenMPI's blocking receive spins on a
+    /// core, and a server or a worker waiting for its reply would take the
+    /// cycles of the ranks doing the work on an oversubscribed machine.
+    /// After a short spin it sleeps between probes.
+    fn receive_bytes(&self, from: Option<usize>) -> (usize, Vec<u8>) {
+        let mut tries = 0u32;
+        let probed: (Message, Status) = loop {
+            let probed = match from {
+                Some(r) => self.world.process_at_rank(r as mpi::Rank).immediate_matched_probe(),
+                None => self.world.any_process().immediate_matched_probe(),
+            };
+            if let Some(m) = probed {
+                break m;
+            }
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else if tries < 128 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        };
+        let (bytes, status) = probed.matched_receive_vec::<u8>();
+        (status.source_rank() as usize, bytes)
     }
     fn abort(&self, code: i32) -> ! {
         self.world.abort(code)

@@ -11,8 +11,8 @@
 use rayon::prelude::*;
 
 use super::{
-    apply_rows, length_rows, pool_rows, positions_rows, scatter_grad, scatter_positions, RowGrads, RowSource, Sharding,
-    Table,
+    apply_rows, length_rows, pool_rows, positions_rows, scatter_grad, scatter_positions, FetchedRows, RowGrads,
+    RowSource, Sharding, Table,
 };
 use crate::config::typed::OptimizerSpec;
 use crate::dist::Communicator;
@@ -36,10 +36,21 @@ impl Collection {
     /// embedded parts pooled from their tables, raw values copied. With
     /// sharded tables this is a collective: every rank must call it.
     pub fn forward(&self, groups: &[GroupLayout], batch: &Batch, comm: &dyn Communicator) -> Vec<Vec<f32>> {
+        let fetched = self.sharding.is_sharded().then(|| self.fetch_rows(groups, batch, comm));
+        self.forward_from(groups, batch, fetched.as_deref())
+    }
+
+    /// `forward` reading the rows of each table from `fetched` (every row
+    /// the batch uses, by table), else from this rank's tables.
+    pub fn forward_from(
+        &self,
+        groups: &[GroupLayout],
+        batch: &Batch,
+        fetched: Option<&[FetchedRows]>,
+    ) -> Vec<Vec<f32>> {
         /// Batch rows per parallel task: every part of a row block in one go.
         const ROWS: usize = 32;
         let b = batch.size;
-        let fetched = self.sharding.is_sharded().then(|| self.fetch_rows(groups, batch, comm));
         groups
             .iter()
             .map(|g| {
@@ -49,7 +60,7 @@ impl Collection {
                 }
                 // Table `ti`'s rows: fetched from their owners when sharded.
                 let src = |ti: usize| -> &dyn RowSource {
-                    match &fetched {
+                    match fetched {
                         Some(f) => &f[ti],
                         None => &self.tables[ti],
                     }
@@ -132,6 +143,13 @@ impl Collection {
         input_grads: &[Vec<f32>],
         comm: &dyn Communicator,
     ) -> Vec<RowGrads> {
+        let local = self.scatter(groups, batch, input_grads);
+        self.exchange_row_grads(local, comm)
+    }
+
+    /// This rank's row gradients of every table (by global row) from the
+    /// gradients of its group inputs, before any exchange.
+    pub fn scatter(&self, groups: &[GroupLayout], batch: &Batch, input_grads: &[Vec<f32>]) -> Vec<RowGrads> {
         // One table's rows at a time, tables in parallel; parts sharing a
         // table add up in config order.
         let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
@@ -157,7 +175,7 @@ impl Collection {
                 }
             }
         });
-        self.exchange_row_grads(row_grads, comm)
+        row_grads
     }
 
     /// Squared norm of row gradients from `backward`, over the whole job

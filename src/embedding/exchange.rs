@@ -29,6 +29,13 @@ fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
 }
 
 impl Collection {
+    /// Distinct ids of every table in `batch`, ascending.
+    pub fn batch_ids(&self, groups: &[GroupLayout], batch: &Batch) -> Vec<BTreeSet<u64>> {
+        (0..self.tables.len())
+            .map(|ti| Self::ids_of_table(groups, batch, ti))
+            .collect()
+    }
+
     /// Distinct ids of table `ti` in `batch`, ascending.
     fn ids_of_table(groups: &[GroupLayout], batch: &Batch, ti: usize) -> BTreeSet<u64> {
         let mut ids = BTreeSet::new();

@@ -2,6 +2,7 @@
 //! step), its checkpoints, evaluation, and the step loop.
 
 pub mod freeze;
+pub mod ps;
 pub mod run;
 pub mod state;
 pub mod step;
@@ -52,6 +53,9 @@ pub struct Trainer {
     pub sampler: Option<NegativeSampler>,
     /// `train_config.freeze_gradient`'s variables, which are not trained.
     pub frozen: freeze::Frozen,
+    /// Under asynchronous training on several ranks, which ranks serve and
+    /// which work.
+    pub ps: Option<ps::Roles>,
 }
 
 impl Trainer {
@@ -63,12 +67,20 @@ impl Trainer {
     /// A trainer that is one rank of `comm`; train_distribute decides how
     /// the ranks split the work.
     pub fn with_comm(plan: TrainingPlan, comm: Rc<dyn Communicator>) -> anyhow::Result<Self> {
+        Self::with_roles(plan, comm, &ps::PsOptions::default())
+    }
+
+    /// `with_comm`, with the command line's choices for asynchronous
+    /// training.
+    pub fn with_roles(
+        plan: TrainingPlan,
+        comm: Rc<dyn Communicator>,
+        ps_options: &ps::PsOptions,
+    ) -> anyhow::Result<Self> {
+        let mut roles = None;
         let sharding = match (plan.strategy, comm.size()) {
             (_, 1) => Sharding::Replicated,
-            (Strategy::EmbeddingParallel, size) => Sharding::RowWise {
-                rank: comm.rank(),
-                size,
-            },
+            (Strategy::EmbeddingParallel, size) => Sharding::row_wise(comm.rank(), size),
             (Strategy::DataParallel, _) => Sharding::Replicated,
             // EasyRec's NoStrategy on several workers is parameter-server
             // training; synchronous (sync_replicas), each global step
@@ -80,21 +92,19 @@ impl Trainer {
                     "NoStrategy on {size} workers with sync_replicas: synchronous training, \
                      each step one batch from every worker, tables sharded across the ranks"
                 );
+                Sharding::row_wise(comm.rank(), size)
+            }
+            // Asynchronous: server ranks hold the tables and the dense
+            // parameters, worker ranks train (see `ps`).
+            (Strategy::Single, size) => {
+                let r = ps::Roles::new(ps_options, size)?;
+                let owners = r.servers;
+                roles = Some(r);
                 Sharding::RowWise {
                     rank: comm.rank(),
                     size,
+                    owners,
                 }
-            }
-            (Strategy::Single, n) => {
-                let path = plan.asynchronous.expect("the other arm is synchronous");
-                return Err(ConfigError::unsupported(
-                    path,
-                    format!(
-                        "asynchronous parameter-server training on {n} processes; \
-                         use NoStrategy with sync_replicas: true, EmbeddingParallelStrategy or MultiWorkerMirroredStrategy"
-                    ),
-                )
-                .into());
             }
         };
         if comm.size() > 1 && plan.tasks.iter().any(|t| t.summed) {
@@ -104,7 +114,7 @@ impl Trainer {
             )
             .into());
         }
-        let shards = if sharding.is_sharded() { comm.size() } else { 1 };
+        let shards = sharding.shard().map_or(1, |(_, count)| count);
         plan.memory.check_here(shards)?;
         let uid = plan.gauc_uid_fields().next();
         let enc = Encoder::new(&plan, uid).map_err(ConfigError::unbuildable)?;
@@ -153,6 +163,7 @@ impl Trainer {
             reference_device: Device::flex().autodiff(),
             comm,
             sampler,
+            ps: roles,
         })
     }
 
@@ -187,7 +198,7 @@ impl Trainer {
             format: p.format.clone(),
             fields: p.fields.clone(),
             projection: self.enc.projection.clone(),
-            batch_size: p.batch_size.max(1) as usize * self.comm.size(),
+            batch_size: p.batch_size.max(1) as usize * self.readers(train).1,
             epochs,
             shuffle: train && p.shuffle,
             shuffle_buffer: p.shuffle_buffer_size,
@@ -196,7 +207,7 @@ impl Trainer {
             skip_batches,
             max_rows: if train { 0 } else { p.eval_num_examples },
         };
-        let (rank, size) = (self.comm.rank(), self.comm.size());
+        let (rank, size) = self.readers(train);
         let mut slice = (rank, size);
         if train && size > 1 {
             let splits = spec.splits()?.len();
@@ -207,7 +218,8 @@ impl Trainer {
             }
             if rank == 0 {
                 log::info!(
-                    "{splits} input splits over {size} ranks: {}",
+                    "{splits} input splits over {size} {}: {}",
+                    if self.ps.is_some() { "workers" } else { "ranks" },
                     if slice == (0, 1) {
                         "each rank reads its own share"
                     } else {
@@ -241,6 +253,18 @@ impl Trainer {
             batch.hard_negatives = appended.hard;
             Ok(batch)
         }))
+    }
+
+    /// (index, count) of this rank among the ranks that read `train`ing
+    /// (or evaluation) input: every rank, except that under asynchronous
+    /// training only the workers read training data.
+    fn readers(&self, train: bool) -> (usize, usize) {
+        match &self.ps {
+            Some(roles) if train => roles
+                .worker_index(self.comm.rank())
+                .map_or((0, 0), |w| (w, roles.workers)),
+            _ => (self.comm.rank(), self.comm.size()),
+        }
     }
 
     /// Predictions, labels and loss of each task (in `plan.tasks` order)

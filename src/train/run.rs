@@ -41,6 +41,9 @@ impl Trainer {
     /// each evaluation of a saved checkpoint and once at the end (`last`,
     /// with empty metrics when there is no evaluation data): the exporters.
     pub fn run_with(&mut self, after_eval: &mut AfterEval) -> anyhow::Result<RunSummary> {
+        if self.ps.is_some() {
+            return self.run_async(after_eval);
+        }
         let start_step = self.step;
         let p = self.plan.clone();
         let target = p.num_steps.map(u64::from);
@@ -199,6 +202,23 @@ impl Trainer {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
+        self.finish(start_step, samples, (t0, last_save.1), last.loss, after_eval)
+    }
+
+    /// The end of a run, on every rank: the last checkpoint (unless the
+    /// last step was just saved), the evaluation and the exporters. Fails
+    /// when nothing at all was read on a fresh start. `samples` were read
+    /// here since `t0`.
+    pub(super) fn finish(
+        &mut self,
+        start_step: u64,
+        samples: u64,
+        (t0, saved_step): (Instant, u64),
+        last_loss: f32,
+        after_eval: &mut AfterEval,
+    ) -> anyhow::Result<RunSummary> {
+        let p = self.plan.clone();
+        let target = p.num_steps.map(u64::from);
         let mut read = [samples as f64];
         self.comm.all_reduce_sum(&mut read);
         if read[0] == 0.0 && start_step == 0 && target.is_none_or(|t| t > 0) {
@@ -211,7 +231,7 @@ impl Trainer {
             .into());
         }
         let last_ckpt = match checkpoint::latest(&p.model_dir)? {
-            Some(c) if last_save.1 == self.step => c,
+            Some(c) if saved_step == self.step => c,
             _ => {
                 let path = self.save()?;
                 log::info!("saved {}", path.display());
@@ -227,7 +247,7 @@ impl Trainer {
         after_eval(&last_ckpt, &metrics, true)?;
         Ok(RunSummary {
             steps: self.step - start_step,
-            last_loss: last.loss,
+            last_loss,
             samples_per_sec: read[0] / secs,
             metrics,
         })
@@ -291,7 +311,7 @@ fn progress_bar(target: Option<u64>, step: u64) -> indicatif::ProgressBar {
 
 impl Trainer {
     /// What is about to happen: inputs, features, tables and how long.
-    fn log_banner(&self, target: Option<u64>) {
+    pub(super) fn log_banner(&self, target: Option<u64>) {
         let p = &self.plan;
         let (rank_count, sharding) = (self.comm.size(), &self.embeddings.sharding);
         log::info!(

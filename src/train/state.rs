@@ -72,7 +72,7 @@ impl Trainer {
     /// checkpoint that any world size can restore; the others wait for it.
     pub fn save(&self) -> anyhow::Result<PathBuf> {
         let dir = &self.plan.model_dir;
-        let (rank, size) = (self.comm.rank(), self.comm.size());
+        let rank = self.comm.rank();
         let context = || format!("saving checkpoint {} in {}", self.step, dir.display());
         // Rank 0 stages the directory; any error aborts the job (the caller's
         // error path), so the others never wait on a barrier alone.
@@ -84,17 +84,25 @@ impl Trainer {
         self.comm.barrier();
         let mut parts = Vec::new();
         let table_file = if self.embeddings.sharding.is_sharded() {
-            // Every rank writes its own rows; rank 0 learns their checksums.
-            let name = checkpoint::shard_file(rank, size);
-            let tables = self.table_tensors(true);
-            let w = checkpoint::write_part(&tmp, &name, &tables, Some((rank, size))).with_context(context)?;
-            let sums = self.comm.all_gather_u64(&[w.bytes, w.checksum]);
-            for (r, s) in sums.iter().enumerate() {
+            // Every rank holding rows writes them (under asynchronous
+            // training the servers do, the workers hold none); rank 0 learns
+            // their checksums.
+            let mine = match self.embeddings.sharding.shard() {
+                Some((index, count)) => {
+                    let name = checkpoint::shard_file(index, count);
+                    let tables = self.table_tensors(true);
+                    let w = checkpoint::write_part(&tmp, &name, &tables, Some((index, count))).with_context(context)?;
+                    vec![w.bytes, w.checksum, index as u64, count as u64]
+                }
+                None => Vec::new(),
+            };
+            for s in self.comm.all_gather_u64(&mine).iter().filter(|s| s.len() == 4) {
+                let (index, count) = (s[2] as usize, s[3] as usize);
                 parts.push(checkpoint::Written {
-                    name: checkpoint::shard_file(r, size),
+                    name: checkpoint::shard_file(index, count),
                     bytes: s[0],
                     checksum: s[1],
-                    shard: Some((r, size)),
+                    shard: Some((index, count)),
                 });
             }
             "embedding-*.safetensors".to_string()

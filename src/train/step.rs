@@ -62,7 +62,7 @@ fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, tr
 
 /// Sum of squares in f64, over fixed chunks in parallel (so the result
 /// does not depend on the thread count).
-fn squared_norm(x: &[f32]) -> f64 {
+pub(super) fn squared_norm(x: &[f32]) -> f64 {
     let parts: Vec<f64> = x
         .par_chunks(1 << 15)
         .map(|c| c.iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>())
@@ -73,7 +73,7 @@ fn squared_norm(x: &[f32]) -> f64 {
 impl Trainer {
     /// The name of a dense parameter, or of a table with a touched row,
     /// that holds a non-finite value.
-    fn non_finite_parameter(&self, row_grads: &[crate::embedding::RowGrads]) -> Option<String> {
+    pub(super) fn non_finite_parameter(&self, row_grads: &[crate::embedding::RowGrads]) -> Option<String> {
         let p = &self.model.params;
         if !p.values.par_iter().all(|v| v.is_finite()) {
             let s = p
@@ -247,25 +247,10 @@ impl Trainer {
                 gin.iter_mut().for_each(|g| *g *= share);
             }
         }
-        let diverged = |what: String| Diverged { step: self.step, what };
         if !loss_value.is_finite() {
             return self.skip_or_stop(format!("the loss is {loss_value}"));
         }
-        let mut reg = 0.0f64; // identical on every rank
-        let l2 = self.plan.l2_regularization;
-        for spec in &self.model.params.specs {
-            if spec.l2 && l2 > 0.0 {
-                let w = &self.model.params.values[spec.range()];
-                dense_grad[spec.range()]
-                    .par_iter_mut()
-                    .zip(w)
-                    .for_each(|(g, w)| *g += l2 * w);
-                reg += 0.5 * l2 as f64 * squared_norm(w);
-            }
-        }
-        if let Some(vd) = self.plan.variational_dropout {
-            reg += self.model.dropout_penalty(vd.lambda, global_rows, &mut dense_grad);
-        }
+        let mut reg = self.dense_regularization(&mut dense_grad, global_rows); // identical on every rank
 
         // Embedding backward: d loss / d group input, scattered to rows
         // and delivered to the ranks that update them.
@@ -300,29 +285,20 @@ impl Trainer {
             };
             return self.skip_or_stop(format!("{what} is not finite"));
         }
-        let scale = match self.plan.gradient_clip_norm {
-            Some(c) if norm > c => c / norm,
-            _ => 1.0,
-        };
-
-        let dense_rule = Rule::at(&self.plan.optimizers[self.assign.dense], self.step);
+        let scale = self.clip_scale(norm);
         if scale != 1.0 {
             dense_grad.iter_mut().for_each(|g| *g *= scale);
         }
         let n = self.model.params.values.len();
-        if self.frozen.any() {
-            for r in self.frozen.trained_ranges(&self.model.params.specs) {
-                let slots = self.dense_state.view(r.clone());
-                dense_rule.apply_parallel(&mut self.model.params.values[r.clone()], &dense_grad[r], slots);
-            }
-        } else {
-            let slots = self.dense_state.view(0..n);
-            dense_rule.apply_parallel(&mut self.model.params.values, &dense_grad, slots);
-        }
+        self.apply_dense(&dense_grad, 0..n, self.step);
         self.embeddings
             .apply(&row_grads, &self.plan.optimizers, self.step, scale);
         if let Some(name) = self.non_finite_parameter(&row_grads) {
-            return Err(diverged(format!("parameter `{name}` is not finite after the update")).into());
+            return Err(Diverged {
+                step: self.step,
+                what: format!("parameter `{name}` is not finite after the update"),
+            }
+            .into());
         }
         update_bn_buffers(&mut self.model.buffers, bn_stats);
         if ranks > 1 && !self.model.buffers.values.is_empty() {
@@ -338,6 +314,62 @@ impl Trainer {
             grad_norm: norm,
             skipped: false,
         })
+    }
+
+    /// Adds the dense regularizers (l2_regularization on the weights that
+    /// take it, variational dropout's penalty over `rows` examples) to
+    /// `dense_grad`; returns their loss.
+    pub(super) fn dense_regularization(&self, dense_grad: &mut [f32], rows: f64) -> f64 {
+        let mut reg = 0.0f64;
+        let l2 = self.plan.l2_regularization;
+        for spec in &self.model.params.specs {
+            if spec.l2 && l2 > 0.0 {
+                let w = &self.model.params.values[spec.range()];
+                dense_grad[spec.range()]
+                    .par_iter_mut()
+                    .zip(w)
+                    .for_each(|(g, w)| *g += l2 * w);
+                reg += 0.5 * l2 as f64 * squared_norm(w);
+            }
+        }
+        if let Some(vd) = self.plan.variational_dropout {
+            reg += self.model.dropout_penalty(vd.lambda, rows, dense_grad);
+        }
+        reg
+    }
+
+    /// What gradients of global norm `norm` are multiplied by: below 1
+    /// when gradient_clip_norm clips them (tf.clip_by_global_norm).
+    pub(super) fn clip_scale(&self, norm: f32) -> f32 {
+        match self.plan.gradient_clip_norm {
+            Some(c) if norm > c => c / norm,
+            _ => 1.0,
+        }
+    }
+
+    /// The dense optimizer's update at global step `step` of the
+    /// parameters in `range` (flat `ParamStore` indices) from their
+    /// gradient `grad` (aligned with `range`), leaving frozen ones as they
+    /// are.
+    pub(super) fn apply_dense(&mut self, grad: &[f32], range: std::ops::Range<usize>, step: u64) {
+        let rule = Rule::at(&self.plan.optimizers[self.assign.dense], step);
+        let trained: Vec<std::ops::Range<usize>> = if self.frozen.any() {
+            self.frozen.trained_ranges(&self.model.params.specs)
+        } else {
+            std::iter::once(0..self.model.params.values.len()).collect()
+        };
+        for r in trained {
+            let (lo, hi) = (r.start.max(range.start), r.end.min(range.end));
+            if lo >= hi {
+                continue;
+            }
+            let slots = self.dense_state.view(lo..hi);
+            rule.apply_parallel(
+                &mut self.model.params.values[lo..hi],
+                &grad[lo - range.start..hi - range.start],
+                slots,
+            );
+        }
     }
 
     /// A batch whose loss or gradient is not finite (`what`), seen alike by

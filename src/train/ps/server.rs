@@ -1,0 +1,331 @@
+//! A server rank: answers the workers' pulls with its rows and its slice of
+//! the dense parameters, and applies their pushes with the configured
+//! optimizers. Server 0 also keeps the global step (tickets), decides when
+//! the workers pause for a checkpoint or end, and bounds staleness.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::time::Instant;
+
+use prost::Message;
+
+use super::wire::{self, pull_reply::State, request::Kind};
+use super::{checkpoint_due, Roles};
+use crate::embedding::{RowGrads, RowSource};
+use crate::summary::SummaryWriter;
+use crate::train::step::Diverged;
+use crate::train::Trainer;
+
+/// How often server 0 looks for the stop signal (as the synchronous loop).
+const STOP_SIGNAL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub(super) struct Server {
+    rank: usize,
+    workers: usize,
+    max_staleness: u64,
+    /// This server's dense parameters (flat indices).
+    dense: Range<usize>,
+    /// Workers whose input ran out, or that the end reached.
+    done: BTreeSet<usize>,
+    /// Server 0: tickets given out (the step of the next pulled batch).
+    issued: u64,
+    /// Server 0: pushes come back, applied or not: the global step.
+    completed: u64,
+    /// Server 0: `completed` when each outstanding ticket was given.
+    pulled_at: BTreeMap<u64, u64>,
+    target: Option<u64>,
+    /// Server 0: what pulls are answered with once a checkpoint or the end
+    /// is due.
+    halt: Option<State>,
+    last_save: Instant,
+    /// The global step of the last checkpoint (or of the start).
+    saved_at: u64,
+    signal_checked: Option<Instant>,
+    stats: Stats,
+    summaries: Option<SummaryWriter>,
+}
+
+/// Server 0's account of the pushes: the current logging window and the
+/// whole run.
+#[derive(Default)]
+struct Stats {
+    window_start: Option<Instant>,
+    window_examples: u64,
+    window_loss: f64,
+    window_pushes: u64,
+    window_staleness: u64,
+    window_max_staleness: u64,
+    summary_start: Option<(Instant, u64)>,
+    applied: u64,
+    dropped: u64,
+    staleness_sum: u64,
+    max_staleness: u64,
+}
+
+impl Server {
+    pub(super) fn new(t: &Trainer, roles: &Roles) -> Self {
+        let rank = t.comm.rank();
+        let p = &t.plan;
+        let summaries = (rank == 0 && p.save_summary_steps > 0)
+            .then(|| SummaryWriter::create(&p.model_dir))
+            .transpose()
+            .unwrap_or_else(|e| {
+                log::warn!("no training summaries: {e:#}");
+                None
+            });
+        Server {
+            rank,
+            workers: roles.workers,
+            max_staleness: roles.max_staleness,
+            dense: roles.dense_range(rank, t.model.params.values.len()),
+            done: BTreeSet::new(),
+            issued: t.step,
+            completed: t.step,
+            pulled_at: BTreeMap::new(),
+            target: p.num_steps.map(u64::from),
+            halt: None,
+            last_save: Instant::now(),
+            saved_at: t.step,
+            signal_checked: None,
+            stats: Stats::default(),
+            summaries,
+        }
+    }
+
+    /// Server 0's global step.
+    pub(super) fn completed(&self) -> u64 {
+        self.completed
+    }
+
+    /// A checkpoint was saved: serving may resume.
+    pub(super) fn saved(&mut self) {
+        self.last_save = Instant::now();
+        self.saved_at = self.completed;
+        if self.halt == Some(State::Pause) {
+            self.halt = None;
+        }
+    }
+
+    /// Answers the workers until every one of them has left (paused or
+    /// done).
+    pub(super) fn serve(&mut self, t: &mut Trainer) -> anyhow::Result<()> {
+        let mut paused = BTreeSet::new();
+        while self.done.len() + paused.len() < self.workers {
+            let (from, bytes) = t.comm.receive_bytes(None);
+            let request = wire::Request::decode(bytes.as_slice())
+                .map_err(|e| anyhow::anyhow!("server {}: a malformed message from rank {from}: {e}", self.rank))?;
+            match request.kind {
+                Some(Kind::Pull(pull)) => {
+                    let reply = self.pull(t, &pull);
+                    t.comm.send_bytes(from, &reply.encode_to_vec());
+                }
+                Some(Kind::Push(push)) => self.push(t, from, push)?,
+                Some(Kind::Leave(leave)) => {
+                    if leave.done {
+                        self.done.insert(from);
+                    } else {
+                        paused.insert(from);
+                    }
+                }
+                None => anyhow::bail!("server {}: an empty message from rank {from}", self.rank),
+            }
+        }
+        Ok(())
+    }
+
+    fn pull(&mut self, t: &Trainer, pull: &wire::Pull) -> wire::PullReply {
+        let mut reply = wire::PullReply::default();
+        if self.rank == 0 {
+            self.look_for_stop_signal(t);
+            if self.halt.is_none() {
+                if self.target.is_some_and(|target| self.issued >= target) {
+                    self.halt = Some(State::End);
+                } else if self.issued > self.saved_at
+                    && checkpoint_due(&t.plan.checkpoints, self.issued, self.last_save)
+                {
+                    self.halt = Some(State::Pause);
+                }
+            }
+            if let Some(state) = self.halt {
+                reply.set_state(state);
+                return reply;
+            }
+            reply.ticket = self.issued;
+            self.pulled_at.insert(self.issued, self.completed);
+            self.issued += 1;
+        }
+        reply.dense = t.model.params.values[self.dense.clone()].to_vec();
+        reply.rows = t
+            .embeddings
+            .tables
+            .iter()
+            .zip(&pull.tables)
+            .map(|(table, ids)| wire::Rows {
+                values: ids.ids.iter().flat_map(|g| table.row(*g).iter().copied()).collect(),
+            })
+            .collect();
+        reply
+    }
+
+    fn look_for_stop_signal(&mut self, t: &Trainer) {
+        let p = &t.plan;
+        if !p.stop_signal || self.signal_checked.is_some_and(|c| c.elapsed() < STOP_SIGNAL_EVERY) {
+            return;
+        }
+        self.signal_checked = Some(Instant::now());
+        let signal = p.model_dir.join(crate::config::typed::STOP_SIGNAL);
+        if signal.exists() {
+            log::info!(
+                "stop signal {} found at step {}: training ends here",
+                signal.display(),
+                self.completed
+            );
+            self.halt = Some(State::End);
+        }
+    }
+
+    fn push(&mut self, t: &mut Trainer, from: usize, push: wire::Push) -> anyhow::Result<()> {
+        if self.rank != 0 {
+            return self.apply(t, &push, push.step);
+        }
+        let pulled_at = self
+            .pulled_at
+            .remove(&push.ticket)
+            .ok_or_else(|| anyhow::anyhow!("server 0: rank {from} pushed step {} it never pulled", push.ticket))?;
+        let staleness = self.completed - pulled_at;
+        let step = self.completed;
+        let applied = if !push.nonfinite.is_empty() {
+            if t.skipped_batches >= t.skip_nonfinite_batches {
+                let what = if t.skip_nonfinite_batches > 0 {
+                    format!(
+                        "{} ({} batches skipped already, as many as --skip_nonfinite_batches allows)",
+                        push.nonfinite, t.skipped_batches
+                    )
+                } else {
+                    push.nonfinite.clone()
+                };
+                return Err(Diverged { step, what }.into());
+            }
+            t.skipped_batches += 1;
+            log::warn!(
+                "{} at step {step} (worker rank {from}): batch skipped, its update not applied ({} of at most {} \
+                 by --skip_nonfinite_batches)",
+                push.nonfinite,
+                t.skipped_batches,
+                t.skip_nonfinite_batches
+            );
+            false
+        } else {
+            staleness <= self.max_staleness
+        };
+        let reply = wire::PushReply { applied, step };
+        t.comm.send_bytes(from, &reply.encode_to_vec());
+        self.completed += 1;
+        if applied {
+            self.apply(t, &push, step)?;
+            self.stats.applied += 1;
+            self.stats.staleness_sum += staleness;
+            self.stats.max_staleness = self.stats.max_staleness.max(staleness);
+        } else if push.nonfinite.is_empty() {
+            self.stats.dropped += 1;
+        }
+        self.account(t, &push, staleness)
+    }
+
+    /// Applies this server's part of a push at global step `step`.
+    fn apply(&mut self, t: &mut Trainer, push: &wire::Push, step: u64) -> anyhow::Result<()> {
+        t.apply_dense(&push.dense, self.dense.clone(), step);
+        let row_grads: Vec<RowGrads> = t
+            .embeddings
+            .tables
+            .iter()
+            .zip(push.ids.iter().zip(&push.grads))
+            .map(|(table, (ids, grads))| {
+                let mut rg = RowGrads::default();
+                for (id, g) in ids.ids.iter().zip(grads.values.chunks_exact(table.dim.max(1))) {
+                    rg.add(*id, g);
+                }
+                rg
+            })
+            .collect();
+        t.embeddings.apply(&row_grads, &t.plan.optimizers, step, 1.0);
+        if let Some(name) = t.non_finite_parameter(&row_grads) {
+            return Err(Diverged {
+                step,
+                what: format!("parameter `{name}` is not finite after the update"),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Server 0's log lines and summaries, every log_step_count_steps and
+    /// save_summary_steps global steps.
+    fn account(&mut self, t: &Trainer, push: &wire::Push, staleness: u64) -> anyhow::Result<()> {
+        let s = &mut self.stats;
+        let now = Instant::now();
+        let start = *s.window_start.get_or_insert(now);
+        s.window_examples += push.examples;
+        s.window_pushes += 1;
+        s.window_loss += push.loss as f64;
+        s.window_staleness += staleness;
+        s.window_max_staleness = s.window_max_staleness.max(staleness);
+        let p = &t.plan;
+        let step = self.completed;
+        let lr = p.optimizers[t.assign.dense].lr.at(step);
+        let loss = s.window_loss / s.window_pushes.max(1) as f64;
+        if step.is_multiple_of(p.log_step_count_steps.max(1) as u64) {
+            let secs = now.duration_since(start).as_secs_f64().max(1e-9);
+            let of = self.target.map(|t| format!("/{t}")).unwrap_or_default();
+            log::info!(
+                "step {step}{of} loss {loss:.5} lr {lr:.6} samples/s {:.0} staleness mean {:.1} max {} \
+                 dropped {} (asynchronous)",
+                s.window_examples as f64 / secs,
+                s.window_staleness as f64 / s.window_pushes.max(1) as f64,
+                s.window_max_staleness,
+                s.dropped,
+            );
+            s.window_start = Some(now);
+            s.window_examples = 0;
+            s.window_loss = 0.0;
+            s.window_pushes = 0;
+            s.window_staleness = 0;
+            s.window_max_staleness = 0;
+        }
+        if let Some(w) = self
+            .summaries
+            .as_mut()
+            .filter(|_| step.is_multiple_of(p.save_summary_steps.max(1) as u64))
+        {
+            let (since, from) = *s.summary_start.get_or_insert((now, step.saturating_sub(1)));
+            let steps_per_sec = (step - from) as f64 / now.duration_since(since).as_secs_f64().max(1e-9);
+            w.scalars(
+                step,
+                &[
+                    ("loss", push.loss as f64),
+                    ("learning_rate", lr as f64),
+                    ("global_step/sec", steps_per_sec),
+                    ("staleness", staleness as f64),
+                ],
+            )?;
+            s.summary_start = Some((now, step));
+        }
+        Ok(())
+    }
+
+    /// Server 0's account of the whole run, at its end.
+    pub(super) fn report(&self) {
+        if self.rank != 0 {
+            return;
+        }
+        let s = &self.stats;
+        log::info!(
+            "asynchronous updates: {} applied, {} dropped as staler than {} steps; staleness mean {:.2} max {}",
+            s.applied,
+            s.dropped,
+            self.max_staleness,
+            s.staleness_sum as f64 / s.applied.max(1) as f64,
+            s.max_staleness
+        );
+    }
+}

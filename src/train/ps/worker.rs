@@ -1,0 +1,266 @@
+//! A worker rank: reads its share of the input and, batch by batch, pulls
+//! what the batch needs from the servers, computes the loss and gradients
+//! on the CPU executor and pushes them back, without waiting for the other
+//! workers.
+
+use anyhow::Context;
+use prost::Message;
+
+use super::wire::{self, pull_reply::State, request::Kind};
+use super::Roles;
+use crate::data::Prefetch;
+use crate::embedding::{FetchedRows, RowGrads};
+use crate::features::Batch;
+use crate::model::graph::update_bn_buffers;
+use crate::train::step::{squared_norm, Grads};
+use crate::train::Trainer;
+
+pub(super) struct Worker {
+    pub(super) index: usize,
+    roles: Roles,
+    stream: Prefetch<Batch>,
+    /// A batch read before a pause, trained after it.
+    pending: Option<Batch>,
+    /// The rows of the batch being trained, from its pull.
+    fetched: Vec<FetchedRows>,
+    done: bool,
+    pub(super) samples: u64,
+}
+
+/// A batch's gradients, clipped, ready to go to the servers.
+struct Computed {
+    loss: f32,
+    dense: Vec<f32>,
+    rows: Vec<RowGrads>,
+    /// Why the batch has no gradients: its loss or gradient is not finite.
+    nonfinite: Option<String>,
+}
+
+fn request(kind: Kind) -> Vec<u8> {
+    wire::Request { kind: Some(kind) }.encode_to_vec()
+}
+
+impl Worker {
+    pub(super) fn new(t: &Trainer, roles: &Roles, index: usize) -> anyhow::Result<Self> {
+        // A resumed job's global step counts every worker's batches.
+        let skip = t.step / roles.workers as u64;
+        Ok(Worker {
+            index,
+            roles: roles.clone(),
+            stream: t.stream(&t.plan.train_paths, true, skip)?,
+            pending: None,
+            fetched: Vec::new(),
+            done: false,
+            samples: 0,
+        })
+    }
+
+    /// Trains batches until server 0 pauses or ends training, or the input
+    /// runs out; returns whether this worker is done for good.
+    pub(super) fn work(&mut self, t: &mut Trainer) -> anyhow::Result<bool> {
+        while !self.done {
+            let batch = match self.pending.take() {
+                Some(b) => b,
+                None => match self.stream.next() {
+                    Some(b) => b.context("reading training data")?,
+                    None => {
+                        self.leave(t, true);
+                        break;
+                    }
+                },
+            };
+            if batch.examples() == 0 {
+                continue;
+            }
+            match self.pull(t, &batch)? {
+                State::Go => {}
+                State::Pause => {
+                    self.pending = Some(batch);
+                    self.leave(t, false);
+                    return Ok(false);
+                }
+                State::End => {
+                    self.leave(t, true);
+                    break;
+                }
+            }
+            let computed = self.compute(t, &batch);
+            self.push(t, computed, batch.examples() as u64)?;
+            self.samples += batch.size as u64;
+            if let Some((_, delay)) = self.roles.straggler.filter(|(w, _)| *w == self.index) {
+                std::thread::sleep(delay);
+            }
+        }
+        Ok(true)
+    }
+
+    fn leave(&mut self, t: &Trainer, done: bool) {
+        let msg = request(Kind::Leave(wire::Leave { done }));
+        for s in 0..self.roles.servers {
+            t.comm.send_bytes(s, &msg);
+        }
+        self.done = done;
+    }
+
+    /// Asks every server for its rows of the batch and its dense slice;
+    /// on GO, puts them in place (the trainer's dense parameters, its step
+    /// the batch's ticket) and returns GO with the rows kept for `compute`.
+    fn pull(&mut self, t: &mut Trainer, batch: &Batch) -> anyhow::Result<State> {
+        let servers = self.roles.servers;
+        let sharding = t.embeddings.sharding;
+        // wanted[server][table]: the ids that server holds.
+        let mut wanted: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); t.embeddings.tables.len()]; servers];
+        for (ti, ids) in t.embeddings.batch_ids(&t.model.groups, batch).into_iter().enumerate() {
+            for id in ids {
+                wanted[sharding.owner(id)][ti].push(id);
+            }
+        }
+        for (s, tables) in wanted.iter().enumerate() {
+            let pull = wire::Pull {
+                tables: tables.iter().map(|ids| wire::Ids { ids: ids.clone() }).collect(),
+            };
+            t.comm.send_bytes(s, &request(Kind::Pull(pull)));
+        }
+        let mut state = State::Go;
+        let n = t.model.params.values.len();
+        let mut fetched: Vec<FetchedRows> = t
+            .embeddings
+            .tables
+            .iter()
+            .map(|table| FetchedRows {
+                dim: table.dim,
+                ..FetchedRows::default()
+            })
+            .collect();
+        for (s, tables) in wanted.iter().enumerate() {
+            let (_, bytes) = t.comm.receive_bytes(Some(s));
+            let reply = wire::PullReply::decode(bytes.as_slice())
+                .with_context(|| format!("a malformed reply from server {s}"))?;
+            if s == 0 {
+                state = reply.state();
+                if state != State::Go {
+                    continue; // the other servers' replies are read and left
+                }
+                t.step = reply.ticket;
+            }
+            if state != State::Go {
+                continue;
+            }
+            let range = self.roles.dense_range(s, n);
+            anyhow::ensure!(
+                reply.dense.len() == range.len() && reply.rows.len() == tables.len(),
+                "server {s} answered with the wrong sizes"
+            );
+            t.model.params.values[range].copy_from_slice(&reply.dense);
+            for ((f, ids), rows) in fetched.iter_mut().zip(tables).zip(&reply.rows) {
+                for (k, id) in ids.iter().enumerate() {
+                    f.index.insert(*id, f.data.len() / f.dim.max(1));
+                    f.data.extend_from_slice(&rows.values[k * f.dim..(k + 1) * f.dim]);
+                }
+            }
+        }
+        self.fetched = fetched;
+        Ok(state)
+    }
+
+    /// The batch's loss and its gradients, regularized and clipped as the
+    /// synchronous step does, over this worker's batch alone; its batch-norm
+    /// statistics go into this worker's moving averages.
+    fn compute(&mut self, t: &mut Trainer, batch: &Batch) -> Computed {
+        let groups = &t.model.groups;
+        let inputs = t.embeddings.forward_from(groups, batch, Some(&self.fetched));
+        let nonfinite = |what: String| Computed {
+            loss: f32::NAN,
+            dense: Vec::new(),
+            rows: Vec::new(),
+            nonfinite: Some(what),
+        };
+        let Grads {
+            loss,
+            dense: mut dense_grad,
+            inputs: mut input_grads,
+            bn_stats,
+        } = t.loss_and_grads(batch, &inputs);
+        if !loss.is_finite() {
+            return nonfinite(format!("the loss is {loss}"));
+        }
+        let mut reg = t.dense_regularization(&mut dense_grad, batch.examples() as f64);
+        let emb_reg = t.plan.embedding_regularization;
+        if emb_reg > 0.0 {
+            reg += t.embeddings.regularize(groups, &inputs, &mut input_grads, emb_reg);
+        }
+        let mut rows = t.embeddings.scatter(groups, batch, &input_grads);
+        if t.frozen.any() {
+            t.frozen.clear(&t.model.params.specs, &mut dense_grad, &mut rows);
+        }
+        let sq = squared_norm(&dense_grad) + rows.iter().map(RowGrads::squared_norm).sum::<f64>();
+        let norm = sq.sqrt() as f32;
+        if !norm.is_finite() || !reg.is_finite() {
+            let what = if norm.is_finite() {
+                "the regularization loss"
+            } else {
+                "the gradient norm"
+            };
+            return nonfinite(format!("{what} is not finite"));
+        }
+        let scale = t.clip_scale(norm);
+        if scale != 1.0 {
+            dense_grad.iter_mut().for_each(|g| *g *= scale);
+            rows.iter_mut()
+                .for_each(|r| r.grads.iter_mut().for_each(|g| *g *= scale));
+        }
+        update_bn_buffers(&mut t.model.buffers, bn_stats);
+        Computed {
+            loss: loss + reg as f32,
+            dense: dense_grad,
+            rows,
+            nonfinite: None,
+        }
+    }
+
+    /// Sends server 0 its part and, if it applies the push, the other
+    /// servers theirs, at the step it was applied at.
+    fn push(&mut self, t: &Trainer, c: Computed, examples: u64) -> anyhow::Result<()> {
+        let servers = self.roles.servers;
+        let n = t.model.params.values.len();
+        let sharding = t.embeddings.sharding;
+        let tables = &t.embeddings.tables;
+        let mut parts: Vec<wire::Push> = (0..servers)
+            .map(|s| wire::Push {
+                ticket: t.step,
+                loss: c.loss,
+                examples,
+                nonfinite: c.nonfinite.clone().unwrap_or_default(),
+                dense: if c.nonfinite.is_some() {
+                    Vec::new()
+                } else {
+                    c.dense[self.roles.dense_range(s, n)].to_vec()
+                },
+                ids: vec![wire::Ids::default(); tables.len()],
+                grads: vec![wire::Rows::default(); tables.len()],
+                ..Default::default()
+            })
+            .collect();
+        for ((ti, table), rg) in tables.iter().enumerate().zip(&c.rows) {
+            for (k, &id) in rg.rows.iter().enumerate() {
+                let part = &mut parts[sharding.owner(id)];
+                part.ids[ti].ids.push(id);
+                part.grads[ti]
+                    .values
+                    .extend_from_slice(&rg.grads[k * table.dim..(k + 1) * table.dim]);
+            }
+        }
+        let mut parts = parts.into_iter();
+        let first = parts.next().expect("at least one server");
+        t.comm.send_bytes(0, &request(Kind::Push(first)));
+        let (_, bytes) = t.comm.receive_bytes(Some(0));
+        let reply = wire::PushReply::decode(bytes.as_slice()).context("a malformed reply from server 0")?;
+        if reply.applied {
+            for (s, mut part) in parts.enumerate() {
+                part.step = reply.step;
+                t.comm.send_bytes(s + 1, &request(Kind::Push(part)));
+            }
+        }
+        Ok(())
+    }
+}
