@@ -83,7 +83,9 @@ $(VENV)/ort-installed: $(VENV)/torch-installed
 # baseline, a scaling table, then sharded on 2 ranks. Then serving: the
 # DLRM sample's export behind `serve` against onnxruntime behind a Python
 # server (loopback, 100-row requests at 1, 8 and 64 clients), and the
-# exported graph's time per row at batch 64 and 2048.
+# exported graph's time per row at batch 64 and 2048. Last, a straggler
+# (one worker sleeping after each step) under synchronous and asynchronous
+# training on 4 ranks.
 SERVE_BENCH := experiments/serve_bench
 bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	$(CARGO) build --locked --release --bin bench
@@ -98,6 +100,7 @@ bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	$(CARGO_TARGET_DIR)/release/export --pipeline_config_path samples/dlrm_criteo_sample.config --model_dir $(SERVE_BENCH)/model --export_dir $(SERVE_BENCH)/export
 	$(CARGO_TARGET_DIR)/release/serve_bench --export $(SERVE_BENCH)/export --data data/criteo_sample.csv \
 	  --serve $(CARGO_TARGET_DIR)/release/serve --python $(VENV)/bin/python
+	python3 bench/straggler.py --bin $(CARGO_TARGET_DIR)/release/train_eval
 
 # EasyRec itself (pai-easy-rec 0.7.1 on TensorFlow 2.12, about 600 MB) for
 # `make parity`, in its own virtual environment; it needs Python 3.11 or

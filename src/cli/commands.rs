@@ -37,8 +37,8 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
         ps: crate::train::ps::PsOptions {
             servers: args.num_ps,
             max_staleness: args.max_staleness,
-            straggler: args.straggler.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))),
         },
+        straggler: args.straggler.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))),
     };
     abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, options))
 }
@@ -49,8 +49,10 @@ struct TrainOptions {
     resume: bool,
     /// `--skip_nonfinite_batches`.
     skip_nonfinite_batches: u64,
-    /// `--num_ps`, `--max_staleness` (and the tests' straggler).
+    /// `--num_ps`, `--max_staleness`.
     ps: crate::train::ps::PsOptions,
+    /// `--straggler` (benches only).
+    straggler: Option<(usize, std::time::Duration)>,
 }
 
 /// Under mpirun a failing rank ends the whole job at once, naming itself;
@@ -79,6 +81,7 @@ fn train_on(
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
     let mut trainer = Trainer::with_roles(plan, comm.clone(), &opts.ps).map_err(|e| UserError(format!("{e:#}")))?;
     trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
+    trainer.straggler = opts.straggler;
     // Rank 0 holds the model_dir's lock for the whole job; under the lock,
     // whatever a dead job left half written can go.
     let _lock = if comm.rank() == 0 {

@@ -67,8 +67,9 @@ pub struct TrainEvalArgs {
     /// its pull is dropped (counted and logged); default 4 per worker.
     #[arg(long, value_name = "N")]
     pub max_staleness: Option<u64>,
-    /// Tests and benches only: WORKER:MILLISECONDS slows that asynchronous worker
-    /// (index among the workers) down by sleeping after each of its steps.
+    /// Benches only: WORKER:MILLISECONDS slows that worker (its rank, or under
+    /// asynchronous training its index among the workers) down by sleeping after
+    /// each of its steps.
     #[arg(long, value_name = "WORKER:MS", hide = true, value_parser = parse_straggler)]
     pub straggler: Option<(usize, u64)>,
     /// Print the effective config (after all overrides) as text proto and exit.

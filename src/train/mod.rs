@@ -56,6 +56,10 @@ pub struct Trainer {
     /// Under asynchronous training on several ranks, which ranks serve and
     /// which work.
     pub ps: Option<ps::Roles>,
+    /// Tests and benches only: (worker, delay) slows that worker (a rank,
+    /// or under asynchronous training an index among the workers) down by
+    /// sleeping after each of its steps.
+    pub straggler: Option<(usize, std::time::Duration)>,
 }
 
 impl Trainer {
@@ -164,6 +168,7 @@ impl Trainer {
             comm,
             sampler,
             ps: roles,
+            straggler: None,
         })
     }
 
@@ -253,6 +258,13 @@ impl Trainer {
             batch.hard_negatives = appended.hard;
             Ok(batch)
         }))
+    }
+
+    /// The straggler's sleep after a step of worker `worker`.
+    fn straggle(&self, worker: usize) {
+        if let Some((_, delay)) = self.straggler.filter(|(w, _)| *w == worker) {
+            std::thread::sleep(delay);
+        }
     }
 
     /// (index, count) of this rank among the ranks that read `train`ing

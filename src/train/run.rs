@@ -95,6 +95,7 @@ impl Trainer {
             let batch = batch.context("reading training data")?;
             let lr = p.optimizers[self.assign.dense].lr.at(self.step);
             let step_stats = self.train_step(&batch)?;
+            self.straggle(self.comm.rank());
             if p.stop_signal && lead && signal_checked.is_none_or(|t| t.elapsed() >= STOP_SIGNAL_EVERY) {
                 signal_checked = Some(Instant::now());
                 signalled = signal.exists();

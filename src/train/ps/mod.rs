@@ -28,7 +28,7 @@
 mod server;
 mod worker;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::run::AfterEval;
 use super::run::RunSummary;
@@ -49,9 +49,6 @@ pub struct PsOptions {
     /// Most pushes that may complete between a batch's pull and its push
     /// before the push is dropped; by default four per worker.
     pub max_staleness: Option<u64>,
-    /// Tests and benches only: (worker index, delay) slows one worker down
-    /// by sleeping after each of its steps.
-    pub straggler: Option<(usize, Duration)>,
 }
 
 /// Which ranks serve and which work.
@@ -60,7 +57,6 @@ pub struct Roles {
     pub servers: usize,
     pub workers: usize,
     pub max_staleness: u64,
-    pub straggler: Option<(usize, Duration)>,
 }
 
 impl Roles {
@@ -81,7 +77,6 @@ impl Roles {
             servers,
             workers,
             max_staleness: opts.max_staleness.unwrap_or(4 * workers as u64),
-            straggler: opts.straggler,
         })
     }
 

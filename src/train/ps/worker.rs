@@ -87,9 +87,7 @@ impl Worker {
             let computed = self.compute(t, &batch);
             self.push(t, computed, batch.examples() as u64)?;
             self.samples += batch.size as u64;
-            if let Some((_, delay)) = self.roles.straggler.filter(|(w, _)| *w == self.index) {
-                std::thread::sleep(delay);
-            }
+            t.straggle(self.index);
         }
         Ok(true)
     }
