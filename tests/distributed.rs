@@ -246,6 +246,21 @@ fn asynchronous_training_with_one_worker_matches_one_process() {
             }
             assert_same_metrics(&eval_result(&reference), &eval_result(&dir), &what);
         }
+        // The two servers' checkpoint resumes on one server to step 30, as
+        // one process trains on.
+        let longer = tmp.path().join(format!("{model}_ref30"));
+        check(
+            &single(&train_args(&cfg, model, &longer, 30, 1, "NoStrategy")),
+            "reference",
+        );
+        let dir = tmp.path().join(format!("{model}_PSStrategy_3"));
+        let mut args = train_args(&cfg, model, &dir, 30, 1, "PSStrategy");
+        args.push("--continue_train".into());
+        check(
+            &parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args),
+            "resume on one server",
+        );
+        assert_close(&tensors(&longer, 30), &tensors(&dir, 30), "resumed on one server");
     }
 }
 

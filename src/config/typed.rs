@@ -116,8 +116,8 @@ impl InputFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
     /// NoStrategy or PSStrategy: EasyRec's parameter-server training, one
-    /// process alone or, synchronously, several ranks as embedding-parallel
-    /// (`TrainingPlan::asynchronous`).
+    /// process alone or several ranks: synchronously as embedding-parallel,
+    /// asynchronously on server and worker ranks (`TrainingPlan::asynchronous`).
     Single,
     /// Tables sharded across ranks, dense part replicated (EmbeddingParallel, Sok).
     EmbeddingParallel,
@@ -774,8 +774,9 @@ pub struct TrainingPlan {
     /// asynchronous, if one does: `sync_replicas: false`, or PSStrategy
     /// (EasyRec turns sync_replicas off under any strategy but NoStrategy).
     /// Several ranks train synchronously without one (each global step one
-    /// batch from every worker, their gradients averaged) and are refused
-    /// with one; one process trains alike either way.
+    /// batch from every worker, their gradients averaged) and with one
+    /// asynchronously on parameter-server ranks (`train::ps`); one process
+    /// trains alike either way.
     pub asynchronous: Option<&'static str>,
     /// A listwise match model's `item_id` (without
     /// `ignore_in_batch_neg_sam`): the input field whose equal values
