@@ -65,7 +65,7 @@ impl Trainer {
             skipped: true,
         };
         let mut last_save = (Instant::now(), self.step);
-        let mut last_eval = Instant::now();
+        let mut evals = Evaluations::default();
         let mut summaries = if p.save_summary_steps > 0 && lead {
             Some(SummaryWriter::create(&p.model_dir)?)
         } else {
@@ -77,8 +77,6 @@ impl Trainer {
         let signal = p.model_dir.join(crate::config::typed::STOP_SIGNAL);
         let mut signal_checked: Option<Instant> = None;
         let mut signalled = false;
-        // Early stopping's best evaluation so far (value, step).
-        let mut best_eval: Option<(f64, u64)> = None;
         loop {
             if target.is_some_and(|t| self.step >= t) {
                 break;
@@ -171,30 +169,9 @@ impl Trainer {
                 CheckpointCadence::Secs(s) => last_save.0.elapsed().as_secs() >= s as u64,
             };
             if due {
-                let path = self.save()?;
                 last_save = (Instant::now(), self.step);
-                log::info!("saved {}", path.display());
-                let throttled = last_eval.elapsed().as_secs() < p.eval_interval_secs as u64;
-                if !p.eval_paths.is_empty() && !throttled && target.is_none_or(|t| self.step < t) {
-                    let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
-                    last_eval = Instant::now();
-                    after_eval(&path, &metrics, false)?;
-                    // Every rank has the metrics, so all stop together.
-                    if p.export.stops_early(&mut best_eval, self.step, &metrics)? {
-                        match (&p.export.early_stop, best_eval) {
-                            (Some(EarlyStop::AboveThreshold { metric, threshold }), _) => {
-                                log::info!("early stopping at step {}: {metric} is above {threshold}", self.step)
-                            }
-                            (_, Some((v, at))) => log::info!(
-                                "early stopping at step {}: {} has not improved on {v} (step {at}) for {} steps",
-                                self.step,
-                                p.export.best_metric,
-                                self.step - at
-                            ),
-                            _ => unreachable!("a best evaluation is recorded before a stop without improvement"),
-                        }
-                        break;
-                    }
+                if self.save_and_evaluate(&mut evals, after_eval)? {
+                    break;
                 }
             }
         }
@@ -254,6 +231,45 @@ impl Trainer {
         })
     }
 
+    /// Saves a checkpoint at the current step and, unless evaluations are
+    /// throttled (eval_interval_secs) or this is the last step, evaluates it
+    /// and calls `after_eval`. Returns whether early stopping ends training
+    /// here (every rank has the metrics, so all stop together).
+    pub(super) fn save_and_evaluate(
+        &mut self,
+        evals: &mut Evaluations,
+        after_eval: &mut AfterEval,
+    ) -> anyhow::Result<bool> {
+        let path = self.save()?;
+        log::info!("saved {}", path.display());
+        let p = &self.plan;
+        let target = p.num_steps.map(u64::from);
+        let throttled = evals.last.elapsed().as_secs() < p.eval_interval_secs as u64;
+        if p.eval_paths.is_empty() || throttled || target.is_some_and(|t| self.step >= t) {
+            return Ok(false);
+        }
+        let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
+        evals.last = Instant::now();
+        after_eval(&path, &metrics, false)?;
+        let p = &self.plan;
+        if !p.export.stops_early(&mut evals.best, self.step, &metrics)? {
+            return Ok(false);
+        }
+        match (&p.export.early_stop, evals.best) {
+            (Some(EarlyStop::AboveThreshold { metric, threshold }), _) => {
+                log::info!("early stopping at step {}: {metric} is above {threshold}", self.step)
+            }
+            (_, Some((v, at))) => log::info!(
+                "early stopping at step {}: {} has not improved on {v} (step {at}) for {} steps",
+                self.step,
+                p.export.best_metric,
+                self.step - at
+            ),
+            _ => unreachable!("a best evaluation is recorded before a stop without improvement"),
+        }
+        Ok(true)
+    }
+
     /// Evaluates, prints the metrics, writes them as JSON to `out` and as
     /// summaries to `eval_val/` beside it (where TensorBoard expects them).
     pub fn eval_and_report(&self, paths: &[String], out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
@@ -289,6 +305,22 @@ impl Trainer {
         let scalars: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         SummaryWriter::create(&dir)?.scalars(self.step, &scalars)?;
         Ok(metrics)
+    }
+}
+
+/// When the last evaluation during training ran, and early stopping's best
+/// one so far (value, step).
+pub(super) struct Evaluations {
+    last: Instant,
+    best: Option<(f64, u64)>,
+}
+
+impl Default for Evaluations {
+    fn default() -> Self {
+        Evaluations {
+            last: Instant::now(),
+            best: None,
+        }
     }
 }
 

@@ -60,6 +60,19 @@ fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, tr
         .collect()
 }
 
+/// What is not finite of a step's gradient norm and regularization loss.
+/// (A NaN can pass a ReLU (max(NaN, 0) is 0) and leave the loss finite;
+/// it still reaches the gradients.)
+pub(super) fn non_finite_gradient(norm: f32, reg: f64) -> Option<String> {
+    if !norm.is_finite() {
+        Some("the gradient norm is not finite".into())
+    } else if !reg.is_finite() {
+        Some("the regularization loss is not finite".into())
+    } else {
+        None
+    }
+}
+
 /// Sum of squares in f64, over fixed chunks in parallel (so the result
 /// does not depend on the thread count).
 pub(super) fn squared_norm(x: &[f32]) -> f64 {
@@ -275,15 +288,8 @@ impl Trainer {
         reg += emb_reg_loss[0];
         let sq: f64 = squared_norm(&dense_grad) + table_sq;
         let norm = sq.sqrt() as f32;
-        // A NaN can pass a ReLU (max(NaN, 0) is 0) and leave the loss
-        // finite; it still reaches the gradients.
-        if !norm.is_finite() || !reg.is_finite() {
-            let what = if norm.is_finite() {
-                "the regularization loss"
-            } else {
-                "the gradient norm"
-            };
-            return self.skip_or_stop(format!("{what} is not finite"));
+        if let Some(what) = non_finite_gradient(norm, reg) {
+            return self.skip_or_stop(what);
         }
         let scale = self.clip_scale(norm);
         if scale != 1.0 {

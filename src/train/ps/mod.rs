@@ -31,7 +31,7 @@ mod worker;
 use std::time::Instant;
 
 use super::run::AfterEval;
-use super::run::RunSummary;
+use super::run::{Evaluations, RunSummary};
 use super::Trainer;
 use crate::config::typed::CheckpointCadence;
 use crate::config::ConfigError;
@@ -128,8 +128,7 @@ impl Trainer {
             None => None,
         };
         let mut last_save = self.step;
-        let mut last_eval = Instant::now();
-        let mut best_eval: Option<(f64, u64)> = None;
+        let mut evals = Evaluations::default();
         loop {
             let done_here = match (&mut server, &mut worker) {
                 (Some(s), _) => {
@@ -144,21 +143,13 @@ impl Trainer {
                 break;
             }
             // Server 0 pauses the workers for a checkpoint alone.
-            let path = self.save()?;
             last_save = self.step;
+            let stop = self.save_and_evaluate(&mut evals, after_eval)?;
             if let Some(s) = &mut server {
                 s.saved();
             }
-            log::info!("saved {}", path.display());
-            let throttled = last_eval.elapsed().as_secs() < p.eval_interval_secs as u64;
-            if !p.eval_paths.is_empty() && !throttled && target.is_none_or(|t| self.step < t) {
-                let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
-                last_eval = Instant::now();
-                after_eval(&path, &metrics, false)?;
-                if p.export.stops_early(&mut best_eval, self.step, &metrics)? {
-                    log::info!("early stopping at step {}", self.step);
-                    break;
-                }
+            if stop {
+                break;
             }
         }
         let samples = worker.as_ref().map_or(0, |w| w.samples);

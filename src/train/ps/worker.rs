@@ -12,7 +12,7 @@ use crate::data::Prefetch;
 use crate::embedding::{FetchedRows, RowGrads};
 use crate::features::Batch;
 use crate::model::graph::update_bn_buffers;
-use crate::train::step::{squared_norm, Grads};
+use crate::train::step::{non_finite_gradient, squared_norm, Grads};
 use crate::train::Trainer;
 
 pub(super) struct Worker {
@@ -193,13 +193,8 @@ impl Worker {
         }
         let sq = squared_norm(&dense_grad) + rows.iter().map(RowGrads::squared_norm).sum::<f64>();
         let norm = sq.sqrt() as f32;
-        if !norm.is_finite() || !reg.is_finite() {
-            let what = if norm.is_finite() {
-                "the regularization loss"
-            } else {
-                "the gradient norm"
-            };
-            return nonfinite(format!("{what} is not finite"));
+        if let Some(what) = non_finite_gradient(norm, reg) {
+            return nonfinite(what);
         }
         let scale = t.clip_scale(norm);
         if scale != 1.0 {
