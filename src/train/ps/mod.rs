@@ -100,6 +100,8 @@ impl Roles {
 struct Meeting {
     /// Every worker is done: training is over.
     finished: bool,
+    /// The loss of the last applied batch (NaN before any).
+    last_loss: f32,
 }
 
 impl Trainer {
@@ -129,7 +131,7 @@ impl Trainer {
         };
         let mut last_save = self.step;
         let mut evals = Evaluations::default();
-        loop {
+        let last_loss = loop {
             let done_here = match (&mut server, &mut worker) {
                 (Some(s), _) => {
                     s.serve(self)?;
@@ -140,7 +142,7 @@ impl Trainer {
             };
             let meeting = self.meet(&roles, server.as_ref(), done_here);
             if meeting.finished {
-                break;
+                break meeting.last_loss;
             }
             // Server 0 pauses the workers for a checkpoint alone.
             last_save = self.step;
@@ -149,9 +151,9 @@ impl Trainer {
                 s.saved();
             }
             if stop {
-                break;
+                break meeting.last_loss;
             }
-        }
+        };
         let samples = worker.as_ref().map_or(0, |w| w.samples);
         // Each worker's pace, on rank 0 (a straggler shows here).
         let secs = t0.elapsed().as_secs_f64().max(1e-9);
@@ -167,7 +169,7 @@ impl Trainer {
         if let Some(s) = &server {
             s.report();
         }
-        self.finish(start_step, samples, (t0, last_save), f32::NAN, after_eval)
+        self.finish(start_step, samples, (t0, last_save), last_loss, after_eval)
     }
 
     /// All ranks meet after a serving period: the global step, every
@@ -177,10 +179,10 @@ impl Trainer {
     fn meet(&mut self, roles: &Roles, server: Option<&server::Server>, done_here: bool) -> Meeting {
         let comm = self.comm.clone();
         let rank = comm.rank();
-        let (step, skipped) = server
-            .filter(|_| rank == 0)
-            .map_or((0.0, 0.0), |s| (s.completed() as f64, self.skipped_batches as f64));
-        let mut flags = [f64::from(u8::from(done_here)), step, skipped];
+        let (step, skipped, loss) = server.filter(|_| rank == 0).map_or((0.0, 0.0, 0.0), |s| {
+            (s.completed() as f64, self.skipped_batches as f64, s.last_loss() as f64)
+        });
+        let mut flags = [f64::from(u8::from(done_here)), step, skipped, loss];
         comm.all_reduce_sum(&mut flags);
         self.step = flags[1] as u64;
         self.skipped_batches = flags[2] as u64;
@@ -205,6 +207,7 @@ impl Trainer {
         }
         Meeting {
             finished: flags[0] as usize == roles.workers,
+            last_loss: flags[3] as f32,
         }
     }
 }

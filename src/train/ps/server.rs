@@ -60,6 +60,7 @@ struct Stats {
     dropped: u64,
     staleness_sum: u64,
     max_staleness: u64,
+    last_loss: f32,
 }
 
 impl Server {
@@ -87,7 +88,10 @@ impl Server {
             last_save: Instant::now(),
             saved_at: t.step,
             signal_checked: None,
-            stats: Stats::default(),
+            stats: Stats {
+                last_loss: f32::NAN,
+                ..Stats::default()
+            },
             summaries,
         }
     }
@@ -95,6 +99,11 @@ impl Server {
     /// Server 0's global step.
     pub(super) fn completed(&self) -> u64 {
         self.completed
+    }
+
+    /// Server 0: the loss of the last batch whose push was applied.
+    pub(super) fn last_loss(&self) -> f32 {
+        self.stats.last_loss
     }
 
     /// A checkpoint was saved: serving may resume.
@@ -224,6 +233,7 @@ impl Server {
         if applied {
             self.apply(t, &push, step)?;
             self.stats.applied += 1;
+            self.stats.last_loss = push.loss;
             self.stats.staleness_sum += staleness;
             self.stats.max_staleness = self.stats.max_staleness.max(staleness);
         } else if push.nonfinite.is_empty() {
