@@ -313,6 +313,34 @@ fn asynchronous_training_reaches_the_synchronous_quality() {
     }
 }
 
+/// Three workers racing on two cores overtake each other's pulls; with
+/// --max_staleness 0 every overtaken push is dropped, counted and reported,
+/// and the global step still counts every batch.
+#[test]
+fn stale_pushes_beyond_the_bound_are_dropped_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let dir = tmp.path().join("stale");
+    let mut args = train_args(&cfg, "DLRM", &dir, 60, 1, "NoStrategy");
+    args.extend(["--train_config.sync_replicas=false", "--max_staleness", "0"].map(String::from));
+    let out = parallel(4, env!("CARGO_BIN_EXE_train_eval"), &args);
+    check(&out, "np=4 with max_staleness 0");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("asynchronous updates:"))
+        .unwrap_or_else(|| panic!("no account of the updates:\n{stderr}"));
+    let counts: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.trim_end_matches([',', ';']).parse().ok())
+        .collect();
+    let (applied, dropped) = (counts[0], counts[1]);
+    assert_eq!(applied + dropped, 60, "{line}");
+    assert!(dropped > 0, "no push was overtaken: {line}");
+    assert!(line.contains("staler than 0 steps"), "{line}");
+    assert!(dir.join("model.ckpt-60").is_dir());
+}
+
 #[test]
 fn parameter_servers_must_leave_a_worker() {
     let tmp = tempfile::tempdir().unwrap();
