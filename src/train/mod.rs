@@ -82,6 +82,13 @@ impl Trainer {
         ps_options: &ps::PsOptions,
     ) -> anyhow::Result<Self> {
         let mut roles = None;
+        let asynchronous = plan.strategy == Strategy::Single && plan.asynchronous.is_some() && comm.size() > 1;
+        if !asynchronous && (ps_options.servers.is_some() || ps_options.max_staleness.is_some()) && comm.rank() == 0 {
+            log::warn!(
+                "--num_ps and --max_staleness apply to asynchronous training on several ranks only \
+                 (sync_replicas: false or PSStrategy under mpirun); this run has no parameter servers"
+            );
+        }
         let sharding = match (plan.strategy, comm.size()) {
             (_, 1) => Sharding::Replicated,
             (Strategy::EmbeddingParallel, size) => Sharding::row_wise(comm.rank(), size),
