@@ -136,6 +136,8 @@ impl Rule {
     }
 
     /// Applies one update to `w` with gradient `g`; `slots[k]` are aligned with `w`.
+    /// (Zipped iterators rather than indices: no bounds checks, so the
+    /// element-wise sweeps vectorise.)
     pub fn apply(&self, w: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
         let lr = self.lr;
         match &self.kind {
@@ -145,19 +147,17 @@ impl Rule {
                         *w -= lr * g;
                     }
                 } else {
-                    let a = &mut *slots[0];
-                    for i in 0..w.len() {
-                        a[i] = a[i] * momentum + g[i];
-                        w[i] -= lr * a[i];
+                    for ((w, a), g) in w.iter_mut().zip(slots[0].iter_mut()).zip(g) {
+                        *a = *a * momentum + g;
+                        *w -= lr * *a;
                     }
                 }
             }
             OptimizerKind::MomentumW { momentum, weight_decay } => {
-                let a = &mut *slots[0];
-                for i in 0..w.len() {
-                    w[i] -= weight_decay * w[i];
-                    a[i] = a[i] * momentum + g[i];
-                    w[i] -= lr * a[i];
+                for ((w, a), g) in w.iter_mut().zip(slots[0].iter_mut()).zip(g) {
+                    *w -= weight_decay * *w;
+                    *a = *a * momentum + g;
+                    *w -= lr * *a;
                 }
             }
             OptimizerKind::Adam { beta1, beta2 }
@@ -174,17 +174,16 @@ impl Rule {
                 let [m, v] = slots else {
                     unreachable!("adam keeps two slots")
                 };
-                for i in 0..w.len() {
-                    m[i] = beta1 * m[i] + (1.0 - beta1) * g[i];
-                    v[i] = beta2 * v[i] + (1.0 - beta2) * g[i] * g[i];
-                    w[i] -= lr_t * m[i] / (v[i].sqrt() + 1e-8);
+                for (((w, m), v), g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+                    *m = beta1 * *m + (1.0 - beta1) * g;
+                    *v = beta2 * *v + (1.0 - beta2) * g * g;
+                    *w -= lr_t * *m / (v.sqrt() + 1e-8);
                 }
             }
             OptimizerKind::Adagrad { .. } => {
-                let a = &mut *slots[0];
-                for i in 0..w.len() {
-                    a[i] += g[i] * g[i];
-                    w[i] -= lr * g[i] / a[i].sqrt();
+                for ((w, a), g) in w.iter_mut().zip(slots[0].iter_mut()).zip(g) {
+                    *a += g * g;
+                    *w -= lr * g / a.sqrt();
                 }
             }
             OptimizerKind::Ftrl {
