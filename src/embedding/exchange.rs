@@ -94,22 +94,12 @@ impl Collection {
             })
             .collect();
         let got = comm.all_to_all_f32(&answers);
-        let mut fetched: Vec<FetchedRows> = self
-            .tables
-            .iter()
-            .map(|t| FetchedRows {
-                dim: t.dim,
-                ..FetchedRows::default()
-            })
-            .collect();
+        let mut fetched: Vec<FetchedRows> = self.tables.iter().map(|t| FetchedRows::of_dim(t.dim)).collect();
         for (per_table, rows) in want.iter().zip(got) {
             let mut at = 0;
             for ((ids, f), t) in per_table.iter().zip(&mut fetched).zip(&self.tables) {
-                for id in ids {
-                    f.index.insert(*id, f.index.len());
-                }
                 let len = ids.len() * t.dim;
-                f.data.extend_from_slice(&rows[at..at + len]);
+                f.extend(ids, &rows[at..at + len]);
                 at += len;
             }
         }

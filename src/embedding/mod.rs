@@ -114,6 +114,26 @@ pub struct FetchedRows {
     pub data: Vec<f32>,
 }
 
+impl FetchedRows {
+    /// No rows yet of a table of `dim` values per row.
+    pub fn of_dim(dim: usize) -> Self {
+        FetchedRows {
+            dim,
+            ..FetchedRows::default()
+        }
+    }
+
+    /// Adds the rows `ids`, whose values lie back to back in `values`.
+    pub fn extend(&mut self, ids: &[u64], values: &[f32]) {
+        assert_eq!(values.len(), ids.len() * self.dim, "fetched rows of the wrong width");
+        let first = self.data.len() / self.dim.max(1);
+        for (k, id) in ids.iter().enumerate() {
+            self.index.insert(*id, first + k);
+        }
+        self.data.extend_from_slice(values);
+    }
+}
+
 impl RowSource for FetchedRows {
     fn dim(&self) -> usize {
         self.dim

@@ -125,10 +125,7 @@ impl Worker {
             .embeddings
             .tables
             .iter()
-            .map(|table| FetchedRows {
-                dim: table.dim,
-                ..FetchedRows::default()
-            })
+            .map(|table| FetchedRows::of_dim(table.dim))
             .collect();
         for (s, tables) in wanted.iter().enumerate() {
             let (_, bytes) = t.comm.receive_bytes(Some(s));
@@ -151,10 +148,7 @@ impl Worker {
             );
             t.model.params.values[range].copy_from_slice(&reply.dense);
             for ((f, ids), rows) in fetched.iter_mut().zip(tables).zip(&reply.rows) {
-                for (k, id) in ids.iter().enumerate() {
-                    f.index.insert(*id, f.data.len() / f.dim.max(1));
-                    f.data.extend_from_slice(&rows.values[k * f.dim..(k + 1) * f.dim]);
-                }
+                f.extend(ids, &rows.values);
             }
         }
         self.fetched = fetched;
