@@ -131,6 +131,17 @@ pub enum CheckpointCadence {
     Secs(u32),
 }
 
+impl CheckpointCadence {
+    /// Whether a checkpoint is due at global step `step`, the last one
+    /// saved at `saved`.
+    pub fn due(self, step: u64, saved: std::time::Instant) -> bool {
+        match self {
+            CheckpointCadence::Steps(n) => n > 0 && step.is_multiple_of(n as u64),
+            CheckpointCadence::Secs(s) => saved.elapsed().as_secs() >= s as u64,
+        }
+    }
+}
+
 /// Learning rate as a function of the global step, EasyRec's formulas.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LrSchedule {

@@ -2,7 +2,7 @@
 //! the evaluation after training.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -11,11 +11,49 @@ use serde_json::json;
 use super::{StepStats, Trainer};
 use crate::checkpoint;
 use crate::config::export_plan::EarlyStop;
-use crate::config::typed::CheckpointCadence;
 use crate::summary::SummaryWriter;
 
 /// How often the chief looks for the stop signal (EasyRec's hook: 10 s).
 const STOP_SIGNAL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The chief's watch for `enable_oss_stop_signal`'s file: looked for at
+/// the first call and then every STOP_SIGNAL_EVERY, as EasyRec's hook does.
+pub(super) struct StopSignal {
+    /// The file, when the config enables the signal.
+    path: Option<PathBuf>,
+    checked: Option<Instant>,
+}
+
+impl StopSignal {
+    pub(super) fn new(plan: &crate::config::typed::TrainingPlan) -> Self {
+        StopSignal {
+            path: plan
+                .stop_signal
+                .then(|| plan.model_dir.join(crate::config::typed::STOP_SIGNAL)),
+            checked: None,
+        }
+    }
+
+    /// Whether the signal is there (looking if it is time to), logged with
+    /// the global step `step` when found.
+    pub(super) fn found(&mut self, step: u64) -> bool {
+        let Some(path) = &self.path else {
+            return false;
+        };
+        if self.checked.is_some_and(|t| t.elapsed() < STOP_SIGNAL_EVERY) {
+            return false;
+        }
+        self.checked = Some(Instant::now());
+        let found = path.exists();
+        if found {
+            log::info!(
+                "stop signal {} found at step {step}: training ends here",
+                path.display()
+            );
+        }
+        found
+    }
+}
 
 /// See `Trainer::run_with`.
 pub type AfterEval<'a> = dyn FnMut(&Path, &[(String, f64)], bool) -> anyhow::Result<()> + 'a;
@@ -72,10 +110,8 @@ impl Trainer {
             None
         };
         let mut summary_window = (Instant::now(), self.step);
-        // The stop signal: looked for after the first step and then every
-        // STOP_SIGNAL_EVERY, by the chief, as EasyRec's hook does.
-        let signal = p.model_dir.join(crate::config::typed::STOP_SIGNAL);
-        let mut signal_checked: Option<Instant> = None;
+        // The stop signal: looked for by the chief after each step.
+        let mut signal = StopSignal::new(&p);
         let mut signalled = false;
         loop {
             if target.is_some_and(|t| self.step >= t) {
@@ -94,16 +130,8 @@ impl Trainer {
             let lr = p.optimizers[self.assign.dense].lr.at(self.step);
             let step_stats = self.train_step(&batch)?;
             self.straggle(self.comm.rank());
-            if p.stop_signal && lead && signal_checked.is_none_or(|t| t.elapsed() >= STOP_SIGNAL_EVERY) {
-                signal_checked = Some(Instant::now());
-                signalled = signal.exists();
-                if signalled {
-                    log::info!(
-                        "stop signal {} found at step {}: training ends here",
-                        signal.display(),
-                        self.step
-                    );
-                }
+            if lead && !signalled {
+                signalled = signal.found(self.step);
             }
             samples += batch.size as u64;
             window.1 += batch.size as u64;
@@ -164,11 +192,7 @@ impl Trainer {
                 )?;
                 summary_window = (Instant::now(), self.step);
             }
-            let due = match p.checkpoints {
-                CheckpointCadence::Steps(n) => n > 0 && self.step.is_multiple_of(n as u64),
-                CheckpointCadence::Secs(s) => last_save.0.elapsed().as_secs() >= s as u64,
-            };
-            if due {
+            if p.checkpoints.due(self.step, last_save.0) {
                 last_save = (Instant::now(), self.step);
                 if self.save_and_evaluate(&mut evals, after_eval)? {
                     break;

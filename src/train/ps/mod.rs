@@ -33,7 +33,6 @@ use std::time::Instant;
 use super::run::AfterEval;
 use super::run::{Evaluations, RunSummary};
 use super::Trainer;
-use crate::config::typed::CheckpointCadence;
 use crate::config::ConfigError;
 
 /// The messages workers and servers exchange (protos/rustrec/ps.proto).
@@ -111,8 +110,7 @@ impl Trainer {
     pub(super) fn run_async(&mut self, after_eval: &mut AfterEval) -> anyhow::Result<RunSummary> {
         let roles = self.ps.clone().expect("asynchronous training has roles");
         let start_step = self.step;
-        let p = self.plan.clone();
-        let target = p.num_steps.map(u64::from);
+        let target = self.plan.num_steps.map(u64::from);
         self.log_banner(target);
         let rank = self.comm.rank();
         if rank == 0 {
@@ -209,15 +207,5 @@ impl Trainer {
             finished: flags[0] as usize == roles.workers,
             last_loss: flags[3] as f32,
         }
-    }
-}
-
-/// When server 0 pauses the workers for a checkpoint: after the ticket that
-/// reaches a multiple of save_checkpoints_steps, or once
-/// save_checkpoints_secs have passed since the last save.
-fn checkpoint_due(cadence: &CheckpointCadence, issued: u64, since_save: Instant) -> bool {
-    match cadence {
-        CheckpointCadence::Steps(n) => *n > 0 && issued.is_multiple_of(*n as u64),
-        CheckpointCadence::Secs(s) => since_save.elapsed().as_secs() >= *s as u64,
     }
 }

@@ -10,14 +10,12 @@ use std::time::Instant;
 use prost::Message;
 
 use super::wire::{self, pull_reply::State, request::Kind};
-use super::{checkpoint_due, Roles};
+use super::Roles;
 use crate::embedding::{RowGrads, RowSource};
 use crate::summary::SummaryWriter;
+use crate::train::run::StopSignal;
 use crate::train::step::Diverged;
 use crate::train::Trainer;
-
-/// How often server 0 looks for the stop signal (as the synchronous loop).
-const STOP_SIGNAL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(super) struct Server {
     rank: usize,
@@ -40,7 +38,10 @@ pub(super) struct Server {
     last_save: Instant,
     /// The global step of the last checkpoint (or of the start).
     saved_at: u64,
-    signal_checked: Option<Instant>,
+    /// The global step this run started at.
+    started: u64,
+    /// Server 0 watches for the stop signal.
+    signal: StopSignal,
     stats: Stats,
     summaries: Option<SummaryWriter>,
 }
@@ -87,7 +88,8 @@ impl Server {
             halt: None,
             last_save: Instant::now(),
             saved_at: t.step,
-            signal_checked: None,
+            started: t.step,
+            signal: StopSignal::new(p),
             stats: Stats {
                 last_loss: f32::NAN,
                 ..Stats::default()
@@ -145,13 +147,17 @@ impl Server {
     fn pull(&mut self, t: &Trainer, pull: &wire::Pull) -> wire::PullReply {
         let mut reply = wire::PullReply::default();
         if self.rank == 0 {
-            self.look_for_stop_signal(t);
             if self.halt.is_none() {
-                if self.target.is_some_and(|target| self.issued >= target) {
-                    self.halt = Some(State::End);
-                } else if self.issued > self.saved_at
-                    && checkpoint_due(&t.plan.checkpoints, self.issued, self.last_save)
+                // After the ticket reaching a checkpoint's step (or time),
+                // the workers pause; no new ticket past num_steps or, once
+                // a batch has trained (as the synchronous loop looks after
+                // its first step), the stop signal.
+                let trained = self.completed > self.started;
+                if self.target.is_some_and(|target| self.issued >= target)
+                    || trained && self.signal.found(self.completed)
                 {
+                    self.halt = Some(State::End);
+                } else if self.issued > self.saved_at && t.plan.checkpoints.due(self.issued, self.last_save) {
                     self.halt = Some(State::Pause);
                 }
             }
@@ -174,23 +180,6 @@ impl Server {
             })
             .collect();
         reply
-    }
-
-    fn look_for_stop_signal(&mut self, t: &Trainer) {
-        let p = &t.plan;
-        if !p.stop_signal || self.signal_checked.is_some_and(|c| c.elapsed() < STOP_SIGNAL_EVERY) {
-            return;
-        }
-        self.signal_checked = Some(Instant::now());
-        let signal = p.model_dir.join(crate::config::typed::STOP_SIGNAL);
-        if signal.exists() {
-            log::info!(
-                "stop signal {} found at step {}: training ends here",
-                signal.display(),
-                self.completed
-            );
-            self.halt = Some(State::End);
-        }
     }
 
     fn push(&mut self, t: &mut Trainer, from: usize, push: wire::Push) -> anyhow::Result<()> {
