@@ -341,6 +341,32 @@ fn stale_pushes_beyond_the_bound_are_dropped_and_reported() {
     assert!(dir.join("model.ckpt-60").is_dir());
 }
 
+/// enable_oss_stop_signal under asynchronous training: server 0 looks for
+/// the file once a batch has trained (as the synchronous chief looks after
+/// its first step) and then gives out no more steps; the job saves and ends.
+#[test]
+fn a_stop_signal_ends_asynchronous_training_after_its_first_batches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "DLRM", "adagrad");
+    let dir = tmp.path().join("signalled");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("OSS_STOP_SIGNAL"), "").unwrap();
+    let mut args = train_args(&cfg, "DLRM", &dir, 1000, 1, "NoStrategy");
+    args.extend(
+        [
+            "--train_config.sync_replicas=false",
+            "--train_config.enable_oss_stop_signal=true",
+        ]
+        .map(String::from),
+    );
+    let out = parallel(3, env!("CARGO_BIN_EXE_train_eval"), &args);
+    check(&out, "np=3 with the stop signal present");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("found at step 1: training ends here"), "{stderr}");
+    let step = load(&rustrec::checkpoint::latest(&dir).unwrap().unwrap()).unwrap().0;
+    assert!((1..=2).contains(&step), "saved at step {step}");
+}
+
 #[test]
 fn parameter_servers_must_leave_a_worker() {
     let tmp = tempfile::tempdir().unwrap();
