@@ -82,13 +82,6 @@ impl Trainer {
         ps_options: &ps::PsOptions,
     ) -> anyhow::Result<Self> {
         let mut roles = None;
-        let asynchronous = plan.strategy == Strategy::Single && plan.asynchronous.is_some() && comm.size() > 1;
-        if !asynchronous && (ps_options.servers.is_some() || ps_options.max_staleness.is_some()) && comm.rank() == 0 {
-            log::warn!(
-                "--num_ps and --max_staleness apply to asynchronous training on several ranks only \
-                 (sync_replicas: false or PSStrategy under mpirun); this run has no parameter servers"
-            );
-        }
         let sharding = match (plan.strategy, comm.size()) {
             (_, 1) => Sharding::Replicated,
             (Strategy::EmbeddingParallel, size) => Sharding::row_wise(comm.rank(), size),
@@ -118,6 +111,13 @@ impl Trainer {
                 }
             }
         };
+        let ps_flags = ps_options.servers.is_some() || ps_options.max_staleness.is_some();
+        if roles.is_none() && ps_flags && comm.rank() == 0 {
+            log::warn!(
+                "--num_ps and --max_staleness apply to asynchronous training on several ranks only \
+                 (sync_replicas: false or PSStrategy under mpirun); this run has no parameter servers"
+            );
+        }
         if comm.size() > 1 && plan.tasks.iter().any(|t| t.summed) {
             return Err(ConfigError::unsupported(
                 "model_config.esmm",
@@ -279,9 +279,12 @@ impl Trainer {
     /// training only the workers read training data.
     fn readers(&self, train: bool) -> (usize, usize) {
         match &self.ps {
-            Some(roles) if train => roles
-                .worker_index(self.comm.rank())
-                .map_or((0, 0), |w| (w, roles.workers)),
+            Some(roles) if train => {
+                let w = roles
+                    .worker_index(self.comm.rank())
+                    .expect("only workers read training input");
+                (w, roles.workers)
+            }
             _ => (self.comm.rank(), self.comm.size()),
         }
     }

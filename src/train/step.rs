@@ -86,7 +86,7 @@ pub(super) fn squared_norm(x: &[f32]) -> f64 {
 impl Trainer {
     /// The name of a dense parameter, or of a table with a touched row,
     /// that holds a non-finite value.
-    pub(super) fn non_finite_parameter(&self, row_grads: &[crate::embedding::RowGrads]) -> Option<String> {
+    fn non_finite_parameter(&self, row_grads: &[crate::embedding::RowGrads]) -> Option<String> {
         let p = &self.model.params;
         if !p.values.par_iter().all(|v| v.is_finite()) {
             let s = p
@@ -299,13 +299,7 @@ impl Trainer {
         self.apply_dense(&dense_grad, 0..n, self.step);
         self.embeddings
             .apply(&row_grads, &self.plan.optimizers, self.step, scale);
-        if let Some(name) = self.non_finite_parameter(&row_grads) {
-            return Err(Diverged {
-                step: self.step,
-                what: format!("parameter `{name}` is not finite after the update"),
-            }
-            .into());
-        }
+        self.check_updated(&row_grads, self.step)?;
         update_bn_buffers(&mut self.model.buffers, bn_stats);
         if ranks > 1 && !self.model.buffers.values.is_empty() {
             // Moving averages saw each rank's own rows: keep replicas equal.
@@ -384,7 +378,20 @@ impl Trainer {
     /// otherwise training stops with `Diverged`. A parameter that turns
     /// non-finite after an update always stops: it cannot be taken back.
     fn skip_or_stop(&mut self, what: String) -> anyhow::Result<StepStats> {
-        let step = self.step;
+        self.skip_nonfinite(&what, self.step)?;
+        self.step += 1;
+        Ok(StepStats {
+            loss: f32::NAN,
+            reg_loss: f32::NAN,
+            grad_norm: f32::NAN,
+            skipped: true,
+        })
+    }
+
+    /// Counts a batch of global step `step` whose loss or gradient is not
+    /// finite (`what`) as skipped while `skip_nonfinite_batches` allows,
+    /// warning on rank 0; otherwise the run diverged.
+    pub(super) fn skip_nonfinite(&mut self, what: &str, step: u64) -> Result<(), Diverged> {
         if self.skipped_batches >= self.skip_nonfinite_batches {
             let what = if self.skip_nonfinite_batches > 0 {
                 format!(
@@ -392,9 +399,9 @@ impl Trainer {
                     self.skipped_batches
                 )
             } else {
-                what
+                what.to_string()
             };
-            return Err(Diverged { step, what }.into());
+            return Err(Diverged { step, what });
         }
         self.skipped_batches += 1;
         if self.comm.rank() == 0 {
@@ -405,13 +412,19 @@ impl Trainer {
                 self.skip_nonfinite_batches
             );
         }
-        self.step += 1;
-        Ok(StepStats {
-            loss: f32::NAN,
-            reg_loss: f32::NAN,
-            grad_norm: f32::NAN,
-            skipped: true,
-        })
+        Ok(())
+    }
+
+    /// The run diverged when a dense parameter, or a row `row_grads`
+    /// touched, is no longer finite after the update of step `step`.
+    pub(super) fn check_updated(&self, row_grads: &[crate::embedding::RowGrads], step: u64) -> Result<(), Diverged> {
+        match self.non_finite_parameter(row_grads) {
+            Some(name) => Err(Diverged {
+                step,
+                what: format!("parameter `{name}` is not finite after the update"),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Each task's predictions for a batch (in `plan.tasks` order). With

@@ -122,7 +122,10 @@ impl Trainer {
             );
         }
         let t0 = Instant::now();
-        let mut server = roles.is_server(rank).then(|| server::Server::new(self, &roles));
+        let mut server = roles
+            .is_server(rank)
+            .then(|| server::Server::new(self, &roles))
+            .transpose()?;
         let mut worker = match roles.worker_index(rank) {
             Some(index) => Some(worker::Worker::new(self, &roles, index)?),
             None => None,

@@ -14,7 +14,6 @@ use super::Roles;
 use crate::embedding::{RowGrads, RowSource};
 use crate::summary::SummaryWriter;
 use crate::train::run::StopSignal;
-use crate::train::step::Diverged;
 use crate::train::Trainer;
 
 pub(super) struct Server {
@@ -65,17 +64,14 @@ struct Stats {
 }
 
 impl Server {
-    pub(super) fn new(t: &Trainer, roles: &Roles) -> Self {
+    pub(super) fn new(t: &Trainer, roles: &Roles) -> anyhow::Result<Self> {
         let rank = t.comm.rank();
         let p = &t.plan;
+        // As the synchronous loop: the chief writes them, or fails.
         let summaries = (rank == 0 && p.save_summary_steps > 0)
             .then(|| SummaryWriter::create(&p.model_dir))
-            .transpose()
-            .unwrap_or_else(|e| {
-                log::warn!("no training summaries: {e:#}");
-                None
-            });
-        Server {
+            .transpose()?;
+        Ok(Server {
             rank,
             workers: roles.workers,
             max_staleness: roles.max_staleness,
@@ -95,7 +91,7 @@ impl Server {
                 ..Stats::default()
             },
             summaries,
-        }
+        })
     }
 
     /// Server 0's global step.
@@ -193,25 +189,7 @@ impl Server {
         let staleness = self.completed - pulled_at;
         let step = self.completed;
         let applied = if !push.nonfinite.is_empty() {
-            if t.skipped_batches >= t.skip_nonfinite_batches {
-                let what = if t.skip_nonfinite_batches > 0 {
-                    format!(
-                        "{} ({} batches skipped already, as many as --skip_nonfinite_batches allows)",
-                        push.nonfinite, t.skipped_batches
-                    )
-                } else {
-                    push.nonfinite.clone()
-                };
-                return Err(Diverged { step, what }.into());
-            }
-            t.skipped_batches += 1;
-            log::warn!(
-                "{} at step {step} (worker rank {from}): batch skipped, its update not applied ({} of at most {} \
-                 by --skip_nonfinite_batches)",
-                push.nonfinite,
-                t.skipped_batches,
-                t.skip_nonfinite_batches
-            );
+            t.skip_nonfinite(&format!("{} (worker rank {from})", push.nonfinite), step)?;
             false
         } else {
             staleness <= self.max_staleness
@@ -248,14 +226,7 @@ impl Server {
             })
             .collect();
         t.embeddings.apply(&row_grads, &t.plan.optimizers, step, 1.0);
-        if let Some(name) = t.non_finite_parameter(&row_grads) {
-            return Err(Diverged {
-                step,
-                what: format!("parameter `{name}` is not finite after the update"),
-            }
-            .into());
-        }
-        Ok(())
+        Ok(t.check_updated(&row_grads, step)?)
     }
 
     /// Server 0's log lines and summaries, every log_step_count_steps and
