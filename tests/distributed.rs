@@ -466,7 +466,12 @@ fn rank_pid(model_dir: &Path, rank: usize) -> Option<u32> {
     let want_dir = model_dir.to_str().unwrap();
     let want_rank = format!("OMPI_COMM_WORLD_RANK={rank}");
     for entry in std::fs::read_dir("/proc").ok()? {
-        let path = entry.ok()?.path();
+        // Processes come and go while /proc is listed (other tests run
+        // jobs beside this one): an entry that vanished is skipped.
+        let Ok(entry) = entry else {
+            continue;
+        };
+        let path = entry.path();
         let Some(pid) = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -522,7 +527,12 @@ fn kill_and_resume(tmp: &Path, strategy: &str, extra: &[&str], ranks: usize, vic
     while !dir.join("checkpoint").exists() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let pid = rank_pid(&dir, victim).expect("the rank is running");
+    let mut pid = rank_pid(&dir, victim);
+    while pid.is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        pid = rank_pid(&dir, victim);
+    }
+    let pid = pid.expect("the rank is running");
     let killed_at = std::time::Instant::now();
     Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     let out = child.wait_with_output().unwrap();
