@@ -28,12 +28,38 @@ fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
     out
 }
 
+/// Per rank, per table: what goes to (or comes from) that rank.
+pub type ByOwner<T> = Vec<Vec<Vec<T>>>;
+
 impl Collection {
-    /// Distinct ids of every table in `batch`, ascending.
-    pub fn batch_ids(&self, groups: &[GroupLayout], batch: &Batch) -> Vec<BTreeSet<u64>> {
-        (0..self.tables.len())
-            .map(|ti| Self::ids_of_table(groups, batch, ti))
-            .collect()
+    /// The distinct ids of every table that `batch` uses, ascending, by
+    /// the rank that owns them: `[owner][table]`, for `ranks` ranks.
+    pub fn ids_by_owner(&self, groups: &[GroupLayout], batch: &Batch, ranks: usize) -> ByOwner<u64> {
+        let mut want: ByOwner<u64> = vec![vec![Vec::new(); self.tables.len()]; ranks];
+        for (ti, _) in self.tables.iter().enumerate() {
+            for id in Self::ids_of_table(groups, batch, ti) {
+                want[self.sharding.owner(id)][ti].push(id);
+            }
+        }
+        want
+    }
+
+    /// Row gradients split by the rank that updates them (`ranks` of them;
+    /// every row to the first when tables are not sharded): `[rank][table]`
+    /// ids, and their gradients back to back.
+    pub fn grads_by_owner(&self, grads: &[RowGrads], ranks: usize) -> (ByOwner<u64>, ByOwner<f32>) {
+        let nt = self.tables.len();
+        let sharded = self.sharding.is_sharded();
+        let mut ids: ByOwner<u64> = vec![vec![Vec::new(); nt]; ranks];
+        let mut values: ByOwner<f32> = vec![vec![Vec::new(); nt]; ranks];
+        for (ti, (t, rg)) in self.tables.iter().zip(grads).enumerate() {
+            for (k, &id) in rg.rows.iter().enumerate() {
+                let d = if sharded { self.sharding.owner(id) } else { 0 };
+                ids[d][ti].push(id);
+                values[d][ti].extend_from_slice(&rg.grads[k * t.dim..(k + 1) * t.dim]);
+            }
+        }
+        (ids, values)
     }
 
     /// Distinct ids of table `ti` in `batch`, ascending.
@@ -63,14 +89,9 @@ impl Collection {
         batch: &Batch,
         comm: &dyn Communicator,
     ) -> Vec<FetchedRows> {
-        let (n, nt) = (comm.size(), self.tables.len());
+        let nt = self.tables.len();
         // want[owner][table]: the ids to ask that owner for.
-        let mut want: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); nt]; n];
-        for (ti, _) in self.tables.iter().enumerate() {
-            for id in Self::ids_of_table(groups, batch, ti) {
-                want[self.sharding.owner(id)][ti].push(id);
-            }
-        }
+        let want = self.ids_by_owner(groups, batch, comm.size());
         let requests: Vec<Vec<u64>> = want
             .iter()
             .map(|per_table| {
@@ -116,16 +137,7 @@ impl Collection {
         }
         let sharded = self.sharding.is_sharded();
         // Per destination: [count, ids...] per table, and their gradients.
-        let dests = if sharded { n } else { 1 };
-        let mut ids: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); nt]; dests];
-        let mut table_grads: Vec<Vec<Vec<f32>>> = vec![vec![Vec::new(); nt]; dests];
-        for (ti, (t, rg)) in self.tables.iter().zip(&local).enumerate() {
-            for (k, &id) in rg.rows.iter().enumerate() {
-                let d = if sharded { self.sharding.owner(id) } else { 0 };
-                ids[d][ti].push(id);
-                table_grads[d][ti].extend_from_slice(&rg.grads[k * t.dim..(k + 1) * t.dim]);
-            }
-        }
+        let (ids, table_grads) = self.grads_by_owner(&local, if sharded { n } else { 1 });
         let grads: Vec<Vec<f32>> = table_grads.into_iter().map(|per_table| per_table.concat()).collect();
         let messages: Vec<Vec<u64>> = ids
             .iter()

@@ -104,15 +104,8 @@ impl Worker {
     /// on GO, puts them in place (the trainer's dense parameters, its step
     /// the batch's ticket) and returns GO with the rows kept for `compute`.
     fn pull(&mut self, t: &mut Trainer, batch: &Batch) -> anyhow::Result<State> {
-        let servers = self.roles.servers;
-        let sharding = t.embeddings.sharding;
         // wanted[server][table]: the ids that server holds.
-        let mut wanted: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); t.embeddings.tables.len()]; servers];
-        for (ti, ids) in t.embeddings.batch_ids(&t.model.groups, batch).into_iter().enumerate() {
-            for id in ids {
-                wanted[sharding.owner(id)][ti].push(id);
-            }
-        }
+        let wanted = t.embeddings.ids_by_owner(&t.model.groups, batch, self.roles.servers);
         for (s, tables) in wanted.iter().enumerate() {
             let pull = wire::Pull {
                 tables: tables.iter().map(|ids| wire::Ids { ids: ids.clone() }).collect(),
@@ -208,12 +201,13 @@ impl Worker {
     /// Sends server 0 its part and, if it applies the push, the other
     /// servers theirs, at the step it was applied at.
     fn push(&mut self, t: &Trainer, c: Computed, examples: u64) -> anyhow::Result<()> {
-        let servers = self.roles.servers;
         let n = t.model.params.values.len();
-        let sharding = t.embeddings.sharding;
-        let tables = &t.embeddings.tables;
-        let mut parts: Vec<wire::Push> = (0..servers)
-            .map(|s| wire::Push {
+        let (ids, grads) = t.embeddings.grads_by_owner(&c.rows, self.roles.servers);
+        let mut parts = ids
+            .into_iter()
+            .zip(grads)
+            .enumerate()
+            .map(|(s, (ids, grads))| wire::Push {
                 ticket: t.step,
                 loss: c.loss,
                 examples,
@@ -223,21 +217,10 @@ impl Worker {
                 } else {
                     c.dense[self.roles.dense_range(s, n)].to_vec()
                 },
-                ids: vec![wire::Ids::default(); tables.len()],
-                grads: vec![wire::Rows::default(); tables.len()],
+                ids: ids.into_iter().map(|ids| wire::Ids { ids }).collect(),
+                grads: grads.into_iter().map(|values| wire::Rows { values }).collect(),
                 ..Default::default()
-            })
-            .collect();
-        for ((ti, table), rg) in tables.iter().enumerate().zip(&c.rows) {
-            for (k, &id) in rg.rows.iter().enumerate() {
-                let part = &mut parts[sharding.owner(id)];
-                part.ids[ti].ids.push(id);
-                part.grads[ti]
-                    .values
-                    .extend_from_slice(&rg.grads[k * table.dim..(k + 1) * table.dim]);
-            }
-        }
-        let mut parts = parts.into_iter();
+            });
         let first = parts.next().expect("at least one server");
         t.comm.send_bytes(0, &request(Kind::Push(first)));
         let (_, bytes) = t.comm.receive_bytes(Some(0));
