@@ -139,6 +139,8 @@ impl Rule {
     /// (Zipped iterators rather than indices: no bounds checks, so the
     /// element-wise sweeps vectorise.)
     pub fn apply(&self, w: &mut [f32], g: &[f32], slots: &mut [&mut [f32]]) {
+        // (The indexed loops this replaced checked these lengths by panicking.)
+        debug_assert!(g.len() == w.len() && slots.iter().all(|s| s.len() == w.len()));
         let lr = self.lr;
         match &self.kind {
             OptimizerKind::Momentum { momentum } => {
