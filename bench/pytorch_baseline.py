@@ -30,13 +30,17 @@ def mlp(sizes, last_relu=True):
 
 
 class DLRM(nn.Module):
+    """EasyRec's DLRM with arch_with_dense_feature: the dot interaction's
+    upper triangle over the bottom MLP's output and the embeddings, then the
+    embeddings themselves and the bottom output, into the top MLP."""
+
     def __init__(self, cards, dim=16):
         super().__init__()
         self.emb = nn.ModuleList(nn.EmbeddingBag(c, dim, mode="sum", sparse=True) for c in cards)
         self.bot = mlp([13, 512, 256, 64, dim])
         n = len(cards) + 1
         self.tri = torch.triu_indices(n, n, offset=1)
-        self.top = mlp([dim + n * (n - 1) // 2, 512, 256])
+        self.top = mlp([n * (n - 1) // 2 + len(cards) * dim + dim, 512, 256])
         self.out = nn.Linear(256, 1)
 
     def forward(self, dense, ids, offsets):
@@ -44,7 +48,7 @@ class DLRM(nn.Module):
         e = [t(ids[:, i], offsets) for i, t in enumerate(self.emb)]
         z = torch.stack([d] + e, dim=1)
         dots = torch.bmm(z, z.transpose(1, 2))[:, self.tri[0], self.tri[1]]
-        return self.out(self.top(torch.cat([d, dots], dim=1))).squeeze(1)
+        return self.out(self.top(torch.cat([dots] + e + [d], dim=1))).squeeze(1)
 
 
 class WideAndDeep(nn.Module):
