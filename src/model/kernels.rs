@@ -317,10 +317,20 @@ pub fn slope(a: Activation, y: f32) -> f32 {
 
 /// `g *= act'(y)` row block by row block, `y` being the activation's output.
 pub fn mul_slope(act: Activation, g: &mut [f32], y: &[f32], n: usize) {
-    if act != Activation::Linear && n > 0 {
+    fn sweep(g: &mut [f32], y: &[f32], n: usize, f: impl Fn(f32) -> f32 + Sync) {
         g.par_chunks_mut(n * ROWS)
             .zip(y.par_chunks(n * ROWS))
-            .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= slope(act, *y)));
+            .for_each(|(d, y)| d.iter_mut().zip(y).for_each(|(d, y)| *d *= f(*y)));
+    }
+    if n == 0 {
+        return;
+    }
+    // One loop per activation, so the common ones compile to vector code
+    // (a `match` per element kept the sweep scalar).
+    match act {
+        Activation::Linear => {}
+        Activation::Relu => sweep(g, y, n, |y| slope(Activation::Relu, y)),
+        a => sweep(g, y, n, move |y| slope(a, y)),
     }
 }
 
@@ -329,16 +339,22 @@ pub fn bias_act(y: &mut [f32], n: usize, bias: Option<&[f32]>, act: Activation) 
     if (bias.is_none() && act == Activation::Linear) || n == 0 {
         return;
     }
-    y.par_chunks_mut(n * ROWS).for_each(|chunk| {
-        for row in chunk.chunks_exact_mut(n) {
-            if let Some(bias) = bias {
-                row.iter_mut().zip(bias).for_each(|(v, c)| *v += c);
+    fn sweep(y: &mut [f32], n: usize, bias: Option<&[f32]>, f: impl Fn(f32) -> f32 + Sync) {
+        y.par_chunks_mut(n * ROWS).for_each(|chunk| {
+            for row in chunk.chunks_exact_mut(n) {
+                match bias {
+                    Some(bias) => row.iter_mut().zip(bias).for_each(|(v, c)| *v = f(*v + c)),
+                    None => row.iter_mut().for_each(|v| *v = f(*v)),
+                }
             }
-            if act != Activation::Linear {
-                row.iter_mut().for_each(|v| *v = activate(act, *v));
-            }
-        }
-    });
+        });
+    }
+    // One loop per activation, as in `mul_slope`.
+    match act {
+        Activation::Linear => sweep(y, n, bias, |v| v),
+        Activation::Relu => sweep(y, n, bias, |v| activate(Activation::Relu, v)),
+        a => sweep(y, n, bias, move |v| activate(a, v)),
+    }
 }
 
 /// Per-column sums, in f64, of `f(a value, b value, column)` over the rows
