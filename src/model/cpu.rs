@@ -122,15 +122,12 @@ impl<'a> Tape<'a> {
             Op::Input { .. } => (Vec::new(), Saved::None),
             Op::Linear { x, w, b: bias, act } => {
                 let mut y = vec![0.0f32; b * width];
-                kernels::matmul(
-                    &mut y,
-                    self.value(*x),
-                    false,
-                    p.slice(*w),
-                    false,
-                    (b, w_of(x), width),
-                    false,
-                );
+                let k = w_of(x);
+                if narrow(k, width) {
+                    kernels::narrow_matmul(&mut y, self.value(*x), p.slice(*w), (k, width));
+                } else {
+                    kernels::matmul(&mut y, self.value(*x), false, p.slice(*w), false, (b, k, width), false);
+                }
                 kernels::bias_act(&mut y, width, bias.map(|i| p.slice(i)), *act);
                 (y, Saved::None)
             }
@@ -311,15 +308,14 @@ impl<'a> Tape<'a> {
                 let gv = self.value(*gate);
                 let k = xs.len();
                 let mut y = vec![0.0f32; b * width];
-                for (e, x) in xs.iter().enumerate() {
-                    y.par_chunks_mut(width)
-                        .zip(self.value(*x).par_chunks(width))
-                        .enumerate()
-                        .for_each(|(r, (out, v))| {
-                            let g = gv[r * k + e];
-                            out.iter_mut().zip(v).for_each(|(o, v)| *o += g * v);
-                        });
-                }
+                let xvs: Vec<&[f32]> = xs.iter().map(|x| self.value(*x)).collect();
+                y.par_chunks_mut(width.max(1)).enumerate().for_each(|(r, out)| {
+                    for (e, xv) in xvs.iter().enumerate() {
+                        let g = gv[r * k + e];
+                        let v = &xv[r * width..(r + 1) * width];
+                        out.iter_mut().zip(v).for_each(|(o, v)| *o += g * v);
+                    }
+                });
                 (y, Saved::None)
             }
             Op::Zeros { .. } => (vec![0.0f32; b * width], Saved::None),
@@ -648,22 +644,30 @@ impl<'a> Tape<'a> {
                     let k = g.width(*x);
                     kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
                     let xv = self.value(*x);
-                    kernels::matmul(
-                        &mut dense[p.specs[*w].range()],
-                        xv,
-                        true,
-                        &dy,
-                        false,
-                        (k, b, width),
-                        true,
-                    );
+                    let dw = &mut dense[p.specs[*w].range()];
+                    if narrow(k, width) {
+                        kernels::narrow_weight_grad(dw, xv, &dy, (k, width));
+                    } else {
+                        kernels::matmul(dw, xv, true, &dy, false, (k, b, width), true);
+                    }
                     if let Some(bi) = bias {
                         kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bi].range()]);
                     }
                     if needs[x.0] {
-                        let mut dx = vec![0.0f32; b * k];
-                        kernels::matmul(&mut dx, &dy, false, p.slice(*w), true, (b, width, k), false);
-                        accumulate(&mut grads, needs, *x, dx);
+                        // Into the input's gradient so far, when another
+                        // reader of it already gave one (MMoE's experts and
+                        // gates), rather than a new matrix added to it.
+                        let (dx, acc) = match grads[x.0].take() {
+                            Some(d) => (d, true),
+                            None => (vec![0.0f32; b * k], false),
+                        };
+                        let mut dx = dx;
+                        if narrow(k, width) {
+                            kernels::narrow_input_grad(&mut dx, &dy, p.slice(*w), (k, width), acc);
+                        } else {
+                            kernels::matmul(&mut dx, &dy, false, p.slice(*w), true, (b, width, k), acc);
+                        }
+                        grads[x.0] = Some(dx);
                     }
                 }
                 Op::BatchNorm {
@@ -891,27 +895,40 @@ impl<'a> Tape<'a> {
                 Op::WeightedSum { gate, xs } => {
                     let k = xs.len();
                     let gv = self.value(*gate);
+                    // Row blocks in parallel: per-row work is a few dot
+                    // products, too little for a task of its own.
+                    const BLOCK: usize = 64;
+                    let width = width.max(1);
                     if needs[gate.0] {
                         let mut dgate = vec![0.0f32; b * k];
-                        for (e, x) in xs.iter().enumerate() {
-                            let xv = self.value(*x);
-                            dgate.par_chunks_mut(k).enumerate().for_each(|(r, out)| {
-                                let (g, v) = (&dy[r * width..(r + 1) * width], &xv[r * width..(r + 1) * width]);
-                                out[e] = g.iter().zip(v).map(|(a, b)| a * b).sum();
+                        let xvs: Vec<&[f32]> = xs.iter().map(|x| self.value(*x)).collect();
+                        dgate
+                            .par_chunks_mut(k * BLOCK)
+                            .zip(dy.par_chunks(width * BLOCK))
+                            .enumerate()
+                            .for_each(|(blk, (out, d))| {
+                                for (r, (o, g)) in out.chunks_exact_mut(k).zip(d.chunks_exact(width)).enumerate() {
+                                    let at = (blk * BLOCK + r) * width;
+                                    for (oe, xv) in o.iter_mut().zip(&xvs) {
+                                        *oe = kernels::dot(g, &xv[at..at + width]);
+                                    }
+                                }
                             });
-                        }
                         accumulate(&mut grads, needs, *gate, dgate);
                     }
                     for (e, x) in xs.iter().enumerate() {
                         if needs[x.0] {
-                            let dx = dy
-                                .chunks_exact(width)
+                            let mut dx = vec![0.0f32; b * width];
+                            dx.par_chunks_mut(width * BLOCK)
+                                .zip(dy.par_chunks(width * BLOCK))
                                 .enumerate()
-                                .flat_map(|(r, row)| {
-                                    let s = gv[r * k + e];
-                                    row.iter().map(move |v| v * s)
-                                })
-                                .collect();
+                                .for_each(|(blk, (o, d))| {
+                                    for (r, (o, d)) in o.chunks_exact_mut(width).zip(d.chunks_exact(width)).enumerate()
+                                    {
+                                        let s = gv[(blk * BLOCK + r) * k + e];
+                                        o.iter_mut().zip(d).for_each(|(o, d)| *o = d * s);
+                                    }
+                                });
                             accumulate(&mut grads, needs, *x, dx);
                         }
                     }
@@ -1234,6 +1251,12 @@ fn column_stats(
 }
 
 /// Adds `d` to the gradient of node `n` when it needs one.
+/// Whether a `Linear` from `k` to `n` columns runs on the narrow sweeps
+/// rather than gemm.
+fn narrow(k: usize, n: usize) -> bool {
+    k > 0 && (1..=kernels::NARROW).contains(&n)
+}
+
 fn accumulate(grads: &mut [Option<Vec<f32>>], needs: &[bool], n: NodeId, d: Vec<f32>) {
     if !needs[n.0] {
         return;

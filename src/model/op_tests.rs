@@ -69,6 +69,17 @@ fn cases() -> Vec<Case> {
             let w = s.params.add("k", 6, 3, Init::GlorotUniform, true, s.rng);
             g.linear(x[1], s.params, w, None, Activation::Linear)
         }),
+        // Past kernels::NARROW columns: gemm instead of the narrow sweeps.
+        case("wide linear+sigmoid", true, |g, s, x| {
+            s.dense(g, x[0], "l", 12, Activation::Sigmoid)
+        }),
+        // Wide and narrow layers adding into one input's gradient.
+        case("linears sharing an input", true, |g, s, x| {
+            let a = s.dense(g, x[0], "a", 12, tanh);
+            let c = s.dense(g, x[0], "c", 4, Activation::Sigmoid);
+            let d = s.dense(g, x[0], "d", 11, Activation::Linear);
+            g.concat(&[a, c, d])
+        }),
         case("batch norm+tanh", true, |g, s, x| s.batch_norm(g, x[0], "bn", tanh)),
         case("product logit", true, |g, _, x| {
             let (a, b) = (g.slice(x[0], 1, 1), g.slice(x[1], 4, 1));
