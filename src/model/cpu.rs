@@ -285,16 +285,19 @@ impl<'a> Tape<'a> {
             }
             Op::Dot { xs, dim, pairs } => (self.dot_fwd(b, xs, *dim, pairs), Saved::None),
             Op::Cross { x0, xl, w, b: bias } => {
-                let d = width;
-                let s = kernels::row_dots(self.value(*xl), d, p.slice(*w));
-                let bias = p.slice(*bias);
-                let mut y = self.value(*xl).to_vec();
+                // One sweep per row: its scalar xl · w, then the output.
+                let d = width.max(1);
+                let (wv, bias) = (p.slice(*w), p.slice(*bias));
+                let (mut y, mut s) = (vec![0.0f32; b * width], vec![0.0f32; b]);
                 y.par_chunks_mut(d)
+                    .zip(s.par_iter_mut())
+                    .zip(self.value(*xl).par_chunks(d))
                     .zip(self.value(*x0).par_chunks(d))
-                    .zip(&s)
-                    .for_each(|((out, x0r), sr)| {
+                    .with_min_len(kernels::ROWS)
+                    .for_each(|(((out, sr), xr), x0r)| {
+                        *sr = kernels::dot(xr, wv);
                         for c in 0..d {
-                            out[c] += x0r[c] * sr + bias[c];
+                            out[c] = xr[c] + (x0r[c] * *sr + bias[c]);
                         }
                     });
                 (y, Saved::Scalars(s))
@@ -856,32 +859,56 @@ impl<'a> Tape<'a> {
                     let Saved::Scalars(s) = &self.saved[i] else {
                         unreachable!("cross keeps its row scalars")
                     };
-                    let d = width;
-                    let (x0v, xlv) = (self.value(*x0), self.value(*xl));
-                    // d s[r] = Σ_c dy[r, c] * x0[r, c]
-                    let ds: Vec<f32> = dy
-                        .par_chunks(d)
-                        .zip(x0v.par_chunks(d))
-                        .map(|(g, x)| g.iter().zip(x).map(|(a, b)| a * b).sum())
+                    // One sweep over row blocks (the matrices outgrow the
+                    // caches; separate passes each read them again): per
+                    // row ds = dy · x0, the bias and weight gradients' block
+                    // sums, x0's gradient dy * s added in place, and dy
+                    // turned into xl's gradient dy + ds * w.
+                    const BLOCK: usize = 4 * kernels::ROWS;
+                    let d = width.max(1);
+                    let (x0v, xlv, wv) = (self.value(*x0), self.value(*xl), p.slice(*w));
+                    let (mut dx0, acc) = match grads[x0.0].take() {
+                        Some(g) => (g, true),
+                        None => (vec![0.0f32; b * width], false),
+                    };
+                    let parts: Vec<(Vec<f32>, Vec<f32>)> = dy
+                        .par_chunks_mut(d * BLOCK)
+                        .zip(dx0.par_chunks_mut(d * BLOCK))
+                        .zip(x0v.par_chunks(d * BLOCK))
+                        .zip(xlv.par_chunks(d * BLOCK))
+                        .zip(s.par_chunks(BLOCK))
+                        .map(|((((g, o), x0b), xlb), sb)| {
+                            let (mut db, mut dw) = (vec![0.0f32; d], vec![0.0f32; d]);
+                            let rows = g.chunks_exact_mut(d).zip(o.chunks_exact_mut(d));
+                            for (((g, o), (x0r, xr)), s) in
+                                rows.zip(x0b.chunks_exact(d).zip(xlb.chunks_exact(d))).zip(sb)
+                            {
+                                let ds = kernels::dot(g, x0r);
+                                db.iter_mut().zip(&*g).for_each(|(a, v)| *a += v);
+                                dw.iter_mut().zip(xr).for_each(|(a, v)| *a += ds * v);
+                                if acc {
+                                    o.iter_mut().zip(&*g).for_each(|(o, v)| *o += v * s);
+                                } else {
+                                    o.iter_mut().zip(&*g).for_each(|(o, v)| *o = v * s);
+                                }
+                                g.iter_mut().zip(wv).for_each(|(o, w)| *o += ds * w);
+                            }
+                            (db, dw)
+                        })
                         .collect();
-                    kernels::add_col_sums(&dy, d, &mut dense[p.specs[*bias].range()]);
-                    kernels::add_weighted_col_sums(xlv, d, &ds, &mut dense[p.specs[*w].range()]);
+                    for (db, dw) in parts {
+                        let sums = [(*bias, db), (*w, dw)];
+                        for (param, part) in sums {
+                            dense[p.specs[param].range()]
+                                .iter_mut()
+                                .zip(part)
+                                .for_each(|(a, v)| *a += v);
+                        }
+                    }
                     if needs[x0.0] {
-                        let mut dx0 = vec![0.0f32; b * d];
-                        dx0.par_chunks_mut(d)
-                            .zip(dy.par_chunks(d))
-                            .zip(s)
-                            .for_each(|((o, g), s)| o.iter_mut().zip(g).for_each(|(o, g)| *o = g * s));
-                        accumulate(&mut grads, needs, *x0, dx0);
+                        grads[x0.0] = Some(dx0);
                     }
-                    if needs[xl.0] {
-                        let wv = p.slice(*w);
-                        let mut dxl = dy;
-                        dxl.par_chunks_mut(d).zip(&ds).for_each(|(row, s)| {
-                            row.iter_mut().zip(wv).for_each(|(o, w)| *o += s * w);
-                        });
-                        accumulate(&mut grads, needs, *xl, dxl);
-                    }
+                    accumulate(&mut grads, needs, *xl, dy);
                 }
                 // Masked columns have y = 0, so their gradient is 0 too.
                 Op::Softmax { x } | Op::MaskedSoftmax { x, .. } => {

@@ -237,38 +237,6 @@ pub fn add_col_sums(x: &[f32], n: usize, out: &mut [f32]) {
     }
 }
 
-/// `out[c] += Σ_r x[r, c] * weights[r]` over a row-major `[rows, n]`
-/// matrix, in parallel row blocks (a matrix-vector product `xᵀ · w`
-/// without gemm's set-up for a single column).
-pub fn add_weighted_col_sums(x: &[f32], n: usize, weights: &[f32], out: &mut [f32]) {
-    if n == 0 {
-        return;
-    }
-    let parts: Vec<Vec<f32>> = x
-        .par_chunks(n * ROWS * 4)
-        .zip(weights.par_chunks(ROWS * 4))
-        .map(|(chunk, w)| {
-            let mut s = vec![0.0f32; n];
-            for (row, wr) in chunk.chunks_exact(n).zip(w) {
-                s.iter_mut().zip(row).for_each(|(a, v)| *a += v * wr);
-            }
-            s
-        })
-        .collect();
-    for p in parts {
-        out.iter_mut().zip(p).for_each(|(a, v)| *a += v);
-    }
-}
-
-/// `x · w` per row of a row-major `[rows, n]` matrix: one dot product per
-/// row, rows in parallel.
-pub fn row_dots(x: &[f32], n: usize, w: &[f32]) -> Vec<f32> {
-    if n == 0 {
-        return vec![0.0; 0];
-    }
-    x.par_chunks(n).with_min_len(ROWS).map(|row| dot(row, w)).collect()
-}
-
 /// `a · b` in 16 running partial sums, so it compiles to vector code (one
 /// running sum is a chain the compiler may not reorder).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -145,6 +145,16 @@ fn cases() -> Vec<Case> {
             let t = g.act(x[1], tanh);
             g.cross(x[0], t, w, b)
         }),
+        // DCN's stack: the first layer's xl is x0, the next adds into x0's
+        // gradient.
+        case("cross layers over one input", true, |g, s, x| {
+            let w1 = s.params.add("w1", 6, 1, Init::GlorotUniform, true, s.rng);
+            let b1 = s.params.add("b1", 1, 6, Init::Zeros, false, s.rng);
+            let w2 = s.params.add("w2", 6, 1, Init::GlorotUniform, true, s.rng);
+            let b2 = s.params.add("b2", 1, 6, Init::Zeros, false, s.rng);
+            let c1 = g.cross(x[0], x[0], w1, b1);
+            g.cross(x[0], c1, w2, b2)
+        }),
         case("softmax", true, |g, _, x| g.softmax(x[0])),
         case("layer norm", true, |g, s, x| {
             let t = s.layer_norm(g, x[0], "ln");
