@@ -645,16 +645,19 @@ impl<'a> Tape<'a> {
                 }
                 Op::Linear { x, w, b: bias, act } => {
                     let k = g.width(*x);
-                    kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
+                    match bias {
+                        Some(bi) => {
+                            let db = &mut dense[p.specs[*bi].range()];
+                            kernels::slope_col_sums(*act, &mut dy, &self.vals[i], width, db);
+                        }
+                        None => kernels::mul_slope(*act, &mut dy, &self.vals[i], width),
+                    }
                     let xv = self.value(*x);
                     let dw = &mut dense[p.specs[*w].range()];
                     if narrow(k, width) {
                         kernels::narrow_weight_grad(dw, xv, &dy, (k, width));
                     } else {
                         kernels::matmul(dw, xv, true, &dy, false, (k, b, width), true);
-                    }
-                    if let Some(bi) = bias {
-                        kernels::add_col_sums(&dy, width, &mut dense[p.specs[*bi].range()]);
                     }
                     if needs[x.0] {
                         // Into the input's gradient so far, when another

@@ -384,6 +384,38 @@ pub fn mul_slope(act: Activation, g: &mut [f32], y: &[f32], n: usize) {
     }
 }
 
+/// `mul_slope`, then the result's column sums added into `out` (as
+/// `add_col_sums`, the same row blocks in the same order), in one sweep
+/// over `g`: a layer's output gradient and its bias gradient.
+pub fn slope_col_sums(act: Activation, g: &mut [f32], y: &[f32], n: usize, out: &mut [f32]) {
+    fn sweep(g: &mut [f32], y: &[f32], n: usize, f: impl Fn(f32) -> f32 + Sync) -> Vec<Vec<f32>> {
+        g.par_chunks_mut(n * ROWS * 4)
+            .zip(y.par_chunks(n * ROWS * 4))
+            .map(|(gc, yc)| {
+                let mut s = vec![0.0f32; n];
+                for (gr, yr) in gc.chunks_exact_mut(n).zip(yc.chunks_exact(n)) {
+                    for ((d, y), a) in gr.iter_mut().zip(yr).zip(s.iter_mut()) {
+                        *d *= f(*y);
+                        *a += *d;
+                    }
+                }
+                s
+            })
+            .collect()
+    }
+    if n == 0 {
+        return;
+    }
+    let parts = match act {
+        Activation::Linear => sweep(g, y, n, |_| 1.0),
+        Activation::Relu => sweep(g, y, n, |y| slope(Activation::Relu, y)),
+        a => sweep(g, y, n, move |y| slope(a, y)),
+    };
+    for p in parts {
+        out.iter_mut().zip(p).for_each(|(a, v)| *a += v);
+    }
+}
+
 /// `y = act(y + bias)` in one sweep over `[rows, n]`.
 pub fn bias_act(y: &mut [f32], n: usize, bias: Option<&[f32]>, act: Activation) {
     if (bias.is_none() && act == Activation::Linear) || n == 0 {
