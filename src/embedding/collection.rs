@@ -154,6 +154,15 @@ impl Collection {
         // table add up in config order.
         let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
         row_grads.par_iter_mut().enumerate().for_each(|(ti, acc)| {
+            let ids: usize = groups
+                .iter()
+                .flat_map(|g| g.sparse_parts().filter(|p| p.table == Some(ti)))
+                .map(|p| match &batch.features[p.feature] {
+                    Encoded::Sparse(j) => j.ids.len(),
+                    _ => 0,
+                })
+                .sum();
+            acc.reserve(ids, self.tables[ti].dim);
             for (g, gin) in groups.iter().zip(input_grads) {
                 for p in g.sparse_parts().filter(|p| p.table == Some(ti)) {
                     let Encoded::Sparse(j) = &batch.features[p.feature] else {

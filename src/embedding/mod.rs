@@ -152,6 +152,26 @@ pub fn pool_into(table: &dyn RowSource, j: &Jagged, mean: bool, out: &mut [f32],
         .for_each(|(b, row_out)| pool_rows(table, j, mean, row_out, stride, col, b));
 }
 
+/// Asks the CPU to start loading `row` into the caches (a no-op off
+/// x86-64). A batch's rows are scattered over tables far larger than the
+/// caches; asking for a block's rows before summing them overlaps their
+/// memory latencies instead of waiting on them one by one.
+#[inline]
+pub fn prefetch(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(first), Some(last)) = (row.first(), row.last()) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // A row may straddle two cache lines.
+        for p in [first, last] {
+            // SAFETY: a prefetch is a hint that reads nothing architecturally
+            // and cannot fault; SSE is in x86-64's baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(p).cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
 /// `pool_into` for the batch rows `first..` that `out` holds.
 pub fn pool_rows(
     table: &dyn RowSource,
@@ -163,6 +183,11 @@ pub fn pool_rows(
     first: usize,
 ) {
     let dim = table.dim();
+    let rows = out.len() / stride.max(1);
+    let (s, e) = (j.offsets[first] as usize, j.offsets[first + rows] as usize);
+    for &id in &j.ids[s..e] {
+        prefetch(table.row(id));
+    }
     for (k, row_out) in out.chunks_exact_mut(stride).enumerate() {
         let b = first + k;
         let dst = &mut row_out[col..col + dim];
@@ -264,6 +289,14 @@ pub struct RowGrads {
 }
 
 impl RowGrads {
+    /// Room for `rows` distinct rows of `dim` values (at most; a batch's
+    /// ids repeat), so the index is not rebuilt as it grows.
+    pub fn reserve(&mut self, rows: usize, dim: usize) {
+        self.index.reserve(rows);
+        self.rows.reserve(rows);
+        self.grads.reserve(rows * dim);
+    }
+
     pub fn slot(&mut self, row: u64, dim: usize) -> &mut [f32] {
         let i = *self.index.entry(row).or_insert_with(|| {
             self.rows.push(row);
@@ -313,7 +346,17 @@ pub fn scatter_grad(j: &Jagged, mean: bool, grad: &[f32], stride: usize, col: us
 pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) {
     let dim = table.dim;
     let mut g = vec![0.0f32; dim];
+    // Rows this far ahead are asked for while this one is updated (see
+    // `prefetch`): its weights and its optimizer slots.
+    const AHEAD: usize = 8;
     for (k, &r) in grads.rows.iter().enumerate() {
+        if let Some(&next) = grads.rows.get(k + AHEAD) {
+            let at = table.sharding.local(next) * dim;
+            prefetch(&table.weights[at..at + dim]);
+            for s in &table.state.slots {
+                prefetch(&s[at..at + dim]);
+            }
+        }
         let l = table.sharding.local(r);
         let range = l * dim..(l + 1) * dim;
         for (d, s) in g.iter_mut().zip(&grads.grads[k * dim..(k + 1) * dim]) {
