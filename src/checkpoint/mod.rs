@@ -193,13 +193,13 @@ pub fn commit(
         serde_json::to_string_pretty(&manifest)?.as_bytes(),
     )?;
     if final_dir.exists() {
-        fs::remove_dir_all(&final_dir).with_context(|| format!("cannot replace {}", final_dir.display()))?;
+        remove(model_dir, step).with_context(|| format!("cannot replace {}", final_dir.display()))?;
     }
     fs::rename(tmp, &final_dir).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
     let mut all = list(model_dir)?;
     if keep_max > 0 && all.len() > keep_max {
         for old in all.drain(..all.len() - keep_max) {
-            fs::remove_dir_all(model_dir.join(ckpt_name(old))).ok();
+            remove(model_dir, old).ok();
         }
     }
     let mut state = format!("model_checkpoint_path: \"{}\"\n", ckpt_name(step));
@@ -208,6 +208,21 @@ pub fn commit(
     }
     write_atomic(&model_dir.join(STATE_FILE), state.as_bytes())?;
     Ok(final_dir)
+}
+
+/// Removes checkpoint `step` of `model_dir` so that no reader ever lists
+/// part of one: it is renamed out of the listing first (a temporary's name
+/// the next job's `remove_stale_temporaries` clears if this one is killed),
+/// then deleted. Deleting in place left a listed checkpoint with files
+/// missing when a job was killed mid-way (re-saving its last step on a
+/// stop signal, or pruning).
+fn remove(model_dir: &Path, step: u64) -> std::io::Result<()> {
+    let doomed = model_dir.join(format!(".{}.old.tmp", ckpt_name(step)));
+    if doomed.exists() {
+        fs::remove_dir_all(&doomed)?;
+    }
+    fs::rename(model_dir.join(ckpt_name(step)), &doomed)?;
+    fs::remove_dir_all(&doomed)
 }
 
 /// Writes `files` (file name -> tensors) as checkpoint `step` from one
@@ -448,5 +463,39 @@ mod tests {
             .unwrap();
         let err = format!("{:#}", load(&latest).unwrap_err());
         assert!(err.contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn a_step_saved_again_is_replaced_and_what_a_killed_replacement_left_is_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (vec![1.0f32, 2.0], vec![5.0f32, 6.0]);
+        for v in [&a, &b] {
+            save(
+                dir.path(),
+                10,
+                &[("dense.safetensors", vec![TensorRef::new("w", vec![2], v)])],
+                0,
+            )
+            .unwrap();
+        }
+        let (_, t) = load(&dir.path().join(ckpt_name(10))).unwrap();
+        assert_eq!(t["w"].data, b);
+        let names = |d: &Path| -> Vec<String> {
+            let mut v: Vec<String> = fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(dir.path()), ["checkpoint", "model.ckpt-10"]);
+        // A job killed while deleting the replaced copy leaves it outside
+        // the listing, under a name the next job clears.
+        let doomed = dir.path().join(".model.ckpt-10.old.tmp");
+        fs::create_dir(&doomed).unwrap();
+        fs::write(doomed.join("manifest.json"), "{}").unwrap();
+        assert_eq!(list(dir.path()).unwrap(), vec![10]);
+        assert_eq!(remove_stale_temporaries(dir.path()).unwrap(), 1);
+        assert_eq!(names(dir.path()), ["checkpoint", "model.ckpt-10"]);
     }
 }
