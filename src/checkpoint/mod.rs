@@ -216,7 +216,7 @@ pub fn commit(
 /// then deleted. Deleting in place left a listed checkpoint with files
 /// missing when a job was killed mid-way (re-saving its last step on a
 /// stop signal, or pruning).
-fn remove(model_dir: &Path, step: u64) -> std::io::Result<()> {
+pub fn remove(model_dir: &Path, step: u64) -> std::io::Result<()> {
     let doomed = model_dir.join(format!(".{}.old.tmp", ckpt_name(step)));
     if doomed.exists() {
         fs::remove_dir_all(&doomed)?;

@@ -87,6 +87,7 @@ fn train_on(
     let _lock = if comm.rank() == 0 {
         let lock = checkpoint::lock_model_dir(model_dir)?;
         checkpoint::remove_stale_temporaries(model_dir)?;
+        checkpoint::remove_stale_temporaries(&model_dir.join(crate::export::exporter::BEST_CKPT_DIR))?;
         Some(lock)
     } else {
         None

@@ -13,6 +13,9 @@ use crate::checkpoint;
 use crate::config::export_plan::Exporter;
 use crate::config::typed::TrainingPlan;
 
+/// Where the best exporter keeps copies of its best checkpoints, in model_dir.
+pub const BEST_CKPT_DIR: &str = "best_ckpt";
+
 pub struct TrainExporter {
     plan: TrainingPlan,
     config_text: String,
@@ -100,7 +103,7 @@ impl TrainExporter {
     /// Copies checkpoint `ckpt` into model_dir/best_ckpt/, keeping the newest
     /// exports_to_keep there.
     fn keep_best_checkpoint(&self, ckpt: &Path) -> anyhow::Result<()> {
-        let root = self.plan.model_dir.join("best_ckpt");
+        let root = self.plan.model_dir.join(BEST_CKPT_DIR);
         let name = ckpt.file_name().context("checkpoint path has no name")?;
         let tmp = root.join(format!(".tmp-{}", name.to_string_lossy()));
         let dst = root.join(name);
@@ -110,14 +113,17 @@ impl TrainExporter {
             std::fs::copy(entry.path(), tmp.join(entry.file_name()))
                 .with_context(|| format!("cannot copy {}", entry.path().display()))?;
         }
+        // Replaced and pruned copies leave the listing before they are
+        // deleted, as in model_dir (`checkpoint::remove`).
         if dst.exists() {
-            std::fs::remove_dir_all(&dst).with_context(|| format!("cannot replace {}", dst.display()))?;
+            let step = checkpoint::step_of(&dst).context("a checkpoint's name holds its step")?;
+            checkpoint::remove(&root, step).with_context(|| format!("cannot replace {}", dst.display()))?;
         }
         std::fs::rename(&tmp, &dst).with_context(|| format!("cannot rename {} to {}", tmp.display(), dst.display()))?;
         let kept = checkpoint::list(&root)?;
         for step in &kept[..kept.len().saturating_sub(self.plan.export.exports_to_keep)] {
-            let old = root.join(checkpoint::ckpt_name(*step));
-            std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+            checkpoint::remove(&root, *step)
+                .with_context(|| format!("cannot remove {}", root.join(checkpoint::ckpt_name(*step)).display()))?;
         }
         Ok(())
     }
