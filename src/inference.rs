@@ -32,12 +32,11 @@ pub struct Bundle {
 /// must have its place in the model: a checkpoint of another model is
 /// refused, never half used.
 fn easyrec_tensors(
-    plan: &TrainingPlan,
     model: &Model,
     prefix: &Path,
 ) -> anyhow::Result<(u64, std::collections::BTreeMap<String, checkpoint::Loaded>)> {
     let ckpt = checkpoint::tensorflow::TfCheckpoint::open(prefix)?;
-    let (tensors, unused) = names::from_tensorflow(&ckpt, plan, model, false, &[])?;
+    let (tensors, unused) = names::from_tensorflow(&ckpt, model, false, &[])?;
     names::refuse_unused(&ckpt, &unused)?;
     Ok((ckpt.global_step()?.unwrap_or(0), tensors))
 }
@@ -48,9 +47,11 @@ impl Bundle {
     pub fn restore(plan: TrainingPlan, dir: &Path) -> anyhow::Result<Self> {
         plan.memory.check_here(1)?;
         let enc = Encoder::for_inference(&plan).map_err(crate::config::ConfigError::unbuildable)?;
-        let mut model = Model::new(&plan, &enc, SEED).map_err(crate::config::ConfigError::unbuildable)?;
+        let sampled = plan.data.negative_sampling.is_some();
+        let mut model = Model::new(&plan.model, &plan.features, sampled, &enc, SEED)
+            .map_err(crate::config::ConfigError::unbuildable)?;
         let (step, mut tensors) = match checkpoint::tensorflow::find(dir) {
-            Some(prefix) => easyrec_tensors(&plan, &model, &prefix)?,
+            Some(prefix) => easyrec_tensors(&model, &prefix)?,
             None => checkpoint::load(dir)?,
         };
         let mut take = |name: &str, shape: &[usize]| checkpoint::take(&mut tensors, name, shape, dir);
@@ -63,12 +64,12 @@ impl Bundle {
             }
         }
         let mut tables = Vec::new();
-        for (t, var) in model.tables.iter().zip(names::table_variables(&plan, &model)) {
+        for (t, var) in model.tables.iter().zip(&model.table_variables) {
             tables.push(Table {
                 name: t.name.clone(),
                 rows: t.rows,
                 dim: t.dim,
-                weights: take(&var, &[t.rows, t.dim])?,
+                weights: take(var, &[t.rows, t.dim])?,
                 state: SlotState::default(),
                 optimizer: 0,
                 sharding: Sharding::Replicated,
@@ -110,10 +111,10 @@ impl Bundle {
         })
     }
 
-    /// Each task's scores of an encoded batch (in `plan.tasks` order).
+    /// Each task's scores of an encoded batch (in `plan.model.tasks` order).
     pub fn score(&self, batch: &Batch) -> Vec<TaskScores> {
         let inputs = self.embeddings.forward(&self.model.groups, batch, &Single);
-        self.model.scores(&inputs, batch.size, &self.plan.tasks)
+        self.model.scores(&inputs, batch.size, &self.plan.model.tasks)
     }
 
     /// Whole tables, indexed like `Model::tables`.

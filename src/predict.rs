@@ -9,7 +9,8 @@ use anyhow::{bail, Context};
 use arrow_array::{ArrayRef, Float32Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 
-use crate::config::typed::{InputFormat, TrainingPlan};
+use crate::config::data_plan::InputFormat;
+use crate::config::typed::TrainingPlan;
 use crate::data::{expand_paths, Column, StreamSpec};
 use crate::export::runtime::ExportedModel;
 use crate::features::{Batch, Encoder};
@@ -56,7 +57,7 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
     let enc = Encoder::for_inference(plan)?;
     let mut projection = enc.projection.clone();
     let reserved: Vec<String> = if job.reserved_cols.iter().any(|c| c == "ALL_COLUMNS") {
-        plan.fields.iter().map(|f| f.name.clone()).collect()
+        plan.data.fields.iter().map(|f| f.name.clone()).collect()
     } else {
         job.reserved_cols.clone()
     };
@@ -64,7 +65,7 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
         .iter()
         .map(|c| {
             projection
-                .add(c, &plan.fields, false)
+                .add(c, &plan.data.fields, false)
                 .with_context(|| format!("reserved column `{c}` is not among data_config.input_fields"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -75,12 +76,12 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
     let format = if files.iter().all(|f| f.extension().is_some_and(|e| e == "parquet")) {
         InputFormat::Parquet { packed: false }
     } else {
-        plan.format.clone()
+        plan.data.format.clone()
     };
     let spec = StreamSpec {
         files,
         format,
-        fields: plan.fields.clone(),
+        fields: plan.data.fields.clone(),
         projection,
         batch_size: job.batch_size.max(1),
         epochs: Some(1),
@@ -92,7 +93,7 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
         max_rows: 0,
     };
     // Per task its logits and scores, named as in the export.
-    let score_cols: Vec<String> = plan.tasks.iter().flat_map(crate::model::score_columns).collect();
+    let score_cols: Vec<String> = plan.model.tasks.iter().flat_map(crate::model::score_columns).collect();
     let mut out = Output::new(&job.output, &reserved, &score_cols)?;
     let mut failure: Option<anyhow::Error> = None;
     spec.run(|raw| {

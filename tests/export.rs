@@ -57,7 +57,7 @@ fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
         let onnx = ExportedModel::load(&root).unwrap_or_else(|e| panic!("{model}: {e:#}"));
         let mut worst = 0.0f32;
         let mut rows = 0;
-        for batch in t.stream(&t.plan.eval_paths.clone(), false, 0).unwrap() {
+        for batch in t.stream(&t.plan.data.eval_paths.clone(), false, 0).unwrap() {
             let batch = batch.unwrap();
             let ours = t.score(&batch);
             let theirs = onnx.score(&batch).unwrap();
@@ -81,7 +81,7 @@ fn every_model_exports_an_onnx_graph_that_scores_like_eval() {
                     worst = worst.max((x - y).abs());
                 }
             }
-            assert_eq!(ours.len(), t.plan.tasks.len(), "{model}: one score per task");
+            assert_eq!(ours.len(), t.plan.model.tasks.len(), "{model}: one score per task");
             assert_eq!(theirs.len(), ours.len(), "{model}: one export output pair per task");
             for (o, e) in ours.iter().zip(&theirs) {
                 assert_eq!((e.scores.len(), e.logits.len()), (o.scores.len(), o.logits.len()));
@@ -433,7 +433,7 @@ fn damaged_export_dirs_give_clear_errors() {
 /// label2, and a packed row drops the labels.
 fn eval_batch_and_packed_rows(t: &Trainer, dir: &Path) -> (rustrec::features::Batch, Vec<String>) {
     let batch = t
-        .stream(&t.plan.eval_paths.clone(), false, 0)
+        .stream(&t.plan.data.eval_paths.clone(), false, 0)
         .unwrap()
         .next()
         .unwrap()

@@ -857,7 +857,7 @@ fn trainer_sized(dir: &Path, model: &str, block: &str, rows: usize, batch: usize
 
 /// The error reading the first training batch of `t`'s input.
 fn first_batch_error(t: &Trainer) -> anyhow::Error {
-    t.stream(&t.plan.train_paths.clone(), true, 0)
+    t.stream(&t.plan.data.train_paths.clone(), true, 0)
         .unwrap()
         .next()
         .unwrap()
@@ -866,7 +866,7 @@ fn first_batch_error(t: &Trainer) -> anyhow::Error {
 
 /// The first training batch of `t`'s input.
 fn first_batch(t: &Trainer) -> Batch {
-    t.stream(&t.plan.train_paths.clone(), true, 0)
+    t.stream(&t.plan.data.train_paths.clone(), true, 0)
         .unwrap()
         .next()
         .unwrap()
@@ -1103,10 +1103,10 @@ fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
     for model in MODELS {
         let dir = tempfile::tempdir().unwrap();
         let mut t = trainer(dir.path(), model);
-        let paths = t.plan.train_paths.clone();
+        let paths = t.plan.data.train_paths.clone();
         let weighted = |st: &[rustrec::metrics::EvalState], t: &Trainer| -> f64 {
             st.iter()
-                .zip(&t.plan.tasks)
+                .zip(&t.plan.model.tasks)
                 .map(|(s, k)| k.weight as f64 * s.loss_sum)
                 .sum()
         };
@@ -1127,7 +1127,7 @@ fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
         let graph = &t.model.graph;
         assert_eq!(
             again.len(),
-            t.plan.tasks.len() + graph.penalties.len() + graph.summaries.len()
+            t.plan.model.tasks.len() + graph.penalties.len() + graph.summaries.len()
         );
         for (a, b) in again.iter().zip(&after) {
             assert_eq!(a.preds, b.preds, "{model}");
@@ -1144,7 +1144,7 @@ fn batches_with_non_finite_gradients_are_skipped_while_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = trainer(dir.path(), "WideAndDeep");
     let batches: Vec<Batch> = t
-        .stream(&t.plan.train_paths.clone(), true, 0)
+        .stream(&t.plan.data.train_paths.clone(), true, 0)
         .unwrap()
         .take(3)
         .map(Result::unwrap)
@@ -1222,7 +1222,7 @@ fn variational_dropout_penalizes_kept_features_in_the_regularization_loss() {
         })
         .sum::<f64>()
         * 0.5
-        * t.plan.l2_regularization as f64;
+        * t.plan.model.l2_regularization as f64;
     let batch = first_batch(&t);
     let st = t.train_step(&batch).unwrap();
     let want = l2 + 0.5 / batch.size as f64 * keep_sum;
@@ -1480,10 +1480,10 @@ fn rtp_input_trains_like_the_same_rows_as_csv() {
     let mut rtp = Trainer::new(plan(&cfg).unwrap()).unwrap();
     rtp.run().unwrap();
     assert_eq!(rtp.model.params.values, csv.model.params.values);
-    let paths = rtp.plan.train_paths.clone();
+    let paths = rtp.plan.data.train_paths.clone();
     let (a, b) = (
         rtp.evaluate(&paths).unwrap(),
-        csv.evaluate(&csv.plan.train_paths.clone()).unwrap(),
+        csv.evaluate(&csv.plan.data.train_paths.clone()).unwrap(),
     );
     assert_eq!(a[0].preds, b[0].preds);
 
@@ -1517,7 +1517,7 @@ fn a_stop_signal_in_model_dir_ends_training() {
     let dir = tempfile::tempdir().unwrap();
     let block = model_block("WideAndDeep");
     let mut t = trainer_of(dir.path(), "WideAndDeep", block);
-    assert!(!t.plan.stop_signal);
+    assert!(!t.plan.train.stop_signal);
     let cfg = dir.path().join("WideAndDeep.config");
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
@@ -1747,7 +1747,7 @@ fn sampled_negatives_and_sample_weights_train_a_listwise_dssm() {
         assert!(names.contains(&m), "{names:?}");
     }
     let eval = t
-        .stream(&t.plan.eval_paths.clone(), false, 0)
+        .stream(&t.plan.data.eval_paths.clone(), false, 0)
         .unwrap()
         .next()
         .unwrap()
@@ -1954,7 +1954,7 @@ fn frozen_variables_keep_their_values() {
 model_config {"#,
     );
     let mut t = trainer_of(dir.path(), "DeepFM frozen", &block);
-    let names = rustrec::model::names::table_variables(&t.plan, &t.model);
+    let names = &t.model.table_variables;
     assert_eq!(
         t.frozen.tables,
         names.iter().map(|n| n.contains("c1_embedding")).collect::<Vec<_>>()

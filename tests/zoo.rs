@@ -10,7 +10,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rustrec::config::typed::{BinaryPart, Bucketing, FeatureKind, InputFormat, TrainingPlan};
+use rustrec::config::data_plan::{BinaryPart, InputFormat};
+use rustrec::config::feature_plan::{Bucketing, FeatureKind};
+use rustrec::config::typed::TrainingPlan;
 use rustrec::config::{load_pipeline, Overrides};
 use rustrec::export::runtime::ExportedModel;
 use rustrec::export::{export_bundle, ExportRequest, EXTERNAL_MIN_BYTES};
@@ -303,7 +305,7 @@ fn option_of(msg: &str) -> String {
 }
 
 fn cap_tables(plan: &mut TrainingPlan) {
-    for f in &mut plan.features {
+    for f in &mut plan.features.specs {
         match &mut f.kind {
             FeatureKind::Id {
                 buckets: Bucketing::Hash(n),
@@ -379,7 +381,7 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
         Ok(p) => p,
         Err(e) => return refused_or_failed(e.into()),
     };
-    if let InputFormat::CriteoBinary { parts } = &mut plan.format {
+    if let InputFormat::CriteoBinary { parts } = &mut plan.data.format {
         let at = |p: &Path, ext: &str| p.with_extension(ext).to_str().unwrap().to_string();
         *parts = [&train, &eval]
             .map(|p| BinaryPart {
@@ -388,10 +390,10 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
                 category: at(p, "category.bin"),
             })
             .to_vec();
-        plan.train_paths = vec![parts[0].label.clone()];
-        plan.eval_paths = vec![parts[1].label.clone()];
+        plan.data.train_paths = vec![parts[0].label.clone()];
+        plan.data.eval_paths = vec![parts[1].label.clone()];
     }
-    let (train, eval) = match &plan.format {
+    let (train, eval) = match &plan.data.format {
         InputFormat::CriteoBinary { parts } => (PathBuf::from(&parts[0].label), PathBuf::from(&parts[1].label)),
         InputFormat::Csv { .. }
         | InputFormat::Parquet { .. }
@@ -400,7 +402,7 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
     };
     cap_tables(&mut plan);
     // A negative sampler's tables are data too: generated in `dir`.
-    if let Some(s) = &mut plan.negative_sampling {
+    if let Some(s) = &mut plan.data.negative_sampling {
         let at = |name: &str| dir.join(name).to_str().unwrap().to_string();
         s.items_path = at("items.txt");
         if let Some(u) = &mut s.users {
@@ -412,7 +414,7 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
     let run = || -> anyhow::Result<()> {
         rustrec::datagen::generate_for_plan(&plan, 64, 1, &train)?;
         rustrec::datagen::generate_for_plan(&plan, 48, 2, &eval)?;
-        if let Some(s) = &plan.negative_sampling {
+        if let Some(s) = &plan.data.negative_sampling {
             let rows = (s.num_sample.max(s.num_eval_sample) as usize + 16).max(64);
             rustrec::datagen::generate_sampler_tables(&plan, rows, 3)?;
         }
@@ -434,7 +436,10 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
             },
         )?;
         let exported = ExportedModel::load(&root)?;
-        let batch = trainer.stream(&plan.eval_paths, false, 0)?.next().expect("eval rows")?;
+        let batch = trainer
+            .stream(&plan.data.eval_paths, false, 0)?
+            .next()
+            .expect("eval rows")?;
         let ours = trainer.score(&batch);
         let theirs = exported.score(&batch)?;
         for (o, e) in ours.iter().zip(&theirs) {

@@ -21,7 +21,8 @@ use anyhow::Context;
 use clap::Parser;
 use std::rc::Rc;
 
-use rustrec::config::typed::{Strategy, TrainingPlan};
+use rustrec::config::train_plan::Strategy;
+use rustrec::config::typed::TrainingPlan;
 use rustrec::config::{load_pipeline, Overrides};
 use rustrec::datagen::{generate, GenSpec};
 use rustrec::dist::Communicator;
@@ -171,7 +172,7 @@ fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
     let plan = TrainingPlan::from_config(&loaded.config)?;
     let mut trainer = Trainer::new(plan)?;
     let table_rows = trainer.embeddings.tables.iter().map(|t| t.rows).sum();
-    let paths = trainer.plan.train_paths.clone();
+    let paths = trainer.plan.data.train_paths.clone();
 
     // The input pipeline alone.
     let mut stream = trainer.stream(&paths, true, 0)?;
@@ -222,9 +223,9 @@ fn measure_distributed(
     comm.barrier();
     let loaded = load_pipeline(&path, &Overrides::default())?;
     let mut plan = TrainingPlan::from_config(&loaded.config)?;
-    plan.strategy = Strategy::EmbeddingParallel;
+    plan.train.strategy = Strategy::EmbeddingParallel;
     let mut trainer = Trainer::with_comm(plan, comm.clone())?;
-    let paths = trainer.plan.train_paths.clone();
+    let paths = trainer.plan.data.train_paths.clone();
     let mut stream = trainer.stream(&paths, true, 0)?;
     for _ in 0..3 {
         let b = stream.next().context("data ran out")??;

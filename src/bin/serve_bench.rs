@@ -151,7 +151,7 @@ fn tensor_json(t: &Tensor) -> anyhow::Result<Value> {
 /// `n` rows of the data file (repeated as needed) as input columns.
 fn raw_rows(model: &ExportedModel, lines: &[&str], n: usize) -> anyhow::Result<RawBatch> {
     let text: String = (0..n).map(|i| format!("{}\n", lines[i % lines.len()])).collect();
-    let fields: Vec<String> = model.plan.fields.iter().map(|f| f.name.clone()).collect();
+    let fields: Vec<String> = model.plan.data.fields.iter().map(|f| f.name.clone()).collect();
     let mut chunks = CsvChunks::from_text("bench rows", text, ",", &fields, &model.enc.projection, n)?;
     Ok(chunks.next().context("no rows")??)
 }

@@ -116,7 +116,7 @@ fn train_on(
         }
     }
     if trainer.step == 0 {
-        if let Some(ft) = trainer.plan.fine_tune.clone() {
+        if let Some(ft) = trainer.plan.train.fine_tune.clone() {
             let n = trainer.fine_tune(&ft.checkpoint, ft.var_map.as_deref())?;
             log::info!("fine-tuning: {n} variables restored from {}", ft.checkpoint.display());
         }
@@ -200,12 +200,12 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     };
     let loaded = load_pipeline(&args.config.pipeline_config_path, &overrides)?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
-    if plan.eval_paths.is_empty() {
+    if plan.data.eval_paths.is_empty() {
         return Err(UserError("no evaluation data: set eval_input_path or pass --eval_input_path".into()).into());
     }
-    let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref(), "to evaluate")?;
+    let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to evaluate")?;
     let model_dir = plan.model_dir.clone();
-    let eval_paths = plan.eval_paths.clone();
+    let eval_paths = plan.data.eval_paths.clone();
     let comm = dist::init()?;
     let run = || -> anyhow::Result<()> {
         agree_on_config(&*comm, &loaded)?;
@@ -222,7 +222,7 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     let loaded = load_pipeline(&args.config.pipeline_config_path, &args.config.overrides(extend))?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
     plan.export.check()?;
-    let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref(), "to export")?;
+    let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to export")?;
     let mut assets = plan.export.asset_files.clone();
     assets.extend(args.asset_files.iter().cloned());
     let dir = crate::export::export_checkpoint(
@@ -244,11 +244,11 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
 
 /// `--checkpoint_path` (a checkpoint, or a directory: its latest), else the
 /// latest in model_dir; `purpose` completes the error when there is none.
-fn checkpoint_to_use(plan: &TrainingPlan, path: Option<&str>, purpose: &str) -> anyhow::Result<std::path::PathBuf> {
+fn checkpoint_to_use(model_dir: &Path, path: Option<&str>, purpose: &str) -> anyhow::Result<std::path::PathBuf> {
     match path {
         Some(p) => checkpoint::resolve(Path::new(p)),
-        None => checkpoint::latest(&plan.model_dir)?
-            .ok_or_else(|| UserError(format!("{} holds no checkpoint {purpose}", plan.model_dir.display())).into()),
+        None => checkpoint::latest(model_dir)?
+            .ok_or_else(|| UserError(format!("{} holds no checkpoint {purpose}", model_dir.display())).into()),
     }
 }
 
@@ -320,7 +320,7 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
             };
             let loaded = load_pipeline(config, &overrides)?;
             let plan = TrainingPlan::from_config(&loaded.config)?;
-            let ckpt = checkpoint_to_use(&plan, args.checkpoint_path.as_deref(), "to score with")?;
+            let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to score with")?;
             let bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(|e| UserError(format!("{e:#}")))?;
             Scorer::Checkpoint(Box::new(bundle))
         }

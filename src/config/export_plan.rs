@@ -201,53 +201,56 @@ fn threshold_stop(params: &str) -> Result<EarlyStop, ConfigError> {
     }
 }
 
-pub fn export_plan(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, ConfigError> {
-    let Some(e) = cfg else {
-        return Ok(ExportPlan::default());
-    };
-    // placeholder_named_by_input needs nothing: served inputs are always
-    // named by their input field.
-    let unsupported = [
-        (e.export_features(), "export_features", "features as outputs"),
-        (e.export_rtp_outputs(), "export_rtp_outputs", "RTP outputs"),
-    ];
-    let unsupported = unsupported
-        .iter()
-        .find(|(set, _, _)| *set)
-        .map(|(_, field, what)| (*field, *what));
-    let exporter = match e.exporter_type() {
-        "final" => Exporter::Final,
-        "latest" => Exporter::Latest,
-        "best" => Exporter::Best,
-        "none" => Exporter::None,
-        other => {
+impl ExportPlan {
+    /// `export_config`, or the defaults without one.
+    pub fn from_proto(cfg: Option<&proto::ExportConfig>) -> Result<ExportPlan, ConfigError> {
+        let Some(e) = cfg else {
+            return Ok(ExportPlan::default());
+        };
+        // placeholder_named_by_input needs nothing: served inputs are always
+        // named by their input field.
+        let unsupported = [
+            (e.export_features(), "export_features", "features as outputs"),
+            (e.export_rtp_outputs(), "export_rtp_outputs", "RTP outputs"),
+        ];
+        let unsupported = unsupported
+            .iter()
+            .find(|(set, _, _)| *set)
+            .map(|(_, field, what)| (*field, *what));
+        let exporter = match e.exporter_type() {
+            "final" => Exporter::Final,
+            "latest" => Exporter::Latest,
+            "best" => Exporter::Best,
+            "none" => Exporter::None,
+            other => {
+                return Err(ConfigError::invalid(
+                    "export_config.exporter_type",
+                    format!("`{other}` is not one of final, latest, best, none"),
+                ))
+            }
+        };
+        if e.exports_to_keep() < 1 {
             return Err(ConfigError::invalid(
-                "export_config.exporter_type",
-                format!("`{other}` is not one of final, latest, best, none"),
-            ))
+                "export_config.exports_to_keep",
+                "must be at least 1",
+            ));
         }
-    };
-    if e.exports_to_keep() < 1 {
-        return Err(ConfigError::invalid(
-            "export_config.exports_to_keep",
-            "must be at least 1",
-        ));
+        Ok(ExportPlan {
+            exporter,
+            best_metric: e.best_exporter_metric().to_string(),
+            metric_bigger: e.metric_bigger(),
+            exports_to_keep: e.exports_to_keep() as usize,
+            batch_size: usize::try_from(e.batch_size()).ok().filter(|b| *b > 0),
+            asset_files: e.asset_files.clone(),
+            packed_input: !e.multi_placeholder(),
+            filter_inputs: e.filter_inputs(),
+            early_stop: early_stop(e)?,
+            multi_value: match &e.multi_value_fields {
+                _ if e.auto_multi_value() => MultiValue::Auto,
+                Some(m) if !m.input_name.is_empty() => MultiValue::Fields(m.input_name.clone()),
+                _ => MultiValue::None,
+            },
+            unsupported,
+        })
     }
-    Ok(ExportPlan {
-        exporter,
-        best_metric: e.best_exporter_metric().to_string(),
-        metric_bigger: e.metric_bigger(),
-        exports_to_keep: e.exports_to_keep() as usize,
-        batch_size: usize::try_from(e.batch_size()).ok().filter(|b| *b > 0),
-        asset_files: e.asset_files.clone(),
-        packed_input: !e.multi_placeholder(),
-        filter_inputs: e.filter_inputs(),
-        early_stop: early_stop(e)?,
-        multi_value: match &e.multi_value_fields {
-            _ if e.auto_multi_value() => MultiValue::Auto,
-            Some(m) if !m.input_name.is_empty() => MultiValue::Fields(m.input_name.clone()),
-            _ => MultiValue::None,
-        },
-        unsupported,
-    })
 }

@@ -2,6 +2,7 @@
 //! over the `hist` group's sequences, the user, concat and item DNNs, and
 //! the label-aware attention, checked against what EasyRec's model does.
 
+use super::data_plan::InputField;
 use super::model_plan::{comparable, dnn, embedding_dnn, DnnSpec, Similarity};
 use super::proto;
 use super::ConfigError;
@@ -133,7 +134,7 @@ pub fn mind(m: &proto::Mind, model: &proto::EasyRecModel, path: &str) -> Result<
 /// field whose equal values leave the batch's other examples out of a
 /// user's negatives; `None` without one, or with `ignore_in_batch_neg_sam`,
 /// which leaves them all out (EasyRec then ignores `item_id`).
-pub fn in_batch_item(model: &proto::EasyRecModel, data: &proto::DatasetConfig) -> Result<Option<String>, ConfigError> {
+pub fn in_batch_item(model: &proto::EasyRecModel, fields: &[InputField]) -> Result<Option<String>, ConfigError> {
     use proto::easy_rec_model::Model as M;
     let (item, block) = match &model.model {
         Some(M::Dssm(d)) => (d.item_id.as_deref(), "dssm"),
@@ -144,7 +145,7 @@ pub fn in_batch_item(model: &proto::EasyRecModel, data: &proto::DatasetConfig) -
     let Some(item) = item.filter(|i| !i.is_empty() && !ignore_in_batch(model)) else {
         return Ok(None);
     };
-    if !data.input_fields.iter().any(|f| f.input_name == item) {
+    if !fields.iter().any(|f| f.name == item) {
         return Err(ConfigError::invalid(
             format!("model_config.{block}.item_id"),
             format!("`{item}` is not among data_config.input_fields"),

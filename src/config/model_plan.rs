@@ -1,24 +1,339 @@
-//! Typed view of what the model and its input need: input columns, labels,
-//! feature groups, the architecture block and the evaluation metrics.
+//! `model_config`, typed: the model class, its feature groups, the
+//! architecture block, the tasks it is trained for, and regularization.
 
-use super::tasks::{task_towers, Task, TowerFields};
+use super::arch::arch;
+use super::data_plan::DataPlan;
+use super::eval_plan::Metric;
+use super::feature_plan::FeaturePlan;
+use super::tasks::{self, loss_kind, LossKind, Task};
 use super::{proto, ConfigError};
-use proto::dataset_config::FieldType;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ColumnType {
-    Int,
-    Float,
-    Str,
-    Bool,
+/// The model section of a pipeline config.
+#[derive(Debug, Clone)]
+pub struct ModelPlan {
+    pub kind: ModelKind,
+    pub groups: Vec<FeatureGroup>,
+    pub arch: Arch,
+    /// What the model is trained for: one task, or one per task tower.
+    pub tasks: Vec<Task>,
+    pub l2_regularization: f32,
+    pub embedding_regularization: f32,
+    /// `model_config.variational_dropout`, applied to every feature group.
+    pub variational_dropout: Option<VariationalDropout>,
+    /// A listwise match model's `item_id` (without
+    /// `ignore_in_batch_neg_sam`): the input field whose equal values
+    /// mark the batch's other examples that are no negatives of a user.
+    pub in_batch_item: Option<String>,
 }
 
-/// One column of the input, as `data_config.input_fields` declares it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InputField {
-    pub name: String,
-    pub ty: ColumnType,
-    pub default_val: String,
+impl ModelPlan {
+    /// `model` over `features`, its tasks on the labels of `data` and, where
+    /// a tower lists none, `eval_metrics` (eval_config's).
+    pub fn from_proto(
+        model: &proto::EasyRecModel,
+        features: &FeaturePlan,
+        data: &DataPlan,
+        eval_metrics: &[Metric],
+    ) -> Result<Self, ConfigError> {
+        let kind = ModelKind::from_class(&model.model_class)?;
+        if model.ev_params.is_some() {
+            return Err(ConfigError::unsupported(
+                "model_config.ev_params",
+                "key-value embedding variables",
+            ));
+        }
+        let groups = super::groups::resolve(model, kind, features)?;
+        let (arch, l2_regularization, multi) = arch(model, &data.label_fields)?;
+        let mut tasks = model_tasks(model, kind, multi, &data.label_fields, eval_metrics)?;
+        tasks::add_kd(model, &data.label_fields, &mut tasks)?;
+        let in_batch_item = match tasks.iter().any(|t| t.in_batch()) {
+            true => super::mind::in_batch_item(model, &data.fields)?,
+            false => None,
+        };
+        let plan = ModelPlan {
+            kind,
+            groups,
+            arch,
+            tasks,
+            l2_regularization,
+            embedding_regularization: model.embedding_regularization(),
+            variational_dropout: variational_dropout(model)?,
+            in_batch_item,
+        };
+        // Rows are grouped by one field for every grouped AUC.
+        let clash = {
+            let mut fields = plan.gauc_uid_fields();
+            let first = fields.next();
+            first.and_then(|a| fields.find(|b| *b != a).map(|b| format!("(`{a}` and `{b}`)")))
+        };
+        match clash {
+            Some(which) => Err(ConfigError::unsupported(
+                "eval_config.metrics_set",
+                format!("GAUC / session AUC grouped by two fields {which}"),
+            )),
+            None => Ok(plan),
+        }
+    }
+
+    /// Labels made of two label fields' product (indices into
+    /// `label_fields`), which tasks find after those: ESMM's CTCVR label.
+    pub fn label_products(&self) -> Vec<(usize, usize)> {
+        match &self.arch {
+            Arch::Esmm { labels, .. } => vec![*labels],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The field every grouped AUC (GAUC's `uid_field`, session AUC's
+    /// `session_id_field`) of every task groups rows by, in task order.
+    /// JRC losses' session fields join them: rows carry one grouping field.
+    pub fn gauc_uid_fields(&self) -> impl Iterator<Item = &str> {
+        let metrics = self.tasks.iter().flat_map(|t| &t.metrics).filter_map(|m| match m {
+            Metric::Gauc { uid_field } => Some(uid_field.as_str()),
+            Metric::SessionAuc { session_id_field } => Some(session_id_field.as_str()),
+            _ => None,
+        });
+        metrics.chain(self.tasks.iter().filter_map(|t| t.session.as_deref()))
+    }
+}
+
+/// The tasks of `model` (of class `kind`): a multi-task model's `multi`
+/// (their metrics `eval_metrics` where a tower lists none), or the one
+/// task of a single-task model on `model_config.label_name`.
+fn model_tasks(
+    model: &proto::EasyRecModel,
+    kind: ModelKind,
+    multi: Option<Vec<Task>>,
+    label_fields: &[String],
+    eval_metrics: &[Metric],
+) -> Result<Vec<Task>, ConfigError> {
+    Ok(match multi {
+        // A tower without metrics_set takes eval_config's.
+        Some(mut tasks) => {
+            tasks::fixed_weights(model)?;
+            if !model.losses.is_empty() {
+                // Multi-task models take losses per task tower.
+                return Err(ConfigError::unsupported(
+                    "model_config.losses",
+                    "a model-level losses list on a multi-task model",
+                ));
+            }
+            for t in tasks.iter_mut().filter(|t| t.metrics.is_empty()) {
+                t.metrics = eval_metrics.to_vec();
+            }
+            for t in &tasks {
+                tasks::check_output_metrics(t.loss, &t.metrics, "eval_config.metrics_set")?;
+            }
+            tasks
+        }
+        None => {
+            // EasyRec's single-task models train on `label_name`, by
+            // default the first label field.
+            let label = match model.label_name.as_deref().filter(|l| !l.is_empty()) {
+                Some(l) => label_fields.iter().position(|f| f == l).ok_or_else(|| {
+                    ConfigError::invalid(
+                        "model_config.label_name",
+                        format!("`{l}` is not among data_config.label_fields"),
+                    )
+                })?,
+                None => 0,
+            };
+            let mut metrics = eval_metrics.to_vec();
+            let mut session = None;
+            let loss = if matches!(kind, ModelKind::Dssm | ModelKind::MatchModel | ModelKind::Mind) {
+                let ignore = super::mind::ignore_in_batch(model);
+                let loss = tasks::match_loss_kind(model.loss_type(), model.num_class(), ignore)?;
+                if kind == ModelKind::Mind && loss.is_in_batch() {
+                    // EasyRec's listwise MIND evaluates recall_at_topk
+                    // and passes over any other metric.
+                    metrics.retain(|m| {
+                        let keep = m.name() == "recall_at_topk";
+                        if !keep {
+                            log::warn!(
+                                "eval_config.metrics_set: MIND trained with SOFTMAX_CROSS_ENTROPY evaluates recall_at_topk only; {} is left out, as EasyRec does",
+                                m.name()
+                            );
+                        }
+                        keep
+                    });
+                }
+                tasks::check_match_metrics(loss, &metrics)?;
+                loss
+            } else if kind == ModelKind::DropoutNet {
+                // EasyRec's DropoutNet trains on its `losses` alone, on
+                // the similarity as a logit.
+                if model.losses.is_empty() {
+                    return Err(ConfigError::invalid(
+                        "model_config.losses",
+                        "DropoutNet trains on its losses list, and this one is empty",
+                    ));
+                }
+                LossKind::BinaryClassification
+            } else if let Some((kind, s)) = tasks::list_kind(&model.losses, model.num_class(), "model_config.losses")? {
+                session = s;
+                kind
+            } else {
+                loss_kind(model.loss_type(), model.num_class(), "model_config")?
+            };
+            let terms = tasks::loss_terms(model, loss)?;
+            // Several logits per row need the one output layer of the
+            // models that have it.
+            let several = match loss {
+                LossKind::MultiClass { classes } => Some((
+                    "model_config.num_class",
+                    format!(
+                        "multi-class classification ({classes} classes) on {}",
+                        model.model_class
+                    ),
+                )),
+                LossKind::Ziln(_) | LossKind::Jrc => Some((
+                    "model_config.losses",
+                    format!("{} on {}", model.losses[0].loss_type().as_str_name(), model.model_class),
+                )),
+                _ => None,
+            };
+            if let Some((field, what)) = several.filter(|_| !kind.has_class_head()) {
+                return Err(ConfigError::unsupported(field, what));
+            }
+            tasks::check_output_metrics(loss, &metrics, "eval_config.metrics_set")?;
+            vec![Task {
+                terms,
+                metrics,
+                session,
+                ..Task::on_label("", label, loss)
+            }]
+        }
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    WideAndDeep,
+    Dlrm,
+    DeepFm,
+    Fm,
+    AutoInt,
+    Dcn,
+    MultiTower,
+    /// MultiTower with DIN towers over `seq_att_groups`.
+    MultiTowerDin,
+    /// MultiTower with BST towers over `seq_att_groups`.
+    MultiTowerBst,
+    Mmoe,
+    Dbmtl,
+    /// A tower per task over the `all` group.
+    SimpleMultiTask,
+    Esmm,
+    /// Progressive layered extraction.
+    Ple,
+    /// A `backbone` DAG with EasyRec's rank head.
+    RankModel,
+    /// A `backbone` DAG with task towers.
+    MultiTaskModel,
+    /// Two-tower retrieval.
+    Dssm,
+    /// Multi-interest retrieval: capsules over a behaviour sequence.
+    Mind,
+    /// Two-tower retrieval robust to missing preference features.
+    DropoutNet,
+    /// A `backbone` DAG whose two outputs are a match model's towers.
+    MatchModel,
+    /// A light network hinted by a booster.
+    RocketLaunching,
+    /// CMBF or Uniter: a multi-modal tower with EasyRec's rank head.
+    Multimodal,
+}
+
+impl ModelKind {
+    /// Whether the model ends in one output layer as wide as
+    /// `model_config.num_class`, as EasyRec's single-task rank models do.
+    pub fn has_class_head(self) -> bool {
+        use ModelKind::*;
+        matches!(
+            self,
+            WideAndDeep
+                | Dlrm
+                | DeepFm
+                | AutoInt
+                | Dcn
+                | MultiTower
+                | MultiTowerDin
+                | MultiTowerBst
+                | RankModel
+                | Multimodal
+        )
+    }
+}
+
+impl ModelKind {
+    /// `model_config.model_class`.
+    pub fn from_class(class: &str) -> Result<Self, ConfigError> {
+        Ok(match class {
+        "WideAndDeep" => ModelKind::WideAndDeep,
+        "DLRM" => ModelKind::Dlrm,
+        "DeepFM" => ModelKind::DeepFm,
+        "FM" => ModelKind::Fm,
+        "AutoInt" => ModelKind::AutoInt,
+        "DCN" => ModelKind::Dcn,
+        "MultiTower" => ModelKind::MultiTower,
+        "MultiTowerDIN" => ModelKind::MultiTowerDin,
+        "MultiTowerBST" => ModelKind::MultiTowerBst,
+        "MMoE" => ModelKind::Mmoe,
+        "ESMM" => ModelKind::Esmm,
+        "DBMTL" => ModelKind::Dbmtl,
+        "SimpleMultiTask" => ModelKind::SimpleMultiTask,
+        "PLE" => ModelKind::Ple,
+        "RankModel" => ModelKind::RankModel,
+        "MultiTaskModel" => ModelKind::MultiTaskModel,
+        // DSSM_SENet is DSSM with a SENet in each tower; DAT is DSSM
+        // with augmented vectors.
+        "DSSM" | "DSSM_SENet" | "DAT" => ModelKind::Dssm,
+        "MIND" => ModelKind::Mind,
+        "DropoutNet" => ModelKind::DropoutNet,
+        "MatchModel" => ModelKind::MatchModel,
+        "RocketLaunching" => ModelKind::RocketLaunching,
+        "CMBF" | "Uniter" => ModelKind::Multimodal,
+        other => {
+            return Err(ConfigError::Unsupported {
+                path: "model_config.model_class".into(),
+                what: format!("model class `{other}`"),
+                hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, MIND, DropoutNet, RocketLaunching, CMBF, Uniter)".into(),
+            })
+        }
+    })
+    }
+}
+
+/// EasyRec's variational dropout (`model_config.variational_dropout`): each
+/// feature group's features (`embedding_wise`: each of their columns) learn
+/// a dropout rate, and the loss gains `lambda / batch * Σ (1 - rate)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VariationalDropout {
+    pub lambda: f32,
+    pub embedding_wise: bool,
+}
+
+fn variational_dropout(model: &proto::EasyRecModel) -> Result<Option<VariationalDropout>, ConfigError> {
+    let Some(vd) = &model.variational_dropout else {
+        return Ok(None);
+    };
+    if model.backbone.is_some() {
+        return Err(ConfigError::unsupported(
+            "model_config.variational_dropout",
+            "variational dropout in a backbone model's input layers",
+        ));
+    }
+    let lambda = vd.regularization_lambda();
+    if !lambda.is_finite() || lambda < 0.0 {
+        return Err(ConfigError::invalid(
+            "model_config.variational_dropout.regularization_lambda",
+            format!("{lambda} is not a finite value >= 0"),
+        ));
+    }
+    Ok(Some(VariationalDropout {
+        lambda,
+        embedding_wise: vd.embedding_wise_variational_dropout(),
+    }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +359,7 @@ pub struct DnnSpec {
     pub use_bn: bool,
 }
 
-/// Which feature groups feed a model, by index into `TrainingPlan::features`.
+/// Which feature groups feed a model, by index into the feature plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeatureGroup {
     pub name: String,
@@ -318,79 +633,6 @@ pub struct TaskTower {
     pub logits: usize,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Metric {
-    Auc,
-    Gauc {
-        uid_field: String,
-    },
-    /// EasyRec's `session_auc`: GAUC's mean of per-group AUCs, the groups
-    /// by `session_id_field`.
-    SessionAuc {
-        session_id_field: String,
-    },
-    Accuracy,
-    Mse,
-    Rmse,
-    Mae,
-    /// EasyRec's `max_f1`: the best F1 over its 200 thresholds.
-    MaxF1,
-    /// A listwise match model's `recall@k`: the share of users whose own
-    /// item is among the `k` highest-scored of the batch's items.
-    RecallAtTopK {
-        k: usize,
-    },
-}
-
-impl Metric {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Metric::Auc => "auc",
-            Metric::Gauc { .. } => "gauc",
-            Metric::SessionAuc { .. } => "session_auc",
-            Metric::Accuracy => "accuracy",
-            Metric::Mse => "mean_squared_error",
-            Metric::Rmse => "root_mean_squared_error",
-            Metric::Mae => "mean_absolute_error",
-            Metric::MaxF1 => "max_f1",
-            Metric::RecallAtTopK { .. } => "recall_at_topk",
-        }
-    }
-}
-
-pub fn input_fields(data: &proto::DatasetConfig) -> Result<Vec<InputField>, ConfigError> {
-    data.input_fields
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let path = format!("data_config.input_fields[{i}]");
-            if f.user_define_fn.as_deref().is_some_and(|s| !s.is_empty()) {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.user_define_fn"),
-                    "Python user-defined input functions",
-                ));
-            }
-            if f.input_dim() != 1 || f.input_shape() != 1 {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.input_dim"),
-                    "multi-dimensional input fields",
-                ));
-            }
-            let ty = match f.input_type() {
-                FieldType::Int32 | FieldType::Int64 => ColumnType::Int,
-                FieldType::Float | FieldType::Double => ColumnType::Float,
-                FieldType::String => ColumnType::Str,
-                FieldType::Bool => ColumnType::Bool,
-            };
-            Ok(InputField {
-                name: f.input_name.clone(),
-                ty,
-                default_val: f.default_val.clone().unwrap_or_default(),
-            })
-        })
-        .collect()
-}
-
 /// An activation as EasyRec names it (`relu`, `tf.nn.relu`, ...), at `path`.
 pub fn activation(name: &str, path: &str) -> Result<Activation, ConfigError> {
     Ok(match name.trim_start_matches("tf.nn.").trim_start_matches("tf.") {
@@ -445,642 +687,6 @@ pub fn dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
     })
 }
 
-/// The architecture block, its l2_regularization and, for multi-task
-/// models, their tasks.
-pub fn arch(
-    model: &proto::EasyRecModel,
-    label_fields: &[String],
-) -> Result<(Arch, f32, Option<Vec<Task>>), ConfigError> {
-    use proto::easy_rec_model::Model as M;
-    let m = "model_config";
-    if model.backbone.is_some()
-        && !matches!(
-            model.model_class.as_str(),
-            "RankModel" | "MultiTaskModel" | "MatchModel"
-        )
-    {
-        return Err(ConfigError::unsupported(
-            format!("{m}.backbone"),
-            format!(
-                "a backbone on model class {} (RankModel, MultiTaskModel and MatchModel run backbones)",
-                model.model_class
-            ),
-        ));
-    }
-    let experts = |expert_dnn: Option<&proto::Dnn>, num: u32, path: &str| -> Result<Vec<DnnSpec>, ConfigError> {
-        match expert_dnn {
-            Some(_) if num == 0 => Err(ConfigError::invalid(
-                format!("{path}.num_expert"),
-                "expert_dnn is set, so num_expert must be above 0",
-            )),
-            Some(d) => Ok(vec![dnn(d, &format!("{path}.expert_dnn"))?; num as usize]),
-            None => Ok(Vec::new()),
-        }
-    };
-    Ok(match &model.model {
-        Some(M::Mmoe(x)) => {
-            let path = format!("{m}.mmoe");
-            let mut ex = experts(x.expert_dnn.as_ref(), x.num_expert(), &path)?;
-            if ex.is_empty() {
-                ex = x
-                    .experts
-                    .iter()
-                    .enumerate()
-                    .map(|(i, e)| dnn(&e.dnn, &format!("{path}.experts[{i}].dnn")))
-                    .collect::<Result<_, _>>()?;
-            }
-            if ex.is_empty() {
-                return Err(ConfigError::invalid(
-                    path,
-                    "MMoE needs expert_dnn with num_expert, or experts",
-                ));
-            }
-            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
-            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
-            (Arch::Mmoe { experts: ex, towers }, x.l2_regularization, Some(tasks))
-        }
-        Some(M::Esmm(x)) => {
-            let path = format!("{m}.esmm");
-            let (arch, tasks) = esmm(x, &path, label_fields, model.backbone.is_some())?;
-            (arch, x.l2_regularization, Some(tasks))
-        }
-        Some(M::Ple(x)) => {
-            let path = format!("{m}.ple");
-            if model.backbone.is_some() {
-                return Err(ConfigError::unsupported(
-                    "model_config.backbone",
-                    "PLE over a backbone (use model_class MultiTaskModel)",
-                ));
-            }
-            if x.extraction_networks.is_empty() {
-                return Err(ConfigError::invalid(
-                    format!("{path}.extraction_networks"),
-                    "PLE needs at least one extraction network",
-                ));
-            }
-            let levels = x
-                .extraction_networks
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    let p = format!("{path}.extraction_networks[{i}]");
-                    if n.expert_num_per_task == 0 {
-                        return Err(ConfigError::invalid(
-                            format!("{p}.expert_num_per_task"),
-                            "each task needs at least one expert",
-                        ));
-                    }
-                    let share_net = match (&n.share_expert_net, n.share_num()) {
-                        (_, 0) => None,
-                        (Some(d), _) => Some(dnn(d, &format!("{p}.share_expert_net"))?),
-                        (None, _) => {
-                            return Err(ConfigError::invalid(
-                                format!("{p}.share_expert_net"),
-                                "share_num is set, so the shared experts need share_expert_net",
-                            ))
-                        }
-                    };
-                    Ok(PleLevel {
-                        name: n.network_name.clone(),
-                        per_task: n.expert_num_per_task as usize,
-                        task_net: dnn(&n.task_expert_net, &format!("{p}.task_expert_net"))?,
-                        shared: if share_net.is_some() { n.share_num() as usize } else { 0 },
-                        share_net,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
-            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
-            (Arch::Ple { levels, towers }, x.l2_regularization(), Some(tasks))
-        }
-        Some(M::SimpleMultiTask(x)) => {
-            let path = format!("{m}.simple_multi_task");
-            if model.backbone.is_some() {
-                return Err(ConfigError::unsupported(
-                    "model_config.backbone",
-                    "SimpleMultiTask over a backbone (use model_class MultiTaskModel)",
-                ));
-            }
-            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
-            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
-            let arch = Arch::Mmoe {
-                experts: Vec::new(),
-                towers,
-            };
-            (arch, x.l2_regularization, Some(tasks))
-        }
-        Some(M::ModelParams(p)) if model.model_class == "MultiTaskModel" => {
-            let path = format!("{m}.model_params");
-            let b = model
-                .backbone
-                .as_ref()
-                .ok_or_else(|| ConfigError::invalid(format!("{m}.backbone"), "MultiTaskModel needs a backbone"))?;
-            if !p.outputs.is_empty() {
-                return Err(ConfigError::unsupported(
-                    format!("{path}.outputs"),
-                    "`outputs` on a MultiTaskModel",
-                ));
-            }
-            let fields: Vec<TowerFields> = p.task_towers.iter().map(TowerFields::from).collect();
-            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
-            let backbone = super::backbone::backbone(b, &group_names(model), &format!("{m}.backbone"))?;
-            (
-                Arch::MultiTaskBackbone { backbone, towers },
-                p.l2_regularization(),
-                Some(tasks),
-            )
-        }
-        Some(M::Dbmtl(x)) => {
-            let path = format!("{m}.dbmtl");
-            let fields: Vec<TowerFields> = x.task_towers.iter().map(TowerFields::from).collect();
-            let (towers, tasks) = task_towers(&fields, &path, label_fields)?;
-            let multimodal = super::multimodal::dbmtl_bottom(x, &path)?;
-            if multimodal.is_some() && x.bottom_dnn.is_some() {
-                log::warn!("{path}.bottom_dnn is left out: the multi-modal bottom replaces it, as in EasyRec");
-            }
-            (
-                Arch::Dbmtl {
-                    bottom: x
-                        .bottom_dnn
-                        .as_ref()
-                        .filter(|_| multimodal.is_none())
-                        .map(|d| dnn(d, &format!("{path}.bottom_dnn")))
-                        .transpose()?,
-                    multimodal,
-                    experts: experts(x.expert_dnn.as_ref(), x.num_expert(), &path)?,
-                    towers,
-                },
-                x.l2_regularization(),
-                Some(tasks),
-            )
-        }
-        Some(M::RocketLaunching(x)) => {
-            let (arch, tasks) = rocket_launching(x, model)?;
-            (arch, x.l2_regularization(), Some(tasks))
-        }
-        other => {
-            let (a, l2) = single_task_arch(other.as_ref(), model)?;
-            (a, l2, None)
-        }
-    })
-}
-
-/// RocketLaunching's layers and its two tasks, `booster` and `light`, both
-/// trained by CLASSIFICATION on the first label field, as EasyRec's are.
-fn rocket_launching(x: &proto::RocketLaunching, model: &proto::EasyRecModel) -> Result<(Arch, Vec<Task>), ConfigError> {
-    let path = "model_config.rocket_launching";
-    if model.loss_type() != proto::LossType::Classification {
-        return Err(ConfigError::unsupported(
-            "model_config.loss_type",
-            format!(
-                "RocketLaunching with {} (it trains CLASSIFICATION)",
-                model.loss_type().as_str_name()
-            ),
-        ));
-    }
-    for (field, set) in [
-        ("losses", !model.losses.is_empty()),
-        ("kd", !model.kd.is_empty()),
-        ("label_name", model.label_name.is_some()),
-    ] {
-        if set {
-            return Err(ConfigError::unsupported(
-                format!("model_config.{field}"),
-                "RocketLaunching's own losses on the first label field (EasyRec builds no other)",
-            ));
-        }
-    }
-    if x.feature_based_distillation() {
-        log::warn!(
-            "{path}.feature_based_distillation: as in EasyRec, each light hidden layer's Euclidean distance \
-             to the booster's (not feature_distillation_function) joins the loss times -0.1, pushing them apart"
-        );
-    }
-    let loss = super::tasks::loss_kind(proto::LossType::Classification, model.num_class(), "model_config")?;
-    let tasks = ["booster", "light"]
-        .into_iter()
-        .map(|name| Task::on_label(name, 0, loss))
-        .collect();
-    let arch = Arch::RocketLaunching {
-        share: dnn(&x.share_dnn, &format!("{path}.share_dnn"))?,
-        booster: dnn(&x.booster_dnn, &format!("{path}.booster_dnn"))?,
-        light: dnn(&x.light_dnn, &format!("{path}.light_dnn"))?,
-        feature_based: x.feature_based_distillation(),
-    };
-    Ok((arch, tasks))
-}
-
-/// Whether an optional DNN has hidden layers.
-fn has_layers(d: Option<&proto::Dnn>) -> bool {
-    d.is_some_and(|d| !d.hidden_units.is_empty())
-}
-
-fn single_task_arch(
-    block: Option<&proto::easy_rec_model::Model>,
-    model: &proto::EasyRecModel,
-) -> Result<(Arch, f32), ConfigError> {
-    use proto::easy_rec_model::Model as M;
-    let m = "model_config";
-    Ok(match block {
-        Some(M::WideAndDeep(w)) => (
-            Arch::WideAndDeep {
-                // EasyRec's WideAndDeep without final_dnn adds the wide side
-                // to the logits, so it makes it one column per class.
-                wide_output_dim: if has_layers(w.final_dnn.as_ref()) {
-                    w.wide_output_dim as usize
-                } else {
-                    let classes = model.num_class().max(1);
-                    if w.wide_output_dim != classes {
-                        log::warn!(
-                            "{m}.wide_and_deep.wide_output_dim: {} is replaced by num_class ({classes}) without final_dnn, as EasyRec does",
-                            w.wide_output_dim
-                        );
-                    }
-                    classes as usize
-                },
-                dnn: dnn(&w.dnn, &format!("{m}.wide_and_deep.dnn"))?,
-                // A final_dnn without layers is none, as EasyRec reads it.
-                final_dnn: w
-                    .final_dnn
-                    .as_ref()
-                    .filter(|d| !d.hidden_units.is_empty())
-                    .map(|d| dnn(d, &format!("{m}.wide_and_deep.final_dnn")))
-                    .transpose()?,
-            },
-            w.l2_regularization(),
-        ),
-        Some(M::Dlrm(d)) => {
-            let interaction = match d.arch_interaction_op() {
-                "dot" => Interaction::Dot,
-                "cat" => Interaction::Cat,
-                other => {
-                    return Err(ConfigError::invalid(
-                        format!("{m}.dlrm.arch_interaction_op"),
-                        format!("`{other}` is neither \"dot\" nor \"cat\""),
-                    ))
-                }
-            };
-            (
-                Arch::Dlrm {
-                    bot: dnn(&d.bot_dnn, &format!("{m}.dlrm.bot_dnn"))?,
-                    top: dnn(&d.top_dnn, &format!("{m}.dlrm.top_dnn"))?,
-                    interaction,
-                    itself: d.arch_interaction_itself(),
-                    with_dense: d.arch_with_dense_feature(),
-                },
-                d.l2_regularization(),
-            )
-        }
-        Some(M::Fm(f)) => {
-            if f.use_variant() {
-                // EasyRec's FM model builds its FM term with the classic layer,
-                // which has no variant: the field only reaches backbone FM blocks.
-                log::warn!("{m}.fm.use_variant: EasyRec's FM model does not read it, and neither does this trainer");
-            }
-            (Arch::Fm, f.l2_regularization())
-        }
-        // CMBF and Uniter have no l2_regularization of their own.
-        Some(x @ (M::Cmbf(_) | M::Uniter(_))) => {
-            let (tower, final_dnn) = super::multimodal::model(x, m).expect("a multi-modal model")?;
-            (Arch::Multimodal { tower, final_dnn }, 0.0)
-        }
-        Some(M::Autoint(a)) => {
-            for (field, v) in [
-                ("multi_head_num", a.multi_head_num),
-                ("multi_head_size", a.multi_head_size),
-                ("interacting_layer_num", a.interacting_layer_num),
-            ] {
-                if v == 0 {
-                    return Err(ConfigError::invalid(
-                        format!("{m}.autoint.{field}"),
-                        "must be at least 1",
-                    ));
-                }
-            }
-            (
-                Arch::AutoInt {
-                    heads: a.multi_head_num as usize,
-                    head_size: a.multi_head_size as usize,
-                    layers: a.interacting_layer_num as usize,
-                },
-                a.l2_regularization,
-            )
-        }
-        Some(M::Deepfm(d)) => (
-            Arch::DeepFm {
-                wide_output_dim: d.wide_output_dim() as usize,
-                dnn: dnn(&d.dnn, &format!("{m}.deepfm.dnn"))?,
-                final_dnn: d
-                    .final_dnn
-                    .as_ref()
-                    .filter(|d| !d.hidden_units.is_empty())
-                    .map(|x| dnn(x, &format!("{m}.deepfm.final_dnn")))
-                    .transpose()?,
-            },
-            d.l2_regularization(),
-        ),
-        Some(M::Dcn(d)) => (
-            Arch::Dcn {
-                deep_input: d.deep_tower.input.clone(),
-                deep: dnn(&d.deep_tower.dnn, &format!("{m}.dcn.deep_tower.dnn"))?,
-                cross_input: d.cross_tower.input.clone(),
-                cross_num: d.cross_tower.cross_num as usize,
-                final_dnn: dnn(&d.final_dnn, &format!("{m}.dcn.final_dnn"))?,
-            },
-            d.l2_regularization,
-        ),
-        Some(M::MultiTower(t)) => {
-            let class = model.model_class.as_str();
-            for (field, set, owner) in [
-                ("din_towers", !t.din_towers.is_empty(), "MultiTowerDIN"),
-                ("bst_towers", !t.bst_towers.is_empty(), "MultiTowerBST"),
-            ] {
-                if set && class != owner {
-                    return Err(ConfigError::invalid(
-                        format!("{m}.multi_tower.{field}"),
-                        format!("model class {class} reads no {field} ({owner} does)"),
-                    ));
-                }
-            }
-            let towers = t
-                .towers
-                .iter()
-                .enumerate()
-                .map(|(i, tw)| {
-                    Ok((
-                        tw.input.clone(),
-                        dnn(&tw.dnn, &format!("{m}.multi_tower.towers[{i}].dnn"))?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, ConfigError>>()?;
-            (
-                Arch::MultiTower {
-                    towers,
-                    seq_towers: t
-                        .din_towers
-                        .iter()
-                        .map(|d| d.input.clone())
-                        .chain(t.bst_towers.iter().map(|b| b.input.clone()))
-                        .collect(),
-                    final_dnn: dnn(&t.final_dnn, &format!("{m}.multi_tower.final_dnn"))?,
-                },
-                t.l2_regularization,
-            )
-        }
-        Some(M::ModelParams(p)) if model.model_class == "RankModel" => {
-            (Arch::Backbone(single_task_backbone(model, p)?), p.l2_regularization())
-        }
-        Some(M::ModelParams(p)) if model.model_class == "MatchModel" => {
-            let path = format!("{m}.model_params");
-            let backbone = single_task_backbone(model, p)?;
-            let index = |v: i32, field: &str| {
-                usize::try_from(v)
-                    .map_err(|_| ConfigError::invalid(format!("{path}.{field}"), format!("{v} is not an index")))
-            };
-            let (user, item) = (
-                index(p.user_tower_idx_in_output(), "user_tower_idx_in_output")?,
-                index(p.item_tower_idx_in_output(), "item_tower_idx_in_output")?,
-            );
-            let cosine = p.simi_func() == proto::Similarity::Cosine;
-            let sim = Similarity {
-                cosine,
-                temperature: similarity_temperature(cosine, p.temperature(), &path)?,
-                scale_simi: p.scale_simi(),
-            };
-            (
-                Arch::MatchBackbone {
-                    backbone,
-                    user,
-                    item,
-                    sim,
-                },
-                p.l2_regularization(),
-            )
-        }
-        Some(M::DssmSenet(d)) => {
-            let path = format!("{m}.dssm_senet");
-            let senet = |t: &proto::DssmSeNetTower, name: &str| -> Result<(usize, usize), ConfigError> {
-                let (r, g) = (t.senet.reduction_ratio as usize, t.senet.num_squeeze_group() as usize);
-                if r == 0 || g == 0 {
-                    return Err(ConfigError::invalid(
-                        format!("{path}.{name}.senet"),
-                        "reduction_ratio and num_squeeze_group must be at least 1",
-                    ));
-                }
-                Ok((r, g))
-            };
-            let senets = [senet(&d.user_tower, "user_tower")?, senet(&d.item_tower, "item_tower")?];
-            let plain = proto::Dssm {
-                user_tower: dssm_tower(&d.user_tower.id, &d.user_tower.dnn),
-                item_tower: dssm_tower(&d.item_tower.id, &d.item_tower.dnn),
-                l2_regularization: d.l2_regularization,
-                simi_func: d.simi_func,
-                scale_simi: d.scale_simi,
-                item_id: d.item_id.clone(),
-                ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
-                temperature: d.temperature,
-            };
-            dssm_variant(&plain, &path, (Some(senets), None))?
-        }
-        Some(M::Dat(d)) => dat(d, model, &format!("{m}.dat"))?,
-        Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
-        Some(M::Mind(d)) => {
-            let (mind, l2) = super::mind::mind(d, model, &format!("{m}.mind"))?;
-            (Arch::Mind(Box::new(mind)), l2)
-        }
-        Some(M::Dropoutnet(d)) => dropoutnet(d, &format!("{m}.dropoutnet"))?,
-        _ if matches!(
-            model.model_class.as_str(),
-            "RankModel" | "MultiTaskModel" | "MatchModel"
-        ) =>
-        {
-            return Err(ConfigError::invalid(
-                m,
-                format!("{} needs `model_params` and a `backbone`", model.model_class),
-            ))
-        }
-        _ => {
-            return Err(ConfigError::invalid(
-                m,
-                format!("model_class {} needs its parameter block", model.model_class),
-            ))
-        }
-    })
-}
-
-/// ESMM's architecture and tasks: the CTCVR task (`probs_ctcvr` against
-/// the product of the CVR and CTR labels, weighted as the CVR tower) and
-/// the CTR task, both summed over the batch as EasyRec's losses are, then
-/// the CVR tower evaluated only where the CTR label is positive
-/// (`auc_cvr_masked`). The CTCVR label is label field `label_fields.len()`.
-fn esmm(
-    x: &proto::Esmm,
-    path: &str,
-    label_fields: &[String],
-    backbone: bool,
-) -> Result<(Arch, Vec<Task>), ConfigError> {
-    if backbone {
-        return Err(ConfigError::unsupported(
-            "model_config.backbone",
-            "ESMM over a backbone",
-        ));
-    }
-    let groups = x
-        .groups
-        .iter()
-        .enumerate()
-        .map(|(i, g)| Ok((g.input.clone(), dnn(&g.dnn, &format!("{path}.groups[{i}].dnn"))?)))
-        .collect::<Result<Vec<_>, ConfigError>>()?;
-    // EasyRec's tower order: the CVR (main) tower, then the CTR one.
-    let fields = [TowerFields::from(&x.cvr_tower), TowerFields::from(&x.ctr_tower)];
-    for (t, name) in [(&x.cvr_tower, "cvr_tower"), (&x.ctr_tower, "ctr_tower")] {
-        if t.loss_type() != proto::LossType::Classification {
-            return Err(ConfigError::unsupported(
-                format!("{path}.{name}.loss_type"),
-                format!("an ESMM tower trained by {}", t.loss_type().as_str_name()),
-            ));
-        }
-        if !t.losses.is_empty() {
-            return Err(ConfigError::unsupported(
-                format!("{path}.{name}.losses"),
-                "a losses list on an ESMM tower (EasyRec's ESMM trains loss_type)",
-            ));
-        }
-        if t.dnn.is_none() {
-            return Err(ConfigError::invalid(
-                format!("{path}.{name}.dnn"),
-                "an ESMM tower needs its dnn",
-            ));
-        }
-    }
-    let (mut towers, tasks) = task_towers(&fields, path, label_fields)?;
-    let (ctr, cvr) = (towers.pop().expect("two towers"), towers.pop().expect("two towers"));
-    let [cvr_task, ctr_task]: [Task; 2] = tasks.try_into().expect("two tasks");
-    let labels = (cvr_task.label, ctr_task.label);
-    let ctcvr = Task {
-        name: "ctcvr".into(),
-        label: label_fields.len(),
-        summed: true,
-        ..cvr_task.clone()
-    };
-    let masked = Task {
-        weight: 0.0,
-        masked_by: Some(ctr_task.label),
-        ..cvr_task
-    };
-    let ctr_task = Task {
-        summed: true,
-        ..ctr_task
-    };
-    Ok((
-        Arch::Esmm {
-            groups,
-            cvr,
-            ctr,
-            labels,
-        },
-        vec![ctcvr, ctr_task, masked],
-    ))
-}
-
-/// DropoutNet's sides (`path`: where `d` sits in the config).
-fn dropoutnet(d: &proto::DropoutNet, path: &str) -> Result<(Arch, f32), ConfigError> {
-    let side = |name: &str, content: &proto::Dnn, preference: &proto::Dnn, tower: &proto::Dnn, rate: f32| {
-        let tower = dnn(tower, &format!("{path}.{name}_tower"))?;
-        if tower.hidden_units.is_empty() {
-            return Err(ConfigError::invalid(
-                format!("{path}.{name}_tower.hidden_units"),
-                "the tower's last layer is its embedding: it needs at least one layer",
-            ));
-        }
-        super::validate::rate(rate, format!("{path}.{name}_dropout_rate"))?;
-        Ok(DropoutTower {
-            content: dnn(content, &format!("{path}.{name}_content"))?,
-            preference: dnn(preference, &format!("{path}.{name}_preference"))?,
-            tower,
-            dropout: rate,
-        })
-    };
-    let user = side(
-        "user",
-        &d.user_content,
-        &d.user_preference,
-        &d.user_tower,
-        d.user_dropout_rate,
-    )?;
-    let item = side(
-        "item",
-        &d.item_content,
-        &d.item_preference,
-        &d.item_tower,
-        d.item_dropout_rate,
-    )?;
-    if user.tower.hidden_units.last() != item.tower.hidden_units.last() {
-        return Err(ConfigError::invalid(
-            format!("{path}.item_tower.hidden_units"),
-            "the towers' last layers must be equally wide to be compared",
-        ));
-    }
-    Ok((Arch::DropoutNet { user, item }, d.l2_regularization))
-}
-
-/// DAT as EasyRec builds it: DSSM's towers, always L2-normalised, their
-/// similarity over `temperature` without a learned scale, trained by the
-/// listwise SOFTMAX_CROSS_ENTROPY alone, plus the adaptive-mimic losses.
-fn dat(d: &proto::Dat, model: &proto::EasyRecModel, path: &str) -> Result<(Arch, f32), ConfigError> {
-    if model.loss_type() != proto::LossType::SoftmaxCrossEntropy {
-        return Err(ConfigError::unsupported(
-            "model_config.loss_type",
-            format!(
-                "DAT with {} (EasyRec's DAT trains SOFTMAX_CROSS_ENTROPY only)",
-                model.loss_type().as_str_name()
-            ),
-        ));
-    }
-    let plain = proto::Dssm {
-        user_tower: dssm_tower(&d.user_tower.id, &d.user_tower.dnn),
-        item_tower: dssm_tower(&d.item_tower.id, &d.item_tower.dnn),
-        l2_regularization: d.l2_regularization,
-        simi_func: Some(proto::Similarity::Cosine as i32),
-        scale_simi: Some(false),
-        item_id: None,
-        ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
-        temperature: d.temperature,
-    };
-    dssm_variant(&plain, path, (None, Some([d.amm_u_weight, d.amm_i_weight])))
-}
-
-/// A DSSM tower of a model that is DSSM with more (DSSM_SENet, DAT).
-fn dssm_tower(id: &str, dnn: &proto::Dnn) -> proto::DssmTower {
-    proto::DssmTower {
-        id: id.to_string(),
-        dnn: dnn.clone(),
-    }
-}
-
-/// DSSM's arch of `plain` with a variant's extras: DSSM_SENet's SENets,
-/// DAT's mimic-loss weights.
-fn dssm_variant(
-    plain: &proto::Dssm,
-    path: &str,
-    (senet, amm): (Option<SenetParams>, Option<[f32; 2]>),
-) -> Result<(Arch, f32), ConfigError> {
-    let (arch, l2) = dssm(plain, path)?;
-    let Arch::Dssm { user, item, sim, .. } = arch else {
-        unreachable!("dssm builds a DSSM")
-    };
-    Ok((
-        Arch::Dssm {
-            user,
-            item,
-            sim,
-            senet,
-            amm,
-        },
-        l2,
-    ))
-}
-
 /// A DNN whose last layer is an embedding a match model compares (`path`:
 /// where `d` sits): it needs a layer.
 pub fn embedding_dnn(d: &proto::Dnn, path: &str) -> Result<DnnSpec, ConfigError> {
@@ -1109,384 +715,4 @@ pub fn comparable(a: &DnnSpec, b: &DnnSpec, path: &str) -> Result<(), ConfigErro
         ));
     }
     Ok(())
-}
-
-/// DSSM's towers and similarity (`path`: where `d` sits in the config).
-fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
-    let user = embedding_dnn(&d.user_tower.dnn, &format!("{path}.user_tower.dnn"))?;
-    let item = embedding_dnn(&d.item_tower.dnn, &format!("{path}.item_tower.dnn"))?;
-    comparable(&user, &item, &format!("{path}.item_tower.dnn.hidden_units"))?;
-    let cosine = d.simi_func() == proto::Similarity::Cosine;
-    let sim = Similarity {
-        cosine,
-        temperature: similarity_temperature(cosine, d.temperature(), path)?,
-        scale_simi: d.scale_simi(),
-    };
-    Ok((
-        Arch::Dssm {
-            user,
-            item,
-            sim,
-            senet: None,
-            amm: None,
-        },
-        d.l2_regularization,
-    ))
-}
-
-/// The typed backbone of a RankModel or MatchModel, which have no task
-/// towers or extra outputs.
-fn single_task_backbone(
-    model: &proto::EasyRecModel,
-    p: &proto::ModelParams,
-) -> Result<super::backbone::Backbone, ConfigError> {
-    let class = &model.model_class;
-    let b = model
-        .backbone
-        .as_ref()
-        .ok_or_else(|| ConfigError::invalid("model_config.backbone", format!("{class} needs a backbone")))?;
-    for (field, set) in [
-        ("outputs", !p.outputs.is_empty()),
-        ("task_towers", !p.task_towers.is_empty()),
-    ] {
-        if set {
-            return Err(ConfigError::unsupported(
-                format!("model_config.model_params.{field}"),
-                format!("`{field}` on a {class}"),
-            ));
-        }
-    }
-    super::backbone::backbone(b, &group_names(model), "model_config.backbone")
-}
-
-/// The temperature a match model divides its similarity by: `temperature`
-/// for the cosine (EasyRec reads it only then), else 1.
-fn similarity_temperature(cosine: bool, temperature: f32, path: &str) -> Result<f32, ConfigError> {
-    let t = if cosine { temperature } else { 1.0 };
-    if !(t.is_finite() && t > 0.0) {
-        return Err(ConfigError::invalid(
-            format!("{path}.temperature"),
-            format!("{t} is not a positive number"),
-        ));
-    }
-    Ok(t)
-}
-
-/// The feature groups' names, as blocks of a backbone name them.
-fn group_names(model: &proto::EasyRecModel) -> Vec<String> {
-    model
-        .feature_groups
-        .iter()
-        .map(|g| g.group_name.clone().unwrap_or_else(|| "all".into()))
-        .collect()
-}
-
-/// Feature groups with names resolved to feature indices. A WIDE_AND_DEEP
-/// group feeds both the named deep group and the wide side.
-pub fn groups(model: &proto::EasyRecModel, feature_names: &[String]) -> Result<Vec<FeatureGroup>, ConfigError> {
-    use proto::WideOrDeep;
-    let mut out: Vec<FeatureGroup> = Vec::new();
-    for (i, g) in model.feature_groups.iter().enumerate() {
-        let path = format!("model_config.feature_groups[{i}]");
-        let features = feature_indices(&g.feature_names, feature_names, &format!("{path}.feature_names"))?;
-        let seq = g
-            .sequence_features
-            .iter()
-            .enumerate()
-            .map(|(k, s)| seq_attention(s, &format!("{path}.sequence_features[{k}]"), feature_names))
-            .collect::<Result<Vec<_>, _>>()?;
-        if g.negative_sampler() {
-            return Err(ConfigError::unsupported(
-                format!("{path}.negative_sampler"),
-                "negative sampling",
-            ));
-        }
-        let name = g.group_name.clone().unwrap_or_else(|| "all".into());
-        match g.wide_deep() {
-            WideOrDeep::Deep => out.push(FeatureGroup {
-                name,
-                features,
-                wide: false,
-                seq,
-            }),
-            WideOrDeep::Wide if !seq.is_empty() => {
-                return Err(ConfigError::invalid(
-                    format!("{path}.sequence_features"),
-                    "a WIDE group has no sequence features (EasyRec attends over sequences in deep groups)",
-                ))
-            }
-            WideOrDeep::Wide => out.push(FeatureGroup {
-                name,
-                features,
-                wide: true,
-                seq,
-            }),
-            WideOrDeep::WideAndDeep => {
-                out.push(FeatureGroup {
-                    name: "wide".into(),
-                    features: features.clone(),
-                    wide: true,
-                    seq: Vec::new(),
-                });
-                out.push(FeatureGroup {
-                    name,
-                    features,
-                    wide: false,
-                    seq,
-                });
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The `seq_att_groups` entry a sequence tower at `path` names, and its index.
-fn seq_att_group<'a>(
-    model: &'a proto::EasyRecModel,
-    input: &str,
-    path: &str,
-) -> Result<(usize, &'a proto::SeqAttGroupConfig), ConfigError> {
-    model
-        .seq_att_groups
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.group_name.as_deref() == Some(input))
-        .ok_or_else(|| {
-            ConfigError::invalid(
-                format!("{path}.input"),
-                format!("no seq_att_groups entry is named `{input}`"),
-            )
-        })
-}
-
-/// MultiTowerDIN's DIN towers and MultiTowerBST's BST towers as feature
-/// groups of their own over the `seq_att_groups` entry each names: a DIN
-/// tower is its target attention, scored by the tower's `dnn`
-/// (`<input>_dnn`), its key always in the output; a BST tower is EasyRec's
-/// transformer block over its history and key.
-pub fn seq_tower_groups(
-    model: &proto::EasyRecModel,
-    feature_names: &[String],
-) -> Result<Vec<FeatureGroup>, ConfigError> {
-    let Some(proto::easy_rec_model::Model::MultiTower(t)) = &model.model else {
-        return Ok(Vec::new());
-    };
-    match model.model_class.as_str() {
-        "MultiTowerDIN" => {}
-        "MultiTowerBST" => return bst_tower_groups(model, t, feature_names),
-        class => {
-            if !model.seq_att_groups.is_empty() {
-                return Err(ConfigError::invalid(
-                    "model_config.seq_att_groups",
-                    format!("model class {class} reads no seq_att_groups (MultiTowerDIN and MultiTowerBST do)"),
-                ));
-            }
-            return Ok(Vec::new());
-        }
-    }
-    let mut out = Vec::new();
-    for (i, tower) in t.din_towers.iter().enumerate() {
-        let path = format!("model_config.multi_tower.din_towers[{i}]");
-        let (k, sg) = seq_att_group(model, &tower.input, &path)?;
-        let mut att = seq_attention(sg, &format!("model_config.seq_att_groups[{k}]"), feature_names)?;
-        if sg.allow_key_transform() || !sg.need_key_feature() || sg.seq_dnn.is_some() || !att.aux.is_empty() {
-            log::warn!(
-                "model_config.seq_att_groups[{k}]: MultiTowerDIN scores with its tower's dnn and ignores seq_dnn, allow_key_transform, need_key_feature and aux_hist_seq, as EasyRec does"
-            );
-        }
-        att.dnn = dnn(&tower.dnn, &format!("{path}.dnn"))?;
-        if att.dnn.hidden_units.last() != Some(&1) {
-            return Err(ConfigError::invalid(
-                format!("{path}.dnn.hidden_units"),
-                "the attention's last layer scores each position: it has 1 unit",
-            ));
-        }
-        att.scope = format!("{}_dnn", tower.input);
-        att.need_key_feature = true;
-        att.allow_key_transform = false;
-        att.aux.clear();
-        out.push(seq_tower_group(&tower.input, att));
-    }
-    Ok(out)
-}
-
-/// A sequence tower's feature group: its sequence layer alone.
-fn seq_tower_group(name: &str, att: SeqAttention) -> FeatureGroup {
-    FeatureGroup {
-        name: name.to_string(),
-        features: Vec::new(),
-        wide: false,
-        seq: vec![att],
-    }
-}
-
-fn bst_tower_groups(
-    model: &proto::EasyRecModel,
-    t: &proto::MultiTower,
-    feature_names: &[String],
-) -> Result<Vec<FeatureGroup>, ConfigError> {
-    if t.bst_towers.len() > 1 {
-        return Err(ConfigError::unsupported(
-            "model_config.multi_tower.bst_towers",
-            "more than one BST tower (EasyRec's share some of their variables and not others)",
-        ));
-    }
-    let mut out = Vec::new();
-    for (i, tower) in t.bst_towers.iter().enumerate() {
-        let path = format!("model_config.multi_tower.bst_towers[{i}]");
-        let (k, sg) = seq_att_group(model, &tower.input, &path)?;
-        let mut att = seq_attention(sg, &format!("model_config.seq_att_groups[{k}]"), feature_names)?;
-        if sg.allow_key_transform() || sg.seq_dnn.is_some() || !att.aux.is_empty() {
-            log::warn!(
-                "model_config.seq_att_groups[{k}]: MultiTowerBST ignores seq_dnn, allow_key_transform, need_key_feature and aux_hist_seq, as EasyRec does"
-            );
-        }
-        if tower.seq_len < 2 {
-            return Err(ConfigError::invalid(
-                format!("{path}.seq_len"),
-                "the history's positions and the key: at least 2",
-            ));
-        }
-        if tower.multi_head_size == 0 {
-            return Err(ConfigError::invalid(
-                format!("{path}.multi_head_size"),
-                "must be at least 1",
-            ));
-        }
-        att.aux.clear();
-        att.bst = Some(Bst {
-            seq_len: tower.seq_len as usize,
-            heads: tower.multi_head_size as usize,
-        });
-        out.push(seq_tower_group(&tower.input, att));
-    }
-    Ok(out)
-}
-
-/// The indices of features `names` (a list at `path`).
-fn feature_indices(names: &[String], feature_names: &[String], path: &str) -> Result<Vec<usize>, ConfigError> {
-    names
-        .iter()
-        .map(|n| {
-            feature_names
-                .iter()
-                .position(|f| f == n)
-                .ok_or_else(|| ConfigError::invalid(path, format!("no feature named `{n}`")))
-        })
-        .collect()
-}
-
-/// A `sequence_features` (or `seq_att_groups`) entry at `path`.
-fn seq_attention(
-    s: &proto::SeqAttGroupConfig,
-    path: &str,
-    feature_names: &[String],
-) -> Result<SeqAttention, ConfigError> {
-    let index = |names: &[String], field: &str| feature_indices(names, feature_names, &format!("{path}.{field}"));
-    let name = s.group_name.clone().unwrap_or_default();
-    let (mut keys, mut hist, mut aux) = (Vec::new(), Vec::new(), Vec::new());
-    for (k, m) in s.seq_att_map.iter().enumerate() {
-        let mpath = format!("seq_att_map[{k}]");
-        keys.extend(index(&m.key, &format!("{mpath}.key"))?);
-        hist.extend(index(&m.hist_seq, &format!("{mpath}.hist_seq"))?);
-        aux = index(&m.aux_hist_seq, &format!("{mpath}.aux_hist_seq"))?;
-    }
-    if keys.is_empty() || hist.is_empty() {
-        return Err(ConfigError::invalid(
-            format!("{path}.seq_att_map"),
-            "needs at least one key and one hist_seq",
-        ));
-    }
-    if s.tf_summary() {
-        log::warn!("{path}.tf_summary: sequence embedding histograms are not written");
-    }
-    // EasyRec's default scoring network.
-    let dnn = match &s.seq_dnn {
-        Some(d) => dnn(d, &format!("{path}.seq_dnn"))?,
-        None => DnnSpec {
-            hidden_units: vec![128, 64, 32, 1],
-            dropout: Vec::new(),
-            activation: Activation::Relu,
-            use_bn: true,
-        },
-    };
-    if dnn.hidden_units.last() != Some(&1) {
-        return Err(ConfigError::invalid(
-            format!("{path}.seq_dnn.hidden_units"),
-            "the attention's last layer scores each position: it has 1 unit",
-        ));
-    }
-    Ok(SeqAttention {
-        scope: format!("seq_dnn{name}"),
-        name,
-        keys,
-        hist,
-        aux,
-        dnn,
-        need_key_feature: s.need_key_feature(),
-        allow_key_transform: s.allow_key_transform(),
-        transform_dnn: s.transform_dnn(),
-        bst: None,
-        input_only: false,
-    })
-}
-
-/// `eval_config.metrics_set`.
-pub fn metrics(eval: Option<&proto::EvalConfig>) -> Result<Vec<Metric>, ConfigError> {
-    metric_list(eval.map_or(&[][..], |e| &e.metrics_set[..]), "eval_config.metrics_set")
-}
-
-/// A `metrics_set` list at `path`.
-pub fn metric_list(list: &[proto::EvalMetrics], path: &str) -> Result<Vec<Metric>, ConfigError> {
-    use proto::eval_metrics::Metric as M;
-    let mut out = Vec::new();
-    for (i, m) in list.iter().enumerate() {
-        let path = format!("{path}[{i}]");
-        out.push(match &m.metric {
-            Some(M::Auc(_)) => Metric::Auc,
-            Some(M::Gauc(g)) => {
-                if g.reduction() != "mean" {
-                    return Err(ConfigError::unsupported(
-                        format!("{path}.gauc.reduction"),
-                        format!("reduction `{}` (supported: mean)", g.reduction()),
-                    ));
-                }
-                Metric::Gauc {
-                    uid_field: g.uid_field.clone(),
-                }
-            }
-            Some(M::SessionAuc(g)) => {
-                if g.reduction() != "mean" {
-                    return Err(ConfigError::unsupported(
-                        format!("{path}.session_auc.reduction"),
-                        format!("reduction `{}` (supported: mean)", g.reduction()),
-                    ));
-                }
-                Metric::SessionAuc {
-                    session_id_field: g.session_id_field.clone(),
-                }
-            }
-            Some(M::Accuracy(_)) => Metric::Accuracy,
-            Some(M::MeanSquaredError(_)) => Metric::Mse,
-            Some(M::RootMeanSquaredError(_)) => Metric::Rmse,
-            Some(M::MeanAbsoluteError(_)) => Metric::Mae,
-            Some(M::MaxF1(_)) => Metric::MaxF1,
-            Some(M::RecallAtTopk(r)) => {
-                if r.topk() == 0 {
-                    return Err(ConfigError::invalid(
-                        format!("{path}.recall_at_topk.topk"),
-                        "must be at least 1",
-                    ));
-                }
-                Metric::RecallAtTopK { k: r.topk() as usize }
-            }
-            Some(other) => {
-                let name = format!("{other:?}");
-                let name = name.split('(').next().unwrap_or("").to_string();
-                return Err(ConfigError::unsupported(path, format!("metric {name}")));
-            }
-            None => continue,
-        });
-    }
-    Ok(out)
 }

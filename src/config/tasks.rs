@@ -3,9 +3,58 @@
 //! one per task tower for the multi-task ones (each with its label, loss,
 //! weight and metrics, named as EasyRec names them: `logits_ctr`, `auc_ctr`).
 
-use super::model_plan::{dnn, metric_list, DnnSpec, Metric, TaskTower};
-use super::typed::LossKind;
+use super::eval_plan::{metric_list, Metric};
+use super::model_plan::{dnn, DnnSpec, TaskTower};
 use super::{proto, ConfigError};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossKind {
+    /// Sigmoid cross entropy on one logit.
+    BinaryClassification,
+    /// Mean squared error.
+    Regression,
+    /// A match model's in-batch softmax (EasyRec's listwise
+    /// `SOFTMAX_CROSS_ENTROPY`): each user's item against the batch's
+    /// other items. The task's `logits` are the row's own similarity.
+    /// `ignore_in_batch` (EasyRec's `ignore_in_batch_neg_sam`): the batch's
+    /// other items are left out, only sampled ones compete.
+    InBatchSoftmax { ignore_in_batch: bool },
+    /// Softmax cross entropy over `classes` logits (CLASSIFICATION with
+    /// `num_class > 1`); the label is the class index.
+    MultiClass { classes: usize },
+    /// EasyRec's zero-inflated lognormal (`ZILN_LOSS`, lifetime value):
+    /// three logits per row (whether the label is positive, the
+    /// lognormal's mu and its sigma before softplus), scored as `probs`
+    /// (of a positive label) and `y` (the expected value).
+    Ziln(ZilnPrediction),
+    /// EasyRec's JRC loss (`JRC_LOSS`, num_class 2): two logits per row,
+    /// scored as `probs`, the softmax's second class.
+    Jrc,
+}
+
+impl LossKind {
+    /// A match model's in-batch softmax.
+    pub fn is_in_batch(self) -> bool {
+        matches!(self, LossKind::InBatchSoftmax { .. })
+    }
+
+    /// An in-batch softmax that leaves the batch's other items out
+    /// (`ignore_in_batch_neg_sam`).
+    pub fn ignores_in_batch(self) -> bool {
+        matches!(self, LossKind::InBatchSoftmax { ignore_in_batch: true })
+    }
+}
+
+/// How a ZILN task's expected value `y` is computed from its logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZilnPrediction {
+    /// Sigma's upper clip.
+    pub max_sigma: f32,
+    /// The log of `y` is clipped to [-100, this].
+    pub max_log_clip: f32,
+    /// `y` is given as its logarithm (unclipped).
+    pub return_log: bool,
+}
 
 /// One task: a model output trained against one label.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,7 +285,7 @@ pub fn list_kind(
                 None => proto::ZilnLoss::default(),
                 Some(_) => return Err(wrong()),
             };
-            let z = super::typed::ZilnPrediction {
+            let z = ZilnPrediction {
                 max_sigma: p.max_sigma(),
                 max_log_clip: p.max_log_clip_value(),
                 return_log: p.return_log_pred_value(),

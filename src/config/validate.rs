@@ -153,7 +153,7 @@ pub fn structure(cfg: &proto::EasyRecConfig) -> Result<(), ConfigError> {
         .map(|d| d.input_fields.iter().map(|f| f.input_name.as_str()).collect());
     let feature_names = check_features(cfg, input_names.as_ref())?;
     check_model(&cfg.model_config, &feature_names)?;
-    super::export_plan::export_plan(cfg.export_config.as_ref())?;
+    super::export_plan::ExportPlan::from_proto(cfg.export_config.as_ref())?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! Column-major raw input: what a reader hands to feature encoding.
 
-use crate::config::model_plan::ColumnType;
+use crate::config::data_plan::ColumnType;
 
 /// Strings stored back to back with offsets, like Arrow's Utf8 array.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -167,7 +167,7 @@ pub fn write_part(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model_plan::ColumnType;
+    use crate::config::data_plan::ColumnType;
     use crate::data::ProjColumn;
 
     fn projection(names: &[&str]) -> Projection {

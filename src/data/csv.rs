@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::column::RawBatch;
 use super::{DataError, Projection};
-use crate::config::typed::RtpLayout;
+use crate::config::data_plan::RtpLayout;
 
 /// Lines of CSV text: a file's, or text in memory.
 type Lines = Box<dyn Iterator<Item = std::io::Result<String>> + Send>;

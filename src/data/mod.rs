@@ -14,8 +14,7 @@ use std::thread::JoinHandle;
 
 pub use column::{Column, RawBatch, StrColumn};
 
-use crate::config::model_plan::{ColumnType, InputField};
-use crate::config::typed::InputFormat;
+use crate::config::data_plan::{ColumnType, InputField, InputFormat};
 use crate::util::Rng;
 
 #[derive(Debug, thiserror::Error)]
@@ -215,7 +214,7 @@ pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
 
 /// The dense and category files of binary part `label`: the files at its
 /// position in the sorted expansion of its part's globs.
-fn companions(parts: &[crate::config::typed::BinaryPart], label: &Path) -> Result<(PathBuf, PathBuf), DataError> {
+fn companions(parts: &[crate::config::data_plan::BinaryPart], label: &Path) -> Result<(PathBuf, PathBuf), DataError> {
     for part in parts {
         let labels = expand_paths(std::slice::from_ref(&part.label))?;
         let Some(i) = labels.iter().position(|l| l == label) else {

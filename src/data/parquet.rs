@@ -13,7 +13,7 @@ use parquet::arrow::ProjectionMask;
 
 use super::column::{Column, RawBatch, StrColumn};
 use super::{DataError, ProjColumn, Projection};
-use crate::config::model_plan::ColumnType;
+use crate::config::data_plan::ColumnType;
 
 /// Number of row groups of a Parquet file.
 pub fn row_groups(path: &Path) -> Result<usize, DataError> {

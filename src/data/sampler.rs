@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::column::{Column, RawBatch};
 use super::{CellError, DataError, Projection};
-use crate::config::typed::{NegativeSampling, SampleDraw};
+use crate::config::data_plan::{NegativeSampling, SampleDraw};
 use crate::util::Rng;
 
 /// The item table a sampler draws from.
@@ -416,7 +416,7 @@ fn distinct(n: usize, k: usize, rng: &mut Rng) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model_plan::ColumnType;
+    use crate::config::data_plan::ColumnType;
     use crate::data::ProjColumn;
 
     fn table(dir: &Path, rows: &[(&str, &str, &str)]) -> PathBuf {
@@ -531,7 +531,7 @@ mod tests {
     /// edges of users or items the tables lack left out.
     #[test]
     fn user_edges_steer_draws_and_give_hard_negatives() {
-        use crate::config::typed::SamplerUsers;
+        use crate::config::data_plan::SamplerUsers;
         let dir = tempfile::tempdir().unwrap();
         let rows: Vec<(String, String)> = (0..4).map(|i| (i.to_string(), format!("{i}:1"))).collect();
         let rows: Vec<(&str, &str, &str)> = rows.iter().map(|(a, b)| (a.as_str(), "1", b.as_str())).collect();

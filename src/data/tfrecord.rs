@@ -14,7 +14,7 @@ use prost::Message;
 
 use super::column::{Column, RawBatch};
 use super::{DataError, Projection};
-use crate::config::typed::Compression;
+use crate::config::data_plan::Compression;
 use crate::tf_proto::{feature::Kind, Example, Feature, SequenceExample};
 
 /// LevelDB's masking of a stored CRC-32C, which TFRecord keeps.
@@ -260,7 +260,7 @@ impl Iterator for TfRecordChunks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model_plan::ColumnType;
+    use crate::config::data_plan::ColumnType;
     use crate::data::ProjColumn;
     use crate::tf_proto::{Feature, Features, FloatList, Int64List};
 

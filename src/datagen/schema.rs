@@ -10,8 +10,9 @@ use anyhow::Context;
 use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 
-use crate::config::model_plan::ColumnType;
-use crate::config::typed::{Bucketing, FeatureKind, InputFormat, TrainingPlan};
+use crate::config::data_plan::{ColumnType, InputFormat};
+use crate::config::feature_plan::{Bucketing, FeatureKind};
+use crate::config::typed::TrainingPlan;
 use crate::data::criteo;
 use crate::util::Rng;
 
@@ -50,7 +51,7 @@ fn token(rng: &mut Rng, buckets: &Bucketing) -> String {
 
 /// A value for `field` that every feature reading it accepts.
 fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell {
-    if plan.label_fields.iter().any(|l| l == field) {
+    if plan.data.label_fields.iter().any(|l| l == field) {
         return match ty {
             ColumnType::Float => Cell::Float(rng.below(2) as f64),
             ColumnType::Str => Cell::Str(rng.below(2).to_string()),
@@ -153,13 +154,14 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
     let mut rng = Rng::new(seed);
     let table: Vec<Vec<Cell>> = (0..rows)
         .map(|_| {
-            plan.fields
+            plan.data
+                .fields
                 .iter()
                 .map(|f| cell(plan, &f.name, f.ty, &mut rng))
                 .collect()
         })
         .collect();
-    match &plan.format {
+    match &plan.data.format {
         InputFormat::TfRecord {
             compression,
             rows_per_record,
@@ -187,6 +189,7 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
                 let bytes = match rows_per_record {
                     None => {
                         let feature = plan
+                            .data
                             .fields
                             .iter()
                             .zip(&rows[0])
@@ -199,6 +202,7 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
                     Some(n) if rows.len() < *n => break,
                     Some(_) => {
                         let feature_list = plan
+                            .data
                             .fields
                             .iter()
                             .enumerate()
@@ -229,7 +233,7 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
                 .with_context(|| format!("{name} is no label file of the plan's binary input"))?;
             // The table's cells of label, f1..f13 and c1..c26 (0 where the
             // config declares no such field), as numbers.
-            let at = |name: String| plan.fields.iter().position(|f| f.name == name);
+            let at = |name: String| plan.data.fields.iter().position(|f| f.name == name);
             let (label, dense, category) = (
                 at("label".into()),
                 std::array::from_fn::<_, { criteo::DENSE }, _>(|i| at(format!("f{}", i + 1))),
@@ -257,7 +261,7 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
         InputFormat::Csv { separator, with_header } => {
             let mut text = String::new();
             if *with_header {
-                let names: Vec<&str> = plan.fields.iter().map(|f| f.name.as_str()).collect();
+                let names: Vec<&str> = plan.data.fields.iter().map(|f| f.name.as_str()).collect();
                 text.push_str(&names.join(separator));
                 text.push('\n');
             }
@@ -269,7 +273,7 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
             std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
         }
         InputFormat::Rtp { layout, .. } => {
-            let separator = plan.format.field_separator();
+            let separator = plan.data.format.field_separator();
             // The label fields in their columns, every other field in the
             // feature column; columns nothing reads hold a filler.
             let width = layout
@@ -295,7 +299,7 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
         InputFormat::Parquet { .. } => {
             let mut fields = Vec::new();
             let mut columns: Vec<ArrayRef> = Vec::new();
-            for (c, f) in plan.fields.iter().enumerate() {
+            for (c, f) in plan.data.fields.iter().enumerate() {
                 let col = table.iter().map(|r| &r[c]);
                 let (dt, array): (DataType, ArrayRef) = match &table.first().map(|r| &r[c]) {
                     Some(Cell::Int(_)) => (
@@ -345,11 +349,13 @@ pub fn generate_for_plan(plan: &TrainingPlan, rows: usize, seed: u64, path: &Pat
 /// three hard-negative edges.
 pub fn generate_sampler_tables(plan: &TrainingPlan, items: usize, seed: u64) -> anyhow::Result<()> {
     let s = plan
+        .data
         .negative_sampling
         .as_ref()
         .context("the config has no negative sampler")?;
     let ty_of = |name: &str| {
-        plan.fields
+        plan.data
+            .fields
             .iter()
             .find(|f| f.name == name)
             .map_or(ColumnType::Str, |f| f.ty)

@@ -14,7 +14,7 @@ use super::{
     apply_rows, length_rows, pool_rows, positions_rows, scatter_grad, scatter_positions, FetchedRows, RowGrads,
     RowSource, Sharding, Table,
 };
-use crate::config::typed::OptimizerSpec;
+use crate::config::train_plan::OptimizerSpec;
 use crate::dist::Communicator;
 use crate::features::{Batch, Encoded};
 use crate::model::{GroupLayout, SeqPartKind};

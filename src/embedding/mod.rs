@@ -12,7 +12,8 @@ use rayon::prelude::*;
 pub use collection::Collection;
 pub use sharding::Sharding;
 
-use crate::config::typed::{EmbeddingInit, OptimizerKind};
+use crate::config::feature_plan::EmbeddingInit;
+use crate::config::train_plan::OptimizerKind;
 use crate::features::Jagged;
 use crate::optim::{Rule, SlotState};
 use crate::util::{mix64, IdMap, Rng};

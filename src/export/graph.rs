@@ -15,8 +15,9 @@
 use std::collections::HashMap;
 
 use super::onnx::{Attr, Dim, Elem, Graph};
+use crate::config::feature_plan::FeatureSpec;
 use crate::config::model_plan::Activation;
-use crate::config::typed::{LossKind, TrainingPlan, ZilnPrediction};
+use crate::config::tasks::{LossKind, Task, ZilnPrediction};
 use crate::model::graph::{Keys, BN_EPS, DICE_EPS, MASK_ADDER};
 use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
 
@@ -33,14 +34,14 @@ pub enum InputKind {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeatureInput {
-    /// Index into `TrainingPlan::features`.
+    /// Index into the feature plan.
     pub feature: usize,
     pub name: String,
     pub kind: InputKind,
 }
 
 /// The features the model reads, in config order.
-pub fn feature_inputs(plan: &TrainingPlan, model: &Model) -> Vec<FeatureInput> {
+pub fn feature_inputs(features: &[FeatureSpec], model: &Model) -> Vec<FeatureInput> {
     let mut used: Vec<(usize, Option<usize>)> = Vec::new();
     for g in &model.groups {
         let plain = g.parts.iter().map(|p| (p.feature, p.table.is_none().then_some(p.dim)));
@@ -55,7 +56,7 @@ pub fn feature_inputs(plan: &TrainingPlan, model: &Model) -> Vec<FeatureInput> {
     used.sort_by_key(|(f, _)| *f);
     used.into_iter()
         .map(|(f, dense)| {
-            let spec = &plan.features[f];
+            let spec = &features[f];
             let kind = match dense {
                 Some(dim) => InputKind::Dense { dim },
                 None => InputKind::Ids {
@@ -72,10 +73,16 @@ pub fn feature_inputs(plan: &TrainingPlan, model: &Model) -> Vec<FeatureInput> {
         .collect()
 }
 
-/// Builds the graph of `model` with whole tables `tables` (`[rows, dim]`
-/// row-major, indexed like `Model::tables`).
-pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) -> (Graph, Vec<FeatureInput>) {
-    let inputs = feature_inputs(plan, model);
+/// Builds the graph of `model` (over `features`, with an output per task
+/// of `tasks`) with whole tables `tables` (`[rows, dim]` row-major, indexed
+/// like `Model::tables`).
+pub fn build(
+    (features, tasks): (&[FeatureSpec], &[Task]),
+    model: &Model,
+    tables: &[&[f32]],
+    batch: Dim,
+) -> (Graph, Vec<FeatureInput>) {
+    let inputs = feature_inputs(features, model);
     let mut b = Builder {
         g: Graph::default(),
         params: &model.params,
@@ -116,7 +123,7 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         }
     }
     let mut table_names: HashMap<usize, String> = HashMap::new();
-    let variables = crate::model::names::table_variables(plan, model);
+    let variables = &model.table_variables;
     let mut group_inputs = Vec::new();
     for g in &model.groups {
         let mut cols = Vec::new();
@@ -173,7 +180,7 @@ pub fn build(plan: &TrainingPlan, model: &Model, tables: &[&[f32]], batch: Dim) 
         1 => vec![batch.clone()],
         w => vec![batch.clone(), Dim::Fixed(w)],
     };
-    for t in &plan.tasks {
+    for t in tasks {
         let name = t.output();
         let out = model.graph.output_node(&name).expect("every task has an output");
         let flat = match t.logit_width() {

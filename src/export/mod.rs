@@ -46,7 +46,7 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
         Some(b) => onnx::Dim::Fixed(b),
         None => onnx::Dim::Named("batch".into()),
     };
-    let (graph, inputs) = graph::build(&t.plan, &t.model, &tables, batch);
+    let (graph, inputs) = graph::build((&t.plan.features, &t.plan.model.tasks), &t.model, &tables, batch);
     std::fs::create_dir_all(root).with_context(|| format!("cannot create export dir {}", root.display()))?;
     let mut ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

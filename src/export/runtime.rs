@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use tract_onnx::prelude::*;
 
 use super::{list_exports, MODEL_FILE};
+use crate::config::feature_plan::FeaturePlan;
 use crate::config::typed::TrainingPlan;
 use crate::config::{load_pipeline, Overrides};
 use crate::data::RawBatch;
@@ -100,15 +101,17 @@ fn check_feature_spec(path: &Path, spec: &serde_json::Value) -> anyhow::Result<(
 /// `raw_input_dim` > 1 were split by the feature's `separator` (as EasyRec
 /// splits them) recorded ","; such an export would now read its rows
 /// otherwise than it was trained, so it is refused.
-fn check_raw_separators(path: &Path, spec: &serde_json::Value, plan: &TrainingPlan) -> anyhow::Result<()> {
+fn check_raw_separators(path: &Path, spec: &serde_json::Value, features: &FeaturePlan) -> anyhow::Result<()> {
     for f in spec["features"].as_array().into_iter().flatten() {
         let t = &f["transform"];
         let (Some(name), Some(dim), Some(sep)) = (f["name"].as_str(), t["dim"].as_u64(), t["separator"].as_str())
         else {
             continue;
         };
-        let now = plan.features.iter().find_map(|p| match &p.kind {
-            crate::config::typed::FeatureKind::Raw { separator, .. } if p.name == name => Some(separator.as_str()),
+        let now = features.iter().find_map(|p| match &p.kind {
+            crate::config::feature_plan::FeatureKind::Raw { separator, .. } if p.name == name => {
+                Some(separator.as_str())
+            }
             _ => None,
         });
         if dim > 1 && now.is_some_and(|now| now != sep) {
@@ -156,7 +159,7 @@ impl ExportedModel {
         let loaded = load_pipeline(&config, &Overrides::default())
             .with_context(|| format!("reading the export's config {}", config.display()))?;
         let plan = TrainingPlan::from_config(&loaded.config)?;
-        check_raw_separators(&spec_path, &spec, &plan)?;
+        check_raw_separators(&spec_path, &spec, &plan.features)?;
         let packed = packed_input(&spec_path, &spec)?;
         let enc = Encoder::for_inference(&plan)?;
         super::verify_files(&dir)?;
@@ -252,13 +255,14 @@ impl ExportedModel {
         Ok(raw)
     }
 
-    /// Each task's scores of an encoded batch (in `plan.tasks` order):
+    /// Each task's scores of an encoded batch (in `plan.model.tasks` order):
     /// probabilities (classification) or values (regression), and logits.
     pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
         // Per task, its logits, its scores and ZILN's values (see
         // `export::graph`).
         let mut out = self.outputs(batch)?.into_iter();
         self.plan
+            .model
             .tasks
             .iter()
             .map(|t| {
@@ -284,7 +288,7 @@ impl ExportedModel {
     /// tower embeddings, `[batch, d]` row-major), in the graph's order.
     pub fn embeddings(&self, batch: &Batch) -> anyhow::Result<Vec<Vec<f32>>> {
         let mut all = self.outputs(batch)?;
-        let tasks: usize = self.plan.tasks.iter().map(|t| t.export_outputs().len()).sum();
+        let tasks: usize = self.plan.model.tasks.iter().map(|t| t.export_outputs().len()).sum();
         Ok(all.split_off(tasks.min(all.len())))
     }
 

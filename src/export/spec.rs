@@ -4,7 +4,9 @@
 use serde_json::{json, Value};
 
 use super::graph::{FeatureInput, InputKind};
-use crate::config::typed::{Bucketing, FeatureKind, TrainingPlan};
+use crate::config::data_plan::DataPlan;
+use crate::config::feature_plan::{Bucketing, FeatureKind};
+use crate::config::typed::TrainingPlan;
 
 /// The id hash, as TensorFlow's string_to_hash_bucket_fast computes it.
 pub const HASH_NAME: &str = "farmhash_fingerprint64";
@@ -21,15 +23,16 @@ pub const FORMAT: &str = "rustrec-feature-spec-3";
 /// `features` placeholder takes them (labels left out); with
 /// `filter_inputs: false` every field but the labels.
 pub fn packed_fields(plan: &TrainingPlan) -> Vec<String> {
-    let uid_fields: Vec<&str> = plan.gauc_uid_fields().collect();
+    let uid_fields: Vec<&str> = plan.model.gauc_uid_fields().collect();
     let read = |name: &str| {
         if plan.export.filter_inputs {
             plan.features.iter().any(|f| f.inputs.iter().any(|i| i == name)) || uid_fields.contains(&name)
         } else {
-            !plan.label_fields.iter().any(|l| l == name)
+            !plan.data.label_fields.iter().any(|l| l == name)
         }
     };
-    plan.fields
+    plan.data
+        .fields
         .iter()
         .map(|f| f.name.as_str())
         .filter(|name| read(name))
@@ -39,8 +42,8 @@ pub fn packed_fields(plan: &TrainingPlan) -> Vec<String> {
 
 /// The separator of a packed serving row: the CSV separator the model was
 /// trained on ("," for Parquet input, EasyRec's default).
-pub fn packed_separator(plan: &TrainingPlan) -> String {
-    plan.format.field_separator().to_string()
+fn packed_separator(data: &DataPlan) -> String {
+    data.format.field_separator().to_string()
 }
 
 /// How a serving request carries a row: one input per feature (the graph's
@@ -51,7 +54,7 @@ fn serving_input(plan: &TrainingPlan) -> Value {
         json!({
             "kind": "packed",
             "placeholder": "features",
-            "separator": packed_separator(plan),
+            "separator": packed_separator(&plan.data),
             "fields": packed_fields(plan),
             "note": "one string per row: these input fields' values joined by the separator, as in the \
                      training data; then each feature's transform as below",
@@ -251,9 +254,9 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
     json!({
         "format": FORMAT,
         "id_hash": HASH_NAME,
-        "model_class": format!("{:?}", plan.model),
+        "model_class": format!("{:?}", plan.model.kind),
         "outputs": plan
-            .tasks
+            .model.tasks
             .iter()
             .flat_map(|t| t.export_outputs())
             .chain(model.embedding_outputs().into_iter().map(|(n, _)| n.to_string()))

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
-use crate::config::typed::{Bucketing, FeatureKind, MultiValue, PositionCombiner, TrainingPlan};
+use crate::config::feature_plan::{Bucketing, FeatureKind, MultiValue, PositionCombiner};
+use crate::config::typed::TrainingPlan;
 use crate::data::{Column, Projection, RawBatch};
 use crate::util::{hash_i64, hash_str, with_decimal};
 
@@ -50,7 +51,7 @@ pub struct Batch {
     pub features: Vec<Encoded>,
     /// Hashed `uid_field` per row, when a GAUC metric needs it.
     pub uids: Option<Vec<u64>>,
-    /// Hashed item id per example (`TrainingPlan::in_batch_item`), when the
+    /// Hashed item id per example (`ModelPlan::in_batch_item`), when the
     /// in-batch softmax leaves out the batch's examples of a user's item.
     pub item_keys: Option<Vec<u64>>,
     /// Each example's `data_config.sample_weight`, when the config names one.
@@ -307,9 +308,9 @@ pub struct Encoder {
     /// indices (whole numbers below the count given).
     label_kinds: Vec<LabelKind>,
     uid_col: Option<usize>,
-    /// `TrainingPlan::in_batch_item`'s column.
+    /// `ModelPlan::in_batch_item`'s column.
     item_col: Option<usize>,
-    /// Labels appended as two labels' product (`TrainingPlan::label_products`).
+    /// Labels appended as two labels' product (`ModelPlan::label_products`).
     label_products: Vec<(usize, usize)>,
     /// `data_config.sample_weight`'s column (training and evaluation).
     weight_col: Option<usize>,
@@ -328,11 +329,12 @@ impl Encoder {
     fn build(plan: &TrainingPlan, uid_field: Option<&str>, with_label: bool) -> anyhow::Result<Self> {
         let mut projection = Projection::default();
         let col = |p: &mut Projection, name: &str, required: bool| {
-            p.add(name, &plan.fields, required)
+            p.add(name, &plan.data.fields, required)
                 .with_context(|| format!("`{name}` is not among data_config.input_fields"))
         };
         let label_cols = if with_label {
-            plan.label_fields
+            plan.data
+                .label_fields
                 .iter()
                 .map(|l| col(&mut projection, l, true))
                 .collect::<anyhow::Result<Vec<_>>>()?
@@ -466,18 +468,20 @@ impl Encoder {
         }
         let uid_col = uid_field.map(|u| col(&mut projection, u, false)).transpose()?;
         let item_col = plan
+            .model
             .in_batch_item
             .as_deref()
             .filter(|_| with_label)
             .map(|i| col(&mut projection, i, false))
             .transpose()?;
         let weight_col = plan
+            .data
             .sample_weight
             .as_deref()
             .filter(|_| with_label)
             .map(|w| col(&mut projection, w, false))
             .transpose()?;
-        if let Some(s) = plan.negative_sampling.as_ref().filter(|_| with_label) {
+        if let Some(s) = plan.data.negative_sampling.as_ref().filter(|_| with_label) {
             // The sampler skips the batch's own items, or its users'.
             col(&mut projection, &s.item_id_field, false)?;
             if let Some(u) = &s.users {
@@ -489,9 +493,9 @@ impl Encoder {
             names: plan.features.iter().map(|f| f.name.clone()).collect(),
             encs,
             label_cols,
-            label_kinds: (0..plan.label_fields.len())
+            label_kinds: (0..plan.data.label_fields.len())
                 .map(|l| {
-                    let on = || plan.tasks.iter().filter(move |t| t.label == l);
+                    let on = || plan.model.tasks.iter().filter(move |t| t.label == l);
                     match on().map(|t| t.classes()).max() {
                         Some(c) if c > 1 => LabelKind::Class(c),
                         _ if on().any(|t| t.classification()) => LabelKind::Binary,
@@ -502,7 +506,11 @@ impl Encoder {
             uid_col,
             item_col,
             weight_col,
-            label_products: if with_label { plan.label_products() } else { Vec::new() },
+            label_products: if with_label {
+                plan.model.label_products()
+            } else {
+                Vec::new()
+            },
         })
     }
 

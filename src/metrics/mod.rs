@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::model_plan::Metric;
+use crate::config::eval_plan::Metric;
 use crate::config::tasks::Task;
 
 /// EasyRec's `max_f1`: the largest F1 of "logit > t" over its thresholds
@@ -304,7 +304,7 @@ mod tests {
     fn a_multi_class_task_reports_accuracy_and_recall_at_k() {
         let task = Task {
             metrics: vec![Metric::Accuracy, Metric::RecallAtTopK { k: 2 }],
-            ..Task::on_label("", 0, crate::config::typed::LossKind::MultiClass { classes: 3 })
+            ..Task::on_label("", 0, crate::config::tasks::LossKind::MultiClass { classes: 3 })
         };
         let st = EvalState {
             preds: vec![0.7, 0.2, 0.1, 0.1, 0.3, 0.6, 0.5, 0.4, 0.1],
@@ -322,7 +322,7 @@ mod tests {
     fn penalties_join_the_eval_loss() {
         let task = |name: &str| Task {
             weight: 2.0,
-            ..Task::on_label(name, 0, crate::config::typed::LossKind::BinaryClassification)
+            ..Task::on_label(name, 0, crate::config::tasks::LossKind::BinaryClassification)
         };
         let state = |l: f64| EvalState {
             preds: vec![0.5],

@@ -8,8 +8,7 @@ use rayon::prelude::*;
 
 use super::graph::BN_EPS;
 use crate::config::model_plan::Activation;
-use crate::config::tasks::{KdKind, KdTerm, LossTermKind, Task, ZilnTerm};
-use crate::config::typed::LossKind;
+use crate::config::tasks::{KdKind, KdTerm, LossKind, LossTermKind, Task, ZilnTerm};
 use crate::util::Rng;
 
 /// Rows per parallel chunk of the element-wise sweeps.
@@ -885,7 +884,7 @@ pub fn ziln_sigma(z: f64, max_sigma: f64) -> (f64, f64) {
 /// the probability of a positive label and the expected value
 /// `exp(log_sigmoid(z0) + mu + sigma² / 2)`, its logarithm clipped to
 /// [-100, max_log_clip] (or the unclipped logarithm with `return_log`).
-pub fn ziln_prediction(z: &[f32], p: crate::config::typed::ZilnPrediction) -> (f32, f32) {
+pub fn ziln_prediction(z: &[f32], p: crate::config::tasks::ZilnPrediction) -> (f32, f32) {
     let (z0, mu) = (z[0] as f64, z[1] as f64);
     let (sigma, _) = ziln_sigma(z[2] as f64, p.max_sigma as f64);
     let log_y = -softplus(-z0) + mu + 0.5 * sigma * sigma;
@@ -1676,7 +1675,7 @@ mod tests {
         }
         let task = Task {
             terms: vec![crate::config::tasks::LossTerm { kind, weight: 1.0 }],
-            loss: LossKind::Ziln(crate::config::typed::ZilnPrediction {
+            loss: LossKind::Ziln(crate::config::tasks::ZilnPrediction {
                 max_sigma: 3.0,
                 max_log_clip: 20.0,
                 return_log: false,
@@ -1750,7 +1749,7 @@ mod tests {
         }
     }
 
-    fn task_ziln(t: &Task) -> crate::config::typed::ZilnPrediction {
+    fn task_ziln(t: &Task) -> crate::config::tasks::ZilnPrediction {
         match t.loss {
             LossKind::Ziln(z) => z,
             _ => unreachable!(),

@@ -25,8 +25,9 @@ use anyhow::{bail, Context};
 pub use graph::{BnStats, Graph, NodeId, Op};
 pub use params::{ParamSpec, ParamStore};
 
-use crate::config::model_plan::{FeatureGroup, SeqAttention};
-use crate::config::typed::{EmbeddingInit, FeatureKind, LossKind, SeqCombiner, Task, TrainingPlan};
+use crate::config::feature_plan::{EmbeddingInit, FeatureKind, FeatureSpec, SeqCombiner};
+use crate::config::model_plan::{Arch, FeatureGroup, ModelPlan, SeqAttention};
+use crate::config::tasks::{LossKind, Task};
 use crate::features::{Batch, Encoder};
 use crate::util::Rng;
 
@@ -194,19 +195,19 @@ fn add_seq_part(seq_parts: &mut Vec<SeqPart>, col: &mut usize, feature: usize, k
 /// there unless it shares one by `embedding_name`.
 fn table_of(
     tables: &mut Vec<TableSpec>,
-    plan: &TrainingPlan,
+    (features, arch): (&[FeatureSpec], &Arch),
     (g, seq): (&FeatureGroup, bool),
     fi: usize,
     rows: u64,
 ) -> anyhow::Result<(usize, usize)> {
-    let f = &plan.features[fi];
+    let f = &features[fi];
     let table = if seq && f.table == f.name {
         format!("{}/{}", g.name, f.table)
     } else {
         f.table.clone()
     };
     let (name, dim) = if g.wide {
-        let wd = builders::wide_dim(&plan.arch).with_context(|| {
+        let wd = builders::wide_dim(arch).with_context(|| {
             format!(
                 "feature group `{}` is WIDE, which only WideAndDeep, DeepFM, FM and backbone input layers with wide_output_dim use",
                 g.name
@@ -270,6 +271,8 @@ pub struct TableSpec {
 pub struct Model {
     pub groups: Vec<GroupLayout>,
     pub tables: Vec<TableSpec>,
+    /// EasyRec's variable name of each table (`names::table_variables`).
+    pub table_variables: Vec<String>,
     pub params: ParamStore,
     /// Non-trained state (batch-norm moving statistics).
     pub buffers: ParamStore,
@@ -298,14 +301,14 @@ impl GroupDropout {
     /// in the order its input layer concatenates the features (combined
     /// sequences last), whatever order the group's columns are in here.
     /// `None` for a group without features of its own.
-    fn of(l: &GroupLayout, plan: &TrainingPlan, embedding_wise: bool) -> Option<Self> {
+    fn of(l: &GroupLayout, features: &[FeatureSpec], embedding_wise: bool) -> Option<Self> {
         if l.features_width() == 0 {
             return None;
         }
         // Each feature's `(col, width)` in EasyRec's order: the plain parts
         // by column name, then the combined sequences.
         let mut plain: Vec<&Part> = l.parts.iter().collect();
-        plain.sort_by_cached_key(|p| plan.features[p.feature].easyrec_column());
+        plain.sort_by_cached_key(|p| features[p.feature].easyrec_column());
         let blocks = plain
             .iter()
             .map(|p| (p.col, p.dim))
@@ -342,14 +345,23 @@ pub struct PassGrads {
 }
 
 impl Model {
-    pub fn new(plan: &TrainingPlan, enc: &Encoder, seed: u64) -> anyhow::Result<Self> {
+    /// The model `plan` describes over `features`, its parameters
+    /// initialised from `seed`; `sampled_items`: batches carry a negative
+    /// sampler's items after their examples.
+    pub fn new(
+        plan: &ModelPlan,
+        features: &[FeatureSpec],
+        sampled_items: bool,
+        enc: &Encoder,
+        seed: u64,
+    ) -> anyhow::Result<Self> {
         let mut tables: Vec<TableSpec> = Vec::new();
         let mut groups = Vec::new();
         for g in &plan.groups {
             let mut parts = Vec::new();
             let mut pooled = Vec::new();
             for &fi in &g.features {
-                let f = &plan.features[fi];
+                let f = &features[fi];
                 if let FeatureKind::Sequence {
                     combiner: Some(c),
                     max_len,
@@ -368,7 +380,7 @@ impl Model {
                         mean: false,
                     },
                     Some(rows) => {
-                        let (t, dim) = table_of(&mut tables, plan, (g, false), fi, rows)?;
+                        let (t, dim) = table_of(&mut tables, (features, &plan.arch), (g, false), fi, rows)?;
                         Part {
                             feature: fi,
                             col: 0,
@@ -383,7 +395,7 @@ impl Model {
             // Columns in the order EasyRec's input layer puts them, so its
             // kernels line up row for row with ours.
             if builders::columns_by_name(&plan.arch, &g.name, g.wide) {
-                parts.sort_by_cached_key(|p| plan.features[p.feature].easyrec_column());
+                parts.sort_by_cached_key(|p| features[p.feature].easyrec_column());
             }
             // Wide groups and DeepFM's groups put embedded features first: the
             // FM part reads them as one `[batch, n, dim]` block.
@@ -411,14 +423,14 @@ impl Model {
             let mut combined = Vec::new();
             for (fi, combiner, max_len) in pooled {
                 let rows = enc.table_rows(fi).expect("a sequence has ids");
-                let (table, dim) = table_of(&mut tables, plan, (g, false), fi, rows)?;
+                let (table, dim) = table_of(&mut tables, (features, &plan.arch), (g, false), fi, rows)?;
                 let len = combiner.positions(max_len);
                 let pos = add_seq_part(&mut seq_parts, &mut col, fi, SeqPartKind::Positions { table, dim, len });
                 let len_col = matches!(combiner, SeqCombiner::Attention)
                     .then(|| add_seq_part(&mut seq_parts, &mut col, fi, SeqPartKind::Length { len }));
                 combined.push(CombinedSeq {
                     feature: fi,
-                    name: plan.features[fi].name.clone(),
+                    name: features[fi].name.clone(),
                     width: combiner.width(dim),
                     combiner,
                     positions: (pos, dim),
@@ -428,7 +440,7 @@ impl Model {
                 });
             }
             let mut by_column: Vec<usize> = (0..combined.len()).collect();
-            by_column.sort_by_cached_key(|&k| plan.features[combined[k].feature].easyrec_column());
+            by_column.sort_by_cached_key(|&k| features[combined[k].feature].easyrec_column());
             let mut out = plain_width;
             for k in by_column {
                 combined[k].out_col = out;
@@ -444,10 +456,10 @@ impl Model {
                             // A key outside the group is looked up for the
                             // attention alone (EasyRec's key search).
                             let rows = enc.table_rows(fi).with_context(|| {
-                                format!("sequence key `{}` is not an embedded feature", plan.features[fi].name)
+                                format!("sequence key `{}` is not an embedded feature", features[fi].name)
                             })?;
-                            let (table, dim) = table_of(&mut tables, plan, (g, true), fi, rows)?;
-                            let mean = plan.features[fi].mean_combiner;
+                            let (table, dim) = table_of(&mut tables, (features, &plan.arch), (g, true), fi, rows)?;
+                            let mean = features[fi].mean_combiner;
                             let kind = SeqPartKind::Pooled { table, dim, mean };
                             keys.push((add_seq_part(&mut seq_parts, &mut col, fi, kind), dim));
                         }
@@ -457,7 +469,7 @@ impl Model {
                 let mut positions = |fis: &[usize], col: &mut usize| -> anyhow::Result<Vec<(usize, usize)>> {
                     let mut out = Vec::new();
                     for &fi in fis {
-                        let f = &plan.features[fi];
+                        let f = &features[fi];
                         let FeatureKind::Sequence { max_len, .. } = f.kind else {
                             bail!(
                                 "hist_seq `{}` of sequence group `{}` is not a SequenceFeature",
@@ -472,7 +484,7 @@ impl Model {
                             );
                         }
                         let rows = enc.table_rows(fi).expect("a sequence has ids");
-                        let (table, dim) = table_of(&mut tables, plan, (g, true), fi, rows)?;
+                        let (table, dim) = table_of(&mut tables, (features, &plan.arch), (g, true), fi, rows)?;
                         let kind = SeqPartKind::Positions {
                             table,
                             dim,
@@ -520,12 +532,12 @@ impl Model {
             .iter()
             .map(|l| {
                 plan.variational_dropout
-                    .and_then(|vd| GroupDropout::of(l, plan, vd.embedding_wise))
+                    .and_then(|vd| GroupDropout::of(l, features, vd.embedding_wise))
             })
             .collect();
         let classes = plan.tasks.first().map_or(1, Task::logit_width);
         let mut graph = builders::build(&plan.arch, (&groups, &dropout), classes, &mut scope)?;
-        if plan.negative_sampling.is_some() {
+        if sampled_items {
             // EasyRec runs the user tower on the examples alone and the
             // item tower on them and the sampled items.
             if let (Some(u), Some(v)) = (graph.output_node("user_tower_emb"), graph.output_node("item_tower_emb")) {
@@ -542,9 +554,11 @@ impl Model {
                 _ => None,
             })
             .collect();
+        let table_variables = names::table_variables((&plan.arch, features), &groups, &tables);
         Ok(Model {
             groups,
             tables,
+            table_variables,
             params,
             buffers,
             graph,

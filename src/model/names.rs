@@ -12,10 +12,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::{builders, Model, ParamSpec};
+use super::{builders, GroupLayout, Model, ParamSpec, TableSpec};
 use crate::checkpoint::tensorflow::TfCheckpoint;
 use crate::checkpoint::{Loaded, Unusable};
-use crate::config::typed::{OptimizerKind, TrainingPlan};
+use crate::config::feature_plan::FeatureSpec;
+use crate::config::model_plan::Arch;
+use crate::config::train_plan::OptimizerKind;
 use crate::optim::{slot_names, tf_slot_names};
 
 /// The input-layer variable scope of the `k`-th call.
@@ -27,14 +29,18 @@ fn scope(k: usize) -> String {
     }
 }
 
-/// EasyRec's variable name of each of `model`'s tables (as indexed in
-/// `Model::tables`).
-pub fn table_variables(plan: &TrainingPlan, model: &Model) -> Vec<String> {
-    let order = builders::input_layer_order(&plan.arch, &model.groups);
-    (0..model.tables.len())
+/// EasyRec's variable name of each of a model's `tables` (as indexed in
+/// `Model::tables`), read by its `groups` of `features` into `arch`.
+pub fn table_variables(
+    (arch, features): (&Arch, &[FeatureSpec]),
+    groups: &[GroupLayout],
+    tables: &[TableSpec],
+) -> Vec<String> {
+    let order = builders::input_layer_order(arch, groups);
+    (0..tables.len())
         .map(|t| {
             let found = order.iter().enumerate().find_map(|(k, &gi)| {
-                let g = &model.groups[gi];
+                let g = &groups[gi];
                 let plain = g.parts.iter().find(|p| p.table == Some(t)).map(|p| p.feature);
                 let seq = || {
                     g.seq_parts
@@ -46,7 +52,7 @@ pub fn table_variables(plan: &TrainingPlan, model: &Model) -> Vec<String> {
             });
             match found {
                 Some((k, fi)) => {
-                    let f = &plan.features[fi];
+                    let f = &features[fi];
                     // A shared table (embedding_name) is a variable of its own name.
                     let column = if f.table != f.name {
                         f.table.clone()
@@ -55,7 +61,7 @@ pub fn table_variables(plan: &TrainingPlan, model: &Model) -> Vec<String> {
                     };
                     format!("{}/{column}/embedding_weights", scope(k))
                 }
-                None => format!("{}/embedding_weights", model.tables[t].name),
+                None => format!("{}/embedding_weights", tables[t].name),
             }
         })
         .collect()
@@ -143,7 +149,6 @@ pub type Imported = (BTreeMap<String, Loaded>, Vec<String>);
 /// name, from another checkpoint variable.
 pub fn from_tensorflow(
     ckpt: &TfCheckpoint,
-    plan: &TrainingPlan,
     model: &Model,
     partial: bool,
     renames: &[(String, String)],
@@ -152,8 +157,8 @@ pub fn from_tensorflow(
     for s in model.params.specs.iter().chain(&model.buffers.specs) {
         wanted.push((s.name.clone(), variable_shape(s)));
     }
-    for (t, var) in model.tables.iter().zip(table_variables(plan, model)) {
-        wanted.push((var, vec![t.rows, t.dim]));
+    for (t, var) in model.tables.iter().zip(&model.table_variables) {
+        wanted.push((var.clone(), vec![t.rows, t.dim]));
     }
     let mut used = HashSet::new();
     let mut missing = Vec::new();

@@ -12,8 +12,7 @@ use super::kernels::{self, NO_HARD_NEGATIVE};
 use super::params::{to_vec, ParamStore};
 use super::Targets;
 use crate::config::model_plan::Activation;
-use crate::config::tasks::{KdKind, KdTerm, LossTermKind, Task};
-use crate::config::typed::LossKind;
+use crate::config::tasks::{KdKind, KdTerm, LossKind, LossTermKind, Task};
 use crate::util::Rng;
 
 /// Per-pass state of a forward pass.

@@ -17,8 +17,8 @@ use anyhow::bail;
 
 use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
 use super::{CombinedSeq, GroupLayout, SeqLayout};
+use crate::config::feature_plan::SeqCombiner;
 use crate::config::model_plan::{Activation, Bst, DnnSpec};
-use crate::config::typed::SeqCombiner;
 
 /// The features of group `l` from its input matrix `x`: its own features
 /// (`features`: the plain parts and combined sequences, `features_width`

@@ -3,7 +3,8 @@
 
 use rayon::prelude::*;
 
-use crate::config::typed::{ModelKind, OptimizerKind, OptimizerSpec};
+use crate::config::model_plan::ModelKind;
+use crate::config::train_plan::{OptimizerKind, OptimizerSpec};
 
 /// Which optimizer (index into `train_config.optimizer_config`) updates what.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

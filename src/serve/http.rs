@@ -20,7 +20,7 @@ use super::batcher::{Job, Scheduler, ScoreError};
 use super::metrics::Metrics;
 use super::request::{self, BadRequest, Form};
 use super::{Registry, Served};
-use crate::config::model_plan::ColumnType;
+use crate::config::data_plan::ColumnType;
 use crate::data::RawBatch;
 use crate::model::{score_columns, TaskScores};
 
@@ -177,7 +177,7 @@ fn unknown_path(path: &str) -> ApiError {
 
 /// Output names in the graph's order: per task its logits, then its scores.
 fn output_names(served: &Served) -> Vec<String> {
-    served.model.plan.tasks.iter().flat_map(score_columns).collect()
+    served.model.plan.model.tasks.iter().flat_map(score_columns).collect()
 }
 
 fn output_columns(scores: &[TaskScores]) -> Vec<Vec<f32>> {

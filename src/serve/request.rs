@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
-use crate::config::model_plan::ColumnType;
+use crate::config::data_plan::ColumnType;
 use crate::data::{CellError, Column, ProjColumn, RawBatch};
 use crate::export::runtime::ExportedModel;
 

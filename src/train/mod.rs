@@ -12,7 +12,9 @@ use std::rc::Rc;
 use anyhow::Context;
 use burn::tensor::Device;
 
-use crate::config::typed::{InputFormat, Strategy, TrainingPlan};
+use crate::config::data_plan::InputFormat;
+use crate::config::train_plan::Strategy;
+use crate::config::typed::TrainingPlan;
 use crate::config::ConfigError;
 use crate::data::sampler::NegativeSampler;
 use crate::data::{expand_paths, Prefetch, StreamSpec};
@@ -82,7 +84,7 @@ impl Trainer {
         ps_options: &ps::PsOptions,
     ) -> anyhow::Result<Self> {
         let mut roles = None;
-        let sharding = match (plan.strategy, comm.size()) {
+        let sharding = match (plan.train.strategy, comm.size()) {
             (_, 1) => Sharding::Replicated,
             (Strategy::EmbeddingParallel, size) => Sharding::row_wise(comm.rank(), size),
             (Strategy::DataParallel, _) => Sharding::Replicated,
@@ -91,7 +93,7 @@ impl Trainer {
             // averages one batch's gradients from every worker, which is
             // what the embedding-parallel step computes, its tables
             // sharded across the ranks as a parameter server's are.
-            (Strategy::Single, size) if plan.asynchronous.is_none() => {
+            (Strategy::Single, size) if plan.train.asynchronous.is_none() => {
                 log::info!(
                     "NoStrategy on {size} workers with sync_replicas: synchronous training, \
                      each step one batch from every worker, tables sharded across the ranks"
@@ -118,7 +120,7 @@ impl Trainer {
                  (sync_replicas: false or PSStrategy under mpirun); this run has no parameter servers"
             );
         }
-        if comm.size() > 1 && plan.tasks.iter().any(|t| t.summed) {
+        if comm.size() > 1 && plan.model.tasks.iter().any(|t| t.summed) {
             return Err(ConfigError::unsupported(
                 "model_config.esmm",
                 "ESMM's losses summed over the batch on several ranks",
@@ -127,12 +129,13 @@ impl Trainer {
         }
         let shards = sharding.shard().map_or(1, |(_, count)| count);
         plan.memory.check_here(shards)?;
-        let uid = plan.gauc_uid_fields().next();
+        let uid = plan.model.gauc_uid_fields().next();
         let enc = Encoder::new(&plan, uid).map_err(ConfigError::unbuildable)?;
         let seed = SEED;
-        let model = Model::new(&plan, &enc, seed).map_err(ConfigError::unbuildable)?;
-        let model_kind = plan.model;
-        let assign = Assignment::new(model_kind, plan.optimizers.len());
+        let sampled = plan.data.negative_sampling.is_some();
+        let model = Model::new(&plan.model, &plan.features, sampled, &enc, seed).map_err(ConfigError::unbuildable)?;
+        let model_kind = plan.model.kind;
+        let assign = Assignment::new(model_kind, plan.train.optimizers.len());
         let tables = model
             .tables
             .iter()
@@ -142,23 +145,20 @@ impl Trainer {
                     (&t.name, t.rows, t.dim),
                     &t.init,
                     seed,
-                    (opt, &plan.optimizers[opt].kind),
+                    (opt, &plan.train.optimizers[opt].kind),
                     sharding,
                 )
             })
             .collect();
-        let dense_state = SlotState::new(&plan.optimizers[assign.dense].kind, model.params.values.len());
+        let dense_state = SlotState::new(&plan.train.optimizers[assign.dense].kind, model.params.values.len());
         let embeddings = Collection::new(tables, sharding);
         let sampler = plan
+            .data
             .negative_sampling
             .as_ref()
             .map(|s| NegativeSampler::new(s, &enc.projection))
             .transpose()?;
-        let frozen = freeze::Frozen::of(
-            &plan.freeze_gradient,
-            &model.params.specs,
-            &crate::model::names::table_variables(&plan, &model),
-        );
+        let frozen = freeze::Frozen::of(&plan.train.freeze_gradient, &model.params.specs, &model.table_variables);
         Ok(Trainer {
             frozen,
             plan,
@@ -194,12 +194,12 @@ impl Trainer {
         let p = &self.plan;
         let epochs = if !train {
             Some(1)
-        } else if p.num_epochs > 0 {
-            Some(p.num_epochs)
+        } else if p.data.num_epochs > 0 {
+            Some(p.data.num_epochs)
         } else if matches!(
-            p.format,
+            p.data.format,
             InputFormat::Csv { .. } | InputFormat::Rtp { .. } | InputFormat::CriteoBinary { .. }
-        ) && p.num_steps.is_some()
+        ) && p.train.num_steps.is_some()
         {
             None
         } else {
@@ -207,24 +207,24 @@ impl Trainer {
         };
         let mut spec = StreamSpec {
             files,
-            format: p.format.clone(),
-            fields: p.fields.clone(),
+            format: p.data.format.clone(),
+            fields: p.data.fields.clone(),
             projection: self.enc.projection.clone(),
-            batch_size: p.batch_size.max(1) as usize * self.readers(train).1,
+            batch_size: p.data.batch_size.max(1) as usize * self.readers(train).1,
             epochs,
-            shuffle: train && p.shuffle,
-            shuffle_buffer: p.shuffle_buffer_size,
+            shuffle: train && p.data.shuffle,
+            shuffle_buffer: p.data.shuffle_buffer_size,
             seed: self.seed,
             shard: (0, 1),
             skip_batches,
-            max_rows: if train { 0 } else { p.eval_num_examples },
+            max_rows: if train { 0 } else { p.eval.num_examples },
         };
         let (rank, size) = self.readers(train);
         let mut slice = (rank, size);
         if train && size > 1 {
             let splits = spec.splits()?.len();
             if splits >= size {
-                spec.batch_size = p.batch_size.max(1) as usize;
+                spec.batch_size = p.data.batch_size.max(1) as usize;
                 spec.shard = (rank, size);
                 slice = (0, 1);
             }
@@ -244,13 +244,17 @@ impl Trainer {
         // Each rank draws its own negatives for its slice, seeded by the
         // batch's place in the stream, so a resumed run draws as one that
         // never stopped.
-        let sampling = self.sampler.clone().zip(p.negative_sampling.as_ref()).map(|(s, spec)| {
-            let n = if train { spec.num_sample } else { spec.num_eval_sample };
-            (s, n as usize)
-        });
+        let sampling = self
+            .sampler
+            .clone()
+            .zip(p.data.negative_sampling.as_ref())
+            .map(|(s, spec)| {
+                let n = if train { spec.num_sample } else { spec.num_eval_sample };
+                (s, n as usize)
+            });
         let seed = self.seed ^ crate::util::mix64((rank as u64) << 1 | u64::from(train));
         let mut index = skip_batches;
-        Ok(Prefetch::start(spec, p.prefetch_size.min(8), move |raw| {
+        Ok(Prefetch::start(spec, p.data.prefetch_size.min(8), move |raw| {
             let mut raw = raw.part(slice.0, slice.1);
             let appended = match &sampling {
                 Some((s, n)) => {
@@ -289,10 +293,10 @@ impl Trainer {
         }
     }
 
-    /// Predictions, labels and loss of each task (in `plan.tasks` order)
+    /// Predictions, labels and loss of each task (in `plan.model.tasks` order)
     /// over a whole input.
     pub fn evaluate(&self, paths: &[String]) -> anyhow::Result<Vec<EvalState>> {
-        let tasks = &self.plan.tasks;
+        let tasks = &self.plan.model.tasks;
         // The tasks' states, then one per graph penalty (its batch losses)
         // and one per graph summary (its batch values).
         let graph = &self.model.graph;

@@ -25,11 +25,12 @@ pub(super) struct StopSignal {
 }
 
 impl StopSignal {
-    pub(super) fn new(plan: &crate::config::typed::TrainingPlan) -> Self {
+    /// The watch `train` asks for, over `model_dir`.
+    pub(super) fn new(train: &crate::config::train_plan::TrainPlan, model_dir: &std::path::Path) -> Self {
         StopSignal {
-            path: plan
+            path: train
                 .stop_signal
-                .then(|| plan.model_dir.join(crate::config::typed::STOP_SIGNAL)),
+                .then(|| model_dir.join(crate::config::train_plan::STOP_SIGNAL)),
             checked: None,
         }
     }
@@ -84,7 +85,7 @@ impl Trainer {
         }
         let start_step = self.step;
         let p = self.plan.clone();
-        let target = p.num_steps.map(u64::from);
+        let target = p.train.num_steps.map(u64::from);
         self.log_banner(target);
         if target.is_some_and(|t| self.step >= t) {
             log::info!("global step {} already reached num_steps; nothing to train", self.step);
@@ -92,7 +93,7 @@ impl Trainer {
         let lead = self.comm.rank() == 0;
         let bar = (lead && std::io::stderr().is_terminal()).then(|| progress_bar(target, self.step));
         crate::logging::set_bar(bar.clone());
-        let mut stream = self.stream(&p.train_paths, true, self.step)?;
+        let mut stream = self.stream(&p.data.train_paths, true, self.step)?;
         let t0 = Instant::now();
         let mut window = (Instant::now(), 0u64);
         let mut samples = 0u64;
@@ -104,14 +105,14 @@ impl Trainer {
         };
         let mut last_save = (Instant::now(), self.step);
         let mut evals = Evaluations::default();
-        let mut summaries = if p.save_summary_steps > 0 && lead {
+        let mut summaries = if p.train.save_summary_steps > 0 && lead {
             Some(SummaryWriter::create(&p.model_dir)?)
         } else {
             None
         };
         let mut summary_window = (Instant::now(), self.step);
         // The stop signal: looked for by the chief after each step.
-        let mut signal = StopSignal::new(&p);
+        let mut signal = StopSignal::new(&p.train, &p.model_dir);
         let mut signalled = false;
         loop {
             if target.is_some_and(|t| self.step >= t) {
@@ -127,7 +128,7 @@ impl Trainer {
                 break;
             };
             let batch = batch.context("reading training data")?;
-            let lr = p.optimizers[self.assign.dense].lr.at(self.step);
+            let lr = p.train.optimizers[self.assign.dense].lr.at(self.step);
             let step_stats = self.train_step(&batch)?;
             self.straggle(self.comm.rank());
             if lead && !signalled {
@@ -145,7 +146,7 @@ impl Trainer {
                 b.set_position(self.step);
                 b.set_message(format!("loss {:.4}", st.loss));
             }
-            if self.step.is_multiple_of(p.log_step_count_steps as u64) {
+            if self.step.is_multiple_of(p.train.log_step_count_steps as u64) {
                 // Every rank is at this step: the job's rate is one sum.
                 let mut job = [window.1 as f64];
                 self.comm.all_reduce_sum(&mut job);
@@ -176,7 +177,7 @@ impl Trainer {
             }
             if let Some(w) = summaries
                 .as_mut()
-                .filter(|_| !step_stats.skipped && self.step.is_multiple_of(p.save_summary_steps as u64))
+                .filter(|_| !step_stats.skipped && self.step.is_multiple_of(p.train.save_summary_steps as u64))
             {
                 let secs = summary_window.0.elapsed().as_secs_f64().max(1e-9);
                 let steps_per_sec = (self.step - summary_window.1) as f64 / secs;
@@ -192,7 +193,7 @@ impl Trainer {
                 )?;
                 summary_window = (Instant::now(), self.step);
             }
-            if p.checkpoints.due(self.step, last_save.0) {
+            if p.train.checkpoints.due(self.step, last_save.0) {
                 last_save = (Instant::now(), self.step);
                 if self.save_and_evaluate(&mut evals, after_eval)? {
                     break;
@@ -220,7 +221,7 @@ impl Trainer {
         after_eval: &mut AfterEval,
     ) -> anyhow::Result<RunSummary> {
         let p = self.plan.clone();
-        let target = p.num_steps.map(u64::from);
+        let target = p.train.num_steps.map(u64::from);
         let mut read = [samples as f64];
         self.comm.all_reduce_sum(&mut read);
         if read[0] == 0.0 && start_step == 0 && target.is_none_or(|t| t > 0) {
@@ -228,7 +229,7 @@ impl Trainer {
             // metrics of an untrained model.
             return Err(crate::data::DataError::Empty {
                 purpose: "training",
-                paths: p.train_paths.clone(),
+                paths: p.data.train_paths.clone(),
             }
             .into());
         }
@@ -241,10 +242,10 @@ impl Trainer {
             }
         };
         let secs = t0.elapsed().as_secs_f64().max(1e-9);
-        let metrics = if p.eval_paths.is_empty() {
+        let metrics = if p.data.eval_paths.is_empty() {
             Vec::new()
         } else {
-            self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?
+            self.eval_and_report(&p.data.eval_paths, &p.model_dir.join("eval_result.txt"))?
         };
         after_eval(&last_ckpt, &metrics, true)?;
         Ok(RunSummary {
@@ -267,12 +268,12 @@ impl Trainer {
         let path = self.save()?;
         log::info!("saved {}", path.display());
         let p = &self.plan;
-        let target = p.num_steps.map(u64::from);
-        let throttled = evals.last.elapsed().as_secs() < p.eval_interval_secs as u64;
-        if p.eval_paths.is_empty() || throttled || target.is_some_and(|t| self.step >= t) {
+        let target = p.train.num_steps.map(u64::from);
+        let throttled = evals.last.elapsed().as_secs() < p.eval.interval_secs as u64;
+        if p.data.eval_paths.is_empty() || throttled || target.is_some_and(|t| self.step >= t) {
             return Ok(false);
         }
-        let metrics = self.eval_and_report(&p.eval_paths, &p.model_dir.join("eval_result.txt"))?;
+        let metrics = self.eval_and_report(&p.data.eval_paths, &p.model_dir.join("eval_result.txt"))?;
         evals.last = Instant::now();
         after_eval(&path, &metrics, false)?;
         let p = &self.plan;
@@ -301,7 +302,7 @@ impl Trainer {
         let graph = &self.model.graph;
         let penalties: Vec<String> = graph.penalties.iter().map(|p| p.name.clone()).collect();
         let summaries: Vec<String> = graph.summaries.iter().map(|m| m.name.clone()).collect();
-        let metrics = crate::metrics::report_tasks(&self.plan.tasks, &states, (&penalties, &summaries));
+        let metrics = crate::metrics::report_tasks(&self.plan.model.tasks, &states, (&penalties, &summaries));
         let examples = states.first().map_or(0, |s| s.labels.len());
         let mut obj = serde_json::Map::new();
         for (k, v) in &metrics {
@@ -373,8 +374,8 @@ impl Trainer {
         let (rank_count, sharding) = (self.comm.size(), &self.embeddings.sharding);
         log::info!(
             "{:?} with {} task(s), {} process(es), tables {}",
-            p.model,
-            p.tasks.len(),
+            p.model.kind,
+            p.model.tasks.len(),
             rank_count,
             if sharding.is_sharded() {
                 "sharded row-wise"
@@ -382,9 +383,9 @@ impl Trainer {
                 "replicated"
             }
         );
-        log::info!("train input: {}", p.train_paths.join(", "));
-        if !p.eval_paths.is_empty() {
-            log::info!("eval input: {}", p.eval_paths.join(", "));
+        log::info!("train input: {}", p.data.train_paths.join(", "));
+        if !p.data.eval_paths.is_empty() {
+            log::info!("eval input: {}", p.data.eval_paths.join(", "));
         }
         let tables = &self.embeddings.tables;
         let floats: usize = tables.iter().map(|t| t.rows * t.dim).sum();
@@ -409,15 +410,15 @@ impl Trainer {
                 "Will train {} steps (global step {} to {t}), batch_size {} per process",
                 t.saturating_sub(self.step),
                 self.step,
-                p.batch_size
+                p.data.batch_size
             ),
             None => log::info!(
                 "Will train until the input runs out ({}), batch_size {} per process",
-                match p.num_epochs {
+                match p.data.num_epochs {
                     0 => "repeating it".to_string(),
                     n => format!("{n} epoch(s)"),
                 },
-                p.batch_size
+                p.data.batch_size
             ),
         }
     }

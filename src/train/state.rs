@@ -16,7 +16,7 @@ impl Trainer {
     /// Dense parameters (with their optimizer slots when `slots`) and
     /// buffers, under EasyRec's names and TensorFlow's shapes.
     fn dense_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
-        let kind = &self.plan.optimizers[self.assign.dense].kind;
+        let kind = &self.plan.train.optimizers[self.assign.dense].kind;
         let mut out = Vec::new();
         for s in &self.model.params.specs {
             let shape = names::variable_shape(s);
@@ -45,22 +45,17 @@ impl Trainer {
         out
     }
 
-    /// EasyRec's variable name of each table (indexed like the collection's).
-    fn table_variables(&self) -> Vec<String> {
-        names::table_variables(&self.plan, &self.model)
-    }
-
     /// This rank's rows of every table (with their optimizer slots when
     /// `slots`): the whole tables unless they are sharded.
     fn table_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
         let mut out = Vec::new();
-        for (t, var) in self.embeddings.tables.iter().zip(self.table_variables()) {
+        for (t, var) in self.embeddings.tables.iter().zip(&self.model.table_variables) {
             let shape = vec![t.weights.len() / t.dim.max(1), t.dim];
             out.push(TensorRef::new(var.clone(), shape.clone(), &t.weights));
             if slots {
-                let kind = &self.plan.optimizers[t.optimizer].kind;
+                let kind = &self.plan.train.optimizers[t.optimizer].kind;
                 for (k, slot) in t.state.slots.iter().enumerate() {
-                    out.push(TensorRef::new(names::slot_variable(&var, kind, k), shape.clone(), slot));
+                    out.push(TensorRef::new(names::slot_variable(var, kind, k), shape.clone(), slot));
                 }
             }
         }
@@ -149,7 +144,7 @@ impl Trainer {
                 .into_iter()
                 .map(|(n, shape)| (n, table_file.to_string(), shape)),
         );
-        let keep = self.plan.keep_checkpoint_max as usize;
+        let keep = self.plan.train.keep_checkpoint_max as usize;
         checkpoint::commit(&self.plan.model_dir, self.step, tmp, &parts, &names, keep)?;
         Ok(())
     }
@@ -176,7 +171,7 @@ impl Trainer {
     /// (others start afresh), and the global step.
     fn restore_tensorflow(&mut self, prefix: &Path) -> anyhow::Result<()> {
         let ckpt = TfCheckpoint::open(prefix)?;
-        let (weights, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, false, &[])?;
+        let (weights, unused) = names::from_tensorflow(&ckpt, &self.model, false, &[])?;
         names::refuse_unused(&ckpt, &unused)?;
         let mut values: BTreeMap<String, Vec<f32>> = weights.into_iter().map(|(k, l)| (k, l.data)).collect();
         // Slots carry TensorFlow's names where its optimizer keeps the same
@@ -213,7 +208,7 @@ impl Trainer {
 
     /// Copies tensors into place by name; with `slots`, optimizer state too.
     fn assign_values(&mut self, mut values: BTreeMap<String, Vec<f32>>, slots: bool) {
-        let dense_kind = self.plan.optimizers[self.assign.dense].kind.clone();
+        let dense_kind = self.plan.train.optimizers[self.assign.dense].kind.clone();
         for s in self.model.params.specs.clone() {
             if let Some(v) = values.remove(&s.name) {
                 self.model.params.values[s.range()].copy_from_slice(&v);
@@ -231,18 +226,17 @@ impl Trainer {
                 self.model.buffers.values[s.range()].copy_from_slice(&v);
             }
         }
-        let vars = self.table_variables();
-        for (t, var) in self.embeddings.tables.iter_mut().zip(vars) {
+        for (t, var) in self.embeddings.tables.iter_mut().zip(&self.model.table_variables) {
             // A whole table, of which a sharded one keeps its own rows.
             let (sharding, dim) = (t.sharding, t.dim);
             let mine = |v: Vec<f32>| -> Vec<f32> { sharding.own_rows(&v, dim) };
-            if let Some(v) = values.remove(&var) {
+            if let Some(v) = values.remove(var) {
                 t.weights = mine(v);
             }
             if slots {
-                let kind = &self.plan.optimizers[t.optimizer].kind;
+                let kind = &self.plan.train.optimizers[t.optimizer].kind;
                 for k in 0..t.state.slots.len() {
-                    if let Some(v) = values.remove(&names::slot_variable(&var, kind, k)) {
+                    if let Some(v) = values.remove(&names::slot_variable(var, kind, k)) {
                         t.state.slots[k] = mine(v);
                     }
                 }
@@ -263,7 +257,7 @@ impl Trainer {
         if let Some(prefix) = checkpoint::tensorflow::find(&dir) {
             // EasyRec's checkpoint: variables (and the var map) by EasyRec's names.
             let ckpt = TfCheckpoint::open(&prefix)?;
-            let (weights, unused) = names::from_tensorflow(&ckpt, &self.plan, &self.model, true, &renames)?;
+            let (weights, unused) = names::from_tensorflow(&ckpt, &self.model, true, &renames)?;
             if !unused.is_empty() {
                 log::warn!(
                     "fine_tune_checkpoint {}: {} weight(s) have no place in this model and are not used: {}",
@@ -315,12 +309,12 @@ impl Trainer {
     /// Names and whole shapes of the tables (and their slots when `slots`).
     fn table_variable_shapes(&self, slots: bool) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
-        for (t, var) in self.embeddings.tables.iter().zip(self.table_variables()) {
+        for (t, var) in self.embeddings.tables.iter().zip(&self.model.table_variables) {
             out.push((var.clone(), vec![t.rows, t.dim]));
             if slots {
-                let kind = &self.plan.optimizers[t.optimizer].kind;
+                let kind = &self.plan.train.optimizers[t.optimizer].kind;
                 for k in 0..slot_names(kind).len() {
-                    out.push((names::slot_variable(&var, kind, k), vec![t.rows, t.dim]));
+                    out.push((names::slot_variable(var, kind, k), vec![t.rows, t.dim]));
                 }
             }
         }

@@ -99,9 +99,7 @@ impl Trainer {
             return Some(s.name.clone());
         }
         let t = self.embeddings.non_finite_table(row_grads)?;
-        crate::model::names::table_variables(&self.plan, &self.model)
-            .into_iter()
-            .nth(t)
+        self.model.table_variables.get(t).cloned()
     }
 
     /// Group input matrices (row-major `[batch, width]`) for a batch, from
@@ -118,9 +116,12 @@ impl Trainer {
     /// the CPU executor.
     pub fn loss_and_grads(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
         let mut rng = self.dropout_rng();
-        let g = self
-            .model
-            .loss_and_grads(inputs, crate::model::Targets::of(batch), &self.plan.tasks, &mut rng);
+        let g = self.model.loss_and_grads(
+            inputs,
+            crate::model::Targets::of(batch),
+            &self.plan.model.tasks,
+            &mut rng,
+        );
         Grads {
             loss: g.loss,
             dense: g.dense,
@@ -135,7 +136,7 @@ impl Trainer {
     fn loss_mass(&self, batch: &Batch) -> f64 {
         match &batch.weights {
             None => batch.examples() as f64,
-            Some(w) if self.plan.tasks.iter().any(|t| t.in_batch()) => w.iter().map(|&x| x as f64).sum(),
+            Some(w) if self.plan.model.tasks.iter().any(|t| t.in_batch()) => w.iter().map(|&x| x as f64).sum(),
             Some(w) => w.iter().filter(|x| **x != 0.0).count() as f64,
         }
     }
@@ -165,6 +166,7 @@ impl Trainer {
         let bn_stats = std::mem::take(&mut ctx.bn_stats);
         let loss = self
             .plan
+            .model
             .tasks
             .iter()
             .filter(|t| t.trained())
@@ -270,7 +272,7 @@ impl Trainer {
 
         // Embedding backward: d loss / d group input, scattered to rows
         // and delivered to the ranks that update them.
-        let emb_reg = self.plan.embedding_regularization;
+        let emb_reg = self.plan.model.embedding_regularization;
         let mut emb_reg_loss = [0.0f64]; // this rank's lookups, then summed
         if emb_reg > 0.0 {
             emb_reg_loss[0] = self
@@ -301,7 +303,7 @@ impl Trainer {
         let n = self.model.params.values.len();
         self.apply_dense(&dense_grad, 0..n, self.step);
         self.embeddings
-            .apply(&row_grads, &self.plan.optimizers, self.step, scale);
+            .apply(&row_grads, &self.plan.train.optimizers, self.step, scale);
         self.check_updated(&row_grads, self.step)?;
         update_bn_buffers(&mut self.model.buffers, bn_stats);
         if ranks > 1 && !self.model.buffers.values.is_empty() {
@@ -324,7 +326,7 @@ impl Trainer {
     /// `dense_grad`; returns their loss.
     pub(super) fn dense_regularization(&self, dense_grad: &mut [f32], rows: f64) -> f64 {
         let mut reg = 0.0f64;
-        let l2 = self.plan.l2_regularization;
+        let l2 = self.plan.model.l2_regularization;
         for spec in &self.model.params.specs {
             if spec.l2 && l2 > 0.0 {
                 let w = &self.model.params.values[spec.range()];
@@ -335,7 +337,7 @@ impl Trainer {
                 reg += 0.5 * l2 as f64 * squared_norm(w);
             }
         }
-        if let Some(vd) = self.plan.variational_dropout {
+        if let Some(vd) = self.plan.model.variational_dropout {
             reg += self.model.dropout_penalty(vd.lambda, rows, dense_grad);
         }
         reg
@@ -344,7 +346,7 @@ impl Trainer {
     /// What gradients of global norm `norm` are multiplied by: below 1
     /// when gradient_clip_norm clips them (tf.clip_by_global_norm).
     pub(super) fn clip_scale(&self, norm: f32) -> f32 {
-        match self.plan.gradient_clip_norm {
+        match self.plan.train.gradient_clip_norm {
             Some(c) if norm > c => c / norm,
             _ => 1.0,
         }
@@ -355,7 +357,7 @@ impl Trainer {
     /// gradient `grad` (aligned with `range`), leaving frozen ones as they
     /// are.
     pub(super) fn apply_dense(&mut self, grad: &[f32], range: std::ops::Range<usize>, step: u64) {
-        let rule = Rule::at(&self.plan.optimizers[self.assign.dense], step);
+        let rule = Rule::at(&self.plan.train.optimizers[self.assign.dense], step);
         let trained: Vec<std::ops::Range<usize>> = if self.frozen.any() {
             self.frozen.trained_ranges(&self.model.params.specs)
         } else {
@@ -430,12 +432,12 @@ impl Trainer {
         }
     }
 
-    /// Each task's predictions for a batch (in `plan.tasks` order). With
+    /// Each task's predictions for a batch (in `plan.model.tasks` order). With
     /// sharded tables this is a collective: every rank must call it.
     /// (Of the batch's examples, not of any sampled items.)
     pub fn score(&self, batch: &Batch) -> Vec<TaskScores> {
         let inputs = self.group_inputs(batch);
-        let mut scores = self.model.scores(&inputs, batch.size, &self.plan.tasks);
+        let mut scores = self.model.scores(&inputs, batch.size, &self.plan.model.tasks);
         for s in &mut scores {
             s.truncate(batch.examples());
         }

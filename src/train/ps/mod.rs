@@ -110,7 +110,7 @@ impl Trainer {
     pub(super) fn run_async(&mut self, after_eval: &mut AfterEval) -> anyhow::Result<RunSummary> {
         let roles = self.ps.clone().expect("asynchronous training has roles");
         let start_step = self.step;
-        let target = self.plan.num_steps.map(u64::from);
+        let target = self.plan.train.num_steps.map(u64::from);
         self.log_banner(target);
         let rank = self.comm.rank();
         if rank == 0 {

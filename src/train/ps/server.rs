@@ -68,7 +68,7 @@ impl Server {
         let rank = t.comm.rank();
         let p = &t.plan;
         // As the synchronous loop: the chief writes them, or fails.
-        let summaries = (rank == 0 && p.save_summary_steps > 0)
+        let summaries = (rank == 0 && p.train.save_summary_steps > 0)
             .then(|| SummaryWriter::create(&p.model_dir))
             .transpose()?;
         Ok(Server {
@@ -80,12 +80,12 @@ impl Server {
             issued: t.step,
             completed: t.step,
             pulled_at: BTreeMap::new(),
-            target: p.num_steps.map(u64::from),
+            target: p.train.num_steps.map(u64::from),
             halt: None,
             last_save: Instant::now(),
             saved_at: t.step,
             started: t.step,
-            signal: StopSignal::new(p),
+            signal: StopSignal::new(&p.train, &p.model_dir),
             stats: Stats {
                 last_loss: f32::NAN,
                 ..Stats::default()
@@ -153,7 +153,7 @@ impl Server {
                     || trained && self.signal.found(self.completed)
                 {
                     self.halt = Some(State::End);
-                } else if self.issued > self.saved_at && t.plan.checkpoints.due(self.issued, self.last_save) {
+                } else if self.issued > self.saved_at && t.plan.train.checkpoints.due(self.issued, self.last_save) {
                     self.halt = Some(State::Pause);
                 }
             }
@@ -225,7 +225,7 @@ impl Server {
                 rg
             })
             .collect();
-        t.embeddings.apply(&row_grads, &t.plan.optimizers, step, 1.0);
+        t.embeddings.apply(&row_grads, &t.plan.train.optimizers, step, 1.0);
         Ok(t.check_updated(&row_grads, step)?)
     }
 
@@ -242,9 +242,9 @@ impl Server {
         s.window_max_staleness = s.window_max_staleness.max(staleness);
         let p = &t.plan;
         let step = self.completed;
-        let lr = p.optimizers[t.assign.dense].lr.at(step);
+        let lr = p.train.optimizers[t.assign.dense].lr.at(step);
         let loss = s.window_loss / s.window_pushes.max(1) as f64;
-        if step.is_multiple_of(p.log_step_count_steps.max(1) as u64) {
+        if step.is_multiple_of(p.train.log_step_count_steps.max(1) as u64) {
             let secs = now.duration_since(start).as_secs_f64().max(1e-9);
             let of = self.target.map(|t| format!("/{t}")).unwrap_or_default();
             log::info!(
@@ -265,7 +265,7 @@ impl Server {
         if let Some(w) = self
             .summaries
             .as_mut()
-            .filter(|_| step.is_multiple_of(p.save_summary_steps.max(1) as u64))
+            .filter(|_| step.is_multiple_of(p.train.save_summary_steps.max(1) as u64))
         {
             let (since, from) = *s.summary_start.get_or_insert((now, step.saturating_sub(1)));
             let steps_per_sec = (step - from) as f64 / now.duration_since(since).as_secs_f64().max(1e-9);

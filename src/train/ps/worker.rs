@@ -47,7 +47,7 @@ impl Worker {
         Ok(Worker {
             index,
             roles: roles.clone(),
-            stream: t.stream(&t.plan.train_paths, true, skip)?,
+            stream: t.stream(&t.plan.data.train_paths, true, skip)?,
             pending: None,
             fetched: Vec::new(),
             done: false,
@@ -170,7 +170,7 @@ impl Worker {
             return nonfinite(format!("the loss is {loss}"));
         }
         let mut reg = t.dense_regularization(&mut dense_grad, batch.examples() as f64);
-        let emb_reg = t.plan.embedding_regularization;
+        let emb_reg = t.plan.model.embedding_regularization;
         if emb_reg > 0.0 {
             reg += t.embeddings.regularize(groups, &inputs, &mut input_grads, emb_reg);
         }
