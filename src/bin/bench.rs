@@ -246,10 +246,7 @@ fn measure_distributed(
 }
 
 fn run(args: &Args) -> anyhow::Result<()> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build_global()
-        .context("cannot size the thread pool")?;
+    rustrec::util::compute_on_this_thread(Some(args.threads)).context("cannot size the thread pool")?;
     std::fs::create_dir_all(&args.data_dir)?;
     let data = args.data_dir.join(format!("criteo_{}_{}.parquet", args.rows, args.cap));
     if args.distributed {

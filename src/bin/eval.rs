@@ -1,5 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    rustrec::cli::main_with(rustrec::cli::commands::eval)
+    rustrec::cli::main_computing(rustrec::cli::commands::eval)
 }

@@ -1,5 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    rustrec::cli::main_with(rustrec::cli::commands::export)
+    rustrec::cli::main_computing(rustrec::cli::commands::export)
 }

@@ -245,6 +245,16 @@ impl ConfigArgs {
     }
 }
 
+/// `main_with` for a binary whose main thread does the computing (training,
+/// evaluation, export, prediction): that thread joins rayon's pool first
+/// (`util::compute_on_this_thread`).
+pub fn main_computing(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitCode {
+    // Nothing ran on the pool yet, so it cannot have been set up; were it,
+    // the binary would work as before, handing work to it.
+    let _ = crate::util::compute_on_this_thread(None);
+    main_with(run)
+}
+
 /// Runs a binary: prints the whole error chain and maps errors to exit codes
 /// (0 ok, 1 user error, 2 internal error). Help and version go to stdout.
 /// A panic is a bug: its message is printed and the exit code is 2.
