@@ -263,44 +263,42 @@ impl ModelKind {
                 | Multimodal
         )
     }
-}
 
-impl ModelKind {
     /// `model_config.model_class`.
     pub fn from_class(class: &str) -> Result<Self, ConfigError> {
         Ok(match class {
-        "WideAndDeep" => ModelKind::WideAndDeep,
-        "DLRM" => ModelKind::Dlrm,
-        "DeepFM" => ModelKind::DeepFm,
-        "FM" => ModelKind::Fm,
-        "AutoInt" => ModelKind::AutoInt,
-        "DCN" => ModelKind::Dcn,
-        "MultiTower" => ModelKind::MultiTower,
-        "MultiTowerDIN" => ModelKind::MultiTowerDin,
-        "MultiTowerBST" => ModelKind::MultiTowerBst,
-        "MMoE" => ModelKind::Mmoe,
-        "ESMM" => ModelKind::Esmm,
-        "DBMTL" => ModelKind::Dbmtl,
-        "SimpleMultiTask" => ModelKind::SimpleMultiTask,
-        "PLE" => ModelKind::Ple,
-        "RankModel" => ModelKind::RankModel,
-        "MultiTaskModel" => ModelKind::MultiTaskModel,
-        // DSSM_SENet is DSSM with a SENet in each tower; DAT is DSSM
-        // with augmented vectors.
-        "DSSM" | "DSSM_SENet" | "DAT" => ModelKind::Dssm,
-        "MIND" => ModelKind::Mind,
-        "DropoutNet" => ModelKind::DropoutNet,
-        "MatchModel" => ModelKind::MatchModel,
-        "RocketLaunching" => ModelKind::RocketLaunching,
-        "CMBF" | "Uniter" => ModelKind::Multimodal,
-        other => {
-            return Err(ConfigError::Unsupported {
-                path: "model_config.model_class".into(),
-                what: format!("model class `{other}`"),
-                hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, MIND, DropoutNet, RocketLaunching, CMBF, Uniter)".into(),
-            })
-        }
-    })
+            "WideAndDeep" => ModelKind::WideAndDeep,
+            "DLRM" => ModelKind::Dlrm,
+            "DeepFM" => ModelKind::DeepFm,
+            "FM" => ModelKind::Fm,
+            "AutoInt" => ModelKind::AutoInt,
+            "DCN" => ModelKind::Dcn,
+            "MultiTower" => ModelKind::MultiTower,
+            "MultiTowerDIN" => ModelKind::MultiTowerDin,
+            "MultiTowerBST" => ModelKind::MultiTowerBst,
+            "MMoE" => ModelKind::Mmoe,
+            "ESMM" => ModelKind::Esmm,
+            "DBMTL" => ModelKind::Dbmtl,
+            "SimpleMultiTask" => ModelKind::SimpleMultiTask,
+            "PLE" => ModelKind::Ple,
+            "RankModel" => ModelKind::RankModel,
+            "MultiTaskModel" => ModelKind::MultiTaskModel,
+            // DSSM_SENet is DSSM with a SENet in each tower; DAT is DSSM
+            // with augmented vectors.
+            "DSSM" | "DSSM_SENet" | "DAT" => ModelKind::Dssm,
+            "MIND" => ModelKind::Mind,
+            "DropoutNet" => ModelKind::DropoutNet,
+            "MatchModel" => ModelKind::MatchModel,
+            "RocketLaunching" => ModelKind::RocketLaunching,
+            "CMBF" | "Uniter" => ModelKind::Multimodal,
+            other => {
+                return Err(ConfigError::Unsupported {
+                    path: "model_config.model_class".into(),
+                    what: format!("model class `{other}`"),
+                    hint: " (supported: WideAndDeep, DLRM, DeepFM, FM, AutoInt, DCN, MultiTower, MultiTowerDIN, MultiTowerBST, MMoE, ESMM, DBMTL, SimpleMultiTask, PLE, RankModel, MultiTaskModel, MatchModel, DSSM, DSSM_SENet, DAT, MIND, DropoutNet, RocketLaunching, CMBF, Uniter)".into(),
+                })
+            }
+        })
     }
 }
 

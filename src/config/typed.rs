@@ -38,7 +38,8 @@ impl TrainingPlan {
             cfg.data_config.as_ref(),
             (cfg.train_path.as_ref(), cfg.eval_path.as_ref()),
         )?;
-        let train = TrainPlan::from_proto(&cfg.train_config.clone().unwrap_or_default())?;
+        let no_train_config = proto::TrainConfig::default();
+        let train = TrainPlan::from_proto(cfg.train_config.as_ref().unwrap_or(&no_train_config))?;
         let eval = EvalPlan::from_proto(cfg.eval_config.as_ref())?;
         let features = FeaturePlan::from_proto(validate::features(cfg), &cfg.model_config)?;
         let model = ModelPlan::from_proto(&cfg.model_config, &features, &data, &eval.metrics)?;

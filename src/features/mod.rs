@@ -490,7 +490,7 @@ impl Encoder {
         }
         Ok(Encoder {
             projection,
-            names: plan.features.iter().map(|f| f.name.clone()).collect(),
+            names: plan.features.names(),
             encs,
             label_cols,
             label_kinds: (0..plan.data.label_fields.len())
