@@ -7,6 +7,7 @@ mod common;
 
 use rustrec::config::{load_pipeline, typed::TrainingPlan};
 use rustrec::features::{Batch, Encoded};
+use rustrec::model::exec::burn::Burn;
 use rustrec::train::Trainer;
 use rustrec::util::Rng;
 
@@ -1054,7 +1055,7 @@ fn cpu_executor_matches_burns_reference() {
         let batch = first_batch(&t);
         let inputs = t.group_inputs(&batch);
         let fast = t.loss_and_grads(&batch, &inputs);
-        let graph = t.loss_and_grads_graph(&batch, &inputs);
+        let graph = t.loss_and_grads_with(&Burn::reference(), &batch, &inputs);
         let near = |a: f32, b: f32| (a - b).abs() <= 1e-6 + 1e-4 * b.abs();
         assert!(
             near(fast.loss, graph.loss),
@@ -1761,7 +1762,7 @@ fn matches_reference(t: &Trainer) -> (Batch, Vec<Vec<f32>>, rustrec::train::step
     let batch = first_batch(t);
     let inputs = t.group_inputs(&batch);
     let fast = t.loss_and_grads(&batch, &inputs);
-    let graph = t.loss_and_grads_graph(&batch, &inputs);
+    let graph = t.loss_and_grads_with(&Burn::reference(), &batch, &inputs);
     let near = |a: f32, b: f32| (a - b).abs() <= 1e-6 + 1e-4 * b.abs();
     assert!(near(fast.loss, graph.loss), "loss {} vs {}", fast.loss, graph.loss);
     for (i, (a, b)) in fast.dense.iter().zip(&graph.dense).enumerate() {

@@ -10,6 +10,7 @@ use clap::Parser;
 
 use super::{
     parse_with_extend_args, EvalArgs, ExportArgs, InspectArgs, PredictArgs, ServeArgs, TrainEvalArgs, UserError,
+    UserFault,
 };
 use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
@@ -79,7 +80,7 @@ fn train_on(
     // Built (and its export options checked) before anyone trains; rank 0 exports.
     let mut exporter =
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
-    let mut trainer = Trainer::with_roles(plan, comm.clone(), &opts.ps).map_err(|e| UserError(format!("{e:#}")))?;
+    let mut trainer = Trainer::with_roles(plan, comm.clone(), &opts.ps).map_err(UserFault)?;
     trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
     trainer.straggler = opts.straggler;
     // Rank 0 holds the model_dir's lock for the whole job; under the lock,
@@ -209,7 +210,7 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let comm = dist::init()?;
     let run = || -> anyhow::Result<()> {
         agree_on_config(&*comm, &loaded)?;
-        let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(|e| UserError(format!("{e:#}")))?;
+        let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(UserFault)?;
         trainer.restore(&ckpt)?;
         trainer.eval_and_report(&eval_paths, &model_dir.join(&args.eval_result_path))?;
         Ok(())
@@ -269,7 +270,7 @@ fn resolved(path: &Path) -> PathBuf {
 /// input file, the config, or a file of the export.
 fn check_predict_output(args: &PredictArgs) -> anyhow::Result<()> {
     let out = resolved(&args.output_path);
-    let inputs = crate::data::expand_paths(&args.input_path).map_err(|e| UserError(format!("{e:#}")))?;
+    let inputs = crate::data::expand_paths(&args.input_path)?;
     let read: Vec<PathBuf> = inputs
         .iter()
         .map(|p| resolved(p))
@@ -308,7 +309,7 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
                 )
                 .into());
             }
-            let model = crate::export::runtime::ExportedModel::load(dir).map_err(|e| UserError(format!("{e:#}")))?;
+            let model = crate::export::runtime::ExportedModel::load(dir).map_err(UserFault)?;
             Scorer::Export(Box::new(model))
         }
         (None, Some(config)) => {
@@ -321,7 +322,7 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
             let loaded = load_pipeline(config, &overrides)?;
             let plan = TrainingPlan::from_config(&loaded.config)?;
             let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to score with")?;
-            let bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(|e| UserError(format!("{e:#}")))?;
+            let bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(UserFault)?;
             Scorer::Checkpoint(Box::new(bundle))
         }
         _ => return Err(UserError("pass exactly one of --saved_model_dir and --pipeline_config_path".into()).into()),

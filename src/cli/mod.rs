@@ -16,6 +16,24 @@ use crate::config::{overrides, ConfigError, Overrides};
 #[error("{0}")]
 pub struct UserError(pub String);
 
+/// An error of a step whose every failure is the user's to fix (setting
+/// up a job from a checked config, loading what they named): exit code 1,
+/// its message and its whole cause chain kept as they are.
+#[derive(Debug)]
+pub struct UserFault(pub anyhow::Error);
+
+impl std::fmt::Display for UserFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for UserFault {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 /// Flags shared by all binaries that read a pipeline config.
 #[derive(Debug, Clone, clap::Args)]
 #[command(rename_all = "snake_case")]
@@ -297,6 +315,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     let users_fault = err.chain().any(|e| {
         e.is::<ConfigError>()
             || e.is::<UserError>()
+            || e.is::<UserFault>()
             || e.is::<crate::data::DataError>()
             || e.is::<crate::checkpoint::Unusable>()
             || e.is::<crate::train::step::Diverged>()

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use super::model_plan::{self, Activation};
+use super::model::layers::{self, Activation};
 use super::{proto, validate, ConfigError};
 use proto::feature_config::FeatureType;
 
@@ -269,12 +269,12 @@ fn seq_combiner(c: &proto::SequenceCombiner, path: &str, max_len: usize) -> Resu
                 p => p,
             };
             let (filter_sizes, num_filters) =
-                super::backbone::text_cnn_filters(&t.filter_sizes, &t.num_filters, pad, &path)?;
+                super::model::backbone::text_cnn_filters(&t.filter_sizes, &t.num_filters, pad, &path)?;
             Some(SeqCombiner::TextCnn {
                 filter_sizes,
                 num_filters,
                 pad,
-                activation: model_plan::activation(t.activation(), &format!("{path}.activation"))?,
+                activation: layers::activation(t.activation(), &format!("{path}.activation"))?,
             })
         }
     })

@@ -1,23 +1,17 @@
 //! Pipeline config: text proto / JSON -> `DynamicMessage` -> overrides ->
 //! structural validation -> prost structs -> typed, trainer-ready values.
 
-pub mod arch;
-pub mod backbone;
 pub mod data_plan;
 pub mod edit;
 pub mod eval_plan;
 pub mod export_plan;
 pub mod feature_plan;
-pub mod groups;
 pub mod loader;
-pub mod mind;
-pub mod model_plan;
-pub mod multimodal;
+pub mod model;
 pub mod overrides;
 pub mod reflect;
 pub mod sizes;
 pub mod suggest;
-pub mod tasks;
 pub mod text_format;
 pub mod train_plan;
 pub mod typed;

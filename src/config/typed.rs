@@ -11,8 +11,8 @@ use super::data_plan::DataPlan;
 use super::eval_plan::EvalPlan;
 use super::export_plan::ExportPlan;
 use super::feature_plan::{FeatureKind, FeaturePlan};
-use super::model_plan::{Arch, ModelKind, ModelPlan};
-use super::tasks::Task;
+use super::model::tasks::Task;
+use super::model::{Arch, ModelKind, ModelPlan};
 use super::train_plan::{OptimizerSpec, TrainPlan};
 use super::{proto, validate, ConfigError};
 

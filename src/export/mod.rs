@@ -1,4 +1,4 @@
-//! Export for serving: the model as ONNX (`graph`, `onnx`) with the assets a
+//! Export for serving: the model as ONNX (`model::exec::onnx`) with the assets a
 //! serving system needs (`spec`), the exporters train_eval runs
 //! (`exporter`), and loading an export back to score data (`runtime`).
 //!
@@ -8,8 +8,6 @@
 //! asset_files. It is written under a hidden name and renamed into place.
 
 pub mod exporter;
-pub mod graph;
-pub mod onnx;
 pub mod runtime;
 pub mod spec;
 
@@ -20,6 +18,7 @@ use serde_json::json;
 
 use crate::config::typed::TrainingPlan;
 use crate::inference::Bundle;
+use crate::model::exec::onnx::{self as graph, proto as onnx};
 
 pub const MODEL_FILE: &str = "model.onnx";
 pub const DATA_FILE: &str = "model.onnx.data";

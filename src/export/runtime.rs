@@ -259,7 +259,7 @@ impl ExportedModel {
     /// probabilities (classification) or values (regression), and logits.
     pub fn score(&self, batch: &Batch) -> anyhow::Result<Vec<TaskScores>> {
         // Per task, its logits, its scores and ZILN's values (see
-        // `export::graph`).
+        // `model::exec::onnx`).
         let mut out = self.outputs(batch)?.into_iter();
         self.plan
             .model

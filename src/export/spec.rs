@@ -3,10 +3,10 @@
 
 use serde_json::{json, Value};
 
-use super::graph::{FeatureInput, InputKind};
 use crate::config::data_plan::DataPlan;
 use crate::config::feature_plan::{Bucketing, FeatureKind};
 use crate::config::typed::TrainingPlan;
+use crate::model::exec::onnx::{FeatureInput, InputKind};
 
 /// The id hash, as TensorFlow's string_to_hash_bucket_fast computes it.
 pub const HASH_NAME: &str = "farmhash_fingerprint64";

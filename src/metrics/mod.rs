@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::eval_plan::Metric;
-use crate::config::tasks::Task;
+use crate::config::model::tasks::Task;
 
 /// EasyRec's `max_f1`: the largest F1 of "logit > t" over its thresholds
 /// t = -1e-7, 1/199, ..., 198/199, 1 + 1e-7 (EasyRec compares the logits,
@@ -234,7 +234,7 @@ impl EvalState {
         for m in metrics {
             let v = match m {
                 Metric::Accuracy => {
-                    let best = rows.clone().map(crate::model::kernels::argmax);
+                    let best = rows.clone().map(crate::model::exec::cpu::kernels::argmax);
                     best.zip(&self.labels).filter(|(b, y)| *b == **y as usize).count() as f64 / n
                 }
                 Metric::RecallAtTopK { k } => share(&|a| a < *k),
@@ -304,7 +304,7 @@ mod tests {
     fn a_multi_class_task_reports_accuracy_and_recall_at_k() {
         let task = Task {
             metrics: vec![Metric::Accuracy, Metric::RecallAtTopK { k: 2 }],
-            ..Task::on_label("", 0, crate::config::tasks::LossKind::MultiClass { classes: 3 })
+            ..Task::on_label("", 0, crate::config::model::tasks::LossKind::MultiClass { classes: 3 })
         };
         let st = EvalState {
             preds: vec![0.7, 0.2, 0.1, 0.1, 0.3, 0.6, 0.5, 0.4, 0.1],
@@ -322,7 +322,7 @@ mod tests {
     fn penalties_join_the_eval_loss() {
         let task = |name: &str| Task {
             weight: 2.0,
-            ..Task::on_label(name, 0, crate::config::tasks::LossKind::BinaryClassification)
+            ..Task::on_label(name, 0, crate::config::model::tasks::LossKind::BinaryClassification)
         };
         let state = |l: f64| EvalState {
             preds: vec![0.5],

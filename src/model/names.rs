@@ -16,7 +16,7 @@ use super::{builders, GroupLayout, Model, ParamSpec, TableSpec};
 use crate::checkpoint::tensorflow::TfCheckpoint;
 use crate::checkpoint::{Loaded, Unusable};
 use crate::config::feature_plan::FeatureSpec;
-use crate::config::model_plan::Arch;
+use crate::config::model::Arch;
 use crate::config::train_plan::OptimizerKind;
 use crate::optim::{slot_names, tf_slot_names};
 

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use crate::config::model_plan::ModelKind;
+use crate::config::model::ModelKind;
 use crate::config::train_plan::{OptimizerKind, OptimizerSpec};
 
 /// Which optimizer (index into `train_config.optimizer_config`) updates what.

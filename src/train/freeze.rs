@@ -10,7 +10,7 @@ use std::ops::Range;
 use regex::Regex;
 
 use crate::embedding::RowGrads;
-use crate::model::params::ParamSpec;
+use crate::model::ParamSpec;
 
 /// Which variables are frozen.
 #[derive(Debug, Clone, Default, PartialEq)]

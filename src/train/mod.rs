@@ -1,6 +1,7 @@
 //! Training: the trainer state (tables, dense model, optimizer slots, global
 //! step), its checkpoints, evaluation, and the step loop.
 
+pub mod dense;
 pub mod freeze;
 pub mod ps;
 pub mod run;
@@ -10,7 +11,6 @@ pub mod step;
 use std::rc::Rc;
 
 use anyhow::Context;
-use burn::tensor::Device;
 
 use crate::config::data_plan::InputFormat;
 use crate::config::train_plan::Strategy;
@@ -23,7 +23,7 @@ use crate::embedding::{Collection, Sharding, Table};
 use crate::features::{Batch, Encoder};
 use crate::metrics::EvalState;
 use crate::model::Model;
-use crate::optim::{Assignment, SlotState};
+use crate::optim::Assignment;
 
 pub use step::StepStats;
 
@@ -37,7 +37,8 @@ pub struct Trainer {
     pub model: Model,
     /// The embedding tables and how they are placed on the ranks.
     pub embeddings: Collection,
-    pub dense_state: SlotState,
+    /// The dense parameters' optimizer state (the parameters are the model's).
+    pub dense: dense::Dense,
     pub assign: Assignment,
     /// Global step: batches trained so far.
     pub step: u64,
@@ -47,8 +48,6 @@ pub struct Trainer {
     /// Batches skipped so far in this run.
     pub skipped_batches: u64,
     pub seed: u64,
-    /// Where burn's reference executor runs (tests' oracle).
-    pub reference_device: Device,
     /// The other ranks of a distributed job (a single process alone).
     pub comm: Rc<dyn Communicator>,
     /// Draws the negatives appended to training and evaluation batches.
@@ -150,7 +149,7 @@ impl Trainer {
                 )
             })
             .collect();
-        let dense_state = SlotState::new(&plan.train.optimizers[assign.dense].kind, model.params.values.len());
+        let dense = dense::Dense::new(&plan.train.optimizers, assign.dense, model.params.values.len());
         let embeddings = Collection::new(tables, sharding);
         let sampler = plan
             .data
@@ -165,13 +164,12 @@ impl Trainer {
             enc,
             model,
             embeddings,
-            dense_state,
+            dense,
             assign,
             step: 0,
             skip_nonfinite_batches: 0,
             skipped_batches: 0,
             seed,
-            reference_device: Device::flex().autodiff(),
             comm,
             sampler,
             ps: roles,

@@ -26,7 +26,7 @@ impl Trainer {
                 &self.model.params.values[s.range()],
             ));
             if slots {
-                for (k, slot) in self.dense_state.slots.iter().enumerate() {
+                for (k, slot) in self.dense.slots.slots.iter().enumerate() {
                     out.push(TensorRef::new(
                         names::slot_variable(&s.name, kind, k),
                         shape.clone(),
@@ -214,9 +214,9 @@ impl Trainer {
                 self.model.params.values[s.range()].copy_from_slice(&v);
             }
             if slots {
-                for k in 0..self.dense_state.slots.len() {
+                for k in 0..self.dense.slots.slots.len() {
                     if let Some(v) = values.remove(&names::slot_variable(&s.name, &dense_kind, k)) {
-                        self.dense_state.slots[k][s.range()].copy_from_slice(&v);
+                        self.dense.slots.slots[k][s.range()].copy_from_slice(&v);
                     }
                 }
             }

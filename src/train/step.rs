@@ -1,18 +1,16 @@
 //! One training step and one inference pass. A step reads: embedding
-//! forward (group inputs), dense forward and backward on the CPU executor,
+//! forward (group inputs), dense forward and backward on the model's executor,
 //! dense all-reduce, embedding backward (row gradients to their updaters),
 //! clipping, then every optimizer.
 
-use burn::tensor::{Device, Tensor, TensorData};
 use rayon::prelude::*;
 
+use super::dense::{squared_norm, Exchange};
 use super::Trainer;
+use crate::embedding::RowGrads;
 use crate::features::Batch;
 use crate::model::graph::{update_bn_buffers, BnStats};
-use crate::model::params::to_vec;
-use crate::model::reference::{self, task_loss_of, Ctx};
-use crate::model::TaskScores;
-use crate::optim::Rule;
+use crate::model::{Executor, TaskScores};
 use crate::util::Rng;
 
 /// Loss and gradients of one batch (see `Trainer::loss_and_grads`).
@@ -33,6 +31,22 @@ pub struct Diverged {
     pub what: String,
 }
 
+/// A batch's gradients from `Trainer::gradients`, ready to apply or push.
+pub struct StepGrads {
+    /// The batch's mean loss (over the ranks' batches), unregularized.
+    pub loss: f32,
+    /// The regularizers' loss.
+    pub reg: f64,
+    /// The dense gradient, summed over the ranks and clipped.
+    pub dense: Vec<f32>,
+    /// Each table's row gradients, before clipping.
+    pub rows: Vec<RowGrads>,
+    pub norm: f32,
+    /// What clipping multiplies the gradients by.
+    pub scale: f32,
+    pub bn_stats: Vec<BnStats>,
+}
+
 /// What a training step reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepStats {
@@ -42,22 +56,6 @@ pub struct StepStats {
     /// The batch's loss or gradient was not finite and its update was not
     /// applied (`Trainer::skip_nonfinite_batches`).
     pub skipped: bool,
-}
-
-fn input_tensors(t: &Trainer, inputs: &[Vec<f32>], b: usize, device: &Device, track: bool) -> Vec<Tensor<2>> {
-    t.model
-        .groups
-        .iter()
-        .zip(inputs)
-        .map(|(g, buf)| {
-            let x = Tensor::<2>::from_data(TensorData::new(buf.clone(), [b, g.width]), device);
-            if track && g.embedded() {
-                x.require_grad()
-            } else {
-                x
-            }
-        })
-        .collect()
 }
 
 /// What is not finite of a step's gradient norm and regularization loss.
@@ -73,20 +71,10 @@ pub(super) fn non_finite_gradient(norm: f32, reg: f64) -> Option<String> {
     }
 }
 
-/// Sum of squares in f64, over fixed chunks in parallel (so the result
-/// does not depend on the thread count).
-pub(super) fn squared_norm(x: &[f32]) -> f64 {
-    let parts: Vec<f64> = x
-        .par_chunks(1 << 15)
-        .map(|c| c.iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>())
-        .collect();
-    parts.iter().sum()
-}
-
 impl Trainer {
     /// The name of a dense parameter, or of a table with a touched row,
     /// that holds a non-finite value.
-    fn non_finite_parameter(&self, row_grads: &[crate::embedding::RowGrads]) -> Option<String> {
+    fn non_finite_parameter(&self, row_grads: &[RowGrads]) -> Option<String> {
         let p = &self.model.params;
         // A fold per block rather than a short-circuiting `all`, which
         // stays scalar: blocks of 16k values keep the early exit coarse.
@@ -113,21 +101,9 @@ impl Trainer {
     /// parameter (flat, in `ParamStore` layout) and every group input matrix,
     /// without regularisation and without changing any state. Training-mode
     /// forward (batch statistics, dropout seeded by the global step), on
-    /// the CPU executor.
+    /// the model's executor.
     pub fn loss_and_grads(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
-        let mut rng = self.dropout_rng();
-        let g = self.model.loss_and_grads(
-            inputs,
-            crate::model::Targets::of(batch),
-            &self.plan.model.tasks,
-            &mut rng,
-        );
-        Grads {
-            loss: g.loss,
-            dense: g.dense,
-            inputs: g.inputs,
-            bn_stats: g.bn_stats,
-        }
+        self.loss_and_grads_with(&*self.model.exec, batch, inputs)
     }
 
     /// What the batch's mean loss divides by: its examples, or with sample
@@ -146,103 +122,44 @@ impl Trainer {
         Rng::new(self.seed ^ crate::util::mix64(self.step + 1))
     }
 
-    /// `loss_and_grads` through burn's autodiff on the reference executor:
-    /// the oracle of the CPU executor's backward.
-    pub fn loss_and_grads_graph(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
-        let b = batch.size;
-        let device = self.reference_device.clone();
-        let params = self.model.params.tensors(&device, true);
-        let xs = input_tensors(self, inputs, b, &device, true);
-        let mut ctx = Ctx {
-            p: &params,
-            buffers: &self.model.buffers,
-            training: true,
-            device: &device,
-            rng: self.dropout_rng(),
-            bn_stats: Vec::new(),
-            examples: batch.examples(),
-        };
-        let values = reference::forward(&self.model.graph, &mut ctx, &xs);
-        let bn_stats = std::mem::take(&mut ctx.bn_stats);
-        let loss = self
-            .plan
+    /// `loss_and_grads` on another executor than the model's: tests hold
+    /// the CPU executor to burn's reference this way.
+    pub fn loss_and_grads_with(&self, exec: &dyn Executor, batch: &Batch, inputs: &[Vec<f32>]) -> Grads {
+        let mut rng = self.dropout_rng();
+        let targets = crate::model::Targets::of(batch);
+        let g = self
             .model
-            .tasks
-            .iter()
-            .filter(|t| t.trained())
-            .map(|t| {
-                if t.in_batch() {
-                    let [us, v, u] = self.model.tower_outputs().map(|n| values[n.0].clone());
-                    let targets = crate::model::Targets::of(batch);
-                    let ignore = t.loss.ignores_in_batch();
-                    return reference::in_batch_loss_of((us, v, u), targets, ignore).mul_scalar(t.weight);
-                }
-                let out = self
-                    .model
-                    .graph
-                    .output_node(&t.output())
-                    .expect("every task has an output");
-                let logits = values[out.0].clone();
-                let main = match &batch.weights {
-                    Some(w) => reference::weighted_loss_of(t.loss, logits.clone(), &batch.labels[t.label], w),
-                    None => task_loss_of(
-                        t,
-                        logits.clone(),
-                        &batch.labels[t.label],
-                        batch.uids.as_deref().unwrap_or_default(),
-                    ),
-                }
-                .mul_scalar(t.weight);
-                t.kd.iter().fold(main, |acc, kd| {
-                    acc + reference::kd_loss_of(kd, logits.clone(), &batch.labels[kd.label])
-                })
-            })
-            .chain(self.model.graph.penalties.iter().map(|p| {
-                // Penalties read the examples' rows, not sampled items'.
-                let examples = values[p.node.0].clone().narrow(0, 0, batch.examples());
-                reference::penalty_of(p, examples, batch.weights.as_deref())
-            }))
-            .reduce(|a, c| a + c)
-            .expect("a model has a task");
-        let grads = loss.backward();
-        let mut dense = vec![0.0f32; self.model.params.values.len()];
-        for (spec, p) in self.model.params.specs.iter().zip(&params) {
-            if let Some(pg) = p.grad(&grads) {
-                dense[spec.range()].copy_from_slice(&to_vec(pg));
-            }
-        }
-        let inputs = self
-            .model
-            .groups
-            .iter()
-            .zip(&xs)
-            .map(|(g, x)| x.grad(&grads).map_or_else(|| vec![0.0; b * g.width], to_vec))
-            .collect();
+            .loss_and_grads_on(exec, inputs, (targets, &self.plan.model.tasks), &mut rng);
         Grads {
-            loss: to_vec(loss)[0],
-            dense,
-            inputs,
-            bn_stats,
+            loss: g.loss,
+            dense: g.dense,
+            inputs: g.inputs,
+            bn_stats: g.bn_stats,
         }
     }
 
-    /// Trains on one batch at the current global step, then advances it.
+    /// The middle of a training step, the same for a synchronous step and
+    /// a parameter-server worker (`ex` says which): the batch's loss and
+    /// gradients on the model's executor, summed over the ranks, the dense
+    /// and embedding regularizers added, the row gradients delivered where
+    /// they are applied, frozen variables cleared and the dense gradient
+    /// clipped by the global norm (the rows are scaled by `scale` when
+    /// applied). `Err` names what is not finite.
     ///
     /// On several ranks each one holds a slice of the global batch. Its mean
     /// loss is weighted by its share of the rows, so the summed gradients
     /// are those of the mean loss over the whole global batch, as one
     /// process computes them.
-    pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+    pub(super) fn gradients(&self, batch: &Batch, inputs: &[Vec<f32>], ex: Exchange) -> Result<StepGrads, String> {
         let b = batch.examples();
-        let ranks = self.comm.size();
-        let inputs = self.group_inputs(batch);
+        let groups = &self.model.groups;
         let Grads {
             loss: local_loss,
             dense: mut dense_grad,
             inputs: mut input_grads,
             bn_stats,
         } = if b > 0 {
-            self.loss_and_grads(batch, &inputs)
+            self.loss_and_grads(batch, inputs)
         } else {
             Grads {
                 loss: 0.0,
@@ -253,127 +170,101 @@ impl Trainer {
         };
         let mass = self.loss_mass(batch);
         let mut totals = [mass, local_loss as f64 * mass, b as f64];
-        self.comm.all_reduce_sum(&mut totals);
+        ex.sum(&mut totals);
         let global_mass = totals[0].max(f64::MIN_POSITIVE);
         let global_rows = totals[2].max(1.0);
-        let loss_value = (totals[1] / global_mass) as f32;
-        if ranks > 1 {
+        let loss = (totals[1] / global_mass) as f32;
+        if ex.ranks() > 1 {
             let share = (mass / global_mass) as f32;
             dense_grad.iter_mut().for_each(|g| *g *= share);
-            self.comm.all_reduce_sum_f32(&mut dense_grad);
+            ex.sum_f32(&mut dense_grad);
             for gin in &mut input_grads {
                 gin.iter_mut().for_each(|g| *g *= share);
             }
         }
-        if !loss_value.is_finite() {
-            return self.skip_or_stop(format!("the loss is {loss_value}"));
+        if !loss.is_finite() {
+            return Err(format!("the loss is {loss}"));
         }
-        let mut reg = self.dense_regularization(&mut dense_grad, global_rows); // identical on every rank
+        // Identical on every rank: the dense gradient is summed already.
+        let mut reg = self
+            .dense
+            .regularize(&self.model, &self.plan.model, &mut dense_grad, global_rows);
 
         // Embedding backward: d loss / d group input, scattered to rows
         // and delivered to the ranks that update them.
         let emb_reg = self.plan.model.embedding_regularization;
         let mut emb_reg_loss = [0.0f64]; // this rank's lookups, then summed
         if emb_reg > 0.0 {
-            emb_reg_loss[0] = self
-                .embeddings
-                .regularize(&self.model.groups, &inputs, &mut input_grads, emb_reg);
+            emb_reg_loss[0] = self.embeddings.regularize(groups, inputs, &mut input_grads, emb_reg);
         }
-        let mut row_grads = self
-            .embeddings
-            .backward(&self.model.groups, batch, &input_grads, &*self.comm);
+        let mut rows = ex.rows(&self.embeddings, (groups, batch), &input_grads);
         if self.frozen.any() {
-            self.frozen
-                .clear(&self.model.params.specs, &mut dense_grad, &mut row_grads);
+            self.frozen.clear(&self.model.params.specs, &mut dense_grad, &mut rows);
         }
 
         // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
-        let table_sq = self.embeddings.squared_norm(&row_grads, &*self.comm);
-        self.comm.all_reduce_sum(&mut emb_reg_loss);
+        let table_sq = ex.rows_squared_norm(&self.embeddings, &rows);
+        ex.sum(&mut emb_reg_loss);
         reg += emb_reg_loss[0];
-        let sq: f64 = squared_norm(&dense_grad) + table_sq;
-        let norm = sq.sqrt() as f32;
+        let norm = (squared_norm(&dense_grad) + table_sq).sqrt() as f32;
         if let Some(what) = non_finite_gradient(norm, reg) {
-            return self.skip_or_stop(what);
+            return Err(what);
         }
         let scale = self.clip_scale(norm);
         if scale != 1.0 {
             dense_grad.iter_mut().for_each(|g| *g *= scale);
         }
+        Ok(StepGrads {
+            loss,
+            reg,
+            dense: dense_grad,
+            rows,
+            norm,
+            scale,
+            bn_stats,
+        })
+    }
+
+    /// Trains on one batch at the current global step, then advances it.
+    /// A collective on several ranks (`gradients`).
+    pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        let inputs = self.group_inputs(batch);
+        let g = match self.gradients(batch, &inputs, Exchange::Collective(&*self.comm)) {
+            Ok(g) => g,
+            Err(what) => return self.skip_or_stop(what),
+        };
         let n = self.model.params.values.len();
-        self.apply_dense(&dense_grad, 0..n, self.step);
-        self.embeddings
-            .apply(&row_grads, &self.plan.train.optimizers, self.step, scale);
-        self.check_updated(&row_grads, self.step)?;
-        update_bn_buffers(&mut self.model.buffers, bn_stats);
-        if ranks > 1 && !self.model.buffers.values.is_empty() {
+        let optimizers = &self.plan.train.optimizers;
+        self.dense.apply(
+            &mut self.model.params,
+            (&g.dense, 0..n),
+            optimizers,
+            (self.step, &self.frozen),
+        );
+        self.embeddings.apply(&g.rows, optimizers, self.step, g.scale);
+        self.check_updated(&g.rows, self.step)?;
+        update_bn_buffers(&mut self.model.buffers, g.bn_stats);
+        if self.comm.size() > 1 && !self.model.buffers.values.is_empty() {
             // Moving averages saw each rank's own rows: keep replicas equal.
             self.comm.all_reduce_sum_f32(&mut self.model.buffers.values);
-            let n = ranks as f32;
+            let n = self.comm.size() as f32;
             self.model.buffers.values.iter_mut().for_each(|v| *v /= n);
         }
         self.step += 1;
         Ok(StepStats {
-            loss: loss_value + reg as f32,
-            reg_loss: reg as f32,
-            grad_norm: norm,
+            loss: g.loss + g.reg as f32,
+            reg_loss: g.reg as f32,
+            grad_norm: g.norm,
             skipped: false,
         })
     }
 
-    /// Adds the dense regularizers (l2_regularization on the weights that
-    /// take it, variational dropout's penalty over `rows` examples) to
-    /// `dense_grad`; returns their loss.
-    pub(super) fn dense_regularization(&self, dense_grad: &mut [f32], rows: f64) -> f64 {
-        let mut reg = 0.0f64;
-        let l2 = self.plan.model.l2_regularization;
-        for spec in &self.model.params.specs {
-            if spec.l2 && l2 > 0.0 {
-                let w = &self.model.params.values[spec.range()];
-                dense_grad[spec.range()]
-                    .par_iter_mut()
-                    .zip(w)
-                    .for_each(|(g, w)| *g += l2 * w);
-                reg += 0.5 * l2 as f64 * squared_norm(w);
-            }
-        }
-        if let Some(vd) = self.plan.model.variational_dropout {
-            reg += self.model.dropout_penalty(vd.lambda, rows, dense_grad);
-        }
-        reg
-    }
-
     /// What gradients of global norm `norm` are multiplied by: below 1
     /// when gradient_clip_norm clips them (tf.clip_by_global_norm).
-    pub(super) fn clip_scale(&self, norm: f32) -> f32 {
+    fn clip_scale(&self, norm: f32) -> f32 {
         match self.plan.train.gradient_clip_norm {
             Some(c) if norm > c => c / norm,
             _ => 1.0,
-        }
-    }
-
-    /// The dense optimizer's update at global step `step` of the
-    /// parameters in `range` (flat `ParamStore` indices) from their
-    /// gradient `grad` (aligned with `range`), leaving frozen ones as they
-    /// are.
-    pub(super) fn apply_dense(&mut self, grad: &[f32], range: std::ops::Range<usize>, step: u64) {
-        let rule = Rule::at(&self.plan.train.optimizers[self.assign.dense], step);
-        let trained: Vec<std::ops::Range<usize>> = if self.frozen.any() {
-            self.frozen.trained_ranges(&self.model.params.specs)
-        } else {
-            std::iter::once(0..self.model.params.values.len()).collect()
-        };
-        for r in trained {
-            let (lo, hi) = (r.start.max(range.start), r.end.min(range.end));
-            if lo >= hi {
-                continue;
-            }
-            let slots = self.dense_state.view(lo..hi);
-            rule.apply_parallel(
-                &mut self.model.params.values[lo..hi],
-                &grad[lo - range.start..hi - range.start],
-                slots,
-            );
         }
     }
 
@@ -422,7 +313,7 @@ impl Trainer {
 
     /// The run diverged when a dense parameter, or a row `row_grads`
     /// touched, is no longer finite after the update of step `step`.
-    pub(super) fn check_updated(&self, row_grads: &[crate::embedding::RowGrads], step: u64) -> Result<(), Diverged> {
+    pub(super) fn check_updated(&self, row_grads: &[RowGrads], step: u64) -> Result<(), Diverged> {
         match self.non_finite_parameter(row_grads) {
             Some(name) => Err(Diverged {
                 step,

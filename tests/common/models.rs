@@ -319,6 +319,20 @@ pub const MODELS: &[(&str, &str)] = &[
   dlrm { bot_dnn { hidden_units: [8, 4] } top_dnn { hidden_units: [8] } arch_with_dense_feature: true } }"#,
     ),
     (
+        "WideAndDeep+elu,selu",
+        r#"model_config { model_class: "WideAndDeep"
+  feature_groups { group_name: "wide" feature_names: ["c1", "c2"] wide_deep: WIDE }
+  feature_groups { group_name: "deep" feature_names: ["d1", "c1", "c3"] wide_deep: DEEP }
+  wide_and_deep { dnn { hidden_units: [8] activation: "tf.nn.elu" } final_dnn { hidden_units: [4] activation: "selu" } } }"#,
+    ),
+    (
+        "DLRM+softplus",
+        r#"model_config { model_class: "DLRM"
+  feature_groups { group_name: "dense" feature_names: ["d1"] }
+  feature_groups { group_name: "sparse" feature_names: ["c1", "c2", "c3"] }
+  dlrm { bot_dnn { hidden_units: [4] activation: "tf.nn.softplus" } top_dnn { hidden_units: [8] } } }"#,
+    ),
+    (
         "DLRM+cat",
         r#"model_config { model_class: "DLRM"
   feature_groups { group_name: "dense" feature_names: ["d1"] }

@@ -194,8 +194,8 @@ impl Trainer {
             0..0
         };
         self.model.params.values = comm.all_gather_f32(&self.model.params.values[own.clone()]).concat();
-        for k in 0..self.dense_state.slots.len() {
-            self.dense_state.slots[k] = comm.all_gather_f32(&self.dense_state.slots[k][own.clone()]).concat();
+        for k in 0..self.dense.slots.slots.len() {
+            self.dense.slots.slots[k] = comm.all_gather_f32(&self.dense.slots.slots[k][own.clone()]).concat();
         }
         if !self.model.buffers.values.is_empty() {
             // Each worker's moving averages saw its own batches: average them.

@@ -211,7 +211,13 @@ impl Server {
 
     /// Applies this server's part of a push at global step `step`.
     fn apply(&mut self, t: &mut Trainer, push: &wire::Push, step: u64) -> anyhow::Result<()> {
-        t.apply_dense(&push.dense, self.dense.clone(), step);
+        let optimizers = &t.plan.train.optimizers;
+        t.dense.apply(
+            &mut t.model.params,
+            (&push.dense, self.dense.clone()),
+            optimizers,
+            (step, &t.frozen),
+        );
         let row_grads: Vec<RowGrads> = t
             .embeddings
             .tables

@@ -12,7 +12,7 @@ use crate::data::Prefetch;
 use crate::embedding::{FetchedRows, RowGrads};
 use crate::features::Batch;
 use crate::model::graph::update_bn_buffers;
-use crate::train::step::{non_finite_gradient, squared_norm, Grads};
+use crate::train::dense::Exchange;
 use crate::train::Trainer;
 
 pub(super) struct Worker {
@@ -149,52 +149,32 @@ impl Worker {
     }
 
     /// The batch's loss and its gradients, regularized and clipped as the
-    /// synchronous step does, over this worker's batch alone; its batch-norm
-    /// statistics go into this worker's moving averages.
+    /// synchronous step does (`Trainer::gradients`), over this worker's
+    /// batch alone; its batch-norm statistics go into this worker's moving
+    /// averages.
     fn compute(&mut self, t: &mut Trainer, batch: &Batch) -> Computed {
-        let groups = &t.model.groups;
-        let inputs = t.embeddings.forward_from(groups, batch, Some(&self.fetched));
-        let nonfinite = |what: String| Computed {
-            loss: f32::NAN,
-            dense: Vec::new(),
-            rows: Vec::new(),
-            nonfinite: Some(what),
-        };
-        let Grads {
-            loss,
-            dense: mut dense_grad,
-            inputs: mut input_grads,
-            bn_stats,
-        } = t.loss_and_grads(batch, &inputs);
-        if !loss.is_finite() {
-            return nonfinite(format!("the loss is {loss}"));
-        }
-        let mut reg = t.dense_regularization(&mut dense_grad, batch.examples() as f64);
-        let emb_reg = t.plan.model.embedding_regularization;
-        if emb_reg > 0.0 {
-            reg += t.embeddings.regularize(groups, &inputs, &mut input_grads, emb_reg);
-        }
-        let mut rows = t.embeddings.scatter(groups, batch, &input_grads);
-        if t.frozen.any() {
-            t.frozen.clear(&t.model.params.specs, &mut dense_grad, &mut rows);
-        }
-        let sq = squared_norm(&dense_grad) + rows.iter().map(RowGrads::squared_norm).sum::<f64>();
-        let norm = sq.sqrt() as f32;
-        if let Some(what) = non_finite_gradient(norm, reg) {
-            return nonfinite(what);
-        }
-        let scale = t.clip_scale(norm);
-        if scale != 1.0 {
-            dense_grad.iter_mut().for_each(|g| *g *= scale);
-            rows.iter_mut()
-                .for_each(|r| r.grads.iter_mut().for_each(|g| *g *= scale));
-        }
-        update_bn_buffers(&mut t.model.buffers, bn_stats);
-        Computed {
-            loss: loss + reg as f32,
-            dense: dense_grad,
-            rows,
-            nonfinite: None,
+        let inputs = t.embeddings.forward_from(&t.model.groups, batch, Some(&self.fetched));
+        match t.gradients(batch, &inputs, Exchange::Local) {
+            Ok(mut g) => {
+                if g.scale != 1.0 {
+                    g.rows
+                        .iter_mut()
+                        .for_each(|r| r.grads.iter_mut().for_each(|x| *x *= g.scale));
+                }
+                update_bn_buffers(&mut t.model.buffers, g.bn_stats);
+                Computed {
+                    loss: g.loss + g.reg as f32,
+                    dense: g.dense,
+                    rows: g.rows,
+                    nonfinite: None,
+                }
+            }
+            Err(what) => Computed {
+                loss: f32::NAN,
+                dense: Vec::new(),
+                rows: Vec::new(),
+                nonfinite: Some(what),
+            },
         }
     }
 

@@ -6,10 +6,10 @@
 //! sequence is `[batch * n, width]`, one row per position
 //! (`Graph::unfold`).
 
-use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
-use super::params::Init;
-use crate::config::backbone::{EncoderSpec, HiddenAct};
-use crate::config::model_plan::Activation;
+use crate::config::model::backbone::{EncoderSpec, HiddenAct};
+use crate::config::model::Activation;
+use crate::model::graph::params::Init;
+use crate::model::graph::{Graph, Kernel, Keys, NodeId, Scope};
 
 /// `tf.contrib.layers.layer_norm`'s epsilon, which EasyRec's transformer uses.
 pub(super) const LN_EPS: f32 = 1e-12;
@@ -123,8 +123,8 @@ pub fn encoder(g: &mut Graph, s: &mut Scope, x: NodeId, keys: Keys, spec: &Encod
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::cpu::{Mode, Tape};
-    use crate::model::params::ParamStore;
+    use crate::model::exec::{cpu::Cpu, Executor, Mode};
+    use crate::model::graph::params::ParamStore;
 
     #[test]
     fn gelu_is_berts_tanh_approximation() {
@@ -134,7 +134,7 @@ mod tests {
         let xs = vec![-3.0f32, -0.5, 0.0, 0.7, 2.5];
         let (p, b) = (ParamStore::default(), ParamStore::default());
         let inputs = [xs.clone()];
-        let tape = Tape::forward(&g, (&p, &b), &inputs, 1, Mode::Infer);
+        let tape = Cpu.forward(&g, (&p, &b), &inputs, 1, Mode::Infer);
         for (got, x) in tape.value(y).iter().zip(&xs) {
             let x = *x as f64;
             let want = 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());

@@ -3,9 +3,9 @@
 //! one per task tower for the multi-task ones (each with its label, loss,
 //! weight and metrics, named as EasyRec names them: `logits_ctr`, `auc_ctr`).
 
-use super::eval_plan::{metric_list, Metric};
-use super::model_plan::{dnn, DnnSpec, TaskTower};
-use super::{proto, ConfigError};
+use super::layers::{dnn, DnnSpec, TaskTower};
+use crate::config::eval_plan::{metric_list, Metric};
+use crate::config::{proto, ConfigError};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LossKind {

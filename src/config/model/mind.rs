@@ -2,10 +2,10 @@
 //! over the `hist` group's sequences, the user, concat and item DNNs, and
 //! the label-aware attention, checked against what EasyRec's model does.
 
-use super::data_plan::InputField;
-use super::model_plan::{comparable, dnn, embedding_dnn, DnnSpec, Similarity};
-use super::proto;
-use super::ConfigError;
+use super::layers::{comparable, dnn, embedding_dnn, DnnSpec, Similarity};
+use crate::config::data_plan::InputField;
+use crate::config::proto;
+use crate::config::ConfigError;
 
 /// MIND (`Arch::Mind`): the `hist` group's sequences, combined per
 /// position, through `pre_capsule`, weighted by the softmax of the time

@@ -1,12 +1,12 @@
 //! The typed configs of EasyRec's multi-modal towers, CMBF's `CMBFTower`
 //! and Uniter's `UniterTower` (whole models with `final_dnn`, or DBMTL's
 //! shared bottom), read once and checked as EasyRec's layers check them;
-//! `model::multimodal` builds them.
+//! `model::builders::multimodal` builds them.
 
 use super::backbone::{EncoderFields, EncoderSpec};
-use super::model_plan::{dnn, DnnSpec};
-use super::validate::rate;
-use super::{proto, ConfigError};
+use super::layers::{dnn, DnnSpec};
+use crate::config::validate::rate;
+use crate::config::{proto, ConfigError};
 
 /// A multi-modal tower over the feature groups `image`, `general`, `text`
 /// (its sequence features unpooled) and `other`, any of them.

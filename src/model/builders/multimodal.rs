@@ -20,13 +20,13 @@
 
 use anyhow::bail;
 
-use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
-use super::params::Init;
 use super::transformer::{self, LN_EPS};
-use super::GroupLayout;
-use crate::config::backbone::{EncoderSpec, HiddenAct};
-use crate::config::model_plan::{Activation, DnnSpec};
-use crate::config::multimodal::{Cmbf, Tower, Uniter};
+use crate::config::model::backbone::{EncoderSpec, HiddenAct};
+use crate::config::model::multimodal::{Cmbf, Tower, Uniter};
+use crate::config::model::{Activation, DnnSpec};
+use crate::model::graph::params::Init;
+use crate::model::graph::{Graph, Kernel, Keys, NodeId, Scope};
+use crate::model::layout::GroupLayout;
 
 /// `initializer_range` of EasyRec's attention layers and embedding tables.
 const INIT_RANGE: f32 = 0.02;
@@ -64,7 +64,7 @@ pub fn tower(
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
-    let find = |name: &str| super::named_group(groups, name).map(|i| (&groups[i], xs[i]));
+    let find = |name: &str| crate::model::layout::named_group(groups, name).map(|i| (&groups[i], xs[i]));
     let gs = Groups {
         image: find("image"),
         general: find("general"),

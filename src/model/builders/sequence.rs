@@ -15,10 +15,10 @@
 
 use anyhow::bail;
 
-use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
-use super::{CombinedSeq, GroupLayout, SeqLayout};
 use crate::config::feature_plan::SeqCombiner;
-use crate::config::model_plan::{Activation, Bst, DnnSpec};
+use crate::config::model::{Activation, Bst, DnnSpec};
+use crate::model::graph::{Graph, Kernel, Keys, NodeId, Scope};
+use crate::model::layout::{CombinedSeq, GroupLayout, SeqLayout};
 
 /// The features of group `l` from its input matrix `x`: its own features
 /// (`features`: the plain parts and combined sequences, `features_width`
@@ -286,8 +286,8 @@ fn scoring_dnn(s: &mut Scope, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::cpu::{Mode, Tape};
-    use crate::model::params::ParamStore;
+    use crate::model::exec::{cpu::Cpu, Executor, Mode};
+    use crate::model::graph::params::ParamStore;
     use crate::util::Rng;
 
     /// A group of one combined sequence of `n` positions of width `d`,
@@ -336,7 +336,7 @@ mod tests {
             rows[k * width + n * d] = *len;
         }
         let inputs = [rows.clone()];
-        let t = Tape::forward(&g, (&params, &buffers), &inputs, b, Mode::Infer);
+        let t = Cpu.forward(&g, (&params, &buffers), &inputs, b, Mode::Infer);
         (t.value(out).to_vec(), rows, params)
     }
 

@@ -6,11 +6,11 @@
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, Keys, NodeId, Reduce, Routing, Scope};
-use super::params::Init;
-use super::GroupLayout;
-use crate::config::mind::Mind;
-use crate::config::model_plan::Activation;
+use crate::config::model::mind::Mind;
+use crate::config::model::Activation;
+use crate::model::graph::params::Init;
+use crate::model::graph::{Graph, Keys, NodeId, Reduce, Routing, Scope};
+use crate::model::layout::GroupLayout;
 
 /// MIND's logit (the row's user against its item), with the outputs
 /// `user_tower_emb`, `item_tower_emb` and `user_scaled` of a match model
@@ -27,7 +27,8 @@ pub fn mind(
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
     let find = |name: &str| {
-        super::named_group(groups, name).with_context(|| format!("MIND needs a feature group named `{name}`"))
+        crate::model::layout::named_group(groups, name)
+            .with_context(|| format!("MIND needs a feature group named `{name}`"))
     };
     let hi = find("hist")?;
     let (l, x) = (&groups[hi], xs[hi]);
@@ -96,7 +97,7 @@ pub fn mind(
         s.rng,
     );
     let high = g.linear(hist, s.params, sw, None, Activation::Linear);
-    let count = super::capsule::Count {
+    let count = crate::model::graph::capsule::Count {
         max_k: k,
         positions: p,
         constant: c.constant_count,
@@ -107,7 +108,7 @@ pub fn mind(
         iters: c.iters,
         scale: c.logits_scale,
         stddev: c.logits_stddev,
-        init: super::capsule::eval_logits(p, k, c.logits_stddev),
+        init: crate::model::graph::capsule::eval_logits(p, k, c.logits_stddev),
     };
     let weights = g.capsule_routing((high, len, caps), routing);
     let seq = g.fold(high, p);
@@ -162,5 +163,5 @@ pub fn mind(
     }
     g.output("user_interests", shown);
     g.output("user_emb_num", caps);
-    Ok(super::builders::similarity(g, s, (user, item), m.sim))
+    Ok(super::common::similarity(g, s, (user, item), m.sim))
 }

@@ -1,91 +1,24 @@
-//! RankModel's graph: EasyRec's backbone blocks evaluated in order onto the
-//! model graph, then its rank head. Values flowing between blocks are 2-D
-//! tensors, 3-D `[batch, n, d]` tensors (kept as `[batch, n * d]`) or Python
-//! lists of them, as in EasyRec; each layer checks it gets what it takes.
-
-use std::collections::HashMap;
+//! The Keras layers of a backbone block (`config::model::backbone::keras`
+//! types them, in the same order) onto the model graph.
 
 use anyhow::{bail, Context};
 
-use super::graph::{Graph, Kernel, Keys, NodeId, Scope};
-use super::params::Init;
-use super::GroupLayout;
-use crate::config::backbone::{
-    Aggregation, Backbone, Bilinear, BilinearKind, Block, BstLayer, Expr, InputLayer, InputMode, Keras, Layer,
-    MaskBlock, Mlp, NumericOut, SeNetParams, Source,
+use super::value::*;
+use crate::config::model::backbone::{
+    Aggregation, Bilinear, BilinearKind, BstLayer, Expr, Keras, MaskBlock, Mlp, NumericOut, SeNetParams,
 };
-use crate::config::model_plan::Activation;
+use crate::config::model::Activation;
+use crate::model::graph::params::Init;
+use crate::model::graph::{Graph, Kernel, Keys, NodeId, Scope};
 
-/// A value between blocks.
-#[derive(Debug, Clone)]
-enum Val {
-    /// `[batch, width]`.
-    T(NodeId),
-    /// `[batch, n, d]`, stored row-major as `[batch, n * d]`.
-    S { x: NodeId, n: usize, d: usize },
-    /// A Python list (or tuple) of values.
-    L(Vec<Val>),
-}
-
-impl Val {
-    fn describe(&self, g: &Graph) -> String {
-        match self {
-            Val::T(x) => format!("a [batch, {}] tensor", g.width(*x)),
-            Val::S { n, d, .. } => format!("a [batch, {n}, {d}] tensor"),
-            Val::L(v) => format!("a list of {}", v.len()),
-        }
-    }
-}
-
-/// RankModel's graph over the group inputs `xs`: the backbone, then an
-/// `output` layer of `classes` logits unless the backbone ends in as many
-/// columns.
-pub fn rank(
-    b: &Backbone,
-    groups: &[GroupLayout],
-    xs: &[NodeId],
-    classes: usize,
+/// The Keras SENet layer (FiBiNet++'s) over `fields`.
+pub(super) fn keras_senet(
+    fields: &[NodeId],
+    p: &SeNetParams,
+    name: &str,
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
-    let out = body(b, groups, xs, g, s)?;
-    let x = tensor(&out, g).context("RankModel's output")?;
-    Ok(if g.width(x) == classes {
-        x
-    } else {
-        s.unregularized_output(g, x, "output", classes)
-    })
-}
-
-/// MultiTaskModel's task inputs: one backbone output per task tower when
-/// the backbone ends in a list (MMoE's), else its one output for each.
-pub fn task_inputs(
-    b: &Backbone,
-    groups: &[GroupLayout],
-    xs: &[NodeId],
-    tasks: usize,
-    g: &mut Graph,
-    s: &mut Scope,
-) -> anyhow::Result<Vec<NodeId>> {
-    match body(b, groups, xs, g, s)? {
-        Val::L(items) => {
-            if items.len() != tasks {
-                bail!(
-                    "the backbone outputs {} values for {tasks} task towers: they must be equal",
-                    items.len()
-                );
-            }
-            items
-                .iter()
-                .map(|v| tensor(v, g).context("a task tower's input"))
-                .collect()
-        }
-        one => Ok(vec![tensor(&one, g).context("the task towers' input")?; tasks]),
-    }
-}
-
-/// The Keras SENet layer (FiBiNet++'s) over `fields`.
-fn keras_senet(fields: &[NodeId], p: &SeNetParams, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
     let style = SeNetStyle::Keras {
         skip: p.skip,
         layer_norm: p.layer_norm,
@@ -94,7 +27,7 @@ fn keras_senet(fields: &[NodeId], p: &SeNetParams, name: &str, g: &mut Graph, s:
 }
 
 /// The field embeddings of a list input.
-fn field_list(v: &Val, g: &mut Graph) -> anyhow::Result<Vec<NodeId>> {
+pub(super) fn field_list(v: &Val, g: &mut Graph) -> anyhow::Result<Vec<NodeId>> {
     let Val::L(items) = v else {
         bail!("takes a list of field embeddings, got {}", v.describe(g));
     };
@@ -104,7 +37,13 @@ fn field_list(v: &Val, g: &mut Graph) -> anyhow::Result<Vec<NodeId>> {
 /// EasyRec's BiLinear over `fields` (`Keras::Bilinear`): Keras' Dense
 /// layers (glorot uniform, bias, no regularizer) named `all`, `each_i` or
 /// `interaction_i_j`, and `output`.
-fn bilinear_layer(fields: &[NodeId], b: &Bilinear, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+pub(super) fn bilinear_layer(
+    fields: &[NodeId],
+    b: &Bilinear,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
     let f = fields.len();
     if f < 2 {
         bail!("BiLinear needs at least two fields, got {f}");
@@ -152,7 +91,7 @@ fn bilinear_layer(fields: &[NodeId], b: &Bilinear, name: &str, g: &mut Graph, s:
 
 /// A numeric embedding layer's output from its embeddings `emb`
 /// (`[batch, n * dim]`), as `out` asks.
-fn numeric_out(emb: NodeId, n: usize, dim: usize, out: NumericOut, g: &mut Graph) -> Val {
+pub(super) fn numeric_out(emb: NodeId, n: usize, dim: usize, out: NumericOut, g: &mut Graph) -> Val {
     match out {
         NumericOut::Tensor => Val::T(emb),
         NumericOut::AndStacked => Val::L(vec![Val::T(emb), Val::S { x: emb, n, d: dim }]),
@@ -163,261 +102,8 @@ fn numeric_out(emb: NodeId, n: usize, dim: usize, out: NumericOut, g: &mut Graph
     }
 }
 
-/// MatchModel's user and item towers: outputs `user` and `item` of the
-/// backbone's output list.
-pub fn towers(
-    b: &Backbone,
-    groups: &[GroupLayout],
-    xs: &[NodeId],
-    (user, item): (usize, usize),
-    g: &mut Graph,
-    s: &mut Scope,
-) -> anyhow::Result<(NodeId, NodeId)> {
-    let Val::L(items) = body(b, groups, xs, g, s)? else {
-        bail!("MatchModel's backbone must output a list holding the user and the item tower");
-    };
-    let tower = |i: usize, what: &str, g: &mut Graph| -> anyhow::Result<NodeId> {
-        let v = items.get(i).with_context(|| {
-            format!(
-                "{what}_tower_idx_in_output {i} is past the backbone's {} outputs",
-                items.len()
-            )
-        })?;
-        tensor(v, g).with_context(|| format!("the {what} tower"))
-    };
-    let (u, v) = (tower(user, "user", g)?, tower(item, "item", g)?);
-    if g.width(u) != g.width(v) {
-        bail!(
-            "the user tower is {} wide and the item tower {}: they must match to be compared",
-            g.width(u),
-            g.width(v)
-        );
-    }
-    Ok((u, v))
-}
-
-/// The backbone's output: its output blocks and top MLP.
-fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
-    let mut outs: HashMap<&str, Val> = HashMap::new();
-    for blk in &b.blocks {
-        let v = block(blk, &outs, groups, xs, g, s).with_context(|| format!("backbone block `{}`", blk.name))?;
-        outs.insert(blk.name.as_str(), v);
-    }
-    let picked: Vec<Val> = b.output.iter().map(|o| outs[o.as_str()].clone()).collect();
-    let mut out = if b.output_as_list {
-        match picked.as_slice() {
-            [one] => one.clone(),
-            _ => Val::L(picked),
-        }
-    } else {
-        merge(picked, -1, g).context("backbone concat_blocks")?
-    };
-    if let Some(m) = &b.top_mlp {
-        // EasyRec concatenates a list before its top MLP.
-        let x = match out {
-            Val::L(items) => concat_list(&items, g).context("backbone top_mlp")?,
-            other => other,
-        };
-        let x = tensor(&x, g).context("backbone top_mlp")?;
-        out = Val::T(mlp(x, m, "backbone_top_mlp", g, s));
-    }
-    Ok(out)
-}
-
-fn block(
-    blk: &Block,
-    outs: &HashMap<&str, Val>,
-    groups: &[GroupLayout],
-    xs: &[NodeId],
-    g: &mut Graph,
-    s: &mut Scope,
-) -> anyhow::Result<Val> {
-    if let Some(il) = blk.input_layer() {
-        let Source::Group(name) = &blk.inputs[0].source else {
-            unreachable!("typed as a group input")
-        };
-        let gi = groups
-            .iter()
-            .position(|l| &l.name == name)
-            .with_context(|| format!("no feature group `{name}`"))?;
-        return input_layer(&groups[gi], xs[gi], il, &blk.name, g, s);
-    }
-    let mut inputs = Vec::new();
-    for inp in &blk.inputs {
-        let Source::Block(name) = &inp.source else {
-            unreachable!("group inputs resolve to input-layer blocks")
-        };
-        let mut v = outs[name.as_str()].clone();
-        if let Some(e) = inp.slice {
-            v = apply(e, v, g).with_context(|| format!("input_slice of `{name}`"))?;
-        }
-        if let Some(e) = inp.input_fn {
-            v = apply(e, v, g).with_context(|| format!("input_fn of `{name}`"))?;
-        }
-        inputs.push(v);
-    }
-    let mut v = if blk.into_list {
-        Val::L(inputs)
-    } else {
-        merge(inputs, blk.concat_axis, g)?
-    };
-    if let Some(e) = blk.extra_input_fn {
-        v = apply(e, v, g).context("extra_input_fn")?;
-    }
-    let one = blk.layers.len() == 1;
-    for (i, l) in blk.layers.iter().enumerate() {
-        // EasyRec names a block's single layer after the block, sequential
-        // layers `<block>_l<i>`.
-        let name = if one {
-            blk.name.clone()
-        } else {
-            format!("{}_l{i}", blk.name)
-        };
-        v = match l {
-            Layer::Input(_) => bail!("an input layer must be the block's only layer"),
-            Layer::Keras(k) => keras(k, v, &name, g, s)?,
-            Layer::Lambda(e) => apply(*e, v, g).context("lambda")?,
-            Layer::Recurrent { steps, fixed, layer } => recurrent(*steps, *fixed, layer, v, &name, g, s)?,
-            Layer::Repeat { n, concat, layer } => {
-                let mut outs = (0..*n)
-                    .map(|i| keras(layer, v.clone(), &format!("{name}_{i}"), g, s))
-                    .collect::<anyhow::Result<Vec<Val>>>()?;
-                if outs.len() == 1 {
-                    outs.pop().expect("one output")
-                } else if *concat {
-                    let xs = outs.iter().map(|o| tensor(o, g)).collect::<anyhow::Result<Vec<_>>>()?;
-                    Val::T(g.concat(&xs))
-                } else {
-                    Val::L(outs)
-                }
-            }
-        };
-    }
-    Ok(v)
-}
-
-/// EasyRec's input layer over a group. With `do_batch_norm` the tensor
-/// goes through one batch norm and the list's features through their own
-/// (column-wise, so one batch norm over all of them is the same).
-fn input_layer(
-    l: &GroupLayout,
-    x: NodeId,
-    il: InputLayer,
-    name: &str,
-    g: &mut Graph,
-    s: &mut Scope,
-) -> anyhow::Result<Val> {
-    let mode = il.mode;
-    // A group whose sequences stay unpooled hands its blocks its whole
-    // input matrix, which only that input layer reads.
-    if mode != InputMode::SeqAndNormal && l.seq.iter().any(|sl| sl.att.input_only) {
-        bail!(
-            "group `{}` is read with output_seq_and_normal_feature elsewhere, so its sequences are unpooled; \
-             read it that way here too",
-            l.name
-        );
-    }
-    let norm = |g: &mut Graph, s: &mut Scope, what: &str| {
-        if il.batch_norm {
-            s.batch_norm(g, x, &format!("{name}/{what}"), Activation::Linear)
-        } else {
-            x
-        }
-    };
-    let listed = match mode {
-        InputMode::Tensor => x,
-        _ => norm(g, s, "feature_batch_normalization"),
-    };
-    let x = match mode {
-        InputMode::Tensor | InputMode::TensorAndList => norm(g, s, "batch_normalization"),
-        _ => x,
-    };
-    let list = |g: &mut Graph| -> Vec<NodeId> {
-        l.feature_columns()
-            .into_iter()
-            .map(|(col, width)| g.slice(listed, col, width))
-            .collect()
-    };
-    Ok(match mode {
-        InputMode::SeqAndNormal => seq_input(l, x, g)?,
-        InputMode::Tensor => Val::T(x),
-        InputMode::FeatureList => Val::L(list(g).into_iter().map(Val::T).collect()),
-        InputMode::TensorAndList => Val::L(vec![Val::T(x), Val::L(list(g).into_iter().map(Val::T).collect())]),
-        InputMode::Stacked => {
-            let items: Vec<Val> = list(g).into_iter().map(Val::T).collect();
-            stacked(stack(&items, g).with_context(|| format!("only_output_3d_tensor of group `{}`", l.name))?)
-        }
-    })
-}
-
-/// `output_seq_and_normal_feature` over group `l`'s input matrix `x`:
-/// `(sequences, length, targets)`, the sequences side by side per position
-/// `[batch, len, Σ dim]`, the first one's length, the group's other
-/// features concatenated (without any: the pair alone).
-fn seq_input(l: &GroupLayout, x: NodeId, g: &mut Graph) -> anyhow::Result<Val> {
-    let Some(sl) = l.seq.iter().find(|sl| sl.att.input_only) else {
-        bail!("group `{}` has no unpooled sequences", l.name);
-    };
-    let n = sl.len;
-    let rows = super::sequence::hist_rows(sl, x, g);
-    let d = g.width(rows);
-    let seq = Val::S {
-        x: g.fold(rows, n),
-        n,
-        d,
-    };
-    let len = Val::T(g.slice(x, sl.len_col, 1));
-    let mut out = vec![seq, len];
-    if l.plain_width > 0 {
-        out.push(Val::T(g.slice(x, 0, l.plain_width)));
-    }
-    Ok(Val::L(out))
-}
-
-/// What a sequence layer reads from an `output_seq_and_normal_feature`
-/// input layer.
-struct SeqIn {
-    /// `[batch, n * d]`, positions side by side.
-    x: NodeId,
-    n: usize,
-    d: usize,
-    len: NodeId,
-    /// The group's other features, when it has any.
-    target: Option<NodeId>,
-}
-
-/// The `(sequence, length, targets)` a sequence layer reads: its sequence
-/// cut or zero-padded to `pad` positions when given (the length as it is:
-/// only the text CNN pads, and it reads no length).
-fn seq_of(v: &Val, pad: Option<usize>, g: &mut Graph) -> anyhow::Result<SeqIn> {
-    let Val::L(items) = v else {
-        bail!(
-            "takes (sequence, length, ...) from an output_seq_and_normal_feature input layer, got {}",
-            v.describe(g)
-        );
-    };
-    let (Some(Val::S { x, n, d }), Some(Val::T(len))) = (items.first(), items.get(1)) else {
-        bail!("takes (sequence, length, ...) from an output_seq_and_normal_feature input layer");
-    };
-    let target = match items.get(2) {
-        Some(Val::T(t)) => Some(*t),
-        _ => None,
-    };
-    let (mut x, mut n, d, len) = (*x, *n, *d, *len);
-    if let Some(p) = pad {
-        if p < n {
-            x = g.slice(x, 0, p * d);
-        } else if p > n {
-            let zeros = g.zeros(x, (p - n) * d);
-            x = g.concat(&[x, zeros]);
-        }
-        n = p;
-    }
-    Ok(SeqIn { x, n, d, len, target })
-}
-
 /// EasyRec's BST Keras layer (`Keras::Bst`) over `(seq, len, target)`.
-fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+pub(super) fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
     let SeqIn { x, n, d, len, target } = seq_of(v, Some(b.max_position), g).context("BST")?;
     let Some(target) = target else {
         bail!("BST: the target sits at the head, and the input layer's group has no target features besides its sequences");
@@ -446,10 +132,10 @@ fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyho
     let all = g.concat(&[target, seq]);
     let m = n + 1;
     let post = (spec.init_range, spec.hidden_dropout);
-    let rows = super::transformer::embedding_postprocessor(g, s, (all, m), (name, name), post);
+    let rows = super::super::transformer::embedding_postprocessor(g, s, (all, m), (name, name), post);
     // The target and the row's first `len` positions.
     let live = g.shift(len, 1.0);
-    let out = super::transformer::encoder(g, s, rows, Keys::Live(live), spec, &format!("{name}/transformer"));
+    let out = super::super::transformer::encoder(g, s, rows, Keys::Live(live), spec, &format!("{name}/transformer"));
     let out = g.fold(out, m);
     Ok(if b.all_tokens {
         out
@@ -458,101 +144,9 @@ fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyho
     })
 }
 
-/// EasyRec's `merge_inputs`: one input as it is, lists joined into one list,
-/// tensors concatenated.
-fn merge(inputs: Vec<Val>, axis: i32, g: &mut Graph) -> anyhow::Result<Val> {
-    if inputs.len() == 1 {
-        return Ok(inputs.into_iter().next().expect("one input"));
-    }
-    if inputs.is_empty() {
-        bail!("no inputs to merge");
-    }
-    if inputs.iter().any(|v| matches!(v, Val::L(_))) {
-        let mut all = Vec::new();
-        for v in inputs {
-            match v {
-                Val::L(items) => all.extend(items),
-                other => all.push(other),
-            }
-        }
-        return Ok(Val::L(all));
-    }
-    match axis {
-        -1 => concat_list(&inputs, g),
-        1 => {
-            // Fields of 3-D tensors side by side, each of one dimension.
-            let parts: Option<Vec<(NodeId, usize, usize)>> = inputs
-                .iter()
-                .map(|v| match v {
-                    Val::S { x, n, d } => Some((*x, *n, *d)),
-                    _ => None,
-                })
-                .collect();
-            let Some(parts) = parts else {
-                bail!("input_concat_axis 1 over these inputs is not supported");
-            };
-            let d = parts[0].2;
-            if let Some((_, n, dk)) = parts.iter().find(|p| p.2 != d) {
-                bail!("cannot concatenate a [batch, {n}, {dk}] tensor on axis 1 with dimension {d}");
-            }
-            let nodes: Vec<NodeId> = parts.iter().map(|p| p.0).collect();
-            Ok(Val::S {
-                x: g.concat(&nodes),
-                n: parts.iter().map(|p| p.1).sum(),
-                d,
-            })
-        }
-        other => bail!("input_concat_axis {other} over these inputs is not supported"),
-    }
-}
-
-/// Concatenation on the last axis of 2-D tensors.
-fn concat_list(items: &[Val], g: &mut Graph) -> anyhow::Result<Val> {
-    let nodes = items.iter().map(|v| tensor(v, g)).collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(Val::T(g.concat(&nodes)))
-}
-
-/// A 2-D tensor, or what a layer taking one got instead.
-fn tensor(v: &Val, g: &Graph) -> anyhow::Result<NodeId> {
-    match v {
-        Val::T(x) => Ok(*x),
-        other => bail!("takes a 2-D tensor, got {}", other.describe(g)),
-    }
-}
-
-/// `tf.stack(list, axis=1)` of equally wide 2-D tensors, as `(node, n, d)`.
-fn stack(items: &[Val], g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize)> {
-    let nodes = items.iter().map(|v| tensor(v, g)).collect::<anyhow::Result<Vec<_>>>()?;
-    let Some(&first) = nodes.first() else {
-        bail!("nothing to stack");
-    };
-    let d = g.width(first);
-    if let Some(x) = nodes.iter().find(|x| g.width(**x) != d) {
-        bail!(
-            "cannot stack tensors of widths {d} and {}: every embedding_dim must be equal",
-            g.width(*x)
-        );
-    }
-    Ok((g.concat(&nodes), nodes.len(), d))
-}
-
-/// The stacked value of `stack`'s output.
-fn stacked((x, n, d): (NodeId, usize, usize)) -> Val {
-    Val::S { x, n, d }
-}
-
-/// A 3-D value as `(node, n, d)`: stacked, or a list stacked.
-fn fields(v: &Val, g: &mut Graph) -> anyhow::Result<(NodeId, usize, usize)> {
-    match v {
-        Val::S { x, n, d } => Ok((*x, *n, *d)),
-        Val::L(items) => stack(items, g),
-        other => bail!("takes a list of 2-D tensors or a 3-D tensor, got {}", other.describe(g)),
-    }
-}
-
 /// Keras' truncated-normal variance scaling: the standard deviation of
 /// `he_normal` (`fan_avg: false`) or `glorot_normal` (`fan_avg: true`).
-fn truncated_std(fan_in: usize, fan_out: usize, fan_avg: bool) -> f32 {
+pub(super) fn truncated_std(fan_in: usize, fan_out: usize, fan_avg: bool) -> f32 {
     // The normal cut at two standard deviations has this much less spread.
     const CUT: f64 = 0.879_625_661_034_239_8;
     let var = if fan_avg {
@@ -635,43 +229,7 @@ pub fn senet(
     Ok(out)
 }
 
-fn apply(e: Expr, v: Val, g: &mut Graph) -> anyhow::Result<Val> {
-    Ok(match (e, v) {
-        (Expr::Index(i), Val::L(items)) => {
-            let n = items.len();
-            items
-                .into_iter()
-                .nth(i)
-                .with_context(|| format!("index {i} of a list of {n}"))?
-        }
-        (Expr::Repeat(n), v) => Val::L(vec![v; n]),
-        (Expr::AddN, Val::L(items)) => {
-            let nodes = items.iter().map(|v| tensor(v, g)).collect::<anyhow::Result<Vec<_>>>()?;
-            let w = g.width(nodes[0]);
-            if nodes.iter().any(|x| g.width(*x) != w) {
-                bail!("tf.add_n of tensors of unequal widths");
-            }
-            Val::T(g.add(&nodes))
-        }
-        (Expr::ReduceSum, Val::T(x)) => Val::T(g.row_sum(x)),
-        (Expr::ReduceSum, Val::S { x, n, d }) => Val::S {
-            x: g.sum_blocks(x, n),
-            n: 1,
-            d,
-        },
-        (Expr::Concat, Val::L(items)) => concat_list(&items, g)?,
-        (Expr::Stack, Val::L(items)) => stacked(stack(&items, g)?),
-        (Expr::Unstack { n, d }, Val::T(x)) => {
-            if g.width(x) != n * d {
-                bail!("cannot reshape [batch, {}] to [-1, {n}, {d}]", g.width(x));
-            }
-            Val::L((0..n).map(|i| Val::T(g.slice(x, i * d, d))).collect())
-        }
-        (e, v) => bail!("{e:?} cannot take {}", v.describe(g)),
-    })
-}
-
-fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
+pub(super) fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
     Ok(match k {
         Keras::Mlp(m) => {
             let x = tensor(&v, g).context("MLP")?;
@@ -720,7 +278,7 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
             mlp: top,
         } => {
             let SeqIn { x, n, d, .. } = seq_of(&v, Some(*pad), g).context("TextCNN")?;
-            let net = super::sequence::text_cnn((x, n, d), (filter_sizes, num_filters, *activation), name, g, s);
+            let net = super::super::sequence::text_cnn((x, n, d), (filter_sizes, num_filters, *activation), name, g, s);
             Val::T(match top {
                 Some(m) => mlp(net, m, &format!("{name}/mlp"), g, s),
                 None => net,
@@ -1054,7 +612,7 @@ fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow:
 
 /// MaskNet's mask block: `net` times a mask computed from `mask_input`,
 /// then optionally a dense layer, layer norm and relu.
-fn mask_block(
+pub(super) fn mask_block(
     blk: &MaskBlock,
     net: NodeId,
     mask_input: NodeId,
@@ -1112,54 +670,9 @@ fn mask_block(
     Ok(g.act(ln, Activation::Relu))
 }
 
-/// EasyRec's `recurrent` layer: the layer `steps` times on its own output;
-/// with `fixed`, over a list whose element `fixed` stays and is dropped at
-/// the end.
-fn recurrent(
-    steps: usize,
-    fixed: Option<usize>,
-    layer: &Keras,
-    v: Val,
-    name: &str,
-    g: &mut Graph,
-    s: &mut Scope,
-) -> anyhow::Result<Val> {
-    let Some(f) = fixed else {
-        let mut out = v;
-        for i in 0..steps {
-            out = keras(layer, out, &format!("{name}_{i}"), g, s)?;
-        }
-        return Ok(out);
-    };
-    let Val::L(mut items) = v else {
-        bail!("recurrent with fixed_input_index takes a list, got {}", v.describe(g));
-    };
-    if f >= items.len() {
-        bail!("fixed_input_index {f} of a list of {}", items.len());
-    }
-    for i in 0..steps {
-        let out = keras(layer, Val::L(items.clone()), &format!("{name}_{i}"), g, s)?;
-        let mut outs = match out {
-            Val::L(o) => o.into_iter(),
-            one => vec![one; items.len() - 1].into_iter(),
-        };
-        for (idx, item) in items.iter_mut().enumerate() {
-            if idx != f {
-                *item = outs.next().context("recurrent layer returned too few outputs")?;
-            }
-        }
-    }
-    items.remove(f);
-    Ok(if items.len() == 1 {
-        items.pop().expect("one item")
-    } else {
-        Val::L(items)
-    })
-}
-
 /// EasyRec's MLP block: per layer a dense kernel (he_uniform, in l2), batch
 /// norm before or after the activation, dropout; named `name/layer_i/...`.
-fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
+pub(super) fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
     let mut x = x;
     for (i, l) in m.layers.iter().enumerate() {
         let lname = format!("{name}/layer_{i}");
@@ -1189,86 +702,4 @@ fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
         x = g.dropout(x, l.dropout);
     }
     x
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::cpu::{Mode, Tape};
-    use crate::model::graph::LN_EPS;
-    use crate::model::params::ParamStore;
-    use crate::util::Rng;
-
-    /// SENet against a direct computation: squeeze each field's groups to
-    /// their max and mean (field by field, max before mean), W1 with relu,
-    /// W2, reweight, skip, layer norm.
-    #[test]
-    fn senet_squeezes_excites_and_reweights_as_fibinet_plus_plus() {
-        let (b, widths, groups) = (3, [4usize, 6], 2);
-        let (mut params, mut buffers, mut rng) = (ParamStore::default(), ParamStore::default(), Rng::new(4));
-        let mut s = Scope {
-            params: &mut params,
-            buffers: &mut buffers,
-            rng: &mut rng,
-        };
-        let mut g = Graph::default();
-        let inputs: Vec<NodeId> = widths.iter().enumerate().map(|(i, w)| g.input(i, *w)).collect();
-        let style = SeNetStyle::Keras {
-            skip: true,
-            layer_norm: true,
-        };
-        let out = senet(&inputs, "se", (2, groups), style, &mut g, &mut s).unwrap();
-        for x in params.values.iter_mut() {
-            *x += 0.05; // non-zero biases and layer-norm offsets
-        }
-        let mut r = Rng::new(8);
-        let xs: Vec<Vec<f32>> = widths
-            .iter()
-            .map(|w| (0..b * w).map(|_| r.normal() as f32).collect())
-            .collect();
-        let tape = Tape::forward(&g, (&params, &buffers), &xs, b, Mode::Infer);
-        let got = tape.value(out);
-        let p = |name: &str| {
-            let s = params.specs.iter().find(|s| s.name == name).unwrap();
-            (params.values[s.range()].to_vec(), s.cols)
-        };
-        let ((w1, n1), (b1, _)) = (p("se/W1/kernel"), p("se/W1/bias"));
-        let ((w2, n2), (b2, _)) = (p("se/W2/kernel"), p("se/W2/bias"));
-        let ((gamma, _), (beta, _)) = (p("se/output_ln/gamma"), p("se/output_ln/beta"));
-        assert_eq!(
-            (n1, n2),
-            (4, 10),
-            "max(1, 2 fields * 2 groups * 2 / 2) units, then one per value"
-        );
-        for row in 0..b {
-            let fields: Vec<&[f32]> = widths
-                .iter()
-                .zip(&xs)
-                .map(|(w, x)| &x[row * w..(row + 1) * w])
-                .collect();
-            let mut z = Vec::new();
-            for f in &fields {
-                let per = f.len() / groups;
-                let chunks: Vec<&[f32]> = f.chunks(per).collect();
-                z.extend(chunks.iter().map(|c| c.iter().copied().fold(f32::MIN, f32::max)));
-                z.extend(chunks.iter().map(|c| c.iter().sum::<f32>() / per as f32));
-            }
-            let dense = |x: &[f32], w: &[f32], bias: &[f32], n: usize| -> Vec<f32> {
-                (0..n)
-                    .map(|j| bias[j] + x.iter().enumerate().map(|(i, v)| v * w[i * n + j]).sum::<f32>())
-                    .collect()
-            };
-            let a1: Vec<f32> = dense(&z, &w1, &b1, n1).into_iter().map(|v| v.max(0.0)).collect();
-            let weights = dense(&a1, &w2, &b2, n2);
-            let emb: Vec<f32> = fields.concat();
-            let y: Vec<f32> = emb.iter().zip(&weights).map(|(e, w)| e * w + e).collect();
-            let mean = y.iter().sum::<f32>() / y.len() as f32;
-            let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / y.len() as f32;
-            for (j, v) in y.iter().enumerate() {
-                let want = (v - mean) / (var + LN_EPS).sqrt() * gamma[j] + beta[j];
-                let have = got[row * n2 + j];
-                assert!((have - want).abs() < 1e-4, "row {row} value {j}: {have} vs {want}");
-            }
-        }
-    }
 }

@@ -12,14 +12,18 @@
 //! `[batch]`; multi-task models suffix them with the tower's name
 //! (`logits_ctr`, `probs_ctr`), as EasyRec does.
 
+pub mod proto;
+
 use std::collections::HashMap;
 
-use super::onnx::{Attr, Dim, Elem, Graph};
 use crate::config::feature_plan::FeatureSpec;
-use crate::config::model_plan::Activation;
-use crate::config::tasks::{LossKind, Task, ZilnPrediction};
+use crate::config::model::tasks::{LossKind, Task, ZilnPrediction};
+use crate::config::model::Activation;
+use crate::model::exec::cpu::kernels;
 use crate::model::graph::{Keys, BN_EPS, DICE_EPS, MASK_ADDER};
-use crate::model::{kernels, Model, Op, ParamStore, SeqPartKind};
+use crate::model::heads::losses;
+use crate::model::{Model, Op, ParamStore, SeqPartKind};
+use proto::{Attr, Dim, Elem, Graph};
 
 /// How one feature enters the graph.
 #[derive(Debug, Clone, PartialEq)]
@@ -429,7 +433,7 @@ impl Builder<'_> {
     }
 
     /// A ZILN task's `[batch]` probability of a positive label and its
-    /// expected value (`kernels::ziln_prediction`) from its `[batch, 3]`
+    /// expected value (`losses::ziln_prediction`) from its `[batch, 3]`
     /// logits.
     fn ziln(&mut self, logits: &str, p: ZilnPrediction) -> [String; 2] {
         let col = |b: &mut Self, k: usize| {
@@ -439,7 +443,7 @@ impl Builder<'_> {
         let (z0, mu, z2) = (col(self, 0), col(self, 1), col(self, 2));
         let probs = self.g.op("Sigmoid", &[&z0]);
         let sp = self.softplus(&z2);
-        let sigma = self.clip(&sp, kernels::ZILN_MIN_SIGMA as f32, p.max_sigma);
+        let sigma = self.clip(&sp, losses::ZILN_MIN_SIGMA as f32, p.max_sigma);
         let neg = self.g.op("Neg", &[&z0]);
         let sp_neg = self.softplus(&neg);
         let sq = self.g.op("Mul", &[&sigma, &sigma]);
@@ -570,6 +574,17 @@ impl Builder<'_> {
             Activation::Tanh => self.g.op("Tanh", &[&x]),
             Activation::Linear => x,
             Activation::Dice => unreachable!("Scope builds Dice as an op of its own"),
+            Activation::Elu => self.g.node("Elu", &[&x], vec![("alpha", Attr::Float(1.0))], None),
+            Activation::Selu => self.g.node(
+                "Selu",
+                &[&x],
+                vec![
+                    ("alpha", Attr::Float(kernels::SELU_ALPHA)),
+                    ("gamma", Attr::Float(kernels::SELU_SCALE)),
+                ],
+                None,
+            ),
+            Activation::Softplus => self.g.op("Softplus", &[&x]),
             Activation::LeakyRelu => self.g.node(
                 "LeakyRelu",
                 &[&x],

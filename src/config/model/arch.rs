@@ -1,11 +1,158 @@
 //! EasyRec's model blocks (`model_config.wide_and_deep`, `dlrm`, `mmoe`,
 //! ...) as the typed architecture the model builders read.
 
-use super::model_plan::{
-    comparable, dnn, embedding_dnn, Arch, DnnSpec, DropoutTower, Interaction, PleLevel, SenetParams, Similarity,
+use super::layers::{
+    comparable, dnn, embedding_dnn, DnnSpec, DropoutTower, Interaction, PleLevel, SenetParams, Similarity, TaskTower,
 };
 use super::tasks::{task_towers, Task, TowerFields};
-use super::{proto, ConfigError};
+use crate::config::{proto, ConfigError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arch {
+    WideAndDeep {
+        wide_output_dim: usize,
+        dnn: DnnSpec,
+        final_dnn: Option<DnnSpec>,
+    },
+    Dlrm {
+        bot: DnnSpec,
+        top: DnnSpec,
+        interaction: Interaction,
+        itself: bool,
+        with_dense: bool,
+    },
+    DeepFm {
+        wide_output_dim: usize,
+        dnn: DnnSpec,
+        final_dnn: Option<DnnSpec>,
+    },
+    /// EasyRec's FM: the wide side's sum, the FM term over the `deep`
+    /// group's embeddings summed, and `fm_bias`.
+    Fm,
+    /// AutoInt: the `all` group's embeddings as fields, `layers`
+    /// interacting layers of multi-head self-attention (`heads` heads of
+    /// `head_size` columns, a residual projection, ReLU), then `output`.
+    AutoInt {
+        heads: usize,
+        head_size: usize,
+        layers: usize,
+    },
+    /// CMBF or Uniter: the multi-modal tower over the groups `image`,
+    /// `general`, `text` (its sequences unpooled) and `other`, then
+    /// `final_dnn` and `output`.
+    Multimodal {
+        tower: super::multimodal::Tower,
+        final_dnn: DnnSpec,
+    },
+    Dcn {
+        deep_input: String,
+        deep: DnnSpec,
+        cross_input: String,
+        cross_num: usize,
+        final_dnn: DnnSpec,
+    },
+    MultiTower {
+        towers: Vec<(String, DnnSpec)>,
+        /// MultiTowerDIN's DIN towers or MultiTowerBST's BST towers: groups
+        /// whose features are a sequence layer's output (a DIN target
+        /// attention or a BST transformer), concatenated as they are.
+        seq_towers: Vec<String>,
+        final_dnn: DnnSpec,
+    },
+    /// Multi-gate mixture of experts: experts over one group, a softmax
+    /// gate per task mixing them, a tower per task. Without experts, each
+    /// tower reads the group itself (EasyRec's SimpleMultiTask).
+    Mmoe {
+        experts: Vec<DnnSpec>,
+        towers: Vec<TaskTower>,
+    },
+    /// ESMM: each of `groups` (a feature group and its DNN) or, without
+    /// them, the `all` group, concatenated, feeds the CVR and the CTR tower
+    /// (a DNN, then `<tower>/dnn_output`); `logits_ctcvr` is the logit of
+    /// their probabilities' product. `labels`: the CVR and CTR tasks' label
+    /// fields, whose product the CTCVR task trains on.
+    Esmm {
+        groups: Vec<(String, DnnSpec)>,
+        cvr: TaskTower,
+        ctr: TaskTower,
+        labels: (usize, usize),
+    },
+    /// Progressive layered extraction over the `all` group: per level,
+    /// experts of each task and shared experts, each task's gate mixing
+    /// its own and the shared ones (and, below the last level, a shared
+    /// gate mixing all of them for the next level's shared experts); a
+    /// tower per task over its last mixture.
+    Ple {
+        levels: Vec<PleLevel>,
+        towers: Vec<TaskTower>,
+    },
+    /// Deep Bayesian multi-task learning: an optional shared bottom DNN,
+    /// optional MMoE experts, a tower per task and relation DNNs that feed
+    /// each task the relation outputs of the tasks it depends on.
+    Dbmtl {
+        /// A multi-modal tower instead of the `all` group (`bottom_cmbf`,
+        /// `bottom_uniter`; `bottom` is then none, as EasyRec leaves it out).
+        multimodal: Option<super::multimodal::Tower>,
+        bottom: Option<DnnSpec>,
+        experts: Vec<DnnSpec>,
+        towers: Vec<TaskTower>,
+    },
+    /// RankModel: EasyRec's `backbone` block DAG, then a one-logit `output`
+    /// layer unless the backbone already ends in one column.
+    Backbone(super::backbone::Backbone),
+    /// MultiTaskModel: the backbone, then DBMTL's task towers (DNN, relation
+    /// DNN, output) over its output, or over one output each when it ends
+    /// in a list.
+    MultiTaskBackbone {
+        backbone: super::backbone::Backbone,
+        towers: Vec<TaskTower>,
+    },
+    /// MatchModel: the backbone's outputs `user` and `item` (indices into
+    /// its output list) as the towers, compared as DSSM's are.
+    MatchBackbone {
+        backbone: super::backbone::Backbone,
+        user: usize,
+        item: usize,
+        sim: Similarity,
+    },
+    /// DSSM: the `user` and `item` groups through a DNN each (the last
+    /// layer linear), L2-normalised for the cosine, and their similarity
+    /// divided by the temperature, then scaled by `|sim_w|` and shifted by
+    /// `sim_b` with `scale_simi`.
+    Dssm {
+        user: DnnSpec,
+        item: DnnSpec,
+        sim: Similarity,
+        /// DSSM_SENet: each tower's features first go through a SENet
+        /// (`reduction_ratio`, `num_squeeze_group`), user's then item's.
+        senet: Option<SenetParams>,
+        /// DAT: each tower also reads its side's `<side>_id_augment` group,
+        /// whose vector learns to mimic the other tower's output: the
+        /// weights of `amm_loss_u` and `amm_loss_i`.
+        amm: Option<[f32; 2]>,
+    },
+    /// MIND (`config::model::mind::Mind`) over the `hist`, `user` and `item` groups.
+    Mind(Box<super::mind::Mind>),
+    /// DropoutNet: per side (user, item) the `<side>_content` group through
+    /// its DNN and the `<side>_preference` group, each row dropped whole
+    /// with the side's rate in training, through its own; both outputs
+    /// (of the groups the model has) through the side's tower, its last
+    /// layer linear; the L2-normalised embeddings' inner product.
+    DropoutNet { user: DropoutTower, item: DropoutTower },
+    /// RocketLaunching over the `all` group: `share` DNN, then the
+    /// `booster` DNN and, on the shared output cut from the gradient, the
+    /// `light` one, each into its own output layer (tasks `booster` and
+    /// `light`); the light logits are hinted by the booster's (their mean
+    /// squared difference, the booster's cut from the gradient) and with
+    /// `feature_based` each light hidden layer by the first booster layer
+    /// of its width.
+    RocketLaunching {
+        share: DnnSpec,
+        booster: DnnSpec,
+        light: DnnSpec,
+        feature_based: bool,
+    },
+}
 
 /// The architecture block, its l2_regularization and, for multi-task
 /// models, their tasks.
@@ -555,7 +702,7 @@ fn dropoutnet(d: &proto::DropoutNet, path: &str) -> Result<(Arch, f32), ConfigEr
                 "the tower's last layer is its embedding: it needs at least one layer",
             ));
         }
-        super::validate::rate(rate, format!("{path}.{name}_dropout_rate"))?;
+        crate::config::validate::rate(rate, format!("{path}.{name}_dropout_rate"))?;
         Ok(DropoutTower {
             content: dnn(content, &format!("{path}.{name}_content"))?,
             preference: dnn(preference, &format!("{path}.{name}_preference"))?,

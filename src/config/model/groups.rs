@@ -2,9 +2,85 @@
 //! feature plan, its sequence layers, and the groups a model reads as
 //! unpooled sequences.
 
-use super::feature_plan::{FeatureKind, FeaturePlan, FeatureSpec};
-use super::model_plan::{dnn, Activation, Bst, DnnSpec, FeatureGroup, ModelKind, SeqAttention};
-use super::{proto, ConfigError};
+use super::kind::ModelKind;
+use super::layers::{dnn, Activation, DnnSpec};
+use crate::config::feature_plan::{FeatureKind, FeaturePlan, FeatureSpec};
+use crate::config::{proto, ConfigError};
+
+/// Which feature groups feed a model, by index into the feature plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeatureGroup {
+    pub name: String,
+    pub features: Vec<usize>,
+    pub wide: bool,
+    /// Target attentions over behaviour sequences (EasyRec's
+    /// `sequence_features`), appended to the group's features in order.
+    pub seq: Vec<SeqAttention>,
+}
+
+/// One `sequence_features` entry of a feature group: DIN's target
+/// attention of the key features' embeddings over the history sequences'
+/// (EasyRec's `SequenceFeatureLayer.target_attention`). Keys and histories
+/// of all its `seq_att_map`s are concatenated, as EasyRec does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqAttention {
+    /// The entry's `group_name`.
+    pub name: String,
+    /// Where the scoring network's layers live: `<scope>/dnn_i`.
+    pub scope: String,
+    pub keys: Vec<usize>,
+    pub hist: Vec<usize>,
+    /// Sequences pooled with the same attention weights (the last
+    /// `seq_att_map`'s `aux_hist_seq`, as in EasyRec).
+    pub aux: Vec<usize>,
+    /// The attention's scoring network; its last layer has one unit and
+    /// neither batch norm nor activation.
+    pub dnn: DnnSpec,
+    pub need_key_feature: bool,
+    pub allow_key_transform: bool,
+    pub transform_dnn: bool,
+    /// MultiTowerBST's tower instead of a DIN attention: a transformer
+    /// block over the history and the key.
+    pub bst: Option<Bst>,
+    /// No attention: the histories are what a backbone input layer with
+    /// `output_seq_and_normal_feature` hands its blocks (no keys, no
+    /// scoring network).
+    pub input_only: bool,
+}
+
+impl SeqAttention {
+    /// The unpooled sequences `hist` of group `group`, for a backbone
+    /// input layer (`output_seq_and_normal_feature`).
+    pub fn input(group: &str, hist: Vec<usize>) -> Self {
+        SeqAttention {
+            name: group.to_string(),
+            scope: String::new(),
+            keys: Vec::new(),
+            hist,
+            aux: Vec::new(),
+            dnn: DnnSpec {
+                hidden_units: Vec::new(),
+                dropout: Vec::new(),
+                activation: Activation::Linear,
+                use_bn: false,
+            },
+            need_key_feature: false,
+            allow_key_transform: false,
+            transform_dnn: false,
+            bst: None,
+            input_only: true,
+        }
+    }
+}
+
+/// One of MultiTowerBST's `bst_towers`: the history cut or padded to
+/// `seq_len - 1` positions, the key after them, through EasyRec's
+/// transformer block of `heads` heads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bst {
+    pub seq_len: usize,
+    pub heads: usize,
+}
 
 /// The feature groups of `model` (of class `kind`) over `features`, with
 /// MultiTowerDIN's and MultiTowerBST's sequence towers, and the sequences

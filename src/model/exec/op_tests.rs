@@ -1,14 +1,15 @@
 //! Op-level parity: every op of the model graph on the CPU executor
-//! against burn's reference executor (values and autodiff gradients) and
-//! against central finite differences, in training mode.
+//! against burn's reference executor (values and autodiff gradients), both
+//! through the `Executor` contract, and against central finite
+//! differences, in training mode.
 
-use burn::tensor::{Device, Tensor, TensorData};
-
-use super::cpu::{Mode, Tape};
-use super::graph::{Graph, Keys, NodeId, Op, Routing, Scope};
-use super::params::{to_vec, Init, ParamStore};
-use super::reference::{self, Ctx};
-use crate::config::model_plan::{Activation, DnnSpec};
+use super::burn::Burn;
+use super::cpu::Cpu;
+use super::{Executor, Mode};
+use crate::config::model::{Activation, DnnSpec};
+use crate::model::graph::capsule;
+use crate::model::graph::params::{Init, ParamStore};
+use crate::model::graph::{Graph, Keys, NodeId, Op, Routing, Scope};
 use crate::util::Rng;
 
 const B: usize = 19;
@@ -194,6 +195,12 @@ fn cases() -> Vec<Case> {
             g.scale(y, -2.0, None)
         }),
         case("leaky relu", false, |g, _, x| g.act(x[1], Activation::LeakyRelu)),
+        case("linear+elu", true, |g, s, x| s.dense(g, x[0], "l", 5, Activation::Elu)),
+        // SELU's slope jumps at 0 (SCALE above, SCALE * ALPHA just below).
+        case("linear+selu", false, |g, s, x| {
+            s.dense(g, x[0], "l", 5, Activation::Selu)
+        }),
+        case("softplus", true, |g, _, x| g.act(x[1], Activation::Softplus)),
         case("grouped linear layers, sines and cosines", true, |g, s, x| {
             // 3 blocks of 2 columns, each its own [2, 2] layer with bias,
             // then per block [sin, cos], then 3 layers of [4, 1].
@@ -283,13 +290,13 @@ fn cases() -> Vec<Case> {
             let len = g.row_sum(sig);
             let len = g.scale(len, 2.0, None);
             let len = g.shift(len, -2.0);
-            let count = super::capsule::Count {
+            let count = capsule::Count {
                 max_k: 3,
                 positions: 8,
                 constant: false,
             };
             let caps = g.capsules(len, count);
-            let init = super::capsule::eval_logits(8, 3, 1.0);
+            let init = capsule::eval_logits(8, 3, 1.0);
             let routing = Routing {
                 max_k: 3,
                 iters: 3,
@@ -364,7 +371,7 @@ fn objective(c: &Case, params: &ParamStore, x: &[Vec<f32>], r: &[f32]) -> f64 {
         stats: &mut stats,
         examples: EXAMPLES,
     };
-    let t = Tape::forward(&c.graph, (params, &c.buffers), x, B, mode);
+    let t = Cpu.forward(&c.graph, (params, &c.buffers), x, B, mode);
     let out = NodeId(c.graph.nodes.len() - 1);
     t.value(out).iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
 }
@@ -382,46 +389,29 @@ fn every_op_matches_burn_and_finite_differences() {
         let mut rr = Rng::new(21);
         let r: Vec<f32> = (0..B * width).map(|_| rr.normal() as f32).collect();
 
-        // CPU executor.
-        let mut rng = Rng::new(5);
-        let mut stats = Vec::new();
-        let mode = Mode::Train {
-            rng: &mut rng,
-            stats: &mut stats,
-            examples: EXAMPLES,
-        };
-        let tape = Tape::forward(&c.graph, (&c.params, &c.buffers), &x, B, mode);
+        // Both executors through the contract, with the same dropout draws.
         let needs = c.graph.needs_grad(&[true, true]);
-        let mut dense = vec![0.0f32; c.params.values.len()];
-        let dx = tape.backward(&c.params, vec![(out, r.clone())], &needs, &mut dense);
-
-        // burn's reference with autodiff.
-        let device = Device::flex().autodiff();
-        let p = c.params.tensors(&device, true);
-        let xs: Vec<Tensor<2>> = x
-            .iter()
-            .map(|v| Tensor::<2>::from_data(TensorData::new(v.clone(), [B, 6]), &device).require_grad())
-            .collect();
-        let mut ctx = Ctx {
-            p: &p,
-            buffers: &c.buffers,
-            training: true,
-            device: &device,
-            rng: Rng::new(5),
-            bn_stats: Vec::new(),
-            examples: EXAMPLES,
+        let run = |exec: &dyn Executor| {
+            let mut rng = Rng::new(5);
+            let mut stats = Vec::new();
+            let mode = Mode::Train {
+                rng: &mut rng,
+                stats: &mut stats,
+                examples: EXAMPLES,
+            };
+            let tape = exec.forward(&c.graph, (&c.params, &c.buffers), &x, B, mode);
+            let mut dense = vec![0.0f32; c.params.values.len()];
+            let dx = tape.backward(&c.params, vec![(out, r.clone())], &needs, &mut dense);
+            (tape.value(out).to_vec(), dense, dx, stats)
         };
-        let y = reference::forward(&c.graph, &mut ctx, &xs).swap_remove(out.0);
-        assert_eq!(ctx.bn_stats.len(), stats.len(), "{}: batch norms", c.name);
-        let rt = Tensor::<2>::from_data(TensorData::new(r.clone(), [B, width]), &device);
-        let grads = (y.clone() * rt).sum().backward();
-        let yv = to_vec(y);
-        for (a, b) in tape.value(out).iter().zip(&yv) {
+        let (y, dense, dx, stats) = run(&Cpu);
+        let (yr, dense_r, dx_r, stats_r) = run(&Burn::reference());
+        assert_eq!(stats_r.len(), stats.len(), "{}: batch norms", c.name);
+        for (a, b) in y.iter().zip(&yr) {
             assert!(near(*a, *b, 1e-5), "{}: value cpu {a} vs reference {b}", c.name);
         }
-        for (spec, t) in c.params.specs.iter().zip(&p) {
-            let want = t.grad(&grads).map_or_else(|| vec![0.0; spec.len()], to_vec);
-            for (k, (a, b)) in dense[spec.range()].iter().zip(&want).enumerate() {
+        for spec in &c.params.specs {
+            for (k, (a, b)) in dense[spec.range()].iter().zip(&dense_r[spec.range()]).enumerate() {
                 assert!(
                     near(*a, *b, 1e-5),
                     "{}: d/d {}[{k}] cpu {a} vs reference {b}",
@@ -430,9 +420,8 @@ fn every_op_matches_burn_and_finite_differences() {
                 );
             }
         }
-        for (gi, t) in xs.iter().enumerate() {
-            let want = t.grad(&grads).map_or_else(|| vec![0.0; B * 6], to_vec);
-            for (k, (a, b)) in dx[gi].iter().zip(&want).enumerate() {
+        for (gi, want) in dx_r.iter().enumerate() {
+            for (k, (a, b)) in dx[gi].iter().zip(want).enumerate() {
                 assert!(
                     near(*a, *b, 1e-5),
                     "{}: d/d input {gi}[{k}] cpu {a} vs reference {b}",

@@ -1,0 +1,684 @@
+//! `model_config.backbone` typed: EasyRec's block DAG (`RankModel`), each
+//! block reading feature groups or other blocks through EasyRec's input
+//! expressions, and running an input layer, Keras layers or a recurrence.
+//! What is not here is refused by name: a Keras class, an `st_params` key,
+//! an input-layer option or a Python expression this trainer cannot run.
+
+use std::collections::HashMap;
+
+pub mod keras;
+
+pub use keras::*;
+
+use crate::config::{proto, ConfigError};
+
+/// The backbone: blocks in an order where each follows what it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backbone {
+    pub blocks: Vec<Block>,
+    /// `concat_blocks` (merged as one tensor) or `output_blocks` (a list).
+    pub output: Vec<String>,
+    pub output_as_list: bool,
+    pub top_mlp: Option<Mlp>,
+    /// The wide groups' embedding width (`input_layer.wide_output_dim`).
+    pub wide_output_dim: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    pub name: String,
+    pub inputs: Vec<BlockInput>,
+    /// `input_concat_axis`: -1 (features) or 1 (fields of 3-D inputs).
+    pub concat_axis: i32,
+    /// `merge_inputs_into_list`.
+    pub into_list: bool,
+    pub extra_input_fn: Option<Expr>,
+    /// Run in turn on the merged inputs; none passes them through.
+    pub layers: Vec<Layer>,
+}
+
+impl Block {
+    /// The input layer's output, when this block is a group's input layer.
+    pub fn input_layer(&self) -> Option<InputLayer> {
+        match self.layers.first() {
+            Some(Layer::Input(il)) => Some(*il),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockInput {
+    pub source: Source,
+    /// `input_slice` then `input_fn`.
+    pub slice: Option<Expr>,
+    pub input_fn: Option<Expr>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// A feature group, through EasyRec's input layer.
+    Group(String),
+    Block(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layer {
+    /// A feature group's input layer.
+    Input(InputLayer),
+    Keras(Keras),
+    /// `recurrent`: the layer applied `steps` times to its own output; with
+    /// `fixed`, the inputs are a list whose element `fixed` stays (DCN's x0).
+    Recurrent {
+        steps: usize,
+        fixed: Option<usize>,
+        layer: Keras,
+    },
+    /// `repeat`: `n` copies of the layer (variables of their own,
+    /// `<name>_<i>`) on the same input; their outputs as a list, or
+    /// concatenated with `output_concat_axis`.
+    Repeat {
+        n: usize,
+        concat: bool,
+        layer: Keras,
+    },
+    Lambda(Expr),
+}
+
+/// A feature group's input layer: what it outputs, and whether it batch
+/// normalises its features first (`do_batch_norm`: the tensor by one batch
+/// norm, the features of the list by another, as EasyRec's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLayer {
+    pub mode: InputMode,
+    pub batch_norm: bool,
+}
+
+impl InputLayer {
+    /// The plain concatenated features.
+    pub const TENSOR: InputLayer = InputLayer {
+        mode: InputMode::Tensor,
+        batch_norm: false,
+    };
+}
+
+/// What an input layer outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputMode {
+    /// The features concatenated: `[batch, width]`.
+    Tensor,
+    /// `only_output_feature_list`: one `[batch, dim]` per feature, in
+    /// `feature_names` order.
+    FeatureList,
+    /// `only_output_3d_tensor`: `[batch, features, dim]`.
+    Stacked,
+    /// `output_2d_tensor_and_feature_list`: `(tensor, list)`.
+    TensorAndList,
+    /// `output_seq_and_normal_feature`: `(sequences, length, targets)`,
+    /// the group's sequence features unpooled `[batch, len, Σ dim]` (side
+    /// by side per position, `concat_seq_feature`), the first one's
+    /// length, and its other features concatenated (none: a pair).
+    SeqAndNormal,
+}
+
+/// The Python expressions of `input_slice`, `input_fn`, `extra_input_fn`
+/// and `lambda` blocks that EasyRec's configs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expr {
+    /// `[i]`, `lambda x: x[i]`: an element of a list.
+    Index(usize),
+    /// `lambda x: [x]`, `lambda x: [x, x]`: the value repeated in a list.
+    Repeat(usize),
+    /// `lambda x: tf.add_n(x)`.
+    AddN,
+    /// `lambda x: tf.reduce_sum(x, axis=1, keepdims=True)`.
+    ReduceSum,
+    /// `lambda x: tf.concat(x, axis=1)` (or -1).
+    Concat,
+    /// `lambda x: tf.stack(x, axis=1)`.
+    Stack,
+    /// `lambda x: tf.unstack(tf.reshape(x, [-1, n, d]), axis=1)`.
+    Unstack { n: usize, d: usize },
+}
+
+const SUPPORTED_EXPRESSIONS: &str = "[i], lambda x: x[i], lambda x: [x, ...], tf.add_n(x), \
+     tf.reduce_sum(x, axis=1, keepdims=True), tf.concat(x, axis=1), tf.stack(x, axis=1), \
+     tf.unstack(tf.reshape(x, [-1, n, d]), axis=1)";
+
+/// Parses an expression; `slice` for `input_slice`, which EasyRec reads as
+/// the tail of `lambda x: x`.
+pub fn expr(text: &str, path: &str, slice: bool) -> Result<Expr, ConfigError> {
+    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    let body = if slice {
+        Some(format!("x{compact}"))
+    } else {
+        compact.strip_prefix("lambdax:").map(str::to_string)
+    };
+    let parsed = body.as_deref().and_then(|b| {
+        if let Some(i) = b.strip_prefix("x[").and_then(|r| r.strip_suffix(']')) {
+            return i.parse().ok().map(Expr::Index);
+        }
+        if let Some(items) = b.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            let n = items.split(',').count();
+            return items.split(',').all(|i| i == "x").then_some(Expr::Repeat(n));
+        }
+        match b {
+            "tf.add_n(x)" => return Some(Expr::AddN),
+            "tf.reduce_sum(x,axis=1,keepdims=True)" => return Some(Expr::ReduceSum),
+            "tf.concat(x,axis=1)" | "tf.concat(x,axis=-1)" | "tf.concat(x,1)" | "tf.concat(x,-1)" => {
+                return Some(Expr::Concat)
+            }
+            "tf.stack(x,axis=1)" | "tf.stack(x,1)" => return Some(Expr::Stack),
+            _ => {}
+        }
+        let shape = b
+            .strip_prefix("tf.unstack(tf.reshape(x,[-1,")
+            .and_then(|r| r.strip_suffix("]),axis=1)"))?;
+        let (n, d) = shape.split_once(',')?;
+        Some(Expr::Unstack {
+            n: n.parse().ok()?,
+            d: d.parse().ok()?,
+        })
+    });
+    parsed.ok_or_else(|| ConfigError::Unsupported {
+        path: path.to_string(),
+        what: format!("the Python expression `{text}`"),
+        hint: format!(" (supported forms: {SUPPORTED_EXPRESSIONS})"),
+    })
+}
+
+fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigError> {
+    let refused: [(&str, bool); 4] = [
+        ("do_layer_norm", l.do_layer_norm()),
+        ("dropout_rate", l.dropout_rate() > 0.0),
+        ("feature_dropout_rate", l.feature_dropout_rate() > 0.0),
+        (
+            "concat_seq_feature",
+            l.output_seq_and_normal_feature() && !l.concat_seq_feature(),
+        ),
+    ];
+    if let Some((field, _)) = refused.iter().find(|(_, on)| *on) {
+        return Err(ConfigError::unsupported(
+            format!("{path}.{field}"),
+            "this input-layer option",
+        ));
+    }
+    if l.output_seq_and_normal_feature() {
+        if l.do_batch_norm() {
+            // EasyRec returns the sequence inputs before any normalization.
+            log::warn!("{path}.do_batch_norm: EasyRec does not normalize output_seq_and_normal_feature, nor does this");
+        }
+        return Ok(InputLayer {
+            mode: InputMode::SeqAndNormal,
+            batch_norm: false,
+        });
+    }
+    let mode = if l.only_output_feature_list() {
+        InputMode::FeatureList
+    } else if l.only_output_3d_tensor() {
+        InputMode::Stacked
+    } else if l.output_2d_tensor_and_feature_list() {
+        InputMode::TensorAndList
+    } else {
+        InputMode::Tensor
+    };
+    Ok(InputLayer {
+        mode,
+        batch_norm: l.do_batch_norm(),
+    })
+}
+
+/// The feature groups a backbone block reads through an input layer with
+/// `output_seq_and_normal_feature`: their sequence features stay unpooled.
+pub fn seq_input_groups(b: &proto::BackboneTower) -> Vec<String> {
+    b.blocks
+        .iter()
+        .filter(
+            |blk| matches!(&blk.layer, Some(proto::block::Layer::InputLayer(l)) if l.output_seq_and_normal_feature()),
+        )
+        .filter_map(|blk| match &blk.inputs.first()?.name {
+            Some(proto::input::Name::FeatureGroupName(g)) => Some(g.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn layer(l: &proto::block::Layer, path: &str) -> Result<Layer, ConfigError> {
+    use proto::block::Layer as L;
+    Ok(match l {
+        L::InputLayer(i) => Layer::Input(input_layer(i, &format!("{path}.input_layer"))?),
+        L::KerasLayer(k) => Layer::Keras(keras(k, &format!("{path}.keras_layer"))?),
+        L::Lambda(x) => Layer::Lambda(expr(&x.expression, &format!("{path}.lambda.expression"), false)?),
+        L::Recurrent(r) => recurrent(r, &format!("{path}.recurrent"))?,
+        L::Repeat(r) => repeat(r, &format!("{path}.repeat"))?,
+        L::RawInput(_) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.raw_input"),
+                "raw input layers",
+            ))
+        }
+        L::EmbeddingLayer(_) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.embedding_layer"),
+                "embedding layers over bucketized features",
+            ))
+        }
+    })
+}
+
+fn recurrent(r: &proto::RecurrentLayer, path: &str) -> Result<Layer, ConfigError> {
+    if r.num_steps == 0 {
+        return Err(ConfigError::invalid(format!("{path}.num_steps"), "must be at least 1"));
+    }
+    Ok(Layer::Recurrent {
+        steps: r.num_steps as usize,
+        fixed: r.fixed_input_index.map(|i| i as usize),
+        layer: keras(&r.keras_layer, &format!("{path}.keras_layer"))?,
+    })
+}
+
+fn repeat(r: &proto::RepeatLayer, path: &str) -> Result<Layer, ConfigError> {
+    if r.num_repeat == 0 {
+        return Err(ConfigError::invalid(format!("{path}.num_repeat"), "must be at least 1"));
+    }
+    for (field, set) in [
+        ("input_slice", r.input_slice.is_some()),
+        ("input_fn", r.input_fn.is_some()),
+    ] {
+        if set {
+            return Err(ConfigError::unsupported(
+                format!("{path}.{field}"),
+                "a repeat's per-copy input function",
+            ));
+        }
+    }
+    let concat = match r.output_concat_axis {
+        None => false,
+        Some(-1) => true,
+        Some(a) => {
+            return Err(ConfigError::unsupported(
+                format!("{path}.output_concat_axis"),
+                format!("concatenating a repeat's outputs on axis {a} (supported: -1)"),
+            ))
+        }
+    };
+    Ok(Layer::Repeat {
+        n: r.num_repeat as usize,
+        concat,
+        layer: keras(&r.keras_layer, &format!("{path}.keras_layer"))?,
+    })
+}
+
+fn sequential(l: &proto::Layer, path: &str) -> Result<Layer, ConfigError> {
+    use proto::layer::Layer as L;
+    match &l.layer {
+        Some(L::Lambda(x)) => Ok(Layer::Lambda(expr(
+            &x.expression,
+            &format!("{path}.lambda.expression"),
+            false,
+        )?)),
+        Some(L::KerasLayer(k)) => Ok(Layer::Keras(keras(k, &format!("{path}.keras_layer"))?)),
+        Some(L::Recurrent(r)) => recurrent(r, &format!("{path}.recurrent")),
+        Some(L::Repeat(r)) => repeat(r, &format!("{path}.repeat")),
+        None => Err(ConfigError::invalid(
+            path,
+            "a layer needs one of lambda, keras_layer, recurrent, repeat",
+        )),
+    }
+}
+
+/// Types `backbone`, `groups` being the model's feature-group names.
+pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Result<Backbone, ConfigError> {
+    if !b.packages.is_empty() {
+        return Err(ConfigError::unsupported(format!("{path}.packages"), "block packages"));
+    }
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut wide_output_dim: Option<usize> = None;
+    for (i, blk) in b.blocks.iter().enumerate() {
+        let bpath = format!("{path}.blocks[{i}]");
+        if blk.inputs.is_empty() {
+            return Err(ConfigError::invalid(
+                &bpath,
+                format!("block `{}` takes no input", blk.name),
+            ));
+        }
+        if blocks.iter().any(|x| x.name == blk.name) {
+            return Err(ConfigError::invalid(
+                format!("{bpath}.name"),
+                format!("a second block `{}`", blk.name),
+            ));
+        }
+        let mut inputs = Vec::new();
+        for (j, inp) in blk.inputs.iter().enumerate() {
+            use proto::input::Name;
+            let ipath = format!("{bpath}.inputs[{j}]");
+            let source = match &inp.name {
+                Some(Name::FeatureGroupName(g)) => Source::Group(g.clone()),
+                Some(Name::BlockName(n)) => Source::Block(n.clone()),
+                Some(Name::PackageName(_) | Name::UsePackageInput(_)) => {
+                    return Err(ConfigError::unsupported(ipath, "inputs from block packages"))
+                }
+                None => {
+                    return Err(ConfigError::invalid(
+                        ipath,
+                        "an input needs feature_group_name or block_name",
+                    ))
+                }
+            };
+            for (field, set) in [
+                ("reset_input", inp.reset_input.is_some()),
+                ("package_input", inp.package_input.is_some()),
+                ("package_input_fn", inp.package_input_fn.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::unsupported(
+                        format!("{ipath}.{field}"),
+                        "block package inputs",
+                    ));
+                }
+            }
+            if inp.ignore_input() {
+                continue;
+            }
+            inputs.push(BlockInput {
+                source,
+                slice: inp
+                    .input_slice
+                    .as_deref()
+                    .map(|s| expr(s, &format!("{ipath}.input_slice"), true))
+                    .transpose()?,
+                input_fn: inp
+                    .input_fn
+                    .as_deref()
+                    .map(|s| expr(s, &format!("{ipath}.input_fn"), false))
+                    .transpose()?,
+            });
+        }
+        let mut layers = Vec::new();
+        if let Some(l) = &blk.layer {
+            if let proto::block::Layer::InputLayer(il) = l {
+                if blk.inputs.len() != 1 || !matches!(inputs.first().map(|i| &i.source), Some(Source::Group(_))) {
+                    return Err(ConfigError::invalid(
+                        &bpath,
+                        format!("input layer `{}` takes exactly one feature_group_name", blk.name),
+                    ));
+                }
+                if let Some(d) = il.wide_output_dim {
+                    if wide_output_dim.is_some_and(|w| w != d as usize) {
+                        return Err(ConfigError::invalid(
+                            format!("{bpath}.input_layer.wide_output_dim"),
+                            "differs from another block's: wide_output_dim must be consistent",
+                        ));
+                    }
+                    wide_output_dim = Some(d as usize);
+                }
+            }
+            if !blk.layers.is_empty() {
+                return Err(ConfigError::invalid(
+                    &bpath,
+                    "a block has either `layers` or one layer, not both",
+                ));
+            }
+            layers.push(layer(l, &bpath)?);
+        }
+        for (j, l) in blk.layers.iter().enumerate() {
+            layers.push(sequential(l, &format!("{bpath}.layers[{j}]"))?);
+        }
+        blocks.push(Block {
+            name: blk.name.clone(),
+            inputs,
+            concat_axis: blk.input_concat_axis(),
+            into_list: blk.merge_inputs_into_list(),
+            extra_input_fn: blk
+                .extra_input_fn
+                .as_deref()
+                .map(|s| expr(s, &format!("{bpath}.extra_input_fn"), false))
+                .transpose()?,
+            layers,
+        });
+    }
+    // Inputs naming a feature group that no block defines get EasyRec's
+    // implicit input-layer block of that name.
+    let names: Vec<String> = blocks.iter().map(|b| b.name.clone()).collect();
+    let mut implicit: Vec<Block> = Vec::new();
+    for blk in &mut blocks {
+        let is_input_layer = blk.input_layer().is_some();
+        for inp in &mut blk.inputs {
+            let (is_group, name) = match &inp.source {
+                Source::Group(n) => (true, n.clone()),
+                Source::Block(n) => (false, n.clone()),
+            };
+            if is_group && is_input_layer {
+                if !groups.contains(&name) {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.blocks"),
+                        format!(
+                            "block `{}` reads feature group `{name}`, which model_config does not define",
+                            blk.name
+                        ),
+                    ));
+                }
+                continue;
+            }
+            if names.contains(&name) {
+                inp.source = Source::Block(name);
+            } else if is_group && groups.contains(&name) {
+                if !implicit.iter().any(|b| b.name == name) {
+                    implicit.push(Block {
+                        name: name.clone(),
+                        inputs: vec![BlockInput {
+                            source: Source::Group(name.clone()),
+                            slice: None,
+                            input_fn: None,
+                        }],
+                        concat_axis: -1,
+                        into_list: false,
+                        extra_input_fn: None,
+                        layers: vec![Layer::Input(InputLayer::TENSOR)],
+                    });
+                }
+                inp.source = Source::Block(name);
+            } else {
+                return Err(ConfigError::invalid(
+                    format!("{path}.blocks"),
+                    format!(
+                        "block `{}` reads `{name}`, which is neither a feature group nor a block",
+                        blk.name
+                    ),
+                ));
+            }
+        }
+    }
+    if blocks.iter().all(|b| b.input_layer().is_some()) {
+        return Err(ConfigError::invalid(
+            path,
+            "there must be at least one block besides input layers",
+        ));
+    }
+    implicit.extend(blocks);
+    let blocks = topological(implicit, path)?;
+    let (output, output_as_list) = if !b.output_blocks.is_empty() {
+        (b.output_blocks.clone(), true)
+    } else if !b.concat_blocks.is_empty() {
+        (b.concat_blocks.clone(), false)
+    } else {
+        // EasyRec concatenates the leaves: blocks no other block reads.
+        let read: Vec<&str> = blocks
+            .iter()
+            .flat_map(|b| b.inputs.iter())
+            .filter_map(|i| match &i.source {
+                Source::Block(n) => Some(n.as_str()),
+                Source::Group(_) => None,
+            })
+            .collect();
+        let leaves = blocks
+            .iter()
+            .filter(|b| !read.contains(&b.name.as_str()))
+            .map(|b| b.name.clone())
+            .collect();
+        (leaves, false)
+    };
+    if let Some(o) = output.iter().find(|o| !blocks.iter().any(|b| &b.name == *o)) {
+        return Err(ConfigError::invalid(
+            format!("{path}.concat_blocks"),
+            format!("no block `{o}` to output"),
+        ));
+    }
+    Ok(Backbone {
+        blocks,
+        output,
+        output_as_list,
+        top_mlp: b
+            .top_mlp
+            .as_ref()
+            .map(|m| mlp(m, &format!("{path}.top_mlp")))
+            .transpose()?,
+        wide_output_dim,
+    })
+}
+
+/// Blocks ordered so each follows the blocks it reads, otherwise in the
+/// order written; a cycle is an error.
+fn topological(blocks: Vec<Block>, path: &str) -> Result<Vec<Block>, ConfigError> {
+    let index: HashMap<String, usize> = blocks.iter().enumerate().map(|(i, b)| (b.name.clone(), i)).collect();
+    let deps: Vec<Vec<usize>> = blocks
+        .iter()
+        .map(|b| {
+            b.inputs
+                .iter()
+                .filter_map(|i| match &i.source {
+                    Source::Block(n) => index.get(n).copied(),
+                    Source::Group(_) => None,
+                })
+                .collect()
+        })
+        .collect();
+    let mut done = vec![false; blocks.len()];
+    let mut order = Vec::with_capacity(blocks.len());
+    while order.len() < blocks.len() {
+        let next = (0..blocks.len()).find(|&i| !done[i] && deps[i].iter().all(|&d| done[d]));
+        match next {
+            Some(i) => {
+                done[i] = true;
+                order.push(i);
+            }
+            None => {
+                let stuck: Vec<&str> = (0..blocks.len())
+                    .filter(|&i| !done[i])
+                    .map(|i| blocks[i].name.as_str())
+                    .collect();
+                return Err(ConfigError::invalid(
+                    format!("{path}.blocks"),
+                    format!("blocks read each other in a cycle: {}", stuck.join(", ")),
+                ));
+            }
+        }
+    }
+    let mut slots: Vec<Option<Block>> = blocks.into_iter().map(Some).collect();
+    Ok(order
+        .into_iter()
+        .map(|i| slots[i].take().expect("each block once"))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expressions_of_easyrec_configs() {
+        let p = "p";
+        assert_eq!(expr("[1]", p, true).unwrap(), Expr::Index(1));
+        assert_eq!(expr("lambda x: x[0]", p, false).unwrap(), Expr::Index(0));
+        assert_eq!(expr("lambda x: [x]", p, false).unwrap(), Expr::Repeat(1));
+        assert_eq!(expr("lambda x: [x, x]", p, false).unwrap(), Expr::Repeat(2));
+        assert_eq!(expr("lambda x: tf.add_n(x)", p, false).unwrap(), Expr::AddN);
+        assert_eq!(
+            expr("lambda x: tf.reduce_sum(x, axis=1, keepdims=True)", p, false).unwrap(),
+            Expr::ReduceSum
+        );
+        assert_eq!(expr("lambda x: tf.concat(x, axis=1)", p, false).unwrap(), Expr::Concat);
+        assert_eq!(expr("lambda x: tf.stack(x, axis=1)", p, false).unwrap(), Expr::Stack);
+        assert_eq!(
+            expr("lambda x: tf.unstack(tf.reshape(x, [-1, 26, 16]), axis=1)", p, false).unwrap(),
+            Expr::Unstack { n: 26, d: 16 }
+        );
+        let e = expr("lambda x: tf.nn.softmax(x)", "blocks[2].inputs[0].input_fn", false).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(
+                "blocks[2].inputs[0].input_fn: the Python expression `lambda x: tf.nn.softmax(x)` is not supported"
+            ),
+            "{msg}"
+        );
+        assert!(expr("lambda x: [x, y]", p, false).is_err());
+    }
+
+    fn input(name: &str, group: bool) -> proto::Input {
+        use proto::input::Name;
+        proto::Input {
+            name: Some(if group {
+                Name::FeatureGroupName(name.into())
+            } else {
+                Name::BlockName(name.into())
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn keras_block(name: &str, inputs: Vec<proto::Input>, class: &str) -> proto::Block {
+        proto::Block {
+            name: name.into(),
+            inputs,
+            layer: Some(proto::block::Layer::KerasLayer(proto::KerasLayer {
+                class_name: class.into(),
+                params: None,
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn tower(blocks: Vec<proto::Block>) -> proto::BackboneTower {
+        proto::BackboneTower {
+            blocks,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn blocks_run_after_what_they_read_and_groups_get_input_layers() {
+        let b = tower(vec![
+            keras_block("top", vec![input("mid", false)], "FM"),
+            keras_block("mid", vec![input("all", true), input("all", true)], "Add"),
+        ]);
+        let bb = backbone(&b, &["all".to_string()], "backbone").unwrap();
+        let order: Vec<&str> = bb.blocks.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(order, ["all", "mid", "top"]);
+        assert_eq!(bb.blocks[0].layers, vec![Layer::Input(InputLayer::TENSOR)]);
+        // No concat_blocks: EasyRec concatenates the leaves.
+        assert_eq!(bb.output, ["top"]);
+    }
+
+    #[test]
+    fn cycles_unknown_inputs_and_layers_are_named() {
+        let groups = ["all".to_string()];
+        let cyc = tower(vec![
+            keras_block("a", vec![input("b", false)], "Add"),
+            keras_block("b", vec![input("a", false), input("all", true)], "Add"),
+        ]);
+        let e = backbone(&cyc, &groups, "backbone").unwrap_err().to_string();
+        assert!(e.contains("cycle: a, b"), "{e}");
+        let unknown = tower(vec![keras_block("a", vec![input("nope", false)], "Add")]);
+        let e = backbone(&unknown, &groups, "backbone").unwrap_err().to_string();
+        assert!(
+            e.contains("`nope`, which is neither a feature group nor a block"),
+            "{e}"
+        );
+        let layer = tower(vec![keras_block("a", vec![input("all", true)], "Transformer")]);
+        let e = backbone(&layer, &groups, "backbone").unwrap_err().to_string();
+        assert!(
+            e.starts_with("backbone.blocks[0].keras_layer.class_name: Keras layer `Transformer` is not supported"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,380 @@
+//! RankModel's graph: EasyRec's backbone blocks evaluated in order onto the
+//! model graph, then its rank head. Values flowing between blocks are 2-D
+//! tensors, 3-D `[batch, n, d]` tensors (kept as `[batch, n * d]`) or Python
+//! lists of them, as in EasyRec; each layer checks it gets what it takes.
+
+mod keras;
+mod value;
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context};
+
+use crate::config::model::backbone::{Backbone, Block, InputLayer, InputMode, Keras, Layer, Source};
+use crate::config::model::Activation;
+use crate::model::graph::{Graph, NodeId, Scope};
+use crate::model::layout::GroupLayout;
+use keras::*;
+pub use keras::{senet, SeNetStyle};
+use value::*;
+
+/// RankModel's graph over the group inputs `xs`: the backbone, then an
+/// `output` layer of `classes` logits unless the backbone ends in as many
+/// columns.
+pub fn rank(
+    b: &Backbone,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    classes: usize,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
+    let out = body(b, groups, xs, g, s)?;
+    let x = tensor(&out, g).context("RankModel's output")?;
+    Ok(if g.width(x) == classes {
+        x
+    } else {
+        s.unregularized_output(g, x, "output", classes)
+    })
+}
+
+/// MultiTaskModel's task inputs: one backbone output per task tower when
+/// the backbone ends in a list (MMoE's), else its one output for each.
+pub fn task_inputs(
+    b: &Backbone,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    tasks: usize,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Vec<NodeId>> {
+    match body(b, groups, xs, g, s)? {
+        Val::L(items) => {
+            if items.len() != tasks {
+                bail!(
+                    "the backbone outputs {} values for {tasks} task towers: they must be equal",
+                    items.len()
+                );
+            }
+            items
+                .iter()
+                .map(|v| tensor(v, g).context("a task tower's input"))
+                .collect()
+        }
+        one => Ok(vec![tensor(&one, g).context("the task towers' input")?; tasks]),
+    }
+}
+
+/// MatchModel's user and item towers: outputs `user` and `item` of the
+/// backbone's output list.
+pub fn towers(
+    b: &Backbone,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    (user, item): (usize, usize),
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<(NodeId, NodeId)> {
+    let Val::L(items) = body(b, groups, xs, g, s)? else {
+        bail!("MatchModel's backbone must output a list holding the user and the item tower");
+    };
+    let tower = |i: usize, what: &str, g: &mut Graph| -> anyhow::Result<NodeId> {
+        let v = items.get(i).with_context(|| {
+            format!(
+                "{what}_tower_idx_in_output {i} is past the backbone's {} outputs",
+                items.len()
+            )
+        })?;
+        tensor(v, g).with_context(|| format!("the {what} tower"))
+    };
+    let (u, v) = (tower(user, "user", g)?, tower(item, "item", g)?);
+    if g.width(u) != g.width(v) {
+        bail!(
+            "the user tower is {} wide and the item tower {}: they must match to be compared",
+            g.width(u),
+            g.width(v)
+        );
+    }
+    Ok((u, v))
+}
+
+/// The backbone's output: its output blocks and top MLP.
+fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
+    let mut outs: HashMap<&str, Val> = HashMap::new();
+    for blk in &b.blocks {
+        let v = block(blk, &outs, groups, xs, g, s).with_context(|| format!("backbone block `{}`", blk.name))?;
+        outs.insert(blk.name.as_str(), v);
+    }
+    let picked: Vec<Val> = b.output.iter().map(|o| outs[o.as_str()].clone()).collect();
+    let mut out = if b.output_as_list {
+        match picked.as_slice() {
+            [one] => one.clone(),
+            _ => Val::L(picked),
+        }
+    } else {
+        merge(picked, -1, g).context("backbone concat_blocks")?
+    };
+    if let Some(m) = &b.top_mlp {
+        // EasyRec concatenates a list before its top MLP.
+        let x = match out {
+            Val::L(items) => concat_list(&items, g).context("backbone top_mlp")?,
+            other => other,
+        };
+        let x = tensor(&x, g).context("backbone top_mlp")?;
+        out = Val::T(mlp(x, m, "backbone_top_mlp", g, s));
+    }
+    Ok(out)
+}
+
+fn block(
+    blk: &Block,
+    outs: &HashMap<&str, Val>,
+    groups: &[GroupLayout],
+    xs: &[NodeId],
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    if let Some(il) = blk.input_layer() {
+        let Source::Group(name) = &blk.inputs[0].source else {
+            unreachable!("typed as a group input")
+        };
+        let gi = groups
+            .iter()
+            .position(|l| &l.name == name)
+            .with_context(|| format!("no feature group `{name}`"))?;
+        return input_layer(&groups[gi], xs[gi], il, &blk.name, g, s);
+    }
+    let mut inputs = Vec::new();
+    for inp in &blk.inputs {
+        let Source::Block(name) = &inp.source else {
+            unreachable!("group inputs resolve to input-layer blocks")
+        };
+        let mut v = outs[name.as_str()].clone();
+        if let Some(e) = inp.slice {
+            v = apply(e, v, g).with_context(|| format!("input_slice of `{name}`"))?;
+        }
+        if let Some(e) = inp.input_fn {
+            v = apply(e, v, g).with_context(|| format!("input_fn of `{name}`"))?;
+        }
+        inputs.push(v);
+    }
+    let mut v = if blk.into_list {
+        Val::L(inputs)
+    } else {
+        merge(inputs, blk.concat_axis, g)?
+    };
+    if let Some(e) = blk.extra_input_fn {
+        v = apply(e, v, g).context("extra_input_fn")?;
+    }
+    let one = blk.layers.len() == 1;
+    for (i, l) in blk.layers.iter().enumerate() {
+        // EasyRec names a block's single layer after the block, sequential
+        // layers `<block>_l<i>`.
+        let name = if one {
+            blk.name.clone()
+        } else {
+            format!("{}_l{i}", blk.name)
+        };
+        v = match l {
+            Layer::Input(_) => bail!("an input layer must be the block's only layer"),
+            Layer::Keras(k) => keras(k, v, &name, g, s)?,
+            Layer::Lambda(e) => apply(*e, v, g).context("lambda")?,
+            Layer::Recurrent { steps, fixed, layer } => recurrent(*steps, *fixed, layer, v, &name, g, s)?,
+            Layer::Repeat { n, concat, layer } => {
+                let mut outs = (0..*n)
+                    .map(|i| keras(layer, v.clone(), &format!("{name}_{i}"), g, s))
+                    .collect::<anyhow::Result<Vec<Val>>>()?;
+                if outs.len() == 1 {
+                    outs.pop().expect("one output")
+                } else if *concat {
+                    let xs = outs.iter().map(|o| tensor(o, g)).collect::<anyhow::Result<Vec<_>>>()?;
+                    Val::T(g.concat(&xs))
+                } else {
+                    Val::L(outs)
+                }
+            }
+        };
+    }
+    Ok(v)
+}
+
+/// EasyRec's input layer over a group. With `do_batch_norm` the tensor
+/// goes through one batch norm and the list's features through their own
+/// (column-wise, so one batch norm over all of them is the same).
+fn input_layer(
+    l: &GroupLayout,
+    x: NodeId,
+    il: InputLayer,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    let mode = il.mode;
+    // A group whose sequences stay unpooled hands its blocks its whole
+    // input matrix, which only that input layer reads.
+    if mode != InputMode::SeqAndNormal && l.seq.iter().any(|sl| sl.att.input_only) {
+        bail!(
+            "group `{}` is read with output_seq_and_normal_feature elsewhere, so its sequences are unpooled; \
+             read it that way here too",
+            l.name
+        );
+    }
+    let norm = |g: &mut Graph, s: &mut Scope, what: &str| {
+        if il.batch_norm {
+            s.batch_norm(g, x, &format!("{name}/{what}"), Activation::Linear)
+        } else {
+            x
+        }
+    };
+    let listed = match mode {
+        InputMode::Tensor => x,
+        _ => norm(g, s, "feature_batch_normalization"),
+    };
+    let x = match mode {
+        InputMode::Tensor | InputMode::TensorAndList => norm(g, s, "batch_normalization"),
+        _ => x,
+    };
+    let list = |g: &mut Graph| -> Vec<NodeId> {
+        l.feature_columns()
+            .into_iter()
+            .map(|(col, width)| g.slice(listed, col, width))
+            .collect()
+    };
+    Ok(match mode {
+        InputMode::SeqAndNormal => seq_input(l, x, g)?,
+        InputMode::Tensor => Val::T(x),
+        InputMode::FeatureList => Val::L(list(g).into_iter().map(Val::T).collect()),
+        InputMode::TensorAndList => Val::L(vec![Val::T(x), Val::L(list(g).into_iter().map(Val::T).collect())]),
+        InputMode::Stacked => {
+            let items: Vec<Val> = list(g).into_iter().map(Val::T).collect();
+            stacked(stack(&items, g).with_context(|| format!("only_output_3d_tensor of group `{}`", l.name))?)
+        }
+    })
+}
+
+/// EasyRec's `recurrent` layer: the layer `steps` times on its own output;
+/// with `fixed`, over a list whose element `fixed` stays and is dropped at
+/// the end.
+fn recurrent(
+    steps: usize,
+    fixed: Option<usize>,
+    layer: &Keras,
+    v: Val,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    let Some(f) = fixed else {
+        let mut out = v;
+        for i in 0..steps {
+            out = keras(layer, out, &format!("{name}_{i}"), g, s)?;
+        }
+        return Ok(out);
+    };
+    let Val::L(mut items) = v else {
+        bail!("recurrent with fixed_input_index takes a list, got {}", v.describe(g));
+    };
+    if f >= items.len() {
+        bail!("fixed_input_index {f} of a list of {}", items.len());
+    }
+    for i in 0..steps {
+        let out = keras(layer, Val::L(items.clone()), &format!("{name}_{i}"), g, s)?;
+        let mut outs = match out {
+            Val::L(o) => o.into_iter(),
+            one => vec![one; items.len() - 1].into_iter(),
+        };
+        for (idx, item) in items.iter_mut().enumerate() {
+            if idx != f {
+                *item = outs.next().context("recurrent layer returned too few outputs")?;
+            }
+        }
+    }
+    items.remove(f);
+    Ok(if items.len() == 1 {
+        items.pop().expect("one item")
+    } else {
+        Val::L(items)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::exec::{cpu::Cpu, Executor, Mode};
+    use crate::model::graph::params::ParamStore;
+    use crate::model::graph::LN_EPS;
+    use crate::util::Rng;
+
+    /// SENet against a direct computation: squeeze each field's groups to
+    /// their max and mean (field by field, max before mean), W1 with relu,
+    /// W2, reweight, skip, layer norm.
+    #[test]
+    fn senet_squeezes_excites_and_reweights_as_fibinet_plus_plus() {
+        let (b, widths, groups) = (3, [4usize, 6], 2);
+        let (mut params, mut buffers, mut rng) = (ParamStore::default(), ParamStore::default(), Rng::new(4));
+        let mut s = Scope {
+            params: &mut params,
+            buffers: &mut buffers,
+            rng: &mut rng,
+        };
+        let mut g = Graph::default();
+        let inputs: Vec<NodeId> = widths.iter().enumerate().map(|(i, w)| g.input(i, *w)).collect();
+        let style = SeNetStyle::Keras {
+            skip: true,
+            layer_norm: true,
+        };
+        let out = senet(&inputs, "se", (2, groups), style, &mut g, &mut s).unwrap();
+        for x in params.values.iter_mut() {
+            *x += 0.05; // non-zero biases and layer-norm offsets
+        }
+        let mut r = Rng::new(8);
+        let xs: Vec<Vec<f32>> = widths
+            .iter()
+            .map(|w| (0..b * w).map(|_| r.normal() as f32).collect())
+            .collect();
+        let tape = Cpu.forward(&g, (&params, &buffers), &xs, b, Mode::Infer);
+        let got = tape.value(out);
+        let p = |name: &str| {
+            let s = params.specs.iter().find(|s| s.name == name).unwrap();
+            (params.values[s.range()].to_vec(), s.cols)
+        };
+        let ((w1, n1), (b1, _)) = (p("se/W1/kernel"), p("se/W1/bias"));
+        let ((w2, n2), (b2, _)) = (p("se/W2/kernel"), p("se/W2/bias"));
+        let ((gamma, _), (beta, _)) = (p("se/output_ln/gamma"), p("se/output_ln/beta"));
+        assert_eq!(
+            (n1, n2),
+            (4, 10),
+            "max(1, 2 fields * 2 groups * 2 / 2) units, then one per value"
+        );
+        for row in 0..b {
+            let fields: Vec<&[f32]> = widths
+                .iter()
+                .zip(&xs)
+                .map(|(w, x)| &x[row * w..(row + 1) * w])
+                .collect();
+            let mut z = Vec::new();
+            for f in &fields {
+                let per = f.len() / groups;
+                let chunks: Vec<&[f32]> = f.chunks(per).collect();
+                z.extend(chunks.iter().map(|c| c.iter().copied().fold(f32::MIN, f32::max)));
+                z.extend(chunks.iter().map(|c| c.iter().sum::<f32>() / per as f32));
+            }
+            let dense = |x: &[f32], w: &[f32], bias: &[f32], n: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|j| bias[j] + x.iter().enumerate().map(|(i, v)| v * w[i * n + j]).sum::<f32>())
+                    .collect()
+            };
+            let a1: Vec<f32> = dense(&z, &w1, &b1, n1).into_iter().map(|v| v.max(0.0)).collect();
+            let weights = dense(&a1, &w2, &b2, n2);
+            let emb: Vec<f32> = fields.concat();
+            let y: Vec<f32> = emb.iter().zip(&weights).map(|(e, w)| e * w + e).collect();
+            let mean = y.iter().sum::<f32>() / y.len() as f32;
+            let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / y.len() as f32;
+            for (j, v) in y.iter().enumerate() {
+                let want = (v - mean) / (var + LN_EPS).sqrt() * gamma[j] + beta[j];
+                let have = got[row * n2 + j];
+                assert!((have - want).abs() < 1e-4, "row {row} value {j}: {have} vs {want}");
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The CPU executor of the model graph: the training path of every model.
+//! The forward pass runs the nodes in order and keeps their values (the
+//! tape); the backward pass walks them in reverse, each op's kernel
+//! accumulating its parameters' gradients and handing its operands theirs.
+//! Nothing flows into nodes that depend on no parameter and no trained
+//! input.
+
+use rayon::prelude::*;
+
+mod backward;
+pub mod capsule;
+mod forward;
+pub mod kernels;
+
+use kernels::{Interact, LANES, ROWS};
+
+use super::{Executor, Mode};
+use crate::model::graph::params::ParamStore;
+use crate::model::graph::{BnStats, Graph, NodeId, Op};
+
+/// The CPU executor.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+impl Executor for Cpu {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn forward<'a>(
+        &self,
+        graph: &'a Graph,
+        state: (&ParamStore, &ParamStore),
+        inputs: &'a [Vec<f32>],
+        rows: usize,
+        mode: Mode,
+    ) -> Box<dyn super::Tape + 'a> {
+        Box::new(Tape::forward(graph, state, inputs, rows, mode))
+    }
+}
+
+impl super::Tape for Tape<'_> {
+    fn value(&self, n: NodeId) -> &[f32] {
+        Tape::value(self, n)
+    }
+
+    fn backward(
+        &self,
+        params: &ParamStore,
+        seeds: Vec<(NodeId, Vec<f32>)>,
+        needs: &[bool],
+        dense: &mut [f32],
+    ) -> Vec<Vec<f32>> {
+        Tape::backward(self, params, seeds, needs, dense)
+    }
+}
+
+/// What a node kept for its backward beyond its value.
+enum Saved {
+    None,
+    /// Batch norm: the normalised values and `1 / sqrt(var + eps)`.
+    Bn {
+        xhat: Vec<f32>,
+        inv: Vec<f32>,
+    },
+    /// Dropout: the mask its input was scaled by.
+    Mask(Vec<f32>),
+    /// Cross: `xl · w` per row.
+    Scalars(Vec<f32>),
+    /// Variational dropout: the keep values and their derivatives by the
+    /// dropout logits, `[b, entries]`.
+    Keep {
+        keep: Vec<f32>,
+        dkeep: Vec<f32>,
+    },
+    /// Attention: the weights `[batch, heads, n, n]`.
+    Probs(Vec<f32>),
+    /// Dice in training: the normalised values, `1 / sqrt(var + eps)` per
+    /// column and the gate `p`.
+    Dice {
+        xhat: Vec<f32>,
+        inv: Vec<f32>,
+        p: Vec<f32>,
+    },
+    /// Layer norm: the normalised values and `1 / sqrt(var + eps)` per row.
+    Ln {
+        xhat: Vec<f32>,
+        inv: Vec<f32>,
+    },
+}
+
+/// The values of one forward pass over `b` rows.
+pub struct Tape<'a> {
+    graph: &'a Graph,
+    inputs: &'a [Vec<f32>],
+    vals: Vec<Vec<f32>>,
+    saved: Vec<Saved>,
+    pub b: usize,
+    /// The leading batch rows that are examples (`Mode::Train`'s).
+    examples: usize,
+}
+
+impl<'a> Tape<'a> {
+    /// The value of node `n`, `[b, width]`.
+    pub fn value(&self, n: NodeId) -> &[f32] {
+        match self.graph.nodes[n.0].op {
+            Op::Input { group } => &self.inputs[group],
+            _ => &self.vals[n.0],
+        }
+    }
+
+    /// Runs `graph` on group input matrices `inputs` (`[b, width]` each).
+    pub fn forward(
+        graph: &'a Graph,
+        (params, buffers): (&ParamStore, &ParamStore),
+        inputs: &'a [Vec<f32>],
+        b: usize,
+        mut mode: Mode,
+    ) -> Self {
+        let examples = match mode {
+            Mode::Train { examples, .. } => examples,
+            Mode::Infer => b,
+        };
+        let mut t = Tape {
+            graph,
+            inputs,
+            vals: Vec::with_capacity(graph.nodes.len()),
+            saved: Vec::with_capacity(graph.nodes.len()),
+            b,
+            examples,
+        };
+        for node in &graph.nodes {
+            let (v, s) = t.run(&node.op, (node.width, node.rows), (params, buffers), &mut mode);
+            t.vals.push(v);
+            t.saved.push(s);
+        }
+        t
+    }
+
+    /// The operands of a dot op as `(values, width)`.
+    fn sources(&self, xs: &[NodeId]) -> Vec<(&[f32], usize)> {
+        xs.iter().map(|x| (self.value(*x), self.graph.width(*x))).collect()
+    }
+
+    fn dot_fwd(&self, b: usize, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)]) -> Vec<f32> {
+        let zw = pairs.len();
+        let src = self.sources(xs);
+        let n = src.iter().map(|(_, w)| w).sum::<usize>() / dim;
+        let mut z = vec![0.0f32; b * zw];
+        if zw == 0 {
+            return z;
+        }
+        z.par_chunks_mut(zw * ROWS).enumerate().for_each(|(c, zc)| {
+            let mut dots = Interact::new(n, dim, pairs);
+            for (q, zq) in zc.chunks_mut(zw * LANES).enumerate() {
+                let r0 = c * ROWS + q * LANES;
+                let count = zq.len() / zw;
+                dots.load(&src, r0, count);
+                dots.forward();
+                for (k, zr) in zq.chunks_exact_mut(zw).enumerate() {
+                    for (o, v) in zr.iter_mut().zip(&dots.out) {
+                        *o = v[k];
+                    }
+                }
+            }
+        });
+        z
+    }
+
+    /// Gradients of a dot op's operands from that of its output.
+    fn dot_bwd(&self, b: usize, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)], dz: &[f32]) -> Vec<Vec<f32>> {
+        let zw = pairs.len();
+        let src = self.sources(xs);
+        let widths: Vec<usize> = src.iter().map(|(_, w)| *w).collect();
+        let total: usize = widths.iter().sum();
+        let n = total / dim;
+        // Gradient of the operands side by side, then split.
+        let mut dall = vec![0.0f32; b * total];
+        if zw > 0 {
+            dall.par_chunks_mut(total * ROWS).enumerate().for_each(|(c, dc)| {
+                let mut dots = Interact::new(n, dim, pairs);
+                for (q, dq) in dc.chunks_mut(total * LANES).enumerate() {
+                    let r0 = c * ROWS + q * LANES;
+                    let count = dq.len() / total;
+                    dots.load(&src, r0, count);
+                    for k in 0..count {
+                        let dzr = &dz[(r0 + k) * zw..(r0 + k + 1) * zw];
+                        for (g, v) in dots.out.iter_mut().zip(dzr) {
+                            g[k] = *v;
+                        }
+                    }
+                    dots.backward();
+                    for (k, dr) in dq.chunks_exact_mut(total).enumerate() {
+                        for (o, v) in dr.iter_mut().zip(&dots.da) {
+                            *o = v[k];
+                        }
+                    }
+                }
+            });
+        }
+        split_columns(&dall, total, &widths)
+    }
+}
+
+/// A normalization's column mean and variance: of the rows `z` in
+/// training (recorded for the moving averages in buffers `mean`, `var`),
+/// those moving averages otherwise; and whether it trains.
+fn column_stats(
+    mode: &mut Mode,
+    z: &[f32],
+    width: usize,
+    (mean, var): (usize, usize),
+    buffers: &ParamStore,
+) -> (Vec<f32>, Vec<f32>, bool) {
+    match mode {
+        Mode::Train { stats, .. } => {
+            let (m, v) = kernels::batch_moments(z, width);
+            stats.push(BnStats {
+                mean_buffer: mean,
+                var_buffer: var,
+                mean: m.clone(),
+                var: v.clone(),
+            });
+            (m, v, true)
+        }
+        Mode::Infer => (buffers.slice(mean).to_vec(), buffers.slice(var).to_vec(), false),
+    }
+}
+
+/// Adds `d` to the gradient of node `n` when it needs one.
+/// Whether a `Linear` from `k` to `n` columns runs on the narrow sweeps
+/// rather than gemm.
+fn narrow(k: usize, n: usize) -> bool {
+    k > 0 && (1..=kernels::NARROW).contains(&n)
+}
+
+fn accumulate(grads: &mut [Option<Vec<f32>>], needs: &[bool], n: NodeId, d: Vec<f32>) {
+    if !needs[n.0] {
+        return;
+    }
+    match &mut grads[n.0] {
+        Some(g) => g.par_iter_mut().zip(&d).for_each(|(a, v)| *a += v),
+        slot => *slot = Some(d),
+    }
+}
+
+/// The column blocks of a `[rows, total]` matrix as separate matrices.
+fn split_columns(x: &[f32], total: usize, widths: &[usize]) -> Vec<Vec<f32>> {
+    let rows = x.len().checked_div(total).unwrap_or(0);
+    let mut col = 0;
+    widths
+        .iter()
+        .map(|&w| {
+            let mut out = vec![0.0f32; rows * w];
+            if w > 0 {
+                out.par_chunks_mut(w)
+                    .zip(x.par_chunks(total))
+                    .for_each(|(o, row)| o.copy_from_slice(&row[col..col + w]));
+            }
+            col += w;
+            out
+        })
+        .collect()
+}

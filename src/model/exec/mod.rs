@@ -1,0 +1,101 @@
+//! Executors: what runs a model graph. Every executor follows one
+//! contract, `Executor`: run the graph forward over group input matrices
+//! into a `Tape` (every node's value), then backward from gradient seeds
+//! of some nodes (what `heads` gives for the outputs it read) into the
+//! parameters' and the inputs' gradients. `Model` and `Trainer` hold a
+//! `dyn Executor` and never name one; `ExecutorKind` picks one at run time.
+//!
+//! - `cpu`: the training path of every model (a tape, gemm, fused kernels);
+//! - `burn`: the graph on burn tensors, differentiated by burn's autodiff:
+//!   the oracle of the CPU executor's backward, on any burn device;
+//! - `onnx`: not an executor that runs, but the emitter that writes the
+//!   same graph as ONNX for exports (each op once there too).
+//!
+//! An op is added to `graph::Op`, then to each executor's match (`cpu`'s
+//! forward and backward, `burn`'s forward, `onnx`'s emitter), and to
+//! `op_tests`, which holds the executors to each other and to finite
+//! differences.
+
+pub mod burn;
+pub mod cpu;
+pub mod onnx;
+#[cfg(test)]
+mod op_tests;
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::graph::params::ParamStore;
+use super::graph::{BnStats, Graph, NodeId};
+use crate::util::Rng;
+
+/// What a forward pass runs in.
+pub enum Mode<'a> {
+    /// Batch statistics (reported into `stats`) and dropout masks from `rng`.
+    Train {
+        rng: &'a mut Rng,
+        stats: &'a mut Vec<BnStats>,
+        /// The leading rows that are examples (the rest sampled items).
+        examples: usize,
+    },
+    /// Moving averages, no dropout.
+    Infer,
+}
+
+/// Runs a model graph. `state` is the trained parameters and the buffers
+/// (batch-norm moving statistics); `inputs` the group input matrices,
+/// `[rows, width]` each, row-major.
+pub trait Executor: fmt::Debug + Send + Sync {
+    /// The executor's name, for logs.
+    fn name(&self) -> &'static str;
+
+    /// Runs `graph` forward. In `Mode::Train` dropout masks come from the
+    /// mode's generator (in node order, the same draws on every executor)
+    /// and batch norms report their batch statistics.
+    fn forward<'a>(
+        &self,
+        graph: &'a Graph,
+        state: (&ParamStore, &ParamStore),
+        inputs: &'a [Vec<f32>],
+        rows: usize,
+        mode: Mode,
+    ) -> Box<dyn Tape + 'a>;
+}
+
+/// The values of one forward pass, and the way back.
+pub trait Tape {
+    /// The value of node `n`, `[rows * node rows, width]` row-major.
+    fn value(&self, n: NodeId) -> &[f32];
+
+    /// Backward from the gradients of some nodes (`seeds`, each shaped as
+    /// the node's value): accumulates every parameter's gradient into
+    /// `dense` (`ParamStore` layout) and returns the gradient of each
+    /// group input, zeros where `needs` (per node, `Graph::needs_grad`)
+    /// says none flows.
+    fn backward(
+        &self,
+        params: &ParamStore,
+        seeds: Vec<(NodeId, Vec<f32>)>,
+        needs: &[bool],
+        dense: &mut [f32],
+    ) -> Vec<Vec<f32>>;
+}
+
+/// The executors a model can run on, chosen at run time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ExecutorKind {
+    /// The CPU executor, the default.
+    #[default]
+    Cpu,
+    /// burn's CPU backend with autodiff (the reference).
+    Burn,
+}
+
+impl ExecutorKind {
+    pub fn executor(self) -> Arc<dyn Executor> {
+        match self {
+            ExecutorKind::Cpu => Arc::new(cpu::Cpu),
+            ExecutorKind::Burn => Arc::new(burn::Burn::reference()),
+        }
+    }
+}
