@@ -587,3 +587,36 @@ model_config {{ model_class: "MultiTower"
         "{stderr}"
     );
 }
+
+/// A oneof whose members are set twice (a `metrics_set` naming two
+/// metrics, two training inputs) loads as EasyRec's parser takes it: the
+/// member set last, with a warning at its place naming the one it replaced.
+#[test]
+fn a_oneof_set_twice_keeps_the_last_member_with_a_warning() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let out = Command::new(env!("CARGO_BIN_EXE_train_eval"))
+        .current_dir(&dir)
+        .args(["--pipeline_config_path", "oneof_twice.config", "--print_config"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stdout.contains("parquet_train_input") && !stdout.contains("train_input_path"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("gauc") && !stdout.lines().any(|l| l.trim_start().starts_with("auc")),
+        "{stdout}"
+    );
+    for (at, member, replaced) in [
+        ("oneof_twice.config:4:1", "parquet_train_input", "train_input_path"),
+        ("oneof_twice.config:6:36", "gauc", "auc"),
+    ] {
+        assert!(
+            stderr.contains(&format!("{at}: `{member}` replaces `{replaced}`")),
+            "{at}: {stderr}"
+        );
+    }
+}

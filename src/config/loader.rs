@@ -53,12 +53,17 @@ pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
     let mut message = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
         parse_json(&file, text)?
     } else {
-        text_format::parse_text(&pipeline_descriptor(), text).map_err(|e| ConfigError::Syntax {
-            file,
-            line: e.line,
-            col: e.col,
-            message: e.message,
-        })?
+        let (message, warnings) =
+            text_format::parse_text_warning(&pipeline_descriptor(), text).map_err(|e| ConfigError::Syntax {
+                file: file.clone(),
+                line: e.line,
+                col: e.col,
+                message: e.message,
+            })?;
+        for w in warnings {
+            log::warn!("{file}:{}:{}: {}", w.line, w.col, w.message);
+        }
+        message
     };
     let auto_expand = auto_expand_input_fields(&message);
     if auto_expand {

@@ -226,19 +226,39 @@ impl<'a> Lexer<'a> {
     }
 }
 
-/// Parses `text` as a message of type `desc`, merging into `msg`.
-pub fn merge_text(msg: &mut DynamicMessage, text: &str) -> Result<(), TextError> {
+/// Parses `text` as a message of type `desc`, merging into `msg`, as
+/// Python's `text_format.Merge` (which EasyRec reads configs with) does:
+/// a member of a oneof replaces another member set before it. Returns a
+/// warning, at its place, for each such replacement.
+pub fn merge_text_warning(msg: &mut DynamicMessage, text: &str) -> Result<Vec<TextError>, TextError> {
     let mut p = Parser {
         lex: Lexer::new(text),
         peeked: None,
         path: Vec::new(),
         outer: Vec::new(),
+        warnings: Vec::new(),
     };
     p.message_body(msg, None)?;
+    Ok(p.warnings)
+}
+
+/// `merge_text_warning`, its warnings logged with their line and column.
+pub fn merge_text(msg: &mut DynamicMessage, text: &str) -> Result<(), TextError> {
+    for w in merge_text_warning(msg, text)? {
+        log::warn!("{}:{}: {}", w.line, w.col, w.message);
+    }
     Ok(())
 }
 
-/// Parses `text` into a fresh message of type `desc`.
+/// Parses `text` into a fresh message of type `desc`, with the warnings
+/// of `merge_text_warning`.
+pub fn parse_text_warning(desc: &MessageDescriptor, text: &str) -> Result<(DynamicMessage, Vec<TextError>), TextError> {
+    let mut msg = DynamicMessage::new(desc.clone());
+    let warnings = merge_text_warning(&mut msg, text)?;
+    Ok((msg, warnings))
+}
+
+/// Parses `text` into a fresh message of type `desc` (`merge_text`).
 pub fn parse_text(desc: &MessageDescriptor, text: &str) -> Result<DynamicMessage, TextError> {
     let mut msg = DynamicMessage::new(desc.clone());
     merge_text(&mut msg, text)?;
@@ -252,6 +272,8 @@ struct Parser<'a> {
     path: Vec<String>,
     /// Types of the enclosing messages, to spot a missing `}`.
     outer: Vec<MessageDescriptor>,
+    /// What was accepted with a warning (a oneof member replaced).
+    warnings: Vec<TextError>,
 }
 
 impl Parser<'_> {
@@ -340,16 +362,19 @@ impl Parser<'_> {
         };
         if let Some(oneof) = fd.containing_oneof() {
             if let Some(other) = oneof.fields().find(|o| o.number() != fd.number() && msg.has_field(o)) {
-                return Err(Self::err(
+                // EasyRec's parser keeps the member set last.
+                self.warnings.push(Self::err(
                     line,
                     col,
                     format!(
-                        "`{name}` is set along with `{}`, another member of oneof `{}` in {}; set only one",
+                        "`{name}` replaces `{}`, another member of oneof `{}` in {} set before it, as EasyRec's \
+                         parser does; set only one",
                         other.name(),
                         oneof.name(),
                         self.here()
                     ),
                 ));
+                msg.clear_field(&other);
             }
         }
         let is_msg = matches!(fd.kind(), Kind::Message(_));

@@ -185,6 +185,32 @@ model_config {
 }
 "#;
 
+    /// EasyRec's MultiTower ignores `din_towers`, `bst_towers` and
+    /// `seq_att_groups` (its DIN and BST subclasses read them): a config
+    /// that carries them plans as the one without.
+    #[test]
+    fn multi_tower_plans_without_the_towers_of_its_subclasses() {
+        let base = PIPELINE.replace(r#"model_class: "MMoE""#, r#"model_class: "MultiTower""#);
+        let head = base.split("  mmoe {").next().unwrap();
+        let plain = format!(
+            "{head}  multi_tower {{ towers {{ input: \"all\" dnn {{ hidden_units: [4] }} }} final_dnn {{ hidden_units: [2] }} }}\n}}\n"
+        );
+        let with_din = plain
+            .replace(
+                "  multi_tower {",
+                "  seq_att_groups { group_name: \"din\" seq_att_map { key: \"user\" hist_seq: \"user\" } }\n  multi_tower {",
+            )
+            .replace(
+                "final_dnn {",
+                "din_towers { input: \"din\" dnn { hidden_units: [2, 1] } } bst_towers { input: \"din\" } final_dnn {",
+            );
+        assert!(with_din.contains("din_towers") && with_din.contains("seq_att_groups"));
+        let plan = |text: &str| TrainingPlan::from_config(&config(text)).unwrap();
+        let (a, b) = (plan(&plain), plan(&with_din));
+        assert_eq!(a.model.arch, b.model.arch);
+        assert_eq!(a.model.groups, b.model.groups);
+    }
+
     fn path_of(e: ConfigError) -> String {
         match e {
             ConfigError::Invalid { path, .. } | ConfigError::Unsupported { path, .. } => path,

@@ -505,12 +505,13 @@ fn single_task_arch(
                 ("bst_towers", !t.bst_towers.is_empty(), "MultiTowerBST"),
             ] {
                 if set && class != owner {
-                    return Err(ConfigError::invalid(
-                        format!("{m}.multi_tower.{field}"),
-                        format!("model class {class} reads no {field} ({owner} does)"),
-                    ));
+                    log::warn!(
+                        "{m}.multi_tower.{field}: model class {class} reads no {field} ({owner} does); \
+                         EasyRec's {class} ignores them, and so does this trainer"
+                    );
                 }
             }
+            let read = |owner: &str| class == owner;
             let towers = t
                 .towers
                 .iter()
@@ -528,8 +529,14 @@ fn single_task_arch(
                     seq_towers: t
                         .din_towers
                         .iter()
+                        .filter(|_| read("MultiTowerDIN"))
                         .map(|d| d.input.clone())
-                        .chain(t.bst_towers.iter().map(|b| b.input.clone()))
+                        .chain(
+                            t.bst_towers
+                                .iter()
+                                .filter(|_| read("MultiTowerBST"))
+                                .map(|b| b.input.clone()),
+                        )
                         .collect(),
                     final_dnn: dnn(&t.final_dnn, &format!("{m}.multi_tower.final_dnn"))?,
                 },

@@ -284,10 +284,10 @@ fn seq_tower_groups(model: &proto::EasyRecModel, feature_names: &[String]) -> Re
         "MultiTowerBST" => return bst_tower_groups(model, t, feature_names),
         class => {
             if !model.seq_att_groups.is_empty() {
-                return Err(ConfigError::invalid(
-                    "model_config.seq_att_groups",
-                    format!("model class {class} reads no seq_att_groups (MultiTowerDIN and MultiTowerBST do)"),
-                ));
+                log::warn!(
+                    "model_config.seq_att_groups: model class {class} reads no seq_att_groups (MultiTowerDIN and \
+                     MultiTowerBST do); EasyRec's {class} ignores them, and so does this trainer"
+                );
             }
             return Ok(Vec::new());
         }
