@@ -148,6 +148,7 @@ model_config { model_class: "DeepFM"
           task_towers { tower_name: "cvr" dnn { hidden_units: [6] } relation_tower_names: ["ctr"]
                         relation_dnn { hidden_units: [4] } weight: 2.0 } } }"#
         }
+        "DBMTL with order calibration" => common::models::DBMTL_CALIBRATED,
         "FM" => {
             r#"model_config { model_class: "FM"
   feature_groups { group_name: "wide" feature_names: ["c1", "c2", "c3", "d1"] wide_deep: WIDE }
@@ -194,6 +195,8 @@ model_config { model_class: "DeepFM"
     l2_regularization: 1e-4 } }"#
         }
         "MultiTaskModel with MMoE" => common::models::MMOE_LAYER,
+        "RankModel with PPNet" => common::models::PPNET,
+        "MultiTaskModel with AITM" => common::models::AITM,
         "RankModel with repeat and Gate" => common::models::REPEAT_AND_GATE,
         "RankModel with a TextCNN over an unpooled sequence" => common::models::TEXT_CNN,
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
@@ -276,7 +279,19 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 53] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 56] = [
+    (
+        "PPNet, its gates reading its input cut from the gradient",
+        common::models::PPNET,
+    ),
+    (
+        "AITM over a transfer MLP, with order calibration adding nothing",
+        common::models::AITM,
+    ),
+    (
+        "DBMTL with order calibration over its relation tower",
+        common::models::DBMTL_CALIBRATED,
+    ),
     (
         "MIND: a time feature weighing the positions, three interests",
         common::models::MIND,
@@ -875,7 +890,7 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 36] = [
+const MODELS: [&str; 39] = [
     "MultiTowerBST",
     "AutoInt",
     "PLE",
@@ -901,6 +916,9 @@ const MODELS: [&str; 36] = [
     "RankModel with numeric embeddings",
     "RankModel with FiBiNet",
     "MultiTaskModel with MMoE",
+    "RankModel with PPNet",
+    "MultiTaskModel with AITM",
+    "DBMTL with order calibration",
     "RankModel with repeat and Gate",
     "RankModel with a TextCNN over an unpooled sequence",
     "RankModel with a DIN layer and Dice",
@@ -917,9 +935,16 @@ const MODELS: [&str; 36] = [
 /// What MIND's capsule routing reads (the `hist` group's sequences,
 /// `pre_capsule_dnn` and `capsule/S`): the routing runs on them cut from
 /// the gradient, as EasyRec's, which central differences cannot see, so
-/// they are checked against burn's autodiff only.
+/// they are checked against burn's autodiff only (`EXECUTOR_VARIANTS`);
+/// likewise what PPNet's gates and AITM's transfer read cut from it.
 fn routed(model: &str, name: &str) -> bool {
     model == "MIND" && (name == "hist" || name.starts_with("capsule/") || name.starts_with("pre_capsule_dnn"))
+        // PPNet's gates read its input cut from the gradient too
+        // (`full_gate_input`), which moving the input moves.
+        || model == "RankModel with PPNet" && name == "general"
+        // AITM reads the CTR tower cut from the gradient (`stop_gradient`):
+        // what feeds that tower moves the CVR task through it as well.
+        || model == "MultiTaskModel with AITM" && (name.starts_with("ctr_tower/") || name.starts_with("share_bottom/") || name == "all")
 }
 
 /// The loss of `batch` (with group inputs `inputs`) with dense parameter

@@ -41,6 +41,11 @@ pub struct ExportPlan {
     /// for). Configs that set one still load and train with exporter_type
     /// "none"; exporting reports it (see `check`).
     pub unsupported: Option<(&'static str, &'static str)>,
+    /// The suffixes of a multi-task model's tasks (`_ctr`), which
+    /// `TrainingPlan` sets: a `best_metric` that every task reports under
+    /// its own suffix only (`gauc` as `gauc_ctr`, `gauc_cvr`) compares the
+    /// mean of the tasks' values.
+    pub task_suffixes: Vec<String>,
 }
 
 /// When an evaluation stops training.
@@ -95,6 +100,7 @@ impl Default for ExportPlan {
             early_stop: None,
             multi_value: MultiValue::None,
             unsupported: None,
+            task_suffixes: Vec::new(),
         }
     }
 }
@@ -102,9 +108,29 @@ impl Default for ExportPlan {
 impl ExportPlan {
     /// `best_metric`'s value among an evaluation's `metrics`.
     pub fn best_value(&self, metrics: &[(String, f64)]) -> anyhow::Result<f64> {
-        match metrics.iter().find(|(k, _)| *k == self.best_metric) {
-            Some(&(_, value)) => Ok(value),
-            None => {
+        let find = |name: &str| metrics.iter().find(|(k, _)| k == name).map(|&(_, v)| v);
+        let per_task: Option<Vec<f64>> = (!self.task_suffixes.is_empty())
+            .then(|| {
+                self.task_suffixes
+                    .iter()
+                    .map(|s| find(&format!("{}{s}", self.best_metric)))
+                    .collect()
+            })
+            .flatten();
+        match (find(&self.best_metric), per_task) {
+            (Some(value), _) => Ok(value),
+            (None, Some(values)) => {
+                // EasyRec compares a name its multi-task models never report
+                // (and fails at the second evaluation); the tasks' mean is
+                // what the name stands for.
+                let mean = values.iter().sum::<f64>() / values.len() as f64;
+                log::info!(
+                    "export_config.best_exporter_metric `{}` is reported per task: comparing the tasks' mean {mean}",
+                    self.best_metric
+                );
+                Ok(mean)
+            }
+            (None, None) => {
                 let have: Vec<&str> = metrics.iter().map(|(k, _)| k.as_str()).collect();
                 anyhow::bail!(
                     "export_config.best_exporter_metric `{}` is not among the evaluated metrics ({})",
@@ -251,6 +277,7 @@ impl ExportPlan {
                 _ => MultiValue::None,
             },
             unsupported,
+            task_suffixes: Vec::new(),
         })
     }
 }

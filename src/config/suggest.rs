@@ -20,7 +20,6 @@ const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
     (
         "protos.KerasLayer",
         &[
-            "aitm",
             "attention",
             "dot_product",
             "gate",

@@ -43,9 +43,13 @@ impl TrainingPlan {
         let eval = EvalPlan::from_proto(cfg.eval_config.as_ref())?;
         let features = FeaturePlan::from_proto(validate::features(cfg), &cfg.model_config)?;
         let model = ModelPlan::from_proto(&cfg.model_config, &features, &data, &eval.metrics)?;
+        let mut export = ExportPlan::from_proto(cfg.export_config.as_ref())?;
+        if model.tasks.len() > 1 {
+            export.task_suffixes = model.tasks.iter().map(Task::suffix).collect();
+        }
         let plan = TrainingPlan {
             memory: super::sizes::Claims::of(cfg, optimizer_slots(model.kind, &train.optimizers))?,
-            export: ExportPlan::from_proto(cfg.export_config.as_ref())?,
+            export,
             model_dir: PathBuf::from(&cfg.model_dir),
             data,
             features,
@@ -184,6 +188,27 @@ model_config {
   }
 }
 "#;
+
+    /// A multi-task model's best exporter may name a metric every task
+    /// reports under its own suffix: the tasks' mean is compared.
+    #[test]
+    fn a_best_metric_reported_per_task_compares_their_mean() {
+        let plan = TrainingPlan::from_config(&config(&PIPELINE.replace("metrics_set { max_f1 {} }", ""))).unwrap();
+        assert_eq!(plan.export.task_suffixes, ["_ctr", "_cvr"]);
+        let m = |v: &[(&str, f64)]| v.iter().map(|(k, x)| (k.to_string(), *x)).collect::<Vec<_>>();
+        let e = &plan.export;
+        assert!((e.best_value(&m(&[("auc_ctr", 0.7), ("auc_cvr", 0.6)])).unwrap() - 0.65).abs() < 1e-12);
+        assert_eq!(
+            e.best_value(&m(&[("auc", 0.5), ("auc_ctr", 0.7), ("auc_cvr", 0.6)]))
+                .unwrap(),
+            0.5
+        );
+        let err = e.best_value(&m(&[("auc_ctr", 0.7)])).unwrap_err().to_string();
+        assert!(
+            err.contains("best_exporter_metric `auc` is not among the evaluated metrics"),
+            "{err}"
+        );
+    }
 
     /// EasyRec's MultiTower ignores `din_towers`, `bst_towers` and
     /// `seq_att_groups` (its DIN and BST subclasses read them): a config

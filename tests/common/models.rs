@@ -79,6 +79,50 @@ pub const MMOE_LAYER: &str = r#"model_config { model_class: "MultiTaskModel"
     task_towers { tower_name: "cvr" label_name: "label2" dnn { hidden_units: [3] } weight: 0.5 }
     l2_regularization: 1e-4 } }"#;
 
+/// A RankModel over EasyRec's PPNet: a lazy PPNet whose gates read the
+/// `memorize` group beside its input, with batch norm in the gates.
+pub const PPNET: &str = r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
+  feature_groups { group_name: "general" feature_names: ["d1", "c3", "c2"] }
+  backbone {
+    blocks { name: "ppnet" inputs { feature_group_name: "general" } inputs { feature_group_name: "memorize" }
+             merge_inputs_into_list: true
+             keras_layer { class_name: "PPNet" ppnet { mlp { hidden_units: [6, 4] } gate_params { hidden_dim: 3 use_bn: true }
+                                                      mode: "lazy" full_gate_input: true } } }
+    top_mlp { hidden_units: [4] }
+  }
+  model_params { l2_regularization: 1e-6 } }"#;
+
+/// A MultiTaskModel as EasyRec's AITM sample: a shared bottom, a tower per
+/// task, the CVR tower's AITM over itself and the CTR tower (through a
+/// transfer MLP), and the CVR task's losses with ORDER_CALIBRATE_LOSS
+/// (which adds nothing without relation towers, as in EasyRec).
+pub const AITM: &str = r#"model_config { model_class: "MultiTaskModel"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  backbone {
+    blocks { name: "share_bottom" inputs { feature_group_name: "all" } keras_layer { class_name: "MLP" mlp { hidden_units: [8] } } }
+    blocks { name: "ctr_tower" inputs { block_name: "share_bottom" } keras_layer { class_name: "MLP" mlp { hidden_units: 5 } } }
+    blocks { name: "cvr_tower" inputs { block_name: "share_bottom" } keras_layer { class_name: "MLP" mlp { hidden_units: 5 } } }
+    blocks { name: "cvr_aitm" inputs { block_name: "cvr_tower" } inputs { block_name: "ctr_tower" } merge_inputs_into_list: true
+             keras_layer { class_name: "AITMTower" aitm { project_dim: 4 transfer_mlp { hidden_units: 5 } } } }
+    output_blocks: ["ctr_tower", "cvr_aitm"]
+  }
+  model_params {
+    task_towers { tower_name: "ctr" label_name: "label" dnn { hidden_units: [4] } }
+    task_towers { tower_name: "cvr" label_name: "label2" losses { loss_type: CLASSIFICATION }
+                  losses { loss_type: ORDER_CALIBRATE_LOSS } dnn { hidden_units: [3] } }
+    l2_regularization: 1e-6 } }"#;
+
+/// DBMTL whose CVR tower's losses hold ORDER_CALIBRATE_LOSS over its
+/// relation tower, the CTR tower.
+pub const DBMTL_CALIBRATED: &str = r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3"] }
+  dbmtl { bottom_dnn { hidden_units: [8] }
+          task_towers { tower_name: "ctr" dnn { hidden_units: [6] } relation_dnn { hidden_units: [4] } }
+          task_towers { tower_name: "cvr" dnn { hidden_units: [6] } relation_tower_names: ["ctr"]
+                        losses { loss_type: CLASSIFICATION } losses { loss_type: ORDER_CALIBRATE_LOSS weight: 3.0 }
+                        relation_dnn { hidden_units: [4] } } } }"#;
+
 /// A RankModel of repeated mask blocks gated by a softmax MLP (EasyRec's CDN).
 pub const REPEAT_AND_GATE: &str = r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "memorize" feature_names: ["c1", "c2"] }
@@ -485,6 +529,15 @@ model_config { model_class: "DeepFM"
           task_towers { tower_name: "cvr" relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
     ),
     (
+        "DBMTL with order calibration",
+        r#"model_config { model_class: "DBMTL"
+  feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
+  dbmtl { bottom_dnn { hidden_units: [8] }
+          task_towers { tower_name: "ctr" dnn { hidden_units: [5] } relation_dnn { hidden_units: [3] } }
+          task_towers { tower_name: "cvr" losses { loss_type: CLASSIFICATION } losses { loss_type: ORDER_CALIBRATE_LOSS weight: 2.0 }
+                        relation_tower_names: ["ctr"] relation_dnn { hidden_units: [4] } } } }"#,
+    ),
+    (
         "DBMTL+JRC",
         r#"model_config { model_class: "DBMTL"
   feature_groups { group_name: "all" feature_names: ["d1", "d2", "c1", "c2", "c3", "c4"] }
@@ -548,6 +601,8 @@ model_config { model_class: "MultiTowerDIN"
                 final_dnn { hidden_units: [4] } } }"#,
     ),
     ("MultiTowerDIN over multi-valued positions", DIN_MULTI_VALUED),
+    ("RankModel with PPNet", PPNET),
+    ("MultiTaskModel with AITM", AITM),
     ("MatchModel", MATCH_MODEL),
     ("RankModel with numeric embeddings", NUMERIC_EMBEDDINGS),
     ("RankModel with FiBiNet", FIBINET),

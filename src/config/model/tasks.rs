@@ -80,6 +80,10 @@ pub struct Task {
     /// The input field whose values group rows into sessions for the
     /// task's JRC loss.
     pub session: Option<String>,
+    /// EasyRec's ORDER_CALIBRATE_LOSS: per relation task (an index into
+    /// the tasks) and weight, `weight * mean(relu(p_this - p_relation))`
+    /// over the two tasks' probabilities joins the loss.
+    pub calibrate: Vec<(usize, f32)>,
 }
 
 /// One `model_config.kd` entry: the task's logits against a soft label
@@ -446,6 +450,7 @@ impl Task {
             masked_by: None,
             kd: Vec::new(),
             session: None,
+            calibrate: Vec::new(),
         }
     }
 
@@ -799,14 +804,19 @@ pub fn task_towers(
             name: t.name.to_string(),
             dnn: opt_dnn(t.dnn, "dnn")?,
             relation_dnn: opt_dnn(t.relation_dnn, "relation_dnn")?,
-            relations,
+            relations: relations.clone(),
             logits: if loss == LossKind::Jrc { 2 } else { 1 },
         });
+        let (terms, calibrate) = tower_terms(t.losses, &format!("{p}.losses"), loss)?;
         tasks.push(Task {
-            terms: tower_terms(t.losses, &format!("{p}.losses"), loss)?,
+            terms,
             weight: t.weight,
             metrics,
             session,
+            calibrate: relations
+                .iter()
+                .flat_map(|&r| calibrate.iter().map(move |&w| (r, w)))
+                .collect(),
             ..Task::on_label(t.name, label, loss)
         });
     }
@@ -816,20 +826,38 @@ pub fn task_towers(
 /// A task tower's `losses`: trained instead of its `loss_type`, each
 /// weighted by the FIRST loss's `weight`, as EasyRec's `build_loss_graph`
 /// indexes the tower's weights (per loss op, from 0 for every loss), times
-/// the tower's weight.
-fn tower_terms(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<Vec<LossTerm>, ConfigError> {
-    let Some(first) = losses.first() else {
-        return Ok(Vec::new());
+/// the tower's weight. Beside them, the weight of each ORDER_CALIBRATE_LOSS
+/// entry, which EasyRec computes apart (against the tower's relation
+/// towers, times its own weight alone).
+fn tower_terms(losses: &[proto::Loss], path: &str, output: LossKind) -> Result<(Vec<LossTerm>, Vec<f32>), ConfigError> {
+    let calibrate = losses
+        .iter()
+        .filter(|l| l.loss_type() == proto::LossType::OrderCalibrateLoss)
+        .map(|l| l.weight())
+        .collect::<Vec<_>>();
+    let listed: Vec<proto::Loss> = losses
+        .iter()
+        .filter(|l| l.loss_type() != proto::LossType::OrderCalibrateLoss)
+        .cloned()
+        .collect();
+    let Some(first) = listed.first() else {
+        if !calibrate.is_empty() {
+            return Err(ConfigError::unsupported(
+                path,
+                "ORDER_CALIBRATE_LOSS as a task tower's only loss (EasyRec then trains the tower on no loss of its own)",
+            ));
+        }
+        return Ok((Vec::new(), calibrate));
     };
     let w = first.weight();
-    if losses.iter().any(|l| l.weight() != w) {
+    if listed.iter().any(|l| l.weight() != w) {
         log::warn!(
             "{path}: EasyRec weighs every loss of a task tower by the first one's weight ({w}); so does this trainer"
         );
     }
-    let mut terms = terms_of(losses, path, output)?;
+    let mut terms = terms_of(&listed, path, output)?;
     terms.iter_mut().for_each(|t| t.weight = w);
-    Ok(terms)
+    Ok((terms, calibrate))
 }
 
 #[cfg(test)]

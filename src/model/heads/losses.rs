@@ -367,6 +367,25 @@ pub fn kd_loss_grad(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>
     ((w * total / b) as f32, grad)
 }
 
+/// EasyRec's ORDER_CALIBRATE_LOSS of a task over a relation task, from
+/// their logits (one per row): `weight * mean(relu(σ(z) - σ(r)))`, with
+/// its gradients by `z` and by `r` (relu's slope 0 at 0, as TensorFlow's).
+pub fn order_calibrate(z: &[f32], r: &[f32], weight: f32) -> (f32, Vec<f32>, Vec<f32>) {
+    let b = z.len().max(1) as f64;
+    let w = weight as f64;
+    let mut total = 0.0f64;
+    let (mut gz, mut gr) = (vec![0.0f32; z.len()], vec![0.0f32; r.len()]);
+    for (k, (&a, &c)) in z.iter().zip(r).enumerate() {
+        let (pa, pc) = (sigmoid(a as f64), sigmoid(c as f64));
+        if pa > pc {
+            total += pa - pc;
+            gz[k] = (w / b * pa * (1.0 - pa)) as f32;
+            gr[k] = (-w / b * pc * (1.0 - pc)) as f32;
+        }
+    }
+    ((w * total / b) as f32, gz, gr)
+}
+
 /// A task's batch loss (evaluation).
 pub fn loss_value(task: &Task, logits: &[f32], labels: &[f32], sessions: &[u64]) -> f64 {
     task_loss_grad(task, logits, labels, sessions).0 as f64
@@ -815,6 +834,30 @@ mod tests {
     }
 
     /// A batch without a pair of different labels has no pairwise loss.
+    /// ORDER_CALIBRATE_LOSS against a hand computation and central
+    /// differences (rows away from the relu's kink).
+    #[test]
+    fn order_calibration_penalises_a_task_above_its_relation() {
+        let z = [0.5f32, -1.0, 2.0, 0.1];
+        let r = [0.0f32, 0.3, 1.0, 0.1];
+        let (l, gz, gr) = order_calibrate(&z, &r, 0.5);
+        let s = |x: f32| 1.0 / (1.0 + (-x as f64).exp());
+        let want = 0.5 * ((s(0.5) - s(0.0)) + (s(2.0) - s(1.0))) / 4.0;
+        assert!((l as f64 - want).abs() < 1e-7, "{l} vs {want}");
+        assert_eq!((gz[1], gr[1], gz[3], gr[3]), (0.0, 0.0, 0.0, 0.0));
+        for k in [0, 2] {
+            for (which, g) in [(0, gz[k]), (1, gr[k])] {
+                let bump = |e: f32| {
+                    let (mut a, mut c) = (z, r);
+                    [&mut a, &mut c][which][k] += e;
+                    order_calibrate(&a, &c, 0.5).0 as f64
+                };
+                let num = (bump(1e-3) - bump(-1e-3)) / 2e-3;
+                assert!((num - g as f64).abs() < 1e-4, "{which}/{k}: {num} vs {g}");
+            }
+        }
+    }
+
     #[test]
     fn a_batch_without_pairs_has_no_pairwise_loss() {
         let t = task(vec![LossTermKind::PairWise {

@@ -111,6 +111,18 @@ pub fn train(graph: &Graph, tape: &dyn Tape, tasks: &[Task], targets: Targets, u
         }
         seeds.push((out, dl));
     }
+    let outs = task_outputs(graph, tasks);
+    for (t, &out) in tasks.iter().zip(&outs) {
+        for &(r, w) in &t.calibrate {
+            let (zt, zr) = (tape.value(out), tape.value(outs[r]));
+            let (l, mut gt, mut gr) = losses::order_calibrate(&zt[..users], &zr[..users], w);
+            loss += l;
+            gt.resize(zt.len(), 0.0);
+            gr.resize(zr.len(), 0.0);
+            seeds.push((out, gt));
+            seeds.push((outs[r], gr));
+        }
+    }
     for (l, node, seed) in penalties_on(graph, tape, users, weights) {
         loss += l;
         seeds.push((node, seed));

@@ -12,6 +12,28 @@ use crate::config::{proto, ConfigError};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Keras {
     Mlp(Mlp),
+    /// EasyRec's PPNet (PEPNet) over `[x, gate input]`: an MLP whose layers'
+    /// outputs are each scaled by a gate network's `2 * sigmoid(...)` of the
+    /// gate input (with `full_gate_input`, `x` cut from the gradient beside
+    /// it). Lazy: a gate after every layer; eager: one before the first
+    /// layer and after every layer but the last.
+    PpNet {
+        mlp: Mlp,
+        gate: GateNet,
+        eager: bool,
+        full_gate_input: bool,
+    },
+    /// EasyRec's AITMTower over `[current tower, towers it depends on...]`:
+    /// per input a query, key and value projection (Keras Dense of
+    /// `project_dim` units, else the current tower's width); the others,
+    /// cut from the gradient with `stop_gradient`, through the shared
+    /// `transfer` MLP first; the current tower's query attends over every
+    /// key (dot products over the square root of the width, softmax).
+    Aitm {
+        project_dim: Option<usize>,
+        transfer: Option<Mlp>,
+        stop_gradient: bool,
+    },
     /// Keras' `Dense` (glorot_uniform kernel, no regularizer).
     Dense {
         units: usize,
@@ -408,6 +430,20 @@ pub struct Mlp {
     pub layers: Vec<MlpLayer>,
 }
 
+/// PPNet's gate network (EasyRec's `GateNN`): a Dense of `hidden_dim`
+/// units (the gated layer's width unless set), batch norm with `use_bn`,
+/// the activation, dropout, then a sigmoid Dense of the gated width,
+/// doubled. Its Dense layers take a bias only without batch norm.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GateNet {
+    /// The width of eager mode's first gate (the input's width).
+    pub output_dim: usize,
+    pub hidden_dim: Option<usize>,
+    pub activation: Activation,
+    pub use_bn: bool,
+    pub dropout: f32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct MlpLayer {
     pub units: usize,
@@ -493,7 +529,7 @@ impl StParams<'_> {
 }
 
 const SUPPORTED_LAYERS: &str =
-    "MLP, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding, DIN, BST, TextCNN";
+    "MLP, PPNet, AITMTower, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding, DIN, BST, TextCNN";
 
 pub(super) fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -521,6 +557,30 @@ pub(super) fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigEr
         "MLP" => match &k.params {
             Some(Params::Mlp(m)) => Keras::Mlp(mlp(m, &format!("{path}.mlp"))?),
             _ => return Err(ConfigError::invalid(path, "Keras layer MLP needs its `mlp` parameters")),
+        },
+        "PPNet" => match &k.params {
+            Some(Params::Ppnet(p)) => ppnet(p, &format!("{path}.ppnet"))?,
+            _ => return Err(takes("`ppnet { mlp { ... } gate_params { ... } mode: ... }`")),
+        },
+        "AITMTower" => match &k.params {
+            Some(Params::Aitm(a)) => Keras::Aitm {
+                project_dim: a.project_dim.filter(|d| *d > 0).map(|d| d as usize),
+                transfer: a
+                    .transfer_mlp
+                    .as_ref()
+                    .map(|m| mlp(m, &format!("{path}.aitm.transfer_mlp")))
+                    .transpose()?,
+                stop_gradient: a.stop_gradient(),
+            },
+            _ => {
+                params_for("`aitm` or st_params")?;
+                st.check_keys(&["project_dim", "stop_gradient"], class)?;
+                Keras::Aitm {
+                    project_dim: st.count("project_dim")?.filter(|d| *d > 0),
+                    transfer: None,
+                    stop_gradient: st.boolean("stop_gradient")?.unwrap_or(true),
+                }
+            }
         },
         "Dense" => {
             params_for("st_params")?;
@@ -956,6 +1016,42 @@ fn masknet(m: &proto::MaskNet, path: &str) -> Result<Keras, ConfigError> {
 }
 
 /// EasyRec's MLP block from its `mlp` parameters.
+/// PPNet's parameters at `path`, read as EasyRec's `Parameter` reads them:
+/// an unset `mode` is its proto default, eager; an unset gate `hidden_dim`
+/// is the gated width.
+fn ppnet(p: &proto::PpNet, path: &str) -> Result<Keras, ConfigError> {
+    let eager = match p.mode.as_str() {
+        "lazy" => false,
+        "eager" | "" => true,
+        other => {
+            // EasyRec runs any mode but `lazy` as eager.
+            log::warn!("{path}.mode: `{other}` is not lazy, and EasyRec runs it as eager; so does this trainer");
+            true
+        }
+    };
+    let gp = &p.gate_params;
+    let gate = GateNet {
+        output_dim: gp.output_dim.unwrap_or(0) as usize,
+        hidden_dim: gp.hidden_dim.filter(|d| *d > 0).map(|d| d as usize),
+        activation: super::super::layers::layer_activation(gp.activation(), &format!("{path}.gate_params.activation"))?,
+        use_bn: gp.use_bn(),
+        dropout: gp.dropout_rate(),
+    };
+    crate::config::validate::rate(gate.dropout, format!("{path}.gate_params.dropout_rate"))?;
+    if gate.activation == Activation::Dice && gate.use_bn {
+        return Err(ConfigError::unsupported(
+            format!("{path}.gate_params.activation"),
+            "dice after a gate's batch norm",
+        ));
+    }
+    Ok(Keras::PpNet {
+        mlp: mlp(&p.mlp, &format!("{path}.mlp"))?,
+        gate,
+        eager,
+        full_gate_input: p.full_gate_input(),
+    })
+}
+
 pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
     if m.hidden_units.is_empty() {
         return Err(ConfigError::invalid(

@@ -5,7 +5,8 @@ use anyhow::{bail, Context};
 
 use super::value::*;
 use crate::config::model::backbone::{
-    Aggregation, Bilinear, BilinearKind, BstLayer, Expr, Keras, MaskBlock, Mlp, NumericOut, SeNetParams,
+    Aggregation, Bilinear, BilinearKind, BstLayer, Expr, GateNet, Keras, MaskBlock, Mlp, MlpLayer, NumericOut,
+    SeNetParams,
 };
 use crate::config::model::Activation;
 use crate::model::graph::params::Init;
@@ -235,6 +236,42 @@ pub(super) fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope)
             let x = tensor(&v, g).context("MLP")?;
             Val::T(mlp(x, m, name, g, s))
         }
+        Keras::PpNet {
+            mlp: m,
+            gate,
+            eager,
+            full_gate_input,
+        } => {
+            let items = field_list(&v, g).context("PPNet")?;
+            let [x, gate_in] = items[..] else {
+                bail!(
+                    "PPNet takes a list of its input and its gate input, got {} values",
+                    items.len()
+                );
+            };
+            Val::T(ppnet((x, gate_in), (m, gate, *eager, *full_gate_input), name, g, s)?)
+        }
+        Keras::Aitm {
+            project_dim,
+            transfer,
+            stop_gradient,
+        } => match &v {
+            // EasyRec's AITMTower passes a single tower through.
+            Val::L(_) => {
+                let items = field_list(&v, g).context("AITMTower")?;
+                if items.is_empty() {
+                    bail!("AITMTower takes a list of towers, got an empty one");
+                }
+                Val::T(aitm(
+                    &items,
+                    (*project_dim, transfer.as_ref(), *stop_gradient),
+                    name,
+                    g,
+                    s,
+                )?)
+            }
+            _ => v,
+        },
         Keras::Din {
             mlp: scorer,
             need_target,
@@ -675,31 +712,150 @@ pub(super) fn mask_block(
 pub(super) fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
     let mut x = x;
     for (i, l) in m.layers.iter().enumerate() {
-        let lname = format!("{name}/layer_{i}");
-        let k = Kernel {
-            init: Init::HeUniform,
-            l2: true,
-            bias: l.use_bias,
-        };
-        let dense = format!("{lname}/dense");
-        x = if l.use_bn && !l.bn_after_activation {
-            let z = s.layer(g, x, &dense, l.units, k, Activation::Linear);
-            let y = s.batch_norm(g, z, &format!("{lname}/bn"), l.activation);
-            if l.softmax {
-                g.softmax(y)
-            } else {
-                y
-            }
-        } else {
-            let z = s.layer(g, x, &dense, l.units, k, l.activation);
-            let z = if l.softmax { g.softmax(z) } else { z };
-            if l.use_bn {
-                s.batch_norm(g, z, &format!("{lname}/bn"), Activation::Linear)
-            } else {
-                z
-            }
-        };
-        x = g.dropout(x, l.dropout);
+        x = mlp_layer(x, l, &format!("{name}/layer_{i}"), g, s);
     }
     x
+}
+
+/// One of an MLP's layers, `lname/dense` then its batch norm `lname/bn`
+/// (before or after the activation), activation and dropout.
+fn mlp_layer(x: NodeId, l: &MlpLayer, lname: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
+    let k = Kernel {
+        init: Init::HeUniform,
+        l2: true,
+        bias: l.use_bias,
+    };
+    let dense = format!("{lname}/dense");
+    let x = if l.use_bn && !l.bn_after_activation {
+        let z = s.layer(g, x, &dense, l.units, k, Activation::Linear);
+        let y = s.batch_norm(g, z, &format!("{lname}/bn"), l.activation);
+        if l.softmax {
+            g.softmax(y)
+        } else {
+            y
+        }
+    } else {
+        let z = s.layer(g, x, &dense, l.units, k, l.activation);
+        let z = if l.softmax { g.softmax(z) } else { z };
+        if l.use_bn {
+            s.batch_norm(g, z, &format!("{lname}/bn"), Activation::Linear)
+        } else {
+            z
+        }
+    };
+    g.dropout(x, l.dropout)
+}
+
+/// EasyRec's PPNet (`Keras::PpNet`) over `x` with its gate input.
+pub(super) fn ppnet(
+    (x, gate_in): (NodeId, NodeId),
+    (m, gate, eager, full_gate_input): (&Mlp, &GateNet, bool, bool),
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
+    let gate_in = if full_gate_input {
+        let cut = g.stop_gradient(x);
+        g.concat(&[cut, gate_in])
+    } else {
+        gate_in
+    };
+    let mut x = x;
+    if eager {
+        let d = g.width(x);
+        if gate.output_dim != d {
+            bail!(
+                "PPNet in eager mode gates its {d}-wide input first: its gate_params.output_dim is {}, not {d}",
+                gate.output_dim
+            );
+        }
+        let w = gate_net(gate_in, gate, d, &format!("{name}/gate_0"), g, s);
+        x = g.mul(x, w);
+    }
+    let n = m.layers.len();
+    for (i, l) in m.layers.iter().enumerate() {
+        x = mlp_layer(x, l, &format!("{name}/layer_{i}"), g, s);
+        if i + 1 < n || !eager {
+            let w = gate_net(gate_in, gate, l.units, &format!("{name}/gate_{}", i + 1), g, s);
+            x = g.mul(x, w);
+        }
+    }
+    Ok(x)
+}
+
+/// PPNet's gate network (EasyRec's `GateNN`) over `x`, `units` wide:
+/// `2 * sigmoid(weight(act(bn(dense(x)))))`, Keras' default layer names.
+fn gate_net(x: NodeId, gate: &GateNet, units: usize, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
+    let k = Kernel {
+        init: Init::HeUniform,
+        l2: false,
+        bias: !gate.use_bn,
+    };
+    let hidden = gate.hidden_dim.unwrap_or(units);
+    let h = if gate.use_bn {
+        let z = s.layer(g, x, &format!("{name}/dense"), hidden, k, Activation::Linear);
+        s.batch_norm(g, z, &format!("{name}/batch_normalization"), gate.activation)
+    } else {
+        s.layer(g, x, &format!("{name}/dense"), hidden, k, gate.activation)
+    };
+    let h = g.dropout(h, gate.dropout);
+    let w = s.layer(g, h, &format!("{name}/weight"), units, k, Activation::Sigmoid);
+    g.scale(w, 2.0, None)
+}
+
+/// EasyRec's AITMTower (`Keras::Aitm`) over the current tower `items[0]`
+/// and the towers it depends on.
+pub(super) fn aitm(
+    items: &[NodeId],
+    (project_dim, transfer, stop_gradient): (Option<usize>, Option<&Mlp>, bool),
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
+    if transfer.is_some() && items.len() > 2 {
+        bail!(
+            "AITMTower shares one transfer MLP among {} towers it depends on; one is supported",
+            items.len() - 1
+        );
+    }
+    let dim = project_dim.unwrap_or_else(|| g.width(items[0]));
+    let mut query = None;
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for (i, &t) in items.iter().enumerate() {
+        let dep = if i == 0 {
+            t
+        } else {
+            let d = if stop_gradient { g.stop_gradient(t) } else { t };
+            match transfer {
+                Some(m) => mlp(d, m, &format!("{name}/transfer"), g, s),
+                None => d,
+            }
+        };
+        let proj = |what: &str, g: &mut Graph, s: &mut Scope| {
+            s.layer(
+                g,
+                dep,
+                &format!("{name}/{what}_{i}"),
+                dim,
+                Kernel::UNREGULARIZED,
+                Activation::Linear,
+            )
+        };
+        let q = proj("query", g, s);
+        query.get_or_insert(q);
+        keys.push(proj("key", g, s));
+        values.push(proj("value", g, s));
+    }
+    let q = query.expect("the current tower");
+    let scores: Vec<NodeId> = keys
+        .iter()
+        .map(|&k| {
+            let qk = g.mul(q, k);
+            let dot = g.row_sum(qk);
+            g.scale(dot, 1.0 / (dim as f32).sqrt(), None)
+        })
+        .collect();
+    let scores = g.concat(&scores);
+    let weights = g.softmax(scores);
+    Ok(g.weighted_sum(weights, &values))
 }
