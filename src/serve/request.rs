@@ -90,10 +90,9 @@ fn instances(rows: &Value, model: &ExportedModel) -> Result<RawBatch, BadRequest
             ));
         };
         for c in 0..cols.specs.len() {
-            let name = &cols.specs[c].name;
-            let Some(v) = row.get(name) else {
-                return bad(format!("row {r}: input `{name}` is missing"));
-            };
+            // An absent input is its field's default_val, as null is
+            // (EasyRec's predictor fills both).
+            let v = row.get(&cols.specs[c].name).unwrap_or(&Value::Null);
             cols.push(c, r, v)?;
         }
     }
@@ -182,11 +181,18 @@ fn columns_of(lists: &[(&str, &Value)], model: &ExportedModel, what: &str) -> Re
     let mut cols = Columns::new(model, n);
     for c in 0..cols.specs.len() {
         let name = cols.specs[c].name.clone();
-        let Some(list) = find(&name) else {
-            return bad(format!("{what}: input `{name}` is missing"));
-        };
-        for (r, v) in as_list(list).iter().enumerate() {
-            cols.push(c, r, v)?;
+        match find(&name) {
+            Some(list) => {
+                for (r, v) in as_list(list).iter().enumerate() {
+                    cols.push(c, r, v)?;
+                }
+            }
+            // An absent input is its field's default_val on every row.
+            None => {
+                for r in 0..n {
+                    cols.push(c, r, &Value::Null)?;
+                }
+            }
         }
     }
     Ok(cols.finish(n))
