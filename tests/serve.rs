@@ -451,6 +451,11 @@ fn malformed_requests_get_4xx_and_the_server_keeps_answering() {
         ("predict", with("c1", json!(0.5)), "`c1`: the number 0.5"),
         ("predict", with("c2", json!(true)), "`c2`: a boolean"),
         ("predict", json!({"instances": [row.clone()], "inputs": {}}).to_string(), "both"),
+        (
+            "predict",
+            json!({"signature_name": "classify", "instances": [row.clone()]}).to_string(),
+            "`signature_name` \"classify\" is not a signature of this model",
+        ),
         ("predict", json!({"inputs": 3}).to_string(), "not an object"),
         ("predict", json!({"inputs": {}}).to_string(), "no rows"),
         ("predict", json!({"inputs": {"d1": [1.0], "d2": [1.0, 2.0]}}).to_string(), "every input needs one per row"),
@@ -507,6 +512,25 @@ fn malformed_requests_get_4xx_and_the_server_keeps_answering() {
     assert_eq!((code, &a), (200, &b), "an absent input scores as null");
     let (code, v) = server.post("/v1/models/model:predict", &json!({"instances": [{}]}).to_string());
     assert_eq!(code, 200, "{v}");
+    // TF Serving's binary strings: `{"b64": ...}` is the text it encodes.
+    let text = row["c1"].as_str().expect("c1 is a string input").to_string();
+    let encoded = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(text.as_bytes())
+    };
+    let (code, a) = server.post("/v1/models/model:predict", &with("c1", json!({ "b64": encoded })));
+    let (_, b) = server.post(
+        "/v1/models/model:predict",
+        &json!({"instances": [row.clone()]}).to_string(),
+    );
+    assert_eq!((code, &a), (200, &b), "a b64 string scores as its text");
+    let (code, v) = server.post("/v1/models/model:predict", &with("c1", json!({"b64": "%%"})));
+    assert!(
+        code == 400 && v["error"].as_str().unwrap().contains("`c1`: `b64`"),
+        "{v}"
+    );
+    let named = json!({"signature_name": "serving_default", "instances": [row.clone()]});
+    assert_eq!(server.post("/v1/models/model:predict", &named.to_string()).0, 200);
     let (code, v) = server.post(
         "/v1/models/model:predict",
         &json!({"inputs": {"d1": [1.0, 2.0]}}).to_string(),

@@ -29,6 +29,9 @@ fn bad<T>(msg: impl Into<String>) -> Result<T, BadRequest> {
     Err(BadRequest(msg.into()))
 }
 
+/// The one signature an export serves, TF Serving's default name.
+pub const SIGNATURE: &str = "serving_default";
+
 /// How a TF Serving request listed its rows; the answer uses the same form.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Form {
@@ -58,6 +61,17 @@ pub fn tf_serving(body: &Value, model: &ExportedModel) -> Result<(RawBatch, Form
     let Some(obj) = body.as_object() else {
         return bad("the request body must be a JSON object with `instances` or `inputs`");
     };
+    // TF Serving answers a signature the model lacks with an error; an
+    // export has one, `serving_default` (what an absent name means).
+    match obj.get("signature_name") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == SIGNATURE || s.is_empty() => {}
+        Some(other) => {
+            return bad(format!(
+                "`signature_name` {other} is not a signature of this model (it has `{SIGNATURE}`)"
+            ))
+        }
+    }
     match (obj.get("instances"), obj.get("inputs")) {
         (Some(_), Some(_)) => bad("the request has both `instances` and `inputs`: send one of them"),
         (Some(rows), None) => Ok((instances(rows, model)?, Form::Rows)),
@@ -333,6 +347,20 @@ impl<'a> Columns<'a> {
                 _ => Cow::Owned(n.to_string()),
             },
             Value::Bool(b) if spec.ty != ColumnType::Str => Cow::Borrowed(if *b { "1" } else { "0" }),
+            // TF Serving's binary string: `{"b64": "..."}`, the text it encodes.
+            Value::Object(o) if o.len() == 1 && o.contains_key("b64") => {
+                use base64::Engine as _;
+                let Some(Value::String(encoded)) = o.get("b64") else {
+                    return refuse("`b64` holds no string".into());
+                };
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| BadRequest(format!("row {r}: input `{}`: `b64`: {e}", spec.name)))?;
+                match String::from_utf8(bytes) {
+                    Ok(text) => Cow::Owned(text),
+                    Err(_) => return refuse("`b64` decodes to bytes that are not UTF-8 text".into()),
+                }
+            }
             // A multi-value input's list: its values joined by the
             // separator its feature splits them at.
             Value::Array(items) if self.multi[c].is_some() => {
