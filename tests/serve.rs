@@ -267,6 +267,28 @@ fn check_like_predict(model: &str, extra: &[&str]) {
         text.contains(&format!("rustrec_serve_model_version {version}")),
         "{text}"
     );
+    // Classic text unless OpenMetrics is asked for, as Prometheus does.
+    assert!(
+        text.contains("# TYPE rustrec_serve_requests_total counter") && !text.contains("# EOF"),
+        "{text}"
+    );
+    let mut r = Server::agent()
+        .get(&format!("{}/metrics", server.base))
+        .header(
+            "Accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )
+        .call()
+        .unwrap();
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let open = r.body_mut().read_to_string().unwrap();
+    assert!(
+        open.contains("# TYPE rustrec_serve_requests counter") && open.ends_with("# EOF\n"),
+        "{open}"
+    );
 }
 
 #[test]

@@ -414,18 +414,25 @@ fn v2_metadata(app: &App, served: &Served) -> Value {
 
 // ---- the rest ------------------------------------------------------------
 
-async fn metrics(State(app): Shared) -> Response {
+/// `/metrics` in OpenMetrics for a scraper that asks for it (Prometheus
+/// does), else in Prometheus' classic text format, which other parsers read.
+async fn metrics(State(app): Shared, headers: axum::http::HeaderMap) -> Response {
+    let open = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|a| a.contains("application/openmetrics-text"));
     let text = app.metrics.text();
     app.metrics.request("metrics", 200, std::time::Duration::ZERO);
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    let (body, content_type) = if open {
+        (text, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+    } else {
+        (
+            super::metrics::classic(&text),
+            "text/plain; version=0.0.4; charset=utf-8",
+        )
+    };
+    (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn not_found(State(app): Shared, uri: axum::http::Uri) -> Response {

@@ -118,3 +118,59 @@ impl Metrics {
         out
     }
 }
+
+/// OpenMetrics text as Prometheus' classic text format (0.0.4): a
+/// counter's family is named after its `_total` samples, and the `# UNIT`
+/// and `# EOF` lines, which classic parsers do not know, are left out.
+pub fn classic(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|t| t.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}").trim_end().to_string())
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_text_names_counters_after_their_samples() {
+        let m = Metrics::new();
+        m.request("predict", 200, Duration::from_millis(3));
+        let open = m.text();
+        assert!(
+            open.contains("# TYPE rustrec_serve_requests counter") && open.ends_with("# EOF\n"),
+            "{open}"
+        );
+        let text = classic(&open);
+        assert!(text.contains("# TYPE rustrec_serve_requests_total counter"), "{text}");
+        assert!(text.contains("# HELP rustrec_serve_requests_total "), "{text}");
+        assert!(
+            text.contains("rustrec_serve_requests_total{endpoint=\"predict\",code=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+        // Histograms and gauges keep their names.
+        assert!(
+            text.contains("# TYPE rustrec_serve_request_duration_seconds histogram"),
+            "{text}"
+        );
+    }
+}
