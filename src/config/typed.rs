@@ -210,6 +210,34 @@ model_config {
         );
     }
 
+    /// ORDER_CALIBRATE_LOSS pairs a tower with each relation tower, weighted
+    /// by its own weight, between binary classification towers only.
+    #[test]
+    fn order_calibration_pairs_binary_towers() {
+        let head = PIPELINE.split("model_config {").next().unwrap();
+        let dbmtl = |ctr_loss: &str| {
+            format!(
+                r#"{head}model_config {{
+  model_class: "DBMTL"
+  feature_groups {{ group_name: "all" feature_names: ["user", "price"] }}
+  dbmtl {{
+    bottom_dnn {{ hidden_units: [8] }}
+    task_towers {{ tower_name: "ctr" label_name: "clk" {ctr_loss} dnn {{ hidden_units: [4] }} }}
+    task_towers {{ tower_name: "cvr" label_name: "buy" relation_tower_names: ["ctr"]
+                  losses {{ loss_type: CLASSIFICATION }} losses {{ loss_type: ORDER_CALIBRATE_LOSS weight: 2.5 }} }}
+  }}
+}}
+"#
+            )
+        };
+        let plan = TrainingPlan::from_config(&config(&dbmtl(""))).unwrap();
+        assert_eq!(plan.model.tasks[1].calibrate, [(0, 2.5)]);
+        assert!(plan.model.tasks[0].calibrate.is_empty());
+        let regression = "loss_type: L2_LOSS metrics_set { mean_squared_error {} }";
+        let err = TrainingPlan::from_config(&config(&dbmtl(regression))).unwrap_err();
+        assert!(err.to_string().contains("ORDER_CALIBRATE_LOSS between towers"), "{err}");
+    }
+
     /// EasyRec's MultiTower ignores `din_towers`, `bst_towers` and
     /// `seq_att_groups` (its DIN and BST subclasses read them): a config
     /// that carries them plans as the one without.

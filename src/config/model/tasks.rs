@@ -725,7 +725,7 @@ pub fn task_towers(
         ));
     }
     let mut layers: Vec<TaskTower> = Vec::new();
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<Task> = Vec::new();
     for (i, t) in towers.iter().enumerate() {
         let p = format!("{path}.task_towers[{i}]");
         if t.name.is_empty() {
@@ -808,6 +808,16 @@ pub fn task_towers(
             logits: if loss == LossKind::Jrc { 2 } else { 1 },
         });
         let (terms, calibrate) = tower_terms(t.losses, &format!("{p}.losses"), loss)?;
+        // EasyRec compares the towers' `probs`, which only classification
+        // towers of one logit have.
+        let binary = |k: LossKind| k == LossKind::BinaryClassification;
+        let comparable = binary(loss) && relations.iter().all(|&r| binary(tasks[r].loss));
+        if !calibrate.is_empty() && !comparable {
+            return Err(ConfigError::unsupported(
+                format!("{p}.losses"),
+                "ORDER_CALIBRATE_LOSS between towers that are not both binary classification",
+            ));
+        }
         tasks.push(Task {
             terms,
             weight: t.weight,
