@@ -50,11 +50,12 @@ impl Executor for Burn {
     ) -> Box<dyn super::Tape + 'a> {
         let device = &self.device;
         let p = params.tensors(device, true);
-        let widths = input_widths(graph, inputs.len());
         let xs: Vec<Tensor<2>> = inputs
             .iter()
-            .zip(&widths)
-            .map(|(v, &w)| Tensor::<2>::from_data(TensorData::new(v.clone(), [rows, w]), device).require_grad())
+            .map(|v| {
+                let width = v.len().checked_div(rows).unwrap_or(0);
+                Tensor::<2>::from_data(TensorData::new(v.clone(), [rows, width]), device).require_grad()
+            })
             .collect();
         let (training, rng, examples) = match &mode {
             Mode::Train { rng, examples, .. } => (true, (**rng).clone(), *examples),
@@ -82,17 +83,6 @@ impl Executor for Burn {
             xs,
         })
     }
-}
-
-/// Each group input's width, from the graph's input nodes.
-fn input_widths(graph: &Graph, groups: usize) -> Vec<usize> {
-    let mut widths = vec![0; groups];
-    for node in &graph.nodes {
-        if let Op::Input { group } = node.op {
-            widths[group] = node.width;
-        }
-    }
-    widths
 }
 
 /// A forward pass on burn: every node's tensor, read back to the host

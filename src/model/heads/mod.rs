@@ -79,7 +79,8 @@ pub fn train(graph: &Graph, tape: &dyn Tape, tasks: &[Task], targets: Targets, u
     let Targets { labels, weights, .. } = targets;
     let mut loss = 0.0f32;
     let mut seeds = Vec::new();
-    for (t, out) in tasks.iter().zip(task_outputs(graph, tasks)) {
+    let outs = task_outputs(graph, tasks);
+    for (t, &out) in tasks.iter().zip(&outs) {
         if !t.trained() {
             continue;
         }
@@ -111,7 +112,6 @@ pub fn train(graph: &Graph, tape: &dyn Tape, tasks: &[Task], targets: Targets, u
         }
         seeds.push((out, dl));
     }
-    let outs = task_outputs(graph, tasks);
     for (t, &out) in tasks.iter().zip(&outs) {
         for &(r, w) in &t.calibrate {
             let (zt, zr) = (tape.value(out), tape.value(outs[r]));
@@ -153,7 +153,8 @@ fn penalties_on(graph: &Graph, tape: &dyn Tape, users: usize, weights: Option<&[
 ///
 /// Beside them, each graph penalty's loss on the batch, weighted as
 /// trained (EasyRec's eval loss sums them in), then each graph summary's
-/// value on the batch.
+/// value on the batch. No tape (a batch without examples): empty scores
+/// and zero losses.
 pub fn evaluate(
     graph: &Graph,
     tape: Option<&dyn Tape>,
@@ -162,7 +163,7 @@ pub fn evaluate(
     users: usize,
 ) -> (Vec<BatchEval>, Vec<f64>) {
     let Targets { labels, weights, .. } = targets;
-    let Some(tape) = tape.filter(|_| users > 0) else {
+    let Some(tape) = tape else {
         let evals = tasks
             .iter()
             .map(|t| BatchEval {
