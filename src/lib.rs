@@ -12,6 +12,7 @@ pub mod data;
 pub mod datagen;
 pub mod dist;
 pub mod embedding;
+pub mod error;
 pub mod export;
 pub mod features;
 pub mod inference;

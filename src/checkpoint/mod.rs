@@ -44,6 +44,12 @@ impl std::fmt::Display for Unusable {
 
 impl std::error::Error for Unusable {}
 
+impl crate::error::Classified for Unusable {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 /// One named tensor loaded from a checkpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Loaded {

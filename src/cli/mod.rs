@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::config::{overrides, ConfigError, Overrides};
+use crate::config::{overrides, Overrides};
 
 /// An error the user can fix (bad flags, bad config, bad data): exit code 1.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +25,18 @@ pub struct UserFault(pub anyhow::Error);
 impl std::fmt::Display for UserFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl crate::error::Classified for UserError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
+impl crate::error::Classified for UserFault {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
     }
 }
 
@@ -312,21 +324,5 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
 /// system refusing (a missing file, no permission, a full disk) is exit 1;
 /// anything else is an internal error, exit 2.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
-    let users_fault = err.chain().any(|e| {
-        e.is::<ConfigError>()
-            || e.is::<UserError>()
-            || e.is::<UserFault>()
-            || e.is::<crate::data::DataError>()
-            || e.is::<crate::checkpoint::Unusable>()
-            || e.is::<crate::train::step::Diverged>()
-            || e.is::<crate::features::EncodeError>()
-            || e.is::<crate::dist::Disagreement>()
-            || e.is::<crate::serve::ServeError>()
-            || e.is::<std::io::Error>()
-    });
-    if users_fault {
-        1
-    } else {
-        2
-    }
+    crate::error::fault_of(err).exit_code()
 }

@@ -63,6 +63,13 @@ pub enum ConfigError {
     Edit { key: String, message: String },
 }
 
+/// Every way a config can be wrong is the user's to fix.
+impl crate::error::Classified for ConfigError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 impl ConfigError {
     /// The error of building features or a model from a valid config.
     pub fn unbuildable(err: anyhow::Error) -> Self {

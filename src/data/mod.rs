@@ -64,6 +64,13 @@ pub enum DataError {
     Empty { purpose: &'static str, paths: Vec<String> },
 }
 
+/// Files that cannot be read or hold bad rows: the user's to fix.
+impl crate::error::Classified for DataError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 impl DataError {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         DataError::Io {

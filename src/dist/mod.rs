@@ -109,6 +109,12 @@ pub struct Disagreement {
     pub ranks: Vec<usize>,
 }
 
+impl crate::error::Classified for Disagreement {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 /// The start-up handshake: every rank hands in a digest of `what` and all
 /// of them learn whether the digests match. It must come before any
 /// collective whose buffer sizes follow from `what`: ranks with different

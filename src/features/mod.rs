@@ -284,6 +284,12 @@ enum Enc {
 #[error("bad input data: {0}")]
 pub struct EncodeError(pub String);
 
+impl crate::error::Classified for EncodeError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 /// What a label field's values must be, by the losses trained on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LabelKind {

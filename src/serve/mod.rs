@@ -30,6 +30,12 @@ pub enum ServeError {
     Listen { addr: SocketAddr, source: std::io::Error },
 }
 
+impl crate::error::Classified for ServeError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 /// One loaded version.
 pub struct Served {
     pub version: u64,

@@ -31,6 +31,13 @@ pub struct Diverged {
     pub what: String,
 }
 
+/// A learning rate or data that makes the model diverge: the user's to fix.
+impl crate::error::Classified for Diverged {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 /// A batch's gradients from `Trainer::gradients`, ready to apply or push.
 pub struct StepGrads {
     /// The batch's mean loss (over the ranks' batches), unregularized.
