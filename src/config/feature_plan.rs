@@ -433,96 +433,7 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
             separator: f.separator().to_string(),
             kv_separator: f.kv_separator.clone().filter(|s| !s.is_empty()),
         },
-        FeatureType::SequenceFeature => {
-            // How a sequence of RawFeature values becomes ids, in EasyRec's
-            // order of precedence; `None` for a sequence of ids.
-            // Boundaries are checked increasing with every feature's.
-            let raw_buckets = match f.sub_feature_type() {
-                FeatureType::IdFeature => None,
-                FeatureType::RawFeature if f.hash_bucket_size() > 0 => return Err(ConfigError::invalid(
-                    format!("{path}.hash_bucket_size"),
-                    "a sequence of RawFeature values is bucketized by boundaries, not hashed (EasyRec stops on it too)",
-                )),
-                FeatureType::RawFeature if !f.boundaries.is_empty() => Some(Bucketing::Boundaries(f.boundaries.clone())),
-                FeatureType::RawFeature if f.num_buckets() > 1 && f.max_val() > f.min_val() => Some(Bucketing::Scaled {
-                    min: f.min_val(),
-                    max: f.max_val(),
-                    buckets: f.num_buckets(),
-                }),
-                FeatureType::RawFeature if f.num_buckets() > 1 => {
-                    return Err(ConfigError::unsupported(
-                        format!("{path}.num_buckets"),
-                        "a sequence of RawFeature values with num_buckets but not min_val < max_val (EasyRec then reads the values as integer ids)",
-                    ))
-                }
-                FeatureType::RawFeature if f.embedding_dim() == 0 => {
-                    return Err(ConfigError::unsupported(
-                        format!("{path}.sub_feature_type"),
-                        "sequences of RawFeature values without boundaries, buckets or embedding_dim (dense value sequences)",
-                    ))
-                }
-                FeatureType::RawFeature => {
-                    let multi = f.seq_multi_sep.as_deref().is_some_and(|s| !s.is_empty());
-                    if multi != (f.raw_input_dim() > 1) {
-                        return Err(ConfigError::invalid(
-                            format!("{path}.raw_input_dim"),
-                            "a sequence of raw values has raw_input_dim > 1 exactly when seq_multi_sep splits its positions (EasyRec's shapes fail otherwise)",
-                        ));
-                    }
-                    Some(Bucketing::RawPositions { dim: f.raw_input_dim() })
-                }
-                other => {
-                    return Err(ConfigError::unsupported(
-                        format!("{path}.sub_feature_type"),
-                        format!("sequences of {} values", other.as_str_name()),
-                    ))
-                }
-            };
-            let multi = f
-                .seq_multi_sep
-                .as_deref()
-                .filter(|s| !s.is_empty())
-                .map(|sep| MultiValue {
-                    separator: sep.to_string(),
-                    // validate checked it; sqrtn is refused below.
-                    combiner: if f.combiner() == "mean" {
-                        PositionCombiner::Mean
-                    } else {
-                        PositionCombiner::Sum
-                    },
-                });
-            let max_len = match f.max_seq_len {
-                // EasyRec lays projected values out densely over
-                // `sequence_length` positions.
-                _ if matches!(raw_buckets, Some(Bucketing::RawPositions { .. })) => f.sequence_length().max(1) as usize,
-                Some(0) => {
-                    return Err(ConfigError::invalid(
-                        format!("{path}.max_seq_len"),
-                        "a sequence keeps at least one value",
-                    ))
-                }
-                Some(n) => n as usize,
-                None => {
-                    log::info!(
-                        "SequenceFeature `{name}` keeps the first {DEFAULT_MAX_SEQ_LEN} values of a row (set max_seq_len to change)"
-                    );
-                    DEFAULT_MAX_SEQ_LEN
-                }
-            };
-            FeatureKind::Sequence {
-                buckets: match raw_buckets {
-                    Some(b) => b,
-                    None => need_buckets()?,
-                },
-                separator: f.separator().to_string(),
-                max_len,
-                combiner: match &f.sequence_combiner {
-                    Some(c) if pooled => seq_combiner(c, &format!("{path}.sequence_combiner"), max_len)?,
-                    _ => None,
-                },
-                multi,
-            }
-        }
+        FeatureType::SequenceFeature => sequence(f, path, pooled, &name, need_buckets)?,
         FeatureType::RawFeature => {
             if f.normalizer_fn.as_deref().is_some_and(|n| !n.is_empty()) {
                 return Err(ConfigError::unsupported(
@@ -629,5 +540,104 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
         embedding_dim: f.embedding_dim(),
         mean_combiner: f.combiner() == "mean",
         init: embedding_init(f, path)?,
+    })
+}
+
+/// A SequenceFeature's kind: how its values become ids, how many it keeps,
+/// and how its positions combine.
+fn sequence(
+    f: &proto::FeatureConfig,
+    path: &str,
+    pooled: bool,
+    name: &str,
+    need_buckets: impl Fn() -> Result<Bucketing, ConfigError>,
+) -> Result<FeatureKind, ConfigError> {
+    // How a sequence of RawFeature values becomes ids, in EasyRec's
+    // order of precedence; `None` for a sequence of ids.
+    // Boundaries are checked increasing with every feature's.
+    let raw_buckets = match f.sub_feature_type() {
+                FeatureType::IdFeature => None,
+                FeatureType::RawFeature if f.hash_bucket_size() > 0 => return Err(ConfigError::invalid(
+                    format!("{path}.hash_bucket_size"),
+                    "a sequence of RawFeature values is bucketized by boundaries, not hashed (EasyRec stops on it too)",
+                )),
+                FeatureType::RawFeature if !f.boundaries.is_empty() => Some(Bucketing::Boundaries(f.boundaries.clone())),
+                FeatureType::RawFeature if f.num_buckets() > 1 && f.max_val() > f.min_val() => Some(Bucketing::Scaled {
+                    min: f.min_val(),
+                    max: f.max_val(),
+                    buckets: f.num_buckets(),
+                }),
+                FeatureType::RawFeature if f.num_buckets() > 1 => {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.num_buckets"),
+                        "a sequence of RawFeature values with num_buckets but not min_val < max_val (EasyRec then reads the values as integer ids)",
+                    ))
+                }
+                FeatureType::RawFeature if f.embedding_dim() == 0 => {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.sub_feature_type"),
+                        "sequences of RawFeature values without boundaries, buckets or embedding_dim (dense value sequences)",
+                    ))
+                }
+                FeatureType::RawFeature => {
+                    let multi = f.seq_multi_sep.as_deref().is_some_and(|s| !s.is_empty());
+                    if multi != (f.raw_input_dim() > 1) {
+                        return Err(ConfigError::invalid(
+                            format!("{path}.raw_input_dim"),
+                            "a sequence of raw values has raw_input_dim > 1 exactly when seq_multi_sep splits its positions (EasyRec's shapes fail otherwise)",
+                        ));
+                    }
+                    Some(Bucketing::RawPositions { dim: f.raw_input_dim() })
+                }
+                other => {
+                    return Err(ConfigError::unsupported(
+                        format!("{path}.sub_feature_type"),
+                        format!("sequences of {} values", other.as_str_name()),
+                    ))
+                }
+            };
+    let multi = f
+        .seq_multi_sep
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(|sep| MultiValue {
+            separator: sep.to_string(),
+            // validate checked it; sqrtn is refused below.
+            combiner: if f.combiner() == "mean" {
+                PositionCombiner::Mean
+            } else {
+                PositionCombiner::Sum
+            },
+        });
+    let max_len = match f.max_seq_len {
+        // EasyRec lays projected values out densely over
+        // `sequence_length` positions.
+        _ if matches!(raw_buckets, Some(Bucketing::RawPositions { .. })) => f.sequence_length().max(1) as usize,
+        Some(0) => {
+            return Err(ConfigError::invalid(
+                format!("{path}.max_seq_len"),
+                "a sequence keeps at least one value",
+            ))
+        }
+        Some(n) => n as usize,
+        None => {
+            log::info!(
+                        "SequenceFeature `{name}` keeps the first {DEFAULT_MAX_SEQ_LEN} values of a row (set max_seq_len to change)"
+                    );
+            DEFAULT_MAX_SEQ_LEN
+        }
+    };
+    Ok(FeatureKind::Sequence {
+        buckets: match raw_buckets {
+            Some(b) => b,
+            None => need_buckets()?,
+        },
+        separator: f.separator().to_string(),
+        max_len,
+        combiner: match &f.sequence_combiner {
+            Some(c) if pooled => seq_combiner(c, &format!("{path}.sequence_combiner"), max_len)?,
+            _ => None,
+        },
+        multi,
     })
 }

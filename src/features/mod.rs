@@ -856,47 +856,7 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             }
             j.weights = Some(weights);
         }
-        Enc::RawPositions {
-            col,
-            dim,
-            len,
-            separator,
-            multi_sep,
-            mean,
-        } => {
-            let mut weights = Vec::new();
-            let mut p = SeqPositions::default();
-            let mut xs: Vec<f64> = Vec::new();
-            for r in 0..n {
-                let mut t = 0usize;
-                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
-                    if t == *len {
-                        bail!("row {r} has more than sequence_length ({len}) positions");
-                    }
-                    xs.clear();
-                    position_values(v, multi_sep.as_deref(), &mut |x| {
-                        xs.push(x.number()?);
-                        Ok(())
-                    })?;
-                    if xs.len() > *dim as usize {
-                        bail!("row {r}: position {t} has {} values, raw_input_dim is {dim}", xs.len());
-                    }
-                    // TensorFlow's safe lookup drops weights not above 0.
-                    let sum: f64 = xs.iter().filter(|x| **x > 0.0).sum();
-                    for &x in xs.iter().filter(|x| **x > 0.0) {
-                        j.ids.push(if t < *dim as usize { t as u64 } else { 0 });
-                        weights.push(if *mean { (x / sum) as f32 } else { x as f32 });
-                        p.of_id.push(t as u32);
-                    }
-                    t += 1;
-                    Ok(())
-                })?;
-                p.lens.push(*len as u32);
-                j.offsets.push(j.ids.len() as u32);
-            }
-            j.weights = Some(weights);
-            j.positions = Some(p);
-        }
+        Enc::RawPositions { .. } => encode_raw_positions(e, raw, n, &mut j)?,
         Enc::Id { col, buckets } => {
             for r in 0..n {
                 for_each_value(&raw.columns[*col], r, None, &mut |v| {
@@ -907,167 +867,15 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             }
         }
         Enc::Tag {
-            col,
-            buckets,
-            separator,
-            kv_separator,
-            weight_col: Some(wc),
-            ..
-        } => {
-            let mut weights = Vec::with_capacity(n);
-            let mut ws: Vec<f32> = Vec::new();
-            for r in 0..n {
-                ws.clear();
-                for_each_value(&raw.columns[*wc], r, Some(separator), &mut |v| {
-                    ws.push(v.number()? as f32);
-                    Ok(())
-                })?;
-                let mut k = 0usize;
-                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
-                    let w = *ws
-                        .get(k)
-                        .with_context(|| format!("row {r} has more tags than weights ({})", ws.len()))?;
-                    k += 1;
-                    push_weighted(&mut j.ids, &mut weights, w, || v.bucket(buckets, ""))
-                })?;
-                if k != ws.len() {
-                    bail!("row {r} has {k} tags but {} weights", ws.len());
-                }
-                j.offsets.push(j.ids.len() as u32);
-            }
-            debug_assert!(kv_separator.is_none());
-            j.weights = Some(weights);
-        }
+            weight_col: Some(_), ..
+        } => encode_weighted_tags(e, raw, n, &mut j)?,
         Enc::Tag {
-            col,
-            buckets,
-            separator,
-            max_len: Some(max_len),
-            multi: Some(multi),
+            max_len: Some(_),
+            multi: Some(_),
             ..
-        } => {
-            let mut weights = Vec::new();
-            let mut p = SeqPositions::default();
-            let mut values = Vec::new();
-            for r in 0..n {
-                // As TensorFlow's sparse sequence: an empty position (`a||b`)
-                // holds no values but keeps its place, and the length runs
-                // to the last position holding one.
-                let (mut pos, mut len) = (0u32, 0u32);
-                let mut position = |v: Value<'_>| -> anyhow::Result<()> {
-                    if pos as usize == *max_len {
-                        return Ok(());
-                    }
-                    values.clear();
-                    position_values(v, Some(&multi.separator), &mut |x| {
-                        values.push(x.bucket(buckets, "")?);
-                        Ok(())
-                    })?;
-                    let w = multi.combiner.weight(values.len());
-                    for &id in &values {
-                        j.ids.push(id);
-                        weights.push(w);
-                        p.of_id.push(pos);
-                    }
-                    pos += 1;
-                    if !values.is_empty() {
-                        len = pos;
-                    }
-                    Ok(())
-                };
-                match &raw.columns[*col] {
-                    Column::Str(s) if !separator.is_empty() => {
-                        let text = s.get(r);
-                        if !text.is_empty() {
-                            for part in text.split(separator.as_str()) {
-                                position(Value::Str(part))?;
-                            }
-                        }
-                    }
-                    other => for_each_value(other, r, Some(separator), &mut position)?,
-                }
-                p.lens.push(len);
-                j.offsets.push(j.ids.len() as u32);
-            }
-            if multi.combiner != PositionCombiner::Sum {
-                j.weights = Some(weights);
-            }
-            j.positions = Some(p);
-        }
-        Enc::Tag {
-            col,
-            buckets,
-            separator,
-            kv_separator,
-            weight_col: None,
-            max_len,
-            ..
-        } => {
-            let mut weights = kv_separator.as_ref().map(|_| Vec::with_capacity(n));
-            for r in 0..n {
-                let start = j.ids.len();
-                for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
-                    match (kv_separator, &mut weights, v) {
-                        (Some(kv), Some(w), Value::Str(s)) => {
-                            let (k, wt) = s.split_once(kv.as_str()).unwrap_or((s, "1"));
-                            let wt: f32 = wt
-                                .trim()
-                                .parse()
-                                .with_context(|| format!("weight `{wt}` of tag `{k}` is not a number"))?;
-                            push_weighted(&mut j.ids, w, wt, || buckets.of_str(k, ""))?;
-                        }
-                        (_, w, v) => {
-                            j.ids.push(v.bucket(buckets, "")?);
-                            if let Some(w) = w {
-                                w.push(1.0);
-                            }
-                        }
-                    }
-                    Ok(())
-                })?;
-                if let Some(l) = max_len {
-                    // A sequence's first `l` values (sequences have no weights).
-                    j.ids.truncate(j.ids.len().min(start + l));
-                }
-                j.offsets.push(j.ids.len() as u32);
-            }
-            j.weights = weights;
-        }
-        Enc::Lookup {
-            key_col,
-            map_col,
-            buckets,
-            separator,
-            kv_separator,
-            max_selected,
-        } => {
-            let mut key = String::new();
-            for r in 0..n {
-                key.clear();
-                for_each_value(&raw.columns[*key_col], r, None, &mut |v| {
-                    key.push_str(&v.text());
-                    Ok(())
-                })?;
-                let start = j.ids.len();
-                for_each_value(&raw.columns[*map_col], r, Some(separator), &mut |v| {
-                    let entry = v.text();
-                    let (k, val) = entry.split_once(kv_separator.as_str()).with_context(|| {
-                        format!("row {r}: map entry `{entry}` has no `{kv_separator}` between its key and value")
-                    })?;
-                    if k == key {
-                        j.ids.push(hash_bucket_str(val, *buckets));
-                    }
-                    Ok(())
-                })?;
-                if j.ids.len() - start > *max_selected {
-                    bail!(
-                        "row {r}: key `{key}` matches {} map entries, more than lookup_max_sel_elem_num ({max_selected})",
-                        j.ids.len() - start
-                    );
-                }
-                j.offsets.push(j.ids.len() as u32);
-            }
-        }
+        } => encode_multi_value_sequence(e, raw, n, &mut j)?,
+        Enc::Tag { weight_col: None, .. } => encode_tags(e, raw, n, &mut j)?,
+        Enc::Lookup { .. } => encode_lookup(e, raw, n, &mut j)?,
         Enc::Combo {
             cols,
             buckets,
@@ -1090,4 +898,242 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
         }
     }
     Ok(Encoded::Sparse(j))
+}
+
+/// A raw feature's values as weights at their positions (`Enc::RawPositions`).
+fn encode_raw_positions(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::Result<()> {
+    let Enc::RawPositions {
+        col,
+        dim,
+        len,
+        separator,
+        multi_sep,
+        mean,
+    } = e
+    else {
+        unreachable!("encode_raw_positions of another encoding")
+    };
+    let mut weights = Vec::new();
+    let mut p = SeqPositions::default();
+    let mut xs: Vec<f64> = Vec::new();
+    for r in 0..n {
+        let mut t = 0usize;
+        for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+            if t == *len {
+                bail!("row {r} has more than sequence_length ({len}) positions");
+            }
+            xs.clear();
+            position_values(v, multi_sep.as_deref(), &mut |x| {
+                xs.push(x.number()?);
+                Ok(())
+            })?;
+            if xs.len() > *dim as usize {
+                bail!("row {r}: position {t} has {} values, raw_input_dim is {dim}", xs.len());
+            }
+            // TensorFlow's safe lookup drops weights not above 0.
+            let sum: f64 = xs.iter().filter(|x| **x > 0.0).sum();
+            for &x in xs.iter().filter(|x| **x > 0.0) {
+                j.ids.push(if t < *dim as usize { t as u64 } else { 0 });
+                weights.push(if *mean { (x / sum) as f32 } else { x as f32 });
+                p.of_id.push(t as u32);
+            }
+            t += 1;
+            Ok(())
+        })?;
+        p.lens.push(*len as u32);
+        j.offsets.push(j.ids.len() as u32);
+    }
+    j.weights = Some(weights);
+    j.positions = Some(p);
+    Ok(())
+}
+
+/// Tags weighted by a second column (`Enc::Tag` with `weight_col`).
+fn encode_weighted_tags(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::Result<()> {
+    let Enc::Tag {
+        col,
+        buckets,
+        separator,
+        kv_separator,
+        weight_col: Some(wc),
+        ..
+    } = e
+    else {
+        unreachable!("encode_weighted_tags of another encoding")
+    };
+    let mut weights = Vec::with_capacity(n);
+    let mut ws: Vec<f32> = Vec::new();
+    for r in 0..n {
+        ws.clear();
+        for_each_value(&raw.columns[*wc], r, Some(separator), &mut |v| {
+            ws.push(v.number()? as f32);
+            Ok(())
+        })?;
+        let mut k = 0usize;
+        for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+            let w = *ws
+                .get(k)
+                .with_context(|| format!("row {r} has more tags than weights ({})", ws.len()))?;
+            k += 1;
+            push_weighted(&mut j.ids, &mut weights, w, || v.bucket(buckets, ""))
+        })?;
+        if k != ws.len() {
+            bail!("row {r} has {k} tags but {} weights", ws.len());
+        }
+        j.offsets.push(j.ids.len() as u32);
+    }
+    debug_assert!(kv_separator.is_none());
+    j.weights = Some(weights);
+    Ok(())
+}
+
+/// A sequence of several ids per position (`Enc::Tag` with `multi`).
+fn encode_multi_value_sequence(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::Result<()> {
+    let Enc::Tag {
+        col,
+        buckets,
+        separator,
+        max_len: Some(max_len),
+        multi: Some(multi),
+        ..
+    } = e
+    else {
+        unreachable!("encode_multi_value_sequence of another encoding")
+    };
+    let mut weights = Vec::new();
+    let mut p = SeqPositions::default();
+    let mut values = Vec::new();
+    for r in 0..n {
+        // As TensorFlow's sparse sequence: an empty position (`a||b`)
+        // holds no values but keeps its place, and the length runs
+        // to the last position holding one.
+        let (mut pos, mut len) = (0u32, 0u32);
+        let mut position = |v: Value<'_>| -> anyhow::Result<()> {
+            if pos as usize == *max_len {
+                return Ok(());
+            }
+            values.clear();
+            position_values(v, Some(&multi.separator), &mut |x| {
+                values.push(x.bucket(buckets, "")?);
+                Ok(())
+            })?;
+            let w = multi.combiner.weight(values.len());
+            for &id in &values {
+                j.ids.push(id);
+                weights.push(w);
+                p.of_id.push(pos);
+            }
+            pos += 1;
+            if !values.is_empty() {
+                len = pos;
+            }
+            Ok(())
+        };
+        match &raw.columns[*col] {
+            Column::Str(s) if !separator.is_empty() => {
+                let text = s.get(r);
+                if !text.is_empty() {
+                    for part in text.split(separator.as_str()) {
+                        position(Value::Str(part))?;
+                    }
+                }
+            }
+            other => for_each_value(other, r, Some(separator), &mut position)?,
+        }
+        p.lens.push(len);
+        j.offsets.push(j.ids.len() as u32);
+    }
+    if multi.combiner != PositionCombiner::Sum {
+        j.weights = Some(weights);
+    }
+    j.positions = Some(p);
+    Ok(())
+}
+
+/// Tags, `k:w` weighted tags, or a sequence's first ids (`Enc::Tag`).
+fn encode_tags(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::Result<()> {
+    let Enc::Tag {
+        col,
+        buckets,
+        separator,
+        kv_separator,
+        weight_col: None,
+        max_len,
+        ..
+    } = e
+    else {
+        unreachable!("encode_tags of another encoding")
+    };
+    let mut weights = kv_separator.as_ref().map(|_| Vec::with_capacity(n));
+    for r in 0..n {
+        let start = j.ids.len();
+        for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
+            match (kv_separator, &mut weights, v) {
+                (Some(kv), Some(w), Value::Str(s)) => {
+                    let (k, wt) = s.split_once(kv.as_str()).unwrap_or((s, "1"));
+                    let wt: f32 = wt
+                        .trim()
+                        .parse()
+                        .with_context(|| format!("weight `{wt}` of tag `{k}` is not a number"))?;
+                    push_weighted(&mut j.ids, w, wt, || buckets.of_str(k, ""))?;
+                }
+                (_, w, v) => {
+                    j.ids.push(v.bucket(buckets, "")?);
+                    if let Some(w) = w {
+                        w.push(1.0);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        if let Some(l) = max_len {
+            // A sequence's first `l` values (sequences have no weights).
+            j.ids.truncate(j.ids.len().min(start + l));
+        }
+        j.offsets.push(j.ids.len() as u32);
+    }
+    j.weights = weights;
+    Ok(())
+}
+
+/// The values of a map column whose keys equal the key column (`Enc::Lookup`).
+fn encode_lookup(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::Result<()> {
+    let Enc::Lookup {
+        key_col,
+        map_col,
+        buckets,
+        separator,
+        kv_separator,
+        max_selected,
+    } = e
+    else {
+        unreachable!("encode_lookup of another encoding")
+    };
+    let mut key = String::new();
+    for r in 0..n {
+        key.clear();
+        for_each_value(&raw.columns[*key_col], r, None, &mut |v| {
+            key.push_str(&v.text());
+            Ok(())
+        })?;
+        let start = j.ids.len();
+        for_each_value(&raw.columns[*map_col], r, Some(separator), &mut |v| {
+            let entry = v.text();
+            let (k, val) = entry.split_once(kv_separator.as_str()).with_context(|| {
+                format!("row {r}: map entry `{entry}` has no `{kv_separator}` between its key and value")
+            })?;
+            if k == key {
+                j.ids.push(hash_bucket_str(val, *buckets));
+            }
+            Ok(())
+        })?;
+        if j.ids.len() - start > *max_selected {
+            bail!(
+                "row {r}: key `{key}` matches {} map entries, more than lookup_max_sel_elem_num ({max_selected})",
+                j.ids.len() - start
+            );
+        }
+        j.offsets.push(j.ids.len() as u32);
+    }
+    Ok(())
 }

@@ -498,106 +498,12 @@ fn single_task_arch(
             },
             d.l2_regularization,
         ),
-        Some(M::MultiTower(t)) => {
-            let class = model.model_class.as_str();
-            for (field, set, owner) in [
-                ("din_towers", !t.din_towers.is_empty(), "MultiTowerDIN"),
-                ("bst_towers", !t.bst_towers.is_empty(), "MultiTowerBST"),
-            ] {
-                if set && class != owner {
-                    log::warn!(
-                        "{m}.multi_tower.{field}: model class {class} reads no {field} ({owner} does); \
-                         EasyRec's {class} ignores them, and so does this trainer"
-                    );
-                }
-            }
-            let read = |owner: &str| class == owner;
-            let towers = t
-                .towers
-                .iter()
-                .enumerate()
-                .map(|(i, tw)| {
-                    Ok((
-                        tw.input.clone(),
-                        dnn(&tw.dnn, &format!("{m}.multi_tower.towers[{i}].dnn"))?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, ConfigError>>()?;
-            (
-                Arch::MultiTower {
-                    towers,
-                    seq_towers: t
-                        .din_towers
-                        .iter()
-                        .filter(|_| read("MultiTowerDIN"))
-                        .map(|d| d.input.clone())
-                        .chain(
-                            t.bst_towers
-                                .iter()
-                                .filter(|_| read("MultiTowerBST"))
-                                .map(|b| b.input.clone()),
-                        )
-                        .collect(),
-                    final_dnn: dnn(&t.final_dnn, &format!("{m}.multi_tower.final_dnn"))?,
-                },
-                t.l2_regularization,
-            )
-        }
+        Some(M::MultiTower(t)) => multi_tower(t, model)?,
         Some(M::ModelParams(p)) if model.model_class == "RankModel" => {
             (Arch::Backbone(single_task_backbone(model, p)?), p.l2_regularization())
         }
-        Some(M::ModelParams(p)) if model.model_class == "MatchModel" => {
-            let path = format!("{m}.model_params");
-            let backbone = single_task_backbone(model, p)?;
-            let index = |v: i32, field: &str| {
-                usize::try_from(v)
-                    .map_err(|_| ConfigError::invalid(format!("{path}.{field}"), format!("{v} is not an index")))
-            };
-            let (user, item) = (
-                index(p.user_tower_idx_in_output(), "user_tower_idx_in_output")?,
-                index(p.item_tower_idx_in_output(), "item_tower_idx_in_output")?,
-            );
-            let cosine = p.simi_func() == proto::Similarity::Cosine;
-            let sim = Similarity {
-                cosine,
-                temperature: similarity_temperature(cosine, p.temperature(), &path)?,
-                scale_simi: p.scale_simi(),
-            };
-            (
-                Arch::MatchBackbone {
-                    backbone,
-                    user,
-                    item,
-                    sim,
-                },
-                p.l2_regularization(),
-            )
-        }
-        Some(M::DssmSenet(d)) => {
-            let path = format!("{m}.dssm_senet");
-            let senet = |t: &proto::DssmSeNetTower, name: &str| -> Result<(usize, usize), ConfigError> {
-                let (r, g) = (t.senet.reduction_ratio as usize, t.senet.num_squeeze_group() as usize);
-                if r == 0 || g == 0 {
-                    return Err(ConfigError::invalid(
-                        format!("{path}.{name}.senet"),
-                        "reduction_ratio and num_squeeze_group must be at least 1",
-                    ));
-                }
-                Ok((r, g))
-            };
-            let senets = [senet(&d.user_tower, "user_tower")?, senet(&d.item_tower, "item_tower")?];
-            let plain = proto::Dssm {
-                user_tower: dssm_tower(&d.user_tower.id, &d.user_tower.dnn),
-                item_tower: dssm_tower(&d.item_tower.id, &d.item_tower.dnn),
-                l2_regularization: d.l2_regularization,
-                simi_func: d.simi_func,
-                scale_simi: d.scale_simi,
-                item_id: d.item_id.clone(),
-                ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
-                temperature: d.temperature,
-            };
-            dssm_variant(&plain, &path, (Some(senets), None))?
-        }
+        Some(M::ModelParams(p)) if model.model_class == "MatchModel" => match_backbone(p, model)?,
+        Some(M::DssmSenet(d)) => dssm_senet(d)?,
         Some(M::Dat(d)) => dat(d, model, &format!("{m}.dat"))?,
         Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
         Some(M::Mind(d)) => {
@@ -865,4 +771,109 @@ fn group_names(model: &proto::EasyRecModel) -> Vec<String> {
         .iter()
         .map(|g| g.group_name.clone().unwrap_or_else(|| "all".into()))
         .collect()
+}
+
+/// MultiTower's towers (and MultiTowerDIN's / MultiTowerBST's sequence towers).
+fn multi_tower(t: &proto::MultiTower, model: &proto::EasyRecModel) -> Result<(Arch, f32), ConfigError> {
+    let m = "model_config";
+    let class = model.model_class.as_str();
+    for (field, set, owner) in [
+        ("din_towers", !t.din_towers.is_empty(), "MultiTowerDIN"),
+        ("bst_towers", !t.bst_towers.is_empty(), "MultiTowerBST"),
+    ] {
+        if set && class != owner {
+            log::warn!(
+                "{m}.multi_tower.{field}: model class {class} reads no {field} ({owner} does); \
+                         EasyRec's {class} ignores them, and so does this trainer"
+            );
+        }
+    }
+    let read = |owner: &str| class == owner;
+    let towers = t
+        .towers
+        .iter()
+        .enumerate()
+        .map(|(i, tw)| {
+            Ok((
+                tw.input.clone(),
+                dnn(&tw.dnn, &format!("{m}.multi_tower.towers[{i}].dnn"))?,
+            ))
+        })
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    Ok((
+        Arch::MultiTower {
+            towers,
+            seq_towers: t
+                .din_towers
+                .iter()
+                .filter(|_| read("MultiTowerDIN"))
+                .map(|d| d.input.clone())
+                .chain(
+                    t.bst_towers
+                        .iter()
+                        .filter(|_| read("MultiTowerBST"))
+                        .map(|b| b.input.clone()),
+                )
+                .collect(),
+            final_dnn: dnn(&t.final_dnn, &format!("{m}.multi_tower.final_dnn"))?,
+        },
+        t.l2_regularization,
+    ))
+}
+
+/// A MatchModel's backbone with its user and item tower outputs.
+fn match_backbone(p: &proto::ModelParams, model: &proto::EasyRecModel) -> Result<(Arch, f32), ConfigError> {
+    let m = "model_config";
+    let path = format!("{m}.model_params");
+    let backbone = single_task_backbone(model, p)?;
+    let index = |v: i32, field: &str| {
+        usize::try_from(v).map_err(|_| ConfigError::invalid(format!("{path}.{field}"), format!("{v} is not an index")))
+    };
+    let (user, item) = (
+        index(p.user_tower_idx_in_output(), "user_tower_idx_in_output")?,
+        index(p.item_tower_idx_in_output(), "item_tower_idx_in_output")?,
+    );
+    let cosine = p.simi_func() == proto::Similarity::Cosine;
+    let sim = Similarity {
+        cosine,
+        temperature: similarity_temperature(cosine, p.temperature(), &path)?,
+        scale_simi: p.scale_simi(),
+    };
+    Ok((
+        Arch::MatchBackbone {
+            backbone,
+            user,
+            item,
+            sim,
+        },
+        p.l2_regularization(),
+    ))
+}
+
+/// DSSM_SENet: DSSM with a SENet over each tower's inputs.
+fn dssm_senet(d: &proto::DssmSeNet) -> Result<(Arch, f32), ConfigError> {
+    let m = "model_config";
+    let path = format!("{m}.dssm_senet");
+    let senet = |t: &proto::DssmSeNetTower, name: &str| -> Result<(usize, usize), ConfigError> {
+        let (r, g) = (t.senet.reduction_ratio as usize, t.senet.num_squeeze_group() as usize);
+        if r == 0 || g == 0 {
+            return Err(ConfigError::invalid(
+                format!("{path}.{name}.senet"),
+                "reduction_ratio and num_squeeze_group must be at least 1",
+            ));
+        }
+        Ok((r, g))
+    };
+    let senets = [senet(&d.user_tower, "user_tower")?, senet(&d.item_tower, "item_tower")?];
+    let plain = proto::Dssm {
+        user_tower: dssm_tower(&d.user_tower.id, &d.user_tower.dnn),
+        item_tower: dssm_tower(&d.item_tower.id, &d.item_tower.dnn),
+        l2_regularization: d.l2_regularization,
+        simi_func: d.simi_func,
+        scale_simi: d.scale_simi,
+        item_id: d.item_id.clone(),
+        ignore_in_batch_neg_sam: d.ignore_in_batch_neg_sam,
+        temperature: d.temperature,
+    };
+    dssm_variant(&plain, &path, (Some(senets), None))
 }
