@@ -201,6 +201,11 @@ impl TfCheckpoint {
             }
             match trailer[0] {
                 0 => Ok(body.to_vec()),
+                // Snappy encodes at most 64 bytes per tag of two or more
+                // bytes: a longer claimed length is a crafted block.
+                1 if snap::raw::decompress_len(body).map_or(true, |n| n > body.len().saturating_mul(32)) => Err(bad(
+                    &format!("the block at byte {off} claims an impossible uncompressed length"),
+                )),
                 1 => snap::raw::Decoder::new()
                     .decompress_vec(body)
                     .map_err(|e| bad(&format!("the block at byte {off} does not decompress: {e}"))),
@@ -211,22 +216,44 @@ impl TfCheckpoint {
         let mut header = None;
         let mut entries = BTreeMap::new();
         let mut slice_entries = BTreeMap::new();
+        // A table's keys are sorted and distinct (LevelDB's rule): a block
+        // listed twice, or keys out of order, is a crafted or damaged index.
+        let mut last_key: Option<Vec<u8>> = None;
+        let mut handles = std::collections::HashSet::new();
         for (_, h) in block_entries(&index_block).ok_or_else(|| bad("unreadable index block"))? {
             let mut p = 0;
             let h = handle(&h, &mut p).ok_or_else(|| bad("unreadable block handle"))?;
+            if !handles.insert(h) {
+                return Err(bad(&format!("the index lists the block at byte {} twice", h.0)));
+            }
             let block = read_block(h)?;
             for (key, value) in block_entries(&block).ok_or_else(|| bad("unreadable data block"))? {
+                if last_key.as_ref().is_some_and(|k| *k >= key) {
+                    return Err(bad(&format!(
+                        "its keys are not sorted and distinct (at `{}`)",
+                        String::from_utf8_lossy(&key)
+                    )));
+                }
+                last_key = Some(key.clone());
                 if key.is_empty() {
                     header = Some(BundleHeaderProto::decode(value.as_slice()).map_err(|e| bad(&e.to_string()))?);
                     continue;
                 }
                 let e = BundleEntryProto::decode(value.as_slice())
                     .map_err(|e| bad(&format!("entry {}: {e}", String::from_utf8_lossy(&key))))?;
-                let shape = e
+                let shape: Vec<usize> = e
                     .shape
                     .as_ref()
-                    .map(|s| s.dim.iter().map(|d| usize::try_from(d.size).unwrap_or(0)).collect())
+                    .map(|s| s.dim.iter().map(|d| usize::try_from(d.size)).collect())
+                    .transpose()
+                    .map_err(|_| bad(&format!("`{}` has a negative dimension", String::from_utf8_lossy(&key))))?
                     .unwrap_or_default();
+                if shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d)).is_none() {
+                    return Err(bad(&format!(
+                        "`{}` has shape {shape:?}, more values than this machine can address",
+                        String::from_utf8_lossy(&key)
+                    )));
+                }
                 let slices = e
                     .slices
                     .iter()
@@ -290,10 +317,9 @@ impl TfCheckpoint {
         })
     }
 
-    /// The raw bytes of entry `e` (called `name` in errors), checked
-    /// against the index's CRC.
-    fn bytes(&self, e: &Entry, name: &str) -> Result<Vec<u8>, Unusable> {
-        use std::io::{Read, Seek, SeekFrom};
+    /// The data file holding entry `e` (called `name` in errors), after
+    /// checking that its bytes lie inside it.
+    fn data_of(&self, e: &Entry, name: &str) -> Result<PathBuf, Unusable> {
         if e.shard >= self.num_shards {
             return Err(Unusable(format!(
                 "TensorFlow checkpoint {}: `{name}` names data shard {} of {}",
@@ -303,21 +329,32 @@ impl TfCheckpoint {
             )));
         }
         let path = data_file(&self.prefix, e.shard, self.num_shards);
-        let mut f = fs::File::open(&path)
-            .map_err(|err| Unusable(format!("TensorFlow checkpoint data file {}: {err}", path.display())))?;
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let end = e.offset.saturating_add(e.size);
-        if end > len {
-            return Err(Unusable(format!(
-                "TensorFlow checkpoint data file {} is truncated: `{name}` lies at bytes {}..{end}, the file has {len}",
+        let len = fs::metadata(&path)
+            .map_err(|err| Unusable(format!("TensorFlow checkpoint data file {}: {err}", path.display())))?
+            .len();
+        match e.offset.checked_add(e.size) {
+            Some(end) if end <= len => Ok(path),
+            _ => Err(Unusable(format!(
+                "TensorFlow checkpoint data file {} is truncated: `{name}` lies at bytes {}..{}, the file has {len}",
                 path.display(),
-                e.offset
-            )));
+                e.offset,
+                e.offset.saturating_add(e.size)
+            ))),
         }
-        let mut buf = vec![0u8; usize::try_from(e.size).expect("fits: below the file length")];
+    }
+
+    /// The raw bytes of entry `e` (called `name` in errors), checked
+    /// against the index's CRC.
+    fn bytes(&self, e: &Entry, name: &str) -> Result<Vec<u8>, Unusable> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.data_of(e, name)?;
+        let io = |err: std::io::Error| Unusable(format!("TensorFlow checkpoint data file {}: {err}", path.display()));
+        let mut f = fs::File::open(&path).map_err(io)?;
+        // Below the file's length (`data_of`), so it fits in memory's address space.
+        let mut buf = vec![0u8; usize::try_from(e.size).map_err(|_| io(std::io::ErrorKind::FileTooLarge.into()))?];
         f.seek(SeekFrom::Start(e.offset))
             .and_then(|_| f.read_exact(&mut buf))
-            .map_err(|err| Unusable(format!("TensorFlow checkpoint data file {}: {err}", path.display())))?;
+            .map_err(io)?;
         if crc32c::crc32c(&buf) != e.crc {
             return Err(Unusable(format!(
                 "TensorFlow checkpoint data file {} is damaged: `{name}` fails its checksum",
@@ -327,8 +364,9 @@ impl TfCheckpoint {
         Ok(buf)
     }
 
-    /// The values of entry `e` as f32 (float64 and integers converted).
-    fn values(&self, e: &Entry, name: &str) -> Result<Vec<f32>, Unusable> {
+    /// Checks that entry `e` is a number tensor whose stored size is its
+    /// shape's and lies inside its data file; returns its value width.
+    fn numeric(&self, e: &Entry, name: &str) -> Result<usize, Unusable> {
         let width = match e.dtype {
             DT_FLOAT | DT_INT32 => 4,
             DT_DOUBLE | DT_INT64 => 8,
@@ -340,16 +378,38 @@ impl TfCheckpoint {
                 )))
             }
         };
-        let buf = self.bytes(e, name)?;
+        // The product fits (checked when the index was read).
         let count: usize = e.shape.iter().product();
-        if buf.len() != count * width {
+        if count.checked_mul(width).and_then(|n| u64::try_from(n).ok()) != Some(e.size) {
             return Err(Unusable(format!(
                 "TensorFlow checkpoint {}: `{name}` holds {} bytes for shape {:?}",
                 self.prefix.display(),
-                buf.len(),
+                e.size,
                 e.shape
             )));
         }
+        self.data_of(e, name)?;
+        Ok(width)
+    }
+
+    /// Reads and checks every tensor's bytes against its checksum (the
+    /// slices of partitioned variables too), as inspect_checkpoint does.
+    pub fn verify_all(&self) -> Result<(), Unusable> {
+        for (name, e) in &self.entries {
+            if e.slices.is_empty() {
+                self.bytes(e, name)?;
+            }
+        }
+        for e in self.slice_entries.values() {
+            self.bytes(e, "a slice of a partitioned variable")?;
+        }
+        Ok(())
+    }
+
+    /// The values of entry `e` as f32 (float64 and integers converted).
+    fn values(&self, e: &Entry, name: &str) -> Result<Vec<f32>, Unusable> {
+        let width = self.numeric(e, name)?;
+        let buf = self.bytes(e, name)?;
         Ok(buf
             .chunks_exact(width)
             .map(|c| match e.dtype {
@@ -361,7 +421,10 @@ impl TfCheckpoint {
             .collect())
     }
 
-    /// A partitioned variable put together from its slices.
+    /// A partitioned variable put together from its slices. Every slice
+    /// is found and checked against the data files before the whole is
+    /// allocated, so a crafted full shape cannot claim more memory than
+    /// the files hold; each value is written by exactly one slice.
     fn assemble(&self, e: &Entry, name: &str) -> Result<Vec<f32>, Unusable> {
         let bad = |what: String| {
             Unusable(format!(
@@ -370,7 +433,7 @@ impl TfCheckpoint {
             ))
         };
         let shape = &e.shape;
-        let mut out = vec![0.0f32; shape.iter().product()];
+        let mut parts = Vec::with_capacity(e.slices.len());
         let mut covered = 0usize;
         for extents in &e.slices {
             if extents.len() != shape.len() {
@@ -385,7 +448,10 @@ impl TfCheckpoint {
                 let (s, l) = if len < 0 {
                     (0, dim)
                 } else {
-                    (usize::try_from(start).unwrap_or(usize::MAX), len as usize)
+                    (
+                        usize::try_from(start).unwrap_or(usize::MAX),
+                        usize::try_from(len).unwrap_or(usize::MAX),
+                    )
                 };
                 if s.checked_add(l).is_none_or(|end| end > dim) {
                     return Err(bad(format!("has a slice outside shape {shape:?}")));
@@ -403,6 +469,18 @@ impl TfCheckpoint {
                     part.shape
                 )));
             }
+            self.numeric(part, name)?;
+            // Inside the shape, so the sum stays below its (checked) product.
+            covered += lens.iter().product::<usize>();
+            parts.push((part, ranges, lens));
+        }
+        let total: usize = shape.iter().product();
+        if covered != total {
+            return Err(bad(format!("has slices covering {covered} of {total} values")));
+        }
+        let mut out = vec![0.0f32; total];
+        let mut written = vec![false; total];
+        for (part, ranges, lens) in parts {
             let values = self.values(part, name)?;
             // Row-major walk over the slice, placing each value.
             let mut idx = vec![0usize; lens.len()];
@@ -410,6 +488,9 @@ impl TfCheckpoint {
                 let mut flat = 0usize;
                 for ((i, (s, _)), dim) in idx.iter().zip(&ranges).zip(shape) {
                     flat = flat * dim + s + i;
+                }
+                if std::mem::replace(&mut written[flat], true) {
+                    return Err(bad("has overlapping slices".into()));
                 }
                 out[flat] = v;
                 for d in (0..idx.len()).rev() {
@@ -420,10 +501,6 @@ impl TfCheckpoint {
                     idx[d] = 0;
                 }
             }
-            covered += lens.iter().product::<usize>();
-        }
-        if covered != out.len() {
-            return Err(bad(format!("has slices covering {covered} of {} values", out.len())));
         }
         Ok(out)
     }

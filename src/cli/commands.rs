@@ -207,12 +207,16 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to evaluate")?;
     let model_dir = plan.model_dir.clone();
     let eval_paths = plan.data.eval_paths.clone();
+    // Its help says "inside model_dir": checked before anything is read.
+    let result_path = crate::output::inside(&model_dir, &args.eval_result_path, "--eval_result_path")?;
+    let inputs = crate::data::expand_paths(&eval_paths).unwrap_or_default();
+    crate::output::check(&result_path, &inputs)?;
     let comm = dist::init()?;
     let run = || -> anyhow::Result<()> {
         agree_on_config(&*comm, &loaded)?;
         let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(UserFault)?;
         trainer.restore(&ckpt)?;
-        trainer.eval_and_report(&eval_paths, &model_dir.join(&args.eval_result_path))?;
+        trainer.eval_and_report(&eval_paths, &result_path)?;
         Ok(())
     };
     abort_on_error(&*comm, run())
@@ -396,6 +400,8 @@ pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {
 /// listed tensor against its checksum.
 fn inspect_tensorflow(prefix: &Path, all: bool) -> anyhow::Result<()> {
     let ckpt = checkpoint::tensorflow::TfCheckpoint::open(prefix)?;
+    // Every tensor is read against its checksum, the ones not listed too.
+    ckpt.verify_all()?;
     let step = ckpt.global_step()?;
     println!(
         "TensorFlow checkpoint {} (global step {})",

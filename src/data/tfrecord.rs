@@ -48,8 +48,15 @@ pub fn compress(data: &[u8], compression: Compression) -> Vec<u8> {
     done.expect("compressing into memory")
 }
 
+/// The largest record a reader accepts: far above any tf.Example of a
+/// row (or a batch of rows), far below the memory of a training machine.
+pub const MAX_RECORD_BYTES: u64 = 1 << 30;
+
 /// The records of a stream, checksums verified; an error says at which
-/// byte the bad record starts.
+/// byte the bad record starts. A record's length is trusted only after its
+/// checksum and below `MAX_RECORD_BYTES`, and its bytes are read as they
+/// arrive (never allocated ahead), so a crafted length cannot exhaust
+/// memory or panic.
 pub struct RecordReader<R> {
     inner: R,
     at: u64,
@@ -84,16 +91,28 @@ impl<R: Read> RecordReader<R> {
                 return Err(format!("byte {at}: bad length checksum"));
             }
             let len = u64::from_le_bytes(len_bytes);
-            let mut data = vec![0u8; usize::try_from(len).map_err(|_| format!("byte {at}: record of {len} bytes"))?];
+            if len > MAX_RECORD_BYTES {
+                return Err(format!(
+                    "byte {at}: a record of {len} bytes, more than the {MAX_RECORD_BYTES} a record may hold"
+                ));
+            }
+            // Grows with the bytes read, up to `len`, whatever `len` claims.
+            let mut data = Vec::with_capacity(len.min(1 << 16) as usize);
             let mut crc = [0u8; 4];
+            let got = (&mut self.inner)
+                .take(len)
+                .read_to_end(&mut data)
+                .map_err(|e| format!("byte {at}: {e}"))?;
+            if got as u64 != len {
+                return Err(format!("byte {at}: truncated record ({got} of its {len} bytes)"));
+            }
             self.inner
-                .read_exact(&mut data)
-                .and_then(|()| self.inner.read_exact(&mut crc))
+                .read_exact(&mut crc)
                 .map_err(|_| format!("byte {at}: truncated record"))?;
             if masked_crc(&data) != u32::from_le_bytes(crc) {
                 return Err(format!("byte {at}: bad data checksum"));
             }
-            self.at += 16 + len;
+            self.at = self.at.saturating_add(16 + len);
             Ok(data)
         })();
         Some(record)
@@ -187,6 +206,13 @@ impl TfRecordChunks {
                 message,
             };
             for f in list {
+                // TensorFlow would parse an absent label as its default (0):
+                // training on labels nobody wrote is refused instead.
+                if spec.required && f.as_ref().and_then(|f| f.kind.as_ref()).is_none() {
+                    return Err(value_error(
+                        "is absent from the record, and a label must be in every record".into(),
+                    ));
+                }
                 let text = match f.as_ref().and_then(|f| f.kind.as_ref()) {
                     None => String::new(),
                     Some(kind) => one_value(kind).map_err(value_error)?,
