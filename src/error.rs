@@ -54,6 +54,7 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<Fault> {
         crate::train::step::Diverged,
         crate::dist::Disagreement,
         crate::serve::ServeError,
+        crate::output::OutputError,
         std::io::Error,
     );
     None

@@ -5,6 +5,7 @@
 //! values) -> `embedding` (tables, pooling, sparse updates) + `model` (dense
 //! network on burn) -> `optim` -> `train` (loop, `checkpoint`, `metrics`).
 
+pub mod bounded;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod output;
 pub mod predict;
 pub mod serve;
 pub mod summary;

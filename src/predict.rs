@@ -122,7 +122,7 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
 /// The output file, written under a temporary name and renamed at the end.
 struct Output {
     path: PathBuf,
-    tmp: PathBuf,
+    tmp: crate::output::Temp,
     names: Vec<String>,
     rows: usize,
     kind: OutputKind,
@@ -155,10 +155,10 @@ fn csv_field(s: &str) -> String {
 
 impl Output {
     fn new(path: &Path, reserved: &[String], score_cols: &[String]) -> anyhow::Result<Self> {
-        let name = path
-            .file_name()
+        path.file_name()
             .with_context(|| format!("output path {} has no file name", path.display()))?;
-        let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
+        crate::output::check(path, &[])?;
+        let tmp = crate::output::Temp::beside(path);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
@@ -167,11 +167,12 @@ impl Output {
         let kind = if path.extension().is_some_and(|e| e == "parquet") {
             OutputKind::Parquet(None)
         } else {
-            let f = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+            let f =
+                std::fs::File::create(&tmp.path).with_context(|| format!("cannot create {}", tmp.path.display()))?;
             let mut w = std::io::BufWriter::new(f);
             use std::io::Write;
             let header: Vec<String> = names.iter().map(|n| csv_field(n)).collect();
-            writeln!(w, "{}", header.join(",")).with_context(|| format!("cannot write {}", tmp.display()))?;
+            writeln!(w, "{}", header.join(",")).with_context(|| format!("cannot write {}", tmp.path.display()))?;
             OutputKind::Csv(w)
         };
         Ok(Output {
@@ -193,7 +194,7 @@ impl Output {
                     let mut fields: Vec<String> = reserved.iter().map(|c| csv_field(&text(c, r))).collect();
                     fields.extend(values.iter().map(|v| v[r].to_string()));
                     writeln!(w, "{}", fields.join(","))
-                        .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+                        .with_context(|| format!("cannot write {}", self.tmp.path.display()))?;
                 }
             }
             OutputKind::Parquet(writer) => {
@@ -220,13 +221,13 @@ impl Output {
                     .collect();
                 let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?;
                 if writer.is_none() {
-                    let f = std::fs::File::create(&self.tmp)
-                        .with_context(|| format!("cannot create {}", self.tmp.display()))?;
+                    let f = std::fs::File::create(&self.tmp.path)
+                        .with_context(|| format!("cannot create {}", self.tmp.path.display()))?;
                     *writer = Some(Box::new(parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None)?));
                 }
                 let w = writer.as_mut().expect("writer was just created");
                 w.write(&batch)
-                    .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+                    .with_context(|| format!("cannot write {}", self.tmp.path.display()))?;
             }
         }
         self.rows += n;
@@ -238,11 +239,11 @@ impl Output {
             OutputKind::Csv(mut w) => {
                 use std::io::Write;
                 w.flush()
-                    .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+                    .with_context(|| format!("cannot write {}", self.tmp.path.display()))?;
             }
             OutputKind::Parquet(Some(w)) => {
                 w.close()
-                    .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+                    .with_context(|| format!("cannot write {}", self.tmp.path.display()))?;
             }
             OutputKind::Parquet(None) => {
                 // No rows: an empty file with the score columns.
@@ -251,13 +252,13 @@ impl Output {
                     .iter()
                     .map(|n| Field::new(n, DataType::Float32, false))
                     .collect();
-                let f = std::fs::File::create(&self.tmp)
-                    .with_context(|| format!("cannot create {}", self.tmp.display()))?;
+                let f = std::fs::File::create(&self.tmp.path)
+                    .with_context(|| format!("cannot create {}", self.tmp.path.display()))?;
                 parquet::arrow::ArrowWriter::try_new(f, Arc::new(Schema::new(fields)), None)?.close()?;
             }
         }
-        std::fs::rename(&self.tmp, &self.path)
-            .with_context(|| format!("cannot rename {} to {}", self.tmp.display(), self.path.display()))?;
+        let shown = format!("cannot rename {} to {}", self.tmp.path.display(), self.path.display());
+        self.tmp.commit(&self.path).context(shown)?;
         Ok(self.rows)
     }
 }

@@ -433,10 +433,20 @@ fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 }
 
 /// Writes `path` through a temporary file and a rename.
+/// The target must be a regular file or absent (`output::check`'s first
+/// rule); a failed write leaves no temporary behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    write_synced(&tmp, bytes)?;
-    fs::rename(&tmp, path).with_context(|| format!("cannot rename {} into place", tmp.display()))?;
+    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(crate::output::OutputError::NotRegular {
+            path: path.to_path_buf(),
+        }
+        .into());
+    }
+    let tmp = crate::output::Temp::beside(path);
+    write_synced(&tmp.path, bytes)?;
+    let shown = tmp.path.display().to_string();
+    tmp.commit(path)
+        .with_context(|| format!("cannot rename {shown} into place"))?;
     Ok(())
 }
 

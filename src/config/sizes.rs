@@ -116,8 +116,33 @@ impl Claims {
     }
 }
 
+/// Fields that give a layer's width, whichever message holds them.
+const WIDTHS: &[&str] = &[
+    "num_class",
+    "hidden_size",
+    "intermediate_size",
+    "output_dim",
+    "output_size",
+    "projection_dim",
+    "project_dim",
+    "num_output_units",
+    "multi_head_size",
+    "multi_head_num",
+    "num_attention_heads",
+    "num_expert",
+    "text_head_size",
+    "text_cross_head_size",
+    "wide_output_dim",
+    "units",
+    "dims",
+];
+
+/// Copies of a batch's sequence values alive in a step (lookup, attention
+/// inputs and outputs, their gradients): a bound, not an exact count.
+const SEQUENCE_COPIES: u128 = 4;
+
 /// The claims of one message: a table when it has rows, a DNN when it has
-/// hidden_units.
+/// hidden_units, a layer per width field, a batch of sequences per length.
 fn claim(msg: &DynamicMessage, path: &str, batch: u128, slots: Slots, claims: &mut Vec<Claim>) {
     let get = |name: &str| -> Option<u128> {
         let fd = msg.descriptor().get_field_by_name(name)?;
@@ -154,6 +179,38 @@ fn claim(msg: &DynamicMessage, path: &str, batch: u128, slots: Slots, claims: &m
                 bytes: rows * dim * 4 * table_copies,
                 table: true,
                 shared: shared.clone(),
+            });
+        }
+    }
+    // A width a model layer takes from the config (output classes,
+    // attention and backbone widths): at least a weight per unit with its
+    // gradient and slots, and one batch's activations.
+    for width_field in WIDTHS {
+        if let Some(u) = get(width_field) {
+            claims.push(Claim {
+                field: at(width_field),
+                what: format!("a layer {u} wide for a batch of {batch}"),
+                bytes: u * 4 * (batch + 2 + slots.dense as u128),
+                table: false,
+                shared: None,
+            });
+        }
+    }
+    // A sequence: one batch's `len x embedding_dim` values, kept by the
+    // lookup, the attention over it and their gradients.
+    for len_field in [
+        "max_seq_len",
+        "sequence_length",
+        "pad_sequence_length",
+        "max_position_embeddings",
+    ] {
+        if let Some(len) = get(len_field) {
+            claims.push(Claim {
+                field: at(len_field),
+                what: format!("sequences of {len} x {dim} values for a batch of {batch}"),
+                bytes: len * dim * batch * 4 * SEQUENCE_COPIES,
+                table: false,
+                shared: None,
             });
         }
     }

@@ -5,6 +5,7 @@ pub mod column;
 pub mod criteo;
 pub mod csv;
 pub mod parquet;
+mod paths;
 pub mod sampler;
 pub mod tfrecord;
 
@@ -13,6 +14,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
 pub use column::{Column, RawBatch, StrColumn};
+pub use paths::expand_paths;
 
 use crate::config::data_plan::{ColumnType, InputField, InputFormat};
 use crate::util::Rng;
@@ -170,55 +172,6 @@ impl Projection {
     }
 }
 
-/// Expands input paths into sorted files: a directory stands for the
-/// (non-hidden) files in it; `*`, `?`, `[...]` match within a name and `**`
-/// across directories, as in the `glob` crate (whose matcher does not
-/// backtrack exponentially on patterns like `*a*a*a*b`).
-pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
-    let mut out = Vec::new();
-    for p in paths {
-        let path = Path::new(p);
-        if !p.contains(['*', '?', '[']) {
-            if path.is_dir() {
-                let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                    .map_err(|e| DataError::io(path, e))?
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.is_file() && !is_hidden(p))
-                    .collect();
-                files.sort();
-                out.extend(files);
-            } else {
-                out.push(path.to_path_buf());
-            }
-            continue;
-        }
-        let options = glob::MatchOptions {
-            require_literal_leading_dot: true,
-            ..glob::MatchOptions::new()
-        };
-        let entries = glob::glob_with(p, options).map_err(|e| DataError::BadPattern {
-            pattern: p.clone(),
-            message: e.to_string(),
-        })?;
-        let mut files = Vec::new();
-        for entry in entries {
-            let file = entry.map_err(|e| {
-                let path = e.path().to_owned();
-                DataError::io(&path, e.into())
-            })?;
-            if file.is_file() {
-                files.push(file);
-            }
-        }
-        if files.is_empty() {
-            return Err(DataError::NoFiles(p.clone()));
-        }
-        files.sort();
-        out.extend(files);
-    }
-    Ok(out)
-}
-
 /// The dense and category files of binary part `label`: the files at its
 /// position in the sorted expansion of its part's globs.
 fn companions(parts: &[crate::config::data_plan::BinaryPart], label: &Path) -> Result<(PathBuf, PathBuf), DataError> {
@@ -251,10 +204,6 @@ fn companions(parts: &[crate::config::data_plan::BinaryPart], label: &Path) -> R
         location: "binary input".into(),
         message: "is no label file of binary_train_input or binary_eval_input".into(),
     })
-}
-
-fn is_hidden(p: &Path) -> bool {
-    p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
 }
 
 /// One unit of reading: a CSV file or one Parquet row group.
@@ -522,11 +471,9 @@ mod tests {
         assert_eq!(names("part-*.parquet"), ["part-0001.parquet", "part-0002.parquet"]);
         assert_eq!(names("part-000?.csv"), ["part-0001.csv"]);
         assert_eq!(names("**/*.parquet").len(), 3, "{:?}", names("**/*.parquet"));
-        assert_eq!(
-            names("sub"),
-            Vec::<String>::new(),
-            "a directory lists only its own files"
-        );
+        // A directory lists only its own files: none here, named as such.
+        let none = expand_paths(&[root.join("sub").to_string_lossy().into_owned()]).unwrap_err();
+        assert!(matches!(none, DataError::NoFiles(_)), "{none}");
         let bad = expand_paths(&[root.join("a***b").to_string_lossy().into_owned()]).unwrap_err();
         assert!(matches!(bad, DataError::BadPattern { .. }), "{bad}");
     }

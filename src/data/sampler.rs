@@ -35,7 +35,8 @@ impl ItemTable {
     /// columns (`id…`, `weight…`, `feature…`); without such names they are
     /// the first, second and third, as EasyRec reads them.
     pub fn load(path: &Path, attr_count: usize, delimiter: &str) -> Result<Self, DataError> {
-        let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+        let text =
+            crate::bounded::read_text(path, crate::bounded::table_bytes()).map_err(|e| DataError::io(path, e))?;
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next().unwrap_or("").split('\t').collect();
         let column = |prefix: &str, default: usize| {
@@ -138,7 +139,7 @@ type Edges = HashMap<String, Vec<usize>>;
 /// user is in `users` and whose item is in `items`, as graph-learn joins
 /// them to its nodes.
 fn load_edges(path: &Path, users: &HashSet<String>, items: &ItemTable) -> Result<Edges, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let text = crate::bounded::read_text(path, crate::bounded::table_bytes()).map_err(|e| DataError::io(path, e))?;
     let mut edges = Edges::new();
     let mut left_out = 0usize;
     for (i, line) in text.lines().enumerate().skip(1) {
@@ -169,7 +170,7 @@ fn load_edges(path: &Path, users: &HashSet<String>, items: &ItemTable) -> Result
 
 /// The ids of a user table (`id weight`, tab-separated after a header).
 fn load_users(path: &Path) -> Result<HashSet<String>, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let text = crate::bounded::read_text(path, crate::bounded::table_bytes()).map_err(|e| DataError::io(path, e))?;
     let users: HashSet<String> = text
         .lines()
         .skip(1)

@@ -69,7 +69,7 @@ pub fn resolve_export_dir(path: &Path) -> anyhow::Result<PathBuf> {
 
 /// An export's `assets/feature_spec.json`, parsed once for every check of it.
 fn read_feature_spec(path: &Path) -> anyhow::Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::bounded::read_text(path, crate::bounded::table_bytes())
         .with_context(|| format!("{} is missing: not a complete export", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }

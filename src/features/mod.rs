@@ -133,7 +133,7 @@ impl Buckets {
                 bounds: (0..*buckets).map(|k| (k as f64 / *buckets as f64) as f32).collect(),
             },
             Bucketing::VocabFile(p) => {
-                let text = std::fs::read_to_string(p)
+                let text = crate::bounded::read_text(p, crate::bounded::table_bytes())
                     .with_context(|| format!("feature `{feature}`: cannot read vocab_file {}", p.display()))?;
                 Buckets::Vocab(
                     text.lines()

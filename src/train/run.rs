@@ -298,6 +298,7 @@ impl Trainer {
     /// Evaluates, prints the metrics, writes them as JSON to `out` and as
     /// summaries to `eval_val/` beside it (where TensorBoard expects them).
     pub fn eval_and_report(&self, paths: &[String], out: &Path) -> anyhow::Result<Vec<(String, f64)>> {
+        crate::output::check(out, &[])?;
         let states = self.evaluate(paths)?;
         let graph = &self.model.graph;
         let penalties: Vec<String> = graph.penalties.iter().map(|p| p.name.clone()).collect();
