@@ -254,11 +254,24 @@ fn human(bytes: u128) -> String {
 }
 
 /// This machine's physical memory in bytes (`MemTotal`), when it can be read.
+/// The memory this process may use: the machine's physical memory
+/// (`MemTotal`), or less where an address-space limit (`ulimit -v`) says
+/// so; `None` when neither can be read.
 pub fn physical_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    let limit = std::fs::read_to_string("/proc/self/limits").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("Max address space"))?;
+        // "Max address space  <soft>  <hard>  bytes"; soft may be "unlimited".
+        line.split_whitespace().nth(3)?.parse::<u64>().ok()
+    });
+    match (total, limit) {
+        (Some(t), Some(l)) => Some(t.min(l)),
+        (t, l) => t.or(l),
+    }
 }
 
 #[cfg(test)]
