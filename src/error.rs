@@ -55,6 +55,7 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<Fault> {
         crate::dist::Disagreement,
         crate::serve::ServeError,
         crate::output::OutputError,
+        crate::predict::PredictError,
         std::io::Error,
     );
     None

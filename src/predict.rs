@@ -43,6 +43,19 @@ impl Scorer {
     }
 }
 
+/// A job predict cannot run as asked: the user's to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    #[error("--reserved_cols: `{0}` is not among data_config.input_fields")]
+    UnknownColumn(String),
+}
+
+impl crate::error::Classified for PredictError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
+    }
+}
+
 pub struct PredictJob {
     pub inputs: Vec<String>,
     pub output: PathBuf,
@@ -66,9 +79,9 @@ pub fn predict(scorer: &Scorer, job: &PredictJob) -> anyhow::Result<usize> {
         .map(|c| {
             projection
                 .add(c, &plan.data.fields, false)
-                .with_context(|| format!("reserved column `{c}` is not among data_config.input_fields"))
+                .ok_or_else(|| PredictError::UnknownColumn(c.clone()))
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     let files = expand_paths(&job.inputs)?;
     if files.is_empty() {
         bail!("no input files given");

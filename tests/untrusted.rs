@@ -467,3 +467,46 @@ fn an_empty_input_directory_is_named() {
     );
     user_error(&out, &["empty"]);
 }
+
+#[test]
+fn a_diverging_but_finite_run_warns_and_can_stop() {
+    let job = Job::with(("learning_rate: 0.01 }", "learning_rate: 10000000000.0 }"));
+    let steps = ["--edit_config_json", r#"{"train_config.num_steps": 80}"#];
+    let out = job.run(env!("CARGO_BIN_EXE_train_eval"), &steps);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        // Diverged so far that a value stopped being finite: exit 1 too.
+        user_error(&out, &["at step"]);
+        return;
+    }
+    assert!(stderr.contains("diverging"), "{stderr}");
+    let mut args = steps.to_vec();
+    args.push("--stop_on_divergence");
+    let again = Job::with(("learning_rate: 0.01 }", "learning_rate: 10000000000.0 }"));
+    user_error(
+        &again.run(env!("CARGO_BIN_EXE_train_eval"), &args),
+        &["diverging", "at step"],
+    );
+    assert!(!again.dir.path().join("model/model.ckpt-80").exists());
+}
+
+#[test]
+fn predict_flags_that_cannot_work_are_user_errors() {
+    let job = Job::new();
+    let trained = job.run(env!("CARGO_BIN_EXE_train_eval"), &[]);
+    assert!(trained.status.success(), "{}", String::from_utf8_lossy(&trained.stderr));
+    let out_csv = job.dir.path().join("out.csv");
+    let predict = |extra: &[&str]| {
+        let mut args = vec![
+            "--input_path",
+            job.data.to_str().unwrap(),
+            "--output_path",
+            out_csv.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        job.run(env!("CARGO_BIN_EXE_predict"), &args)
+    };
+    user_error(&predict(&["--reserved_cols", "nope"]), &["--reserved_cols", "`nope`"]);
+    user_error(&predict(&["--batch_size", "0"]), &["--batch_size", "at least 1"]);
+    assert!(!out_csv.exists());
+}

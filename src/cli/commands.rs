@@ -35,6 +35,10 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let options = TrainOptions {
         resume: args.continue_train,
         skip_nonfinite_batches: args.skip_nonfinite_batches,
+        divergence: crate::train::divergence::DivergencePolicy {
+            factor: args.divergence_factor,
+            stop: args.stop_on_divergence,
+        },
         ps: crate::train::ps::PsOptions {
             servers: args.num_ps,
             max_staleness: args.max_staleness,
@@ -50,6 +54,8 @@ struct TrainOptions {
     resume: bool,
     /// `--skip_nonfinite_batches`.
     skip_nonfinite_batches: u64,
+    /// `--divergence_factor`, `--stop_on_divergence`.
+    divergence: crate::train::divergence::DivergencePolicy,
     /// `--num_ps`, `--max_staleness`.
     ps: crate::train::ps::PsOptions,
     /// `--straggler` (benches only).
@@ -82,6 +88,7 @@ fn train_on(
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
     let mut trainer = Trainer::with_roles(plan, comm.clone(), &opts.ps).map_err(UserFault)?;
     trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
+    trainer.divergence = opts.divergence;
     trainer.straggler = opts.straggler;
     // Rank 0 holds the model_dir's lock for the whole job; under the lock,
     // whatever a dead job left half written can go.

@@ -88,6 +88,13 @@ pub struct TrainEvalArgs {
     /// dropped, with a warning naming the step) before stopping; 0 stops at the first.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub skip_nonfinite_batches: u64,
+    /// Warn when the averaged loss grows past F times its first step's (floored
+    /// at 1): the model is diverging though finite. 0 turns the check off.
+    #[arg(long, default_value_t = crate::train::divergence::DEFAULT_FACTOR, value_name = "F")]
+    pub divergence_factor: f64,
+    /// Stop (exit 1, nothing saved at that step) where --divergence_factor warns.
+    #[arg(long)]
+    pub stop_on_divergence: bool,
     /// Asynchronous training under mpirun (sync_replicas: false, or PSStrategy):
     /// how many of the ranks are parameter servers (the first N); default one per
     /// four ranks, at least one. The others are workers.
@@ -189,8 +196,17 @@ pub struct PredictArgs {
     /// Input columns copied to the output (ALL_COLUMNS for every input field).
     #[arg(long, value_delimiter = ',', value_name = "COLS")]
     pub reserved_cols: Vec<String>,
-    #[arg(long, default_value_t = 1024, value_name = "N")]
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = parse_positive)]
     pub batch_size: usize,
+}
+
+/// A count that must be at least 1 (a batch of no rows scores nothing).
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Debug, Parser)]

@@ -121,13 +121,37 @@ impl ParquetChunks {
                     }),
                 }
             }
-            _ => scalar(arr, spec).ok_or_else(|| DataError::Value {
-                file: self.path.clone(),
-                location: format!("row group {}", self.row_group),
-                column: spec.name.clone(),
-                message: format!("has type {}, which cannot be read as {:?}", arr.data_type(), spec.ty),
-            })?,
+            _ => {
+                let col = scalar(arr, spec).ok_or_else(|| DataError::Value {
+                    file: self.path.clone(),
+                    location: format!("row group {}", self.row_group),
+                    column: spec.name.clone(),
+                    message: format!("has type {}, which cannot be read as {:?}", arr.data_type(), spec.ty),
+                })?;
+                self.whole_numbers(spec, col)?
+            }
         })
+    }
+
+    /// A floating-point column of a field declared INT32 or INT64 as the
+    /// integers it holds; a fraction is refused naming its row, as the
+    /// text readers refuse `0.5` in such a field.
+    fn whole_numbers(&self, spec: &ProjColumn, col: Column) -> Result<Column, DataError> {
+        let Column::Float(values) = &col else {
+            return Ok(col);
+        };
+        if spec.ty != ColumnType::Int {
+            return Ok(col);
+        }
+        if let Some(row) = values.iter().position(|v| v.fract() != 0.0 || !v.is_finite()) {
+            return Err(DataError::Value {
+                file: self.path.clone(),
+                location: format!("row group {}, row {row}", self.row_group),
+                column: spec.name.clone(),
+                message: format!("`{}` is not a valid Int value", values[row]),
+            });
+        }
+        Ok(Column::Int(values.iter().map(|v| *v as i64).collect()))
     }
 }
 
@@ -257,5 +281,43 @@ impl Iterator for ParquetChunks {
         let out = self.convert(&batch);
         self.rows_read += batch.num_rows();
         Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Float64Array, RecordBatch};
+    use arrow_schema::{Field, Schema};
+    use std::sync::Arc;
+
+    fn read(values: Vec<f64>) -> Result<Vec<RawBatch>, DataError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.parquet");
+        let schema = Arc::new(Schema::new(vec![Field::new("label", DataType::Float64, false)]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Float64Array::from(values))]).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let projection = Projection {
+            columns: vec![ProjColumn {
+                name: "label".into(),
+                ty: ColumnType::Int,
+                default_val: String::new(),
+                required: true,
+            }],
+        };
+        ParquetChunks::open(&path, 0, &projection, 10).unwrap().collect()
+    }
+
+    #[test]
+    fn a_fraction_in_a_field_declared_int_is_refused_as_csv_refuses_it() {
+        let got = read(vec![1.0, 0.0]).unwrap();
+        assert_eq!(got[0].columns[0], Column::Int(vec![1, 0]));
+        let err = read(vec![1.0, 0.5]).unwrap_err().to_string();
+        assert!(
+            err.contains("row 1") && err.contains("`label`") && err.contains("0.5"),
+            "{err}"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! step), its checkpoints, evaluation, and the step loop.
 
 pub mod dense;
+pub mod divergence;
 pub mod freeze;
 pub mod ps;
 pub mod run;
@@ -47,6 +48,8 @@ pub struct Trainer {
     pub skip_nonfinite_batches: u64,
     /// Batches skipped so far in this run.
     pub skipped_batches: u64,
+    /// `--divergence_factor` and `--stop_on_divergence`.
+    pub divergence: divergence::DivergencePolicy,
     pub seed: u64,
     /// The other ranks of a distributed job (a single process alone).
     pub comm: Rc<dyn Communicator>,
@@ -168,6 +171,7 @@ impl Trainer {
             assign,
             step: 0,
             skip_nonfinite_batches: 0,
+            divergence: divergence::DivergencePolicy::default(),
             skipped_batches: 0,
             seed,
             comm,

@@ -114,6 +114,7 @@ impl Trainer {
         // The stop signal: looked for by the chief after each step.
         let mut signal = StopSignal::new(&p.train, &p.model_dir);
         let mut signalled = false;
+        let mut guard = super::divergence::DivergenceGuard::new(self.divergence);
         loop {
             if target.is_some_and(|t| self.step >= t) {
                 break;
@@ -140,6 +141,7 @@ impl Trainer {
             // trained one's.
             if !step_stats.skipped {
                 last = step_stats;
+                guard.observe(self.step, step_stats.loss)?;
             }
             let st = last;
             if let Some(b) = &bar {

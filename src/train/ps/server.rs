@@ -43,6 +43,9 @@ pub(super) struct Server {
     signal: StopSignal,
     stats: Stats,
     summaries: Option<SummaryWriter>,
+    /// Every server follows the applied pushes' losses alike, so all stop
+    /// at the same step when the run diverges.
+    guard: crate::train::divergence::DivergenceGuard,
 }
 
 /// Server 0's account of the pushes: the current logging window and the
@@ -91,6 +94,7 @@ impl Server {
                 ..Stats::default()
             },
             summaries,
+            guard: crate::train::divergence::DivergenceGuard::new(t.divergence),
         })
     }
 
@@ -201,6 +205,7 @@ impl Server {
             self.apply(t, &push, step)?;
             self.stats.applied += 1;
             self.stats.last_loss = push.loss;
+            self.guard.observe(step, push.loss)?;
             self.stats.staleness_sum += staleness;
             self.stats.max_staleness = self.stats.max_staleness.max(staleness);
         } else if push.nonfinite.is_empty() {
