@@ -12,7 +12,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build test demo ml100k bench parity lint fmt clean
+.PHONY: deps build test demo ml100k bench parity fuzz lint fmt clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -120,6 +120,28 @@ $(EASYREC_VENV)/easyrec-installed:
 # trained by both (EasyRec three times), all scored with exact metrics.
 parity: build data/ml100k/train.csv $(EASYREC_VENV)/easyrec-installed
 	python3 bench/parity.py --bin $(BIN) --python $(EASYREC_VENV)/bin/python
+
+# Coverage-guided fuzzing (cargo fuzz, libFuzzer) of every reader of files
+# and requests written elsewhere: each target runs FUZZ_SECONDS from the seed
+# corpus; a crash, a hang (-timeout) or memory past -rss_limit_mb stops it
+# with the input saved under fuzz/artifacts/. Logs go to fuzz/logs/.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= tf_checkpoint tfrecord safetensors config csv parquet serve_request
+FUZZ_FLAGS := -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1
+fuzz: build
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked --version 0.13.2
+	$(CARGO) run --locked --example fuzz_seeds -- fuzz/corpus
+	rm -rf fuzz/model && $(BIN)/train_eval --pipeline_config_path fuzz/serve_model.config
+	$(BIN)/export --pipeline_config_path fuzz/serve_model.config --export_dir fuzz/model/export
+	mkdir -p fuzz/logs
+	cd fuzz && export CARGO_TARGET_DIR=$(CURDIR)/fuzz/target \
+	  RUSTREC_FUZZ_EXPORT=$$(ls -d $(CURDIR)/fuzz/model/export/*/ | tail -1) && \
+	for t in $(FUZZ_TARGETS); do \
+	  echo "fuzzing $$t for $(FUZZ_SECONDS) s"; \
+	  cargo fuzz run --sanitizer none -O $$t corpus/$$t -- $(FUZZ_FLAGS) > logs/$$t.log 2>&1 \
+	    || { tail -40 logs/$$t.log; exit 1; }; \
+	  grep -E "stat::number_of_executed_units|^#[0-9]+.*DONE" logs/$$t.log | tail -2; \
+	done
 
 lint:
 	$(CARGO) fmt --check

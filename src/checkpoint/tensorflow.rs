@@ -169,6 +169,13 @@ impl TfCheckpoint {
                 path.display()
             ))
         })?;
+        Self::from_index(prefix, &bytes)
+    }
+
+    /// Checks and reads `bytes` as the index of checkpoint `prefix` (whose
+    /// data files are read on demand).
+    pub fn from_index(prefix: &Path, bytes: &[u8]) -> Result<Self, Unusable> {
+        let path = index_of(prefix);
         let bad = |what: &str| {
             Unusable(format!(
                 "TensorFlow checkpoint index {} is damaged: {what}",

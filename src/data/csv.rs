@@ -16,6 +16,61 @@ use crate::config::data_plan::RtpLayout;
 /// Lines of CSV text: a file's, or text in memory.
 type Lines = Box<dyn Iterator<Item = std::io::Result<String>> + Send>;
 
+/// The longest line read: far beyond any row of features, and a bound on
+/// what a file without line breaks (or a crafted one) makes us hold.
+pub const MAX_LINE_BYTES: u64 = 64 << 20;
+
+/// `BufRead::lines` that refuses a line longer than `MAX_LINE_BYTES`
+/// instead of growing a string to the size of the file.
+struct BoundedLines<R> {
+    inner: R,
+    done: bool,
+}
+
+impl<R: std::io::BufRead> Iterator for BoundedLines<R> {
+    type Item = std::io::Result<String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        use std::io::Read;
+        if self.done {
+            return None;
+        }
+        let mut buf = Vec::new();
+        match (&mut self.inner).take(MAX_LINE_BYTES + 1).read_until(b'\n', &mut buf) {
+            Ok(0) => {
+                self.done = true;
+                None
+            }
+            Ok(_) if buf.len() as u64 > MAX_LINE_BYTES => {
+                self.done = true;
+                Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("a line longer than {MAX_LINE_BYTES} bytes"),
+                )))
+            }
+            Ok(_) => {
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                    if buf.last() == Some(&b'\r') {
+                        buf.pop();
+                    }
+                }
+                Some(String::from_utf8(buf).map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8")
+                }))
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+fn bounded_lines<R: std::io::BufRead + Send + 'static>(inner: R) -> Lines {
+    Box::new(BoundedLines { inner, done: false })
+}
+
 /// How a row's fields are laid out.
 struct Layout<'a> {
     separator: &'a str,
@@ -53,9 +108,12 @@ impl CsvChunks {
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
         // EasyRec's CSVInput reads `.gz` files as gzip.
         let lines: Lines = if path.extension().is_some_and(|e| e == "gz") {
-            Box::new(BufReader::with_capacity(1 << 20, flate2::read::MultiGzDecoder::new(file)).lines())
+            bounded_lines(BufReader::with_capacity(
+                1 << 20,
+                flate2::read::MultiGzDecoder::new(file),
+            ))
         } else {
-            Box::new(BufReader::with_capacity(1 << 20, file).lines())
+            bounded_lines(BufReader::with_capacity(1 << 20, file))
         };
         let layout = Layout {
             separator,
@@ -91,7 +149,7 @@ impl CsvChunks {
         projection: &Projection,
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
-        let lines: Lines = Box::new(Cursor::new(text).lines());
+        let lines: Lines = bounded_lines(Cursor::new(text));
         let layout = Layout {
             separator,
             with_header: false,
@@ -244,5 +302,22 @@ impl Iterator for CsvChunks {
             num_rows: rows,
             columns,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_end_at_breaks_and_past_the_bound_are_refused() {
+        let lines: Vec<String> = bounded_lines(Cursor::new("a,b\r\nc\n\nd".to_string()))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(lines, ["a,b", "c", "", "d"]);
+        // A stream without line breaks stops at the bound, not at its end.
+        let endless = std::io::BufReader::new(std::io::repeat(b'x'));
+        let err = bounded_lines(endless).next().unwrap().unwrap_err();
+        assert!(err.to_string().contains("longer than"), "{err}");
     }
 }

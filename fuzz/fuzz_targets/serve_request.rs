@@ -1,0 +1,21 @@
+//! A scoring request body as `serve` decodes it: JSON, then TF Serving's
+//! and KServe v2's request forms against an export (made by `make fuzz`,
+//! named by RUSTREC_FUZZ_EXPORT).
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fn model() -> &'static rustrec::export::runtime::ExportedModel {
+    static MODEL: std::sync::OnceLock<rustrec::export::runtime::ExportedModel> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = std::env::var("RUSTREC_FUZZ_EXPORT").expect("RUSTREC_FUZZ_EXPORT names an export");
+        rustrec::export::runtime::ExportedModel::load(std::path::Path::new(&dir)).expect("a loadable export")
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let _ = rustrec::serve::request::tf_serving(&body, model());
+    let _ = rustrec::serve::request::kserve_v2(&body, model());
+});
