@@ -59,26 +59,15 @@ fn main() {
 
     // TensorFlow checkpoints: a partitioned one whole, EasyRec's FM cut.
     let tf = out.join("tf_checkpoint");
-    let p = tests.join("tf_partitioned/model.ckpt-7");
-    put(
-        &tf,
-        "partitioned",
-        &two_files(
-            &p.with_extension("7.index"),
-            &p.with_extension("7.data-00000-of-00001"),
-            usize::MAX,
-        ),
-    );
-    let fm = tests.join("easyrec_fm/model/model.ckpt-100");
-    put(
-        &tf,
-        "easyrec_fm",
-        &two_files(
-            &fm.with_extension("100.index"),
-            &fm.with_extension("100.data-00000-of-00001"),
-            4096,
-        ),
-    );
+    let files = |prefix: &str| {
+        let p = tests.join(prefix);
+        let with = |suffix: &str| PathBuf::from(format!("{}{suffix}", p.display()));
+        (with(".index"), with(".data-00000-of-00001"))
+    };
+    let (index, data) = files("tf_partitioned/model.ckpt-7");
+    put(&tf, "partitioned", &two_files(&index, &data, usize::MAX));
+    let (index, data) = files("easyrec_fm/model/model.ckpt-100");
+    put(&tf, "easyrec_fm", &two_files(&index, &data, 4096));
 
     // TFRecord: plain, gzip and zlib (the first byte picks the mode).
     let mut records = Vec::new();

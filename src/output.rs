@@ -14,6 +14,8 @@ use crate::error::{Classified, Fault};
 pub enum OutputError {
     #[error("{}: not a regular file (a directory, device or pipe is never replaced)", path.display())]
     NotRegular { path: PathBuf },
+    #[error("{}: not a directory", path.display())]
+    NotDirectory { path: PathBuf },
     #[error("{}: inside the checkpoint {}; checkpoints are only written by training", path.display(), checkpoint.display())]
     InCheckpoint { path: PathBuf, checkpoint: PathBuf },
     #[error("{}: one of the files this job reads", path.display())]

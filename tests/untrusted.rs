@@ -431,6 +431,14 @@ fn outputs_never_replace_checkpoints_pipes_or_leave_model_dir() {
     user_error(&eval("../outside.txt"), &["--eval_result_path", "inside"]);
     user_error(&eval("/tmp/outside.txt"), &["--eval_result_path", "inside"]);
     assert!(!job.dir.path().join("outside.txt").exists());
+    // An export into a checkpoint is refused too, the checkpoint untouched.
+    let export_into = ckpt.join("exports");
+    let out = job.run(
+        env!("CARGO_BIN_EXE_export"),
+        &["--export_dir", export_into.to_str().unwrap()],
+    );
+    user_error(&out, &["model.ckpt-2", "checkpoint"]);
+    assert!(!export_into.exists());
     // A FIFO where predictions go stays a FIFO.
     let fifo = job.dir.path().join("scores.fifo");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());

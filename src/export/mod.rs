@@ -40,6 +40,15 @@ pub struct ExportRequest<'a> {
 /// tables) into a new `<root>/<timestamp>/`; returns that directory.
 pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Result<PathBuf> {
     t.plan.export.check()?;
+    // The output rule: an export never goes into a checkpoint (nor over a
+    // file that is not a directory).
+    crate::output::check(&root.join("export"), &[])?;
+    if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
+        return Err(crate::output::OutputError::NotDirectory {
+            path: root.to_path_buf(),
+        }
+        .into());
+    }
     let tables = t.tables();
     let batch = match t.plan.export.batch_size {
         Some(b) => onnx::Dim::Fixed(b),
