@@ -536,6 +536,57 @@ fn topological(blocks: Vec<Block>, path: &str) -> Result<Vec<Block>, ConfigError
         .collect())
 }
 
+/// A block's inputs, in order, less those marked ignore_input.
+fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, ConfigError> {
+    let mut inputs = Vec::new();
+    for (j, inp) in blk.inputs.iter().enumerate() {
+        use proto::input::Name;
+        let ipath = format!("{bpath}.inputs[{j}]");
+        let source = match &inp.name {
+            Some(Name::FeatureGroupName(g)) => Source::Group(g.clone()),
+            Some(Name::BlockName(n)) => Source::Block(n.clone()),
+            Some(Name::PackageName(_) | Name::UsePackageInput(_)) => {
+                return Err(ConfigError::unsupported(ipath, "inputs from block packages"))
+            }
+            None => {
+                return Err(ConfigError::invalid(
+                    ipath,
+                    "an input needs feature_group_name or block_name",
+                ))
+            }
+        };
+        for (field, set) in [
+            ("reset_input", inp.reset_input.is_some()),
+            ("package_input", inp.package_input.is_some()),
+            ("package_input_fn", inp.package_input_fn.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::unsupported(
+                    format!("{ipath}.{field}"),
+                    "block package inputs",
+                ));
+            }
+        }
+        if inp.ignore_input() {
+            continue;
+        }
+        inputs.push(BlockInput {
+            source,
+            slice: inp
+                .input_slice
+                .as_deref()
+                .map(|s| expr(s, &format!("{ipath}.input_slice"), true))
+                .transpose()?,
+            input_fn: inp
+                .input_fn
+                .as_deref()
+                .map(|s| expr(s, &format!("{ipath}.input_fn"), false))
+                .transpose()?,
+        });
+    }
+    Ok(inputs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -636,55 +687,4 @@ mod tests {
             "{e}"
         );
     }
-}
-
-/// A block's inputs, in order, less those marked ignore_input.
-fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, ConfigError> {
-    let mut inputs = Vec::new();
-    for (j, inp) in blk.inputs.iter().enumerate() {
-        use proto::input::Name;
-        let ipath = format!("{bpath}.inputs[{j}]");
-        let source = match &inp.name {
-            Some(Name::FeatureGroupName(g)) => Source::Group(g.clone()),
-            Some(Name::BlockName(n)) => Source::Block(n.clone()),
-            Some(Name::PackageName(_) | Name::UsePackageInput(_)) => {
-                return Err(ConfigError::unsupported(ipath, "inputs from block packages"))
-            }
-            None => {
-                return Err(ConfigError::invalid(
-                    ipath,
-                    "an input needs feature_group_name or block_name",
-                ))
-            }
-        };
-        for (field, set) in [
-            ("reset_input", inp.reset_input.is_some()),
-            ("package_input", inp.package_input.is_some()),
-            ("package_input_fn", inp.package_input_fn.is_some()),
-        ] {
-            if set {
-                return Err(ConfigError::unsupported(
-                    format!("{ipath}.{field}"),
-                    "block package inputs",
-                ));
-            }
-        }
-        if inp.ignore_input() {
-            continue;
-        }
-        inputs.push(BlockInput {
-            source,
-            slice: inp
-                .input_slice
-                .as_deref()
-                .map(|s| expr(s, &format!("{ipath}.input_slice"), true))
-                .transpose()?,
-            input_fn: inp
-                .input_fn
-                .as_deref()
-                .map(|s| expr(s, &format!("{ipath}.input_fn"), false))
-                .transpose()?,
-        });
-    }
-    Ok(inputs)
 }
