@@ -269,7 +269,7 @@ fn seq_combiner(c: &proto::SequenceCombiner, path: &str, max_len: usize) -> Resu
                 p => p,
             };
             let (filter_sizes, num_filters) =
-                super::model::backbone::text_cnn_filters(&t.filter_sizes, &t.num_filters, pad, &path)?;
+                super::model::layers::text_cnn_filters(&t.filter_sizes, &t.num_filters, pad, &path)?;
             Some(SeqCombiner::TextCnn {
                 filter_sizes,
                 num_filters,

@@ -173,3 +173,115 @@ pub fn comparable(a: &DnnSpec, b: &DnnSpec, path: &str) -> Result<(), ConfigErro
     }
     Ok(())
 }
+
+/// EasyRec's MLP block, one entry per dense layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mlp {
+    pub layers: Vec<MlpLayer>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlpLayer {
+    pub units: usize,
+    pub use_bias: bool,
+    pub use_bn: bool,
+    /// Batch norm after the activation rather than before it.
+    pub bn_after_activation: bool,
+    pub activation: Activation,
+    /// A softmax over the layer's units where its activation goes
+    /// (`final_activation: "softmax"`; `activation` is then linear).
+    pub softmax: bool,
+    pub dropout: f32,
+}
+
+/// EasyRec's MLP block from its `mlp` parameters.
+pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
+    if m.hidden_units.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{path}.hidden_units"),
+            "an MLP needs at least one layer",
+        ));
+    }
+    if m.hidden_units.contains(&0) {
+        return Err(ConfigError::invalid(
+            format!("{path}.hidden_units"),
+            "a layer of width 0",
+        ));
+    }
+    for &r in &m.dropout_ratio {
+        crate::config::validate::rate(r, format!("{path}.dropout_ratio"))?;
+    }
+    if !matches!(m.initializer(), "he_uniform" | "") {
+        return Err(ConfigError::unsupported(
+            format!("{path}.initializer"),
+            format!("kernel initializer `{}` (supported: he_uniform)", m.initializer()),
+        ));
+    }
+    if m.add_to_outputs() {
+        return Err(ConfigError::unsupported(
+            format!("{path}.add_to_outputs"),
+            "extra model outputs from MLP blocks",
+        ));
+    }
+    let act = layer_activation(m.activation(), &format!("{path}.activation"))?;
+    let final_softmax = m.final_activation() == "softmax";
+    let final_act = if final_softmax {
+        Activation::Linear
+    } else {
+        layer_activation(m.final_activation(), &format!("{path}.final_activation"))?
+    };
+    let n = m.hidden_units.len();
+    Ok(Mlp {
+        layers: m
+            .hidden_units
+            .iter()
+            .enumerate()
+            .map(|(i, &units)| {
+                let last = i + 1 == n;
+                MlpLayer {
+                    units: units as usize,
+                    use_bias: if last { m.use_final_bias() } else { m.use_bias() },
+                    use_bn: if last { m.use_final_bn() } else { m.use_bn() },
+                    bn_after_activation: m.use_bn_after_activation(),
+                    activation: if last { final_act } else { act },
+                    softmax: last && final_softmax,
+                    dropout: m.dropout_ratio.get(i).copied().unwrap_or(0.0),
+                }
+            })
+            .collect(),
+    })
+}
+
+/// A text CNN's filter sizes and counts (at `path`), checked against the
+/// `pad` positions it convolves.
+pub fn text_cnn_filters(
+    sizes: &[u32],
+    counts: &[u32],
+    pad: usize,
+    path: &str,
+) -> Result<(Vec<usize>, Vec<usize>), ConfigError> {
+    if sizes.is_empty() || sizes.len() != counts.len() {
+        return Err(ConfigError::invalid(
+            format!("{path}.num_filters"),
+            format!(
+                "{} filter_sizes and {} num_filters: give one count per size",
+                sizes.len(),
+                counts.len()
+            ),
+        ));
+    }
+    if let Some(k) = sizes.iter().find(|k| **k == 0 || **k as usize > pad) {
+        return Err(ConfigError::invalid(
+            format!("{path}.filter_sizes"),
+            format!("a filter of size {k} over {pad} positions (pad_sequence_length, else max_seq_len)"),
+        ));
+    }
+    if counts.contains(&0) {
+        return Err(ConfigError::invalid(
+            format!("{path}.num_filters"),
+            "a filter count of 0",
+        ));
+    }
+    let usize_of = |v: &[u32]| v.iter().map(|k| *k as usize).collect();
+    Ok((usize_of(sizes), usize_of(counts)))
+}

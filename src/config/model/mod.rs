@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod backbone;
+pub mod encoder;
 pub mod groups;
 pub mod kind;
 pub mod layers;

@@ -3,7 +3,7 @@
 //! shared bottom), read once and checked as EasyRec's layers check them;
 //! `model::builders::multimodal` builds them.
 
-use super::backbone::{EncoderFields, EncoderSpec};
+use super::encoder::{EncoderFields, EncoderSpec};
 use super::layers::{dnn, DnnSpec};
 use crate::config::validate::rate;
 use crate::config::{proto, ConfigError};

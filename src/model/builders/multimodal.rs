@@ -21,7 +21,7 @@
 use anyhow::bail;
 
 use super::transformer::{self, LN_EPS};
-use crate::config::model::backbone::{EncoderSpec, HiddenAct};
+use crate::config::model::encoder::{EncoderSpec, HiddenAct};
 use crate::config::model::multimodal::{Cmbf, Tower, Uniter};
 use crate::config::model::{Activation, DnnSpec};
 use crate::model::graph::params::Init;

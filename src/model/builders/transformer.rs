@@ -6,7 +6,7 @@
 //! sequence is `[batch * n, width]`, one row per position
 //! (`Graph::unfold`).
 
-use crate::config::model::backbone::{EncoderSpec, HiddenAct};
+use crate::config::model::encoder::{EncoderSpec, HiddenAct};
 use crate::config::model::Activation;
 use crate::model::graph::params::Init;
 use crate::model::graph::{Graph, Kernel, Keys, NodeId, Scope};

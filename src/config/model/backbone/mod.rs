@@ -1,15 +1,14 @@
 //! `model_config.backbone` typed: EasyRec's block DAG (`RankModel`), each
 //! block reading feature groups or other blocks through EasyRec's input
 //! expressions, and running an input layer, Keras layers or a recurrence.
-//! What is not here is refused by name: a Keras class, an `st_params` key,
-//! an input-layer option or a Python expression this trainer cannot run.
+//! What is not here is refused by name: an input-layer option or a Python
+//! expression this trainer cannot run. A block's Keras layer is kept as
+//! written with its path; `model::builders::backbone::keras` types it
+//! (refusing a class or `st_params` key by name) next to where it builds it.
 
 use std::collections::HashMap;
 
-pub mod keras;
-
-pub use keras::*;
-
+use crate::config::model::layers::{mlp, Mlp};
 use crate::config::{proto, ConfigError};
 
 /// The backbone: blocks in an order where each follows what it reads.
@@ -62,17 +61,33 @@ pub enum Source {
     Block(String),
 }
 
+/// A block's `keras_layer` as the config writes it, with its path: the
+/// model's builder types and builds it (`model::builders::backbone::keras`),
+/// refusing what it does not honour under this path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KerasLayer {
+    pub proto: proto::KerasLayer,
+    pub path: String,
+}
+
+fn keras(k: &proto::KerasLayer, path: &str) -> Result<KerasLayer, ConfigError> {
+    Ok(KerasLayer {
+        proto: k.clone(),
+        path: path.to_string(),
+    })
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Layer {
     /// A feature group's input layer.
     Input(InputLayer),
-    Keras(Keras),
+    Keras(KerasLayer),
     /// `recurrent`: the layer applied `steps` times to its own output; with
     /// `fixed`, the inputs are a list whose element `fixed` stays (DCN's x0).
     Recurrent {
         steps: usize,
         fixed: Option<usize>,
-        layer: Keras,
+        layer: KerasLayer,
     },
     /// `repeat`: `n` copies of the layer (variables of their own,
     /// `<name>_<i>`) on the same input; their outputs as a list, or
@@ -80,7 +95,7 @@ pub enum Layer {
     Repeat {
         n: usize,
         concat: bool,
-        layer: Keras,
+        layer: KerasLayer,
     },
     Lambda(Expr),
 }
@@ -680,11 +695,13 @@ mod tests {
             e.contains("`nope`, which is neither a feature group nor a block"),
             "{e}"
         );
+        // A Keras class is kept as written with its path; the model's
+        // builder types it (`model::builders::backbone::keras`).
         let layer = tower(vec![keras_block("a", vec![input("all", true)], "Transformer")]);
-        let e = backbone(&layer, &groups, "backbone").unwrap_err().to_string();
+        let bb = backbone(&layer, &groups, "backbone").unwrap();
         assert!(
-            e.starts_with("backbone.blocks[0].keras_layer.class_name: Keras layer `Transformer` is not supported"),
-            "{e}"
+            matches!(&bb.blocks[1].layers[0], Layer::Keras(k) if k.path == "backbone.blocks[0].keras_layer"),
+            "{bb:?}"
         );
     }
 }

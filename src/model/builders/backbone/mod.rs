@@ -3,14 +3,14 @@
 //! tensors, 3-D `[batch, n, d]` tensors (kept as `[batch, n * d]`) or Python
 //! lists of them, as in EasyRec; each layer checks it gets what it takes.
 
-mod keras;
+pub mod keras;
 mod value;
 
 use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
-use crate::config::model::backbone::{Backbone, Block, InputLayer, InputMode, Keras, Layer, Source};
+use crate::config::model::backbone::{Backbone, Block, InputLayer, InputMode, KerasLayer, Layer, Source};
 use crate::config::model::Activation;
 use crate::model::graph::{Graph, NodeId, Scope};
 use crate::model::layout::GroupLayout;
@@ -177,12 +177,12 @@ fn block(
         };
         v = match l {
             Layer::Input(_) => bail!("an input layer must be the block's only layer"),
-            Layer::Keras(k) => keras(k, v, &name, g, s)?,
+            Layer::Keras(k) => keras_layer(k, v, &name, g, s)?,
             Layer::Lambda(e) => apply(*e, v, g).context("lambda")?,
             Layer::Recurrent { steps, fixed, layer } => recurrent(*steps, *fixed, layer, v, &name, g, s)?,
             Layer::Repeat { n, concat, layer } => {
                 let mut outs = (0..*n)
-                    .map(|i| keras(layer, v.clone(), &format!("{name}_{i}"), g, s))
+                    .map(|i| keras_layer(layer, v.clone(), &format!("{name}_{i}"), g, s))
                     .collect::<anyhow::Result<Vec<Val>>>()?;
                 if outs.len() == 1 {
                     outs.pop().expect("one output")
@@ -252,13 +252,20 @@ fn input_layer(
     })
 }
 
+/// Types a block's Keras layer (`keras::parse`, refusing what is not
+/// honoured under its config path) and builds it on `v`.
+fn keras_layer(k: &KerasLayer, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
+    let typed = keras::parse(&k.proto, &k.path)?;
+    keras(&typed, v, name, g, s)
+}
+
 /// EasyRec's `recurrent` layer: the layer `steps` times on its own output;
 /// with `fixed`, over a list whose element `fixed` stays and is dropped at
 /// the end.
 fn recurrent(
     steps: usize,
     fixed: Option<usize>,
-    layer: &Keras,
+    layer: &KerasLayer,
     v: Val,
     name: &str,
     g: &mut Graph,
@@ -267,7 +274,7 @@ fn recurrent(
     let Some(f) = fixed else {
         let mut out = v;
         for i in 0..steps {
-            out = keras(layer, out, &format!("{name}_{i}"), g, s)?;
+            out = keras_layer(layer, out, &format!("{name}_{i}"), g, s)?;
         }
         return Ok(out);
     };
@@ -278,7 +285,7 @@ fn recurrent(
         bail!("fixed_input_index {f} of a list of {}", items.len());
     }
     for i in 0..steps {
-        let out = keras(layer, Val::L(items.clone()), &format!("{name}_{i}"), g, s)?;
+        let out = keras_layer(layer, Val::L(items.clone()), &format!("{name}_{i}"), g, s)?;
         let mut outs = match out {
             Val::L(o) => o.into_iter(),
             one => vec![one; items.len() - 1].into_iter(),

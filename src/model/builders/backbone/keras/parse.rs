@@ -1,12 +1,13 @@
 //! The Keras layers a backbone block may run (`keras_layer`), typed: each
 //! class EasyRec's backbone offers that this trainer builds, with its
 //! `st_params` or typed parameters checked. A class, key or value it does
-//! not honour is refused by name. `model::builders::backbone::keras`
-//! builds them, in the same order.
+//! not honour is refused by name. `build.rs` beside it builds them, in the
+//! same order.
 
 use std::collections::BTreeMap;
 
-use super::super::layers::{activation, Activation};
+use crate::config::model::encoder::{EncoderFields, EncoderSpec};
+use crate::config::model::layers::{activation, mlp, text_cnn_filters, Activation, Mlp};
 use crate::config::{proto, ConfigError};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -175,16 +176,6 @@ pub struct SeNetParams {
     pub layer_norm: bool,
 }
 
-/// The activation of a transformer's intermediate layers (`hidden_act`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HiddenAct {
-    /// BERT's tanh approximation of GELU.
-    Gelu,
-    Relu,
-    Tanh,
-    Swish,
-}
-
 /// EasyRec's BST Keras layer: the sequence cut or zero-padded to
 /// `max_position` positions, projected (dense, ReLU) to `hidden` when
 /// narrower or wider, the target (projected the same way) before it, so
@@ -197,87 +188,6 @@ pub struct BstLayer {
     pub encoder: EncoderSpec,
     pub max_position: usize,
     pub all_tokens: bool,
-}
-
-/// EasyRec's transformer encoder's shape (`transformer_encoder`'s
-/// arguments; `model::builders::transformer` builds it).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EncoderSpec {
-    pub hidden: usize,
-    pub layers: usize,
-    pub heads: usize,
-    pub intermediate: usize,
-    pub act: HiddenAct,
-    pub hidden_dropout: f32,
-    /// The stddev of the truncated normal the kernels and position
-    /// embeddings start from (`initializer_range`).
-    pub init_range: f32,
-}
-
-/// A transformer's `hidden_act` (at `path`).
-pub fn hidden_act(name: &str, path: String) -> Result<HiddenAct, ConfigError> {
-    Ok(match name {
-        "gelu" => HiddenAct::Gelu,
-        "relu" => HiddenAct::Relu,
-        "tanh" => HiddenAct::Tanh,
-        "swish" => HiddenAct::Swish,
-        other => {
-            return Err(ConfigError::unsupported(
-                path,
-                format!("the activation `{other}` (supported: gelu, relu, tanh, swish)"),
-            ))
-        }
-    })
-}
-
-/// The fields EasyRec's BERT-style encoders are configured by (its BST
-/// layer's and Uniter's).
-pub struct EncoderFields<'a> {
-    pub hidden_size: u32,
-    pub num_hidden_layers: u32,
-    pub num_attention_heads: u32,
-    pub intermediate_size: u32,
-    pub hidden_act: &'a str,
-    pub hidden_dropout_prob: f32,
-    pub attention_probs_dropout_prob: f32,
-    pub initializer_range: f32,
-}
-
-impl EncoderFields<'_> {
-    /// The encoder, its fields at `path` checked; `dropout_hint` follows
-    /// the refusal of attention-probability dropout.
-    pub fn spec(&self, path: &str, dropout_hint: &str) -> Result<EncoderSpec, ConfigError> {
-        let act = hidden_act(self.hidden_act, format!("{path}.hidden_act"))?;
-        if self.attention_probs_dropout_prob > 0.0 {
-            return Err(ConfigError::unsupported(
-                format!("{path}.attention_probs_dropout_prob"),
-                format!("dropout of attention probabilities{dropout_hint}"),
-            ));
-        }
-        let (hidden, heads) = (self.hidden_size, self.num_attention_heads);
-        if hidden == 0 || heads == 0 || !hidden.is_multiple_of(heads) {
-            return Err(ConfigError::invalid(
-                format!("{path}.hidden_size"),
-                format!("{hidden} is not a positive multiple of num_attention_heads ({heads})"),
-            ));
-        }
-        if self.intermediate_size == 0 {
-            return Err(ConfigError::invalid(
-                format!("{path}.intermediate_size"),
-                "must be at least 1",
-            ));
-        }
-        crate::config::validate::rate(self.hidden_dropout_prob, format!("{path}.hidden_dropout_prob"))?;
-        Ok(EncoderSpec {
-            hidden: hidden as usize,
-            layers: self.num_hidden_layers as usize,
-            heads: heads as usize,
-            intermediate: self.intermediate_size as usize,
-            act,
-            hidden_dropout: self.hidden_dropout_prob,
-            init_range: self.initializer_range,
-        })
-    }
 }
 
 fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
@@ -424,12 +334,6 @@ pub enum Aggregation {
     Size(usize),
 }
 
-/// EasyRec's MLP block, one entry per dense layer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Mlp {
-    pub layers: Vec<MlpLayer>,
-}
-
 /// PPNet's gate network (EasyRec's `GateNN`): a Dense of `hidden_dim`
 /// units (the gated layer's width unless set), batch norm with `use_bn`,
 /// the activation, dropout, then a sigmoid Dense of the gated width,
@@ -441,20 +345,6 @@ pub struct GateNet {
     pub hidden_dim: Option<usize>,
     pub activation: Activation,
     pub use_bn: bool,
-    pub dropout: f32,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct MlpLayer {
-    pub units: usize,
-    pub use_bias: bool,
-    pub use_bn: bool,
-    /// Batch norm after the activation rather than before it.
-    pub bn_after_activation: bool,
-    pub activation: Activation,
-    /// A softmax over the layer's units where its activation goes
-    /// (`final_activation: "softmax"`; `activation` is then linear).
-    pub softmax: bool,
     pub dropout: f32,
 }
 
@@ -531,7 +421,7 @@ impl StParams<'_> {
 const SUPPORTED_LAYERS: &str =
     "MLP, PPNet, AITMTower, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding, DIN, BST, TextCNN";
 
-pub(super) fn keras(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
+pub fn parse(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
     let class = k.class_name.as_str();
     let empty = BTreeMap::new();
@@ -1015,7 +905,6 @@ fn masknet(m: &proto::MaskNet, path: &str) -> Result<Keras, ConfigError> {
     })
 }
 
-/// EasyRec's MLP block from its `mlp` parameters.
 /// PPNet's parameters at `path`, read as EasyRec's `Parameter` reads them:
 /// an unset `mode` is its proto default, eager; an unset gate `hidden_dim`
 /// is the gated width.
@@ -1033,7 +922,10 @@ fn ppnet(p: &proto::PpNet, path: &str) -> Result<Keras, ConfigError> {
     let gate = GateNet {
         output_dim: gp.output_dim.unwrap_or(0) as usize,
         hidden_dim: gp.hidden_dim.filter(|d| *d > 0).map(|d| d as usize),
-        activation: super::super::layers::layer_activation(gp.activation(), &format!("{path}.gate_params.activation"))?,
+        activation: crate::config::model::layers::layer_activation(
+            gp.activation(),
+            &format!("{path}.gate_params.activation"),
+        )?,
         use_bn: gp.use_bn(),
         dropout: gp.dropout_rate(),
     };
@@ -1050,95 +942,4 @@ fn ppnet(p: &proto::PpNet, path: &str) -> Result<Keras, ConfigError> {
         eager,
         full_gate_input: p.full_gate_input(),
     })
-}
-
-pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
-    if m.hidden_units.is_empty() {
-        return Err(ConfigError::invalid(
-            format!("{path}.hidden_units"),
-            "an MLP needs at least one layer",
-        ));
-    }
-    if m.hidden_units.contains(&0) {
-        return Err(ConfigError::invalid(
-            format!("{path}.hidden_units"),
-            "a layer of width 0",
-        ));
-    }
-    for &r in &m.dropout_ratio {
-        crate::config::validate::rate(r, format!("{path}.dropout_ratio"))?;
-    }
-    if !matches!(m.initializer(), "he_uniform" | "") {
-        return Err(ConfigError::unsupported(
-            format!("{path}.initializer"),
-            format!("kernel initializer `{}` (supported: he_uniform)", m.initializer()),
-        ));
-    }
-    if m.add_to_outputs() {
-        return Err(ConfigError::unsupported(
-            format!("{path}.add_to_outputs"),
-            "extra model outputs from MLP blocks",
-        ));
-    }
-    let act = super::super::layers::layer_activation(m.activation(), &format!("{path}.activation"))?;
-    let final_softmax = m.final_activation() == "softmax";
-    let final_act = if final_softmax {
-        Activation::Linear
-    } else {
-        super::super::layers::layer_activation(m.final_activation(), &format!("{path}.final_activation"))?
-    };
-    let n = m.hidden_units.len();
-    Ok(Mlp {
-        layers: m
-            .hidden_units
-            .iter()
-            .enumerate()
-            .map(|(i, &units)| {
-                let last = i + 1 == n;
-                MlpLayer {
-                    units: units as usize,
-                    use_bias: if last { m.use_final_bias() } else { m.use_bias() },
-                    use_bn: if last { m.use_final_bn() } else { m.use_bn() },
-                    bn_after_activation: m.use_bn_after_activation(),
-                    activation: if last { final_act } else { act },
-                    softmax: last && final_softmax,
-                    dropout: m.dropout_ratio.get(i).copied().unwrap_or(0.0),
-                }
-            })
-            .collect(),
-    })
-}
-
-/// A text CNN's filter sizes and counts (at `path`), checked against the
-/// `pad` positions it convolves.
-pub fn text_cnn_filters(
-    sizes: &[u32],
-    counts: &[u32],
-    pad: usize,
-    path: &str,
-) -> Result<(Vec<usize>, Vec<usize>), ConfigError> {
-    if sizes.is_empty() || sizes.len() != counts.len() {
-        return Err(ConfigError::invalid(
-            format!("{path}.num_filters"),
-            format!(
-                "{} filter_sizes and {} num_filters: give one count per size",
-                sizes.len(),
-                counts.len()
-            ),
-        ));
-    }
-    if let Some(k) = sizes.iter().find(|k| **k == 0 || **k as usize > pad) {
-        return Err(ConfigError::invalid(
-            format!("{path}.filter_sizes"),
-            format!("a filter of size {k} over {pad} positions (pad_sequence_length, else max_seq_len)"),
-        ));
-    }
-    if counts.contains(&0) {
-        return Err(ConfigError::invalid(
-            format!("{path}.num_filters"),
-            "a filter count of 0",
-        ));
-    }
-    let usize_of = |v: &[u32]| v.iter().map(|k| *k as usize).collect();
-    Ok((usize_of(sizes), usize_of(counts)))
 }

@@ -1,19 +1,18 @@
-//! The Keras layers of a backbone block (`config::model::backbone::keras`
-//! types them, in the same order) onto the model graph.
+//! The Keras layers of a backbone block (`parse.rs` beside it types them,
+//! in the same order) onto the model graph.
 
 use anyhow::{bail, Context};
 
-use super::value::*;
-use crate::config::model::backbone::{
-    Aggregation, Bilinear, BilinearKind, BstLayer, Expr, GateNet, Keras, MaskBlock, Mlp, MlpLayer, NumericOut,
-    SeNetParams,
-};
+use super::super::value::*;
+use super::parse::{Aggregation, Bilinear, BilinearKind, BstLayer, GateNet, Keras, MaskBlock, NumericOut, SeNetParams};
+use crate::config::model::backbone::Expr;
+use crate::config::model::layers::{Mlp, MlpLayer};
 use crate::config::model::Activation;
 use crate::model::graph::params::Init;
 use crate::model::graph::{Graph, Kernel, Keys, NodeId, Scope};
 
 /// The Keras SENet layer (FiBiNet++'s) over `fields`.
-pub(super) fn keras_senet(
+pub(in crate::model::builders::backbone) fn keras_senet(
     fields: &[NodeId],
     p: &SeNetParams,
     name: &str,
@@ -28,7 +27,7 @@ pub(super) fn keras_senet(
 }
 
 /// The field embeddings of a list input.
-pub(super) fn field_list(v: &Val, g: &mut Graph) -> anyhow::Result<Vec<NodeId>> {
+pub(in crate::model::builders::backbone) fn field_list(v: &Val, g: &mut Graph) -> anyhow::Result<Vec<NodeId>> {
     let Val::L(items) = v else {
         bail!("takes a list of field embeddings, got {}", v.describe(g));
     };
@@ -38,7 +37,7 @@ pub(super) fn field_list(v: &Val, g: &mut Graph) -> anyhow::Result<Vec<NodeId>> 
 /// EasyRec's BiLinear over `fields` (`Keras::Bilinear`): Keras' Dense
 /// layers (glorot uniform, bias, no regularizer) named `all`, `each_i` or
 /// `interaction_i_j`, and `output`.
-pub(super) fn bilinear_layer(
+pub(in crate::model::builders::backbone) fn bilinear_layer(
     fields: &[NodeId],
     b: &Bilinear,
     name: &str,
@@ -92,7 +91,13 @@ pub(super) fn bilinear_layer(
 
 /// A numeric embedding layer's output from its embeddings `emb`
 /// (`[batch, n * dim]`), as `out` asks.
-pub(super) fn numeric_out(emb: NodeId, n: usize, dim: usize, out: NumericOut, g: &mut Graph) -> Val {
+pub(in crate::model::builders::backbone) fn numeric_out(
+    emb: NodeId,
+    n: usize,
+    dim: usize,
+    out: NumericOut,
+    g: &mut Graph,
+) -> Val {
     match out {
         NumericOut::Tensor => Val::T(emb),
         NumericOut::AndStacked => Val::L(vec![Val::T(emb), Val::S { x: emb, n, d: dim }]),
@@ -104,7 +109,13 @@ pub(super) fn numeric_out(emb: NodeId, n: usize, dim: usize, out: NumericOut, g:
 }
 
 /// EasyRec's BST Keras layer (`Keras::Bst`) over `(seq, len, target)`.
-pub(super) fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<NodeId> {
+pub(in crate::model::builders::backbone) fn bst(
+    v: &Val,
+    b: &BstLayer,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
     let SeqIn { x, n, d, len, target } = seq_of(v, Some(b.max_position), g).context("BST")?;
     let Some(target) = target else {
         bail!("BST: the target sits at the head, and the input layer's group has no target features besides its sequences");
@@ -133,10 +144,17 @@ pub(super) fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scop
     let all = g.concat(&[target, seq]);
     let m = n + 1;
     let post = (spec.init_range, spec.hidden_dropout);
-    let rows = super::super::transformer::embedding_postprocessor(g, s, (all, m), (name, name), post);
+    let rows = crate::model::builders::transformer::embedding_postprocessor(g, s, (all, m), (name, name), post);
     // The target and the row's first `len` positions.
     let live = g.shift(len, 1.0);
-    let out = super::super::transformer::encoder(g, s, rows, Keys::Live(live), spec, &format!("{name}/transformer"));
+    let out = crate::model::builders::transformer::encoder(
+        g,
+        s,
+        rows,
+        Keys::Live(live),
+        spec,
+        &format!("{name}/transformer"),
+    );
     let out = g.fold(out, m);
     Ok(if b.all_tokens {
         out
@@ -147,7 +165,7 @@ pub(super) fn bst(v: &Val, b: &BstLayer, name: &str, g: &mut Graph, s: &mut Scop
 
 /// Keras' truncated-normal variance scaling: the standard deviation of
 /// `he_normal` (`fan_avg: false`) or `glorot_normal` (`fan_avg: true`).
-pub(super) fn truncated_std(fan_in: usize, fan_out: usize, fan_avg: bool) -> f32 {
+pub(in crate::model::builders::backbone) fn truncated_std(fan_in: usize, fan_out: usize, fan_avg: bool) -> f32 {
     // The normal cut at two standard deviations has this much less spread.
     const CUT: f64 = 0.879_625_661_034_239_8;
     let var = if fan_avg {
@@ -230,7 +248,13 @@ pub fn senet(
     Ok(out)
 }
 
-pub(super) fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
+pub(in crate::model::builders::backbone) fn keras(
+    k: &Keras,
+    v: Val,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
     Ok(match k {
         Keras::Mlp(m) => {
             let x = tensor(&v, g).context("MLP")?;
@@ -315,7 +339,13 @@ pub(super) fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope)
             mlp: top,
         } => {
             let SeqIn { x, n, d, .. } = seq_of(&v, Some(*pad), g).context("TextCNN")?;
-            let net = super::super::sequence::text_cnn((x, n, d), (filter_sizes, num_filters, *activation), name, g, s);
+            let net = crate::model::builders::sequence::text_cnn(
+                (x, n, d),
+                (filter_sizes, num_filters, *activation),
+                name,
+                g,
+                s,
+            );
             Val::T(match top {
                 Some(m) => mlp(net, m, &format!("{name}/mlp"), g, s),
                 None => net,
@@ -649,7 +679,7 @@ pub(super) fn keras(k: &Keras, v: Val, name: &str, g: &mut Graph, s: &mut Scope)
 
 /// MaskNet's mask block: `net` times a mask computed from `mask_input`,
 /// then optionally a dense layer, layer norm and relu.
-pub(super) fn mask_block(
+pub(in crate::model::builders::backbone) fn mask_block(
     blk: &MaskBlock,
     net: NodeId,
     mask_input: NodeId,
@@ -709,7 +739,13 @@ pub(super) fn mask_block(
 
 /// EasyRec's MLP block: per layer a dense kernel (he_uniform, in l2), batch
 /// norm before or after the activation, dropout; named `name/layer_i/...`.
-pub(super) fn mlp(x: NodeId, m: &Mlp, name: &str, g: &mut Graph, s: &mut Scope) -> NodeId {
+pub(in crate::model::builders::backbone) fn mlp(
+    x: NodeId,
+    m: &Mlp,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> NodeId {
     let mut x = x;
     for (i, l) in m.layers.iter().enumerate() {
         x = mlp_layer(x, l, &format!("{name}/layer_{i}"), g, s);
@@ -747,7 +783,7 @@ fn mlp_layer(x: NodeId, l: &MlpLayer, lname: &str, g: &mut Graph, s: &mut Scope)
 }
 
 /// EasyRec's PPNet (`Keras::PpNet`) over `x` with its gate input.
-pub(super) fn ppnet(
+pub(in crate::model::builders::backbone) fn ppnet(
     (x, gate_in): (NodeId, NodeId),
     (m, gate, eager, full_gate_input): (&Mlp, &GateNet, bool, bool),
     name: &str,
@@ -805,7 +841,7 @@ fn gate_net(x: NodeId, gate: &GateNet, units: usize, name: &str, g: &mut Graph, 
 
 /// EasyRec's AITMTower (`Keras::Aitm`) over the current tower `items[0]`
 /// and the towers it depends on.
-pub(super) fn aitm(
+pub(in crate::model::builders::backbone) fn aitm(
     items: &[NodeId],
     (project_dim, transfer, stop_gradient): (Option<usize>, Option<&Mlp>, bool),
     name: &str,
