@@ -340,5 +340,56 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
 /// system refusing (a missing file, no permission, a full disk) is exit 1;
 /// anything else is an internal error, exit 2.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
-    crate::error::fault_of(err).exit_code()
+    fault_of(err).exit_code()
+}
+
+/// Asks `e` for its fault if its type is one of the layers' error types.
+/// Each layer has one error type (or one per kind of failure it reports
+/// apart); a new layer's type is added here once.
+fn classify(e: &(dyn std::error::Error + 'static)) -> Option<crate::error::Fault> {
+    macro_rules! layers {
+        ($($t:ty),* $(,)?) => {
+            $(if let Some(x) = e.downcast_ref::<$t>() {
+                return Some(crate::error::Classified::fault(x));
+            })*
+        };
+    }
+    layers!(
+        crate::cli::UserError,
+        crate::cli::UserFault,
+        crate::config::ConfigError,
+        crate::data::DataError,
+        crate::features::EncodeError,
+        crate::checkpoint::Unusable,
+        crate::train::step::Diverged,
+        crate::dist::Disagreement,
+        crate::serve::ServeError,
+        crate::output::OutputError,
+        crate::predict::PredictError,
+        std::io::Error,
+    );
+    None
+}
+
+/// The fault of the outermost classified error of `err`'s cause chain:
+/// a layer that wraps a cause decides for it.
+pub fn fault_of(err: &anyhow::Error) -> crate::error::Fault {
+    err.chain().find_map(classify).unwrap_or(crate::error::Fault::Internal)
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use super::*;
+    use crate::error::Fault;
+    use anyhow::Context;
+
+    #[test]
+    fn the_outermost_classified_cause_decides_and_unclassified_is_internal() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let wrapped = Err::<(), _>(io).context("reading x").context("loading y").unwrap_err();
+        assert_eq!(fault_of(&wrapped), Fault::User);
+        assert_eq!(fault_of(&anyhow::anyhow!("index out of range")), Fault::Internal);
+        let data = anyhow::Error::from(crate::data::DataError::NoFiles("*.csv".into())).context("train input");
+        assert_eq!(fault_of(&data).exit_code(), 1);
+    }
 }
