@@ -19,3 +19,19 @@ fn two_parts(data: &[u8]) -> Option<(&[u8], &[u8])> {
     let rest = &data[4..];
     Some(rest.split_at(n.min(rest.len())))
 }
+
+/// The projection of `columns` (name, type, required), no defaults.
+#[allow(dead_code)]
+fn projection(columns: &[(&str, rustrec::config::data_plan::ColumnType, bool)]) -> rustrec::data::Projection {
+    rustrec::data::Projection {
+        columns: columns
+            .iter()
+            .map(|&(name, ty, required)| rustrec::data::ProjColumn {
+                name: name.into(),
+                ty,
+                default_val: String::new(),
+                required,
+            })
+            .collect(),
+    }
+}

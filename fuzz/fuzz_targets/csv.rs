@@ -3,26 +3,17 @@
 use libfuzzer_sys::fuzz_target;
 use rustrec::config::data_plan::ColumnType;
 use rustrec::data::csv::CsvChunks;
-use rustrec::data::{ProjColumn, Projection};
 
 include!("common.rs");
 
 fuzz_target!(|data: &[u8]| {
     let path = scratch().join("x.csv");
     std::fs::write(&path, data).expect("scratch write");
-    let col = |name: &str, ty, required| ProjColumn {
-        name: name.into(),
-        ty,
-        default_val: String::new(),
-        required,
-    };
-    let projection = Projection {
-        columns: vec![
-            col("label", ColumnType::Int, true),
-            col("user", ColumnType::Str, false),
-            col("price", ColumnType::Float, false),
-        ],
-    };
+    let projection = projection(&[
+        ("label", ColumnType::Int, true),
+        ("user", ColumnType::Str, false),
+        ("price", ColumnType::Float, false),
+    ]);
     let names: Vec<String> = ["label", "user", "price"].map(String::from).to_vec();
     if let Ok(chunks) = CsvChunks::open(&path, ",", true, &names, &projection, 64) {
         for chunk in chunks {

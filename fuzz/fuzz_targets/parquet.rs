@@ -4,7 +4,6 @@
 use libfuzzer_sys::fuzz_target;
 use rustrec::config::data_plan::ColumnType;
 use rustrec::data::parquet::{row_groups, ParquetChunks};
-use rustrec::data::{ProjColumn, Projection};
 
 include!("common.rs");
 
@@ -14,15 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(groups) = row_groups(&path) else {
         return;
     };
-    let col = |name: &str, ty, required| ProjColumn {
-        name: name.into(),
-        ty,
-        default_val: String::new(),
-        required,
-    };
-    let projection = Projection {
-        columns: vec![col("label", ColumnType::Int, true), col("user", ColumnType::Str, false)],
-    };
+    let projection = projection(&[("label", ColumnType::Int, true), ("user", ColumnType::Str, false)]);
     for g in 0..groups.min(16) {
         if let Ok(chunks) = ParquetChunks::open(&path, g, &projection, 64) {
             for chunk in chunks {

@@ -4,7 +4,6 @@
 use libfuzzer_sys::fuzz_target;
 use rustrec::config::data_plan::{ColumnType, Compression};
 use rustrec::data::tfrecord::TfRecordChunks;
-use rustrec::data::{ProjColumn, Projection};
 
 include!("common.rs");
 
@@ -14,19 +13,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let path = scratch().join("x.tfrecord");
     std::fs::write(&path, bytes).expect("scratch write");
-    let col = |name: &str, ty, required| ProjColumn {
-        name: name.into(),
-        ty,
-        default_val: String::new(),
-        required,
-    };
-    let projection = Projection {
-        columns: vec![
-            col("label", ColumnType::Int, true),
-            col("user", ColumnType::Str, false),
-            col("price", ColumnType::Float, false),
-        ],
-    };
+    let projection = projection(&[
+        ("label", ColumnType::Int, true),
+        ("user", ColumnType::Str, false),
+        ("price", ColumnType::Float, false),
+    ]);
     let rows = (mode & 1 == 1).then_some(2);
     let compression = match mode >> 1 & 3 {
         1 => Compression::Gzip,
