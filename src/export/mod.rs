@@ -8,6 +8,7 @@
 //! asset_files. It is written under a hidden name and renamed into place.
 
 pub mod exporter;
+mod onnx_bounds;
 pub mod runtime;
 pub mod spec;
 

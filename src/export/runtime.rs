@@ -164,6 +164,7 @@ impl ExportedModel {
         let enc = Encoder::for_inference(&plan)?;
         super::verify_files(&dir)?;
         let model_path = dir.join(MODEL_FILE);
+        super::onnx_bounds::check(&dir, &model_path)?;
         let model = tract_onnx::onnx()
             .model_for_path(&model_path)
             .with_context(|| format!("cannot load ONNX model {}", model_path.display()))?;
