@@ -45,6 +45,7 @@ impl ParquetChunks {
             check_type(path, c, schema.field(idx).data_type())?;
             roots.push(idx);
         }
+        check_chunks(path, builder.metadata(), row_group)?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
         let reader = builder
             .with_projection(mask)
@@ -153,6 +154,40 @@ impl ParquetChunks {
         }
         Ok(Column::Int(values.iter().map(|v| *v as i64).collect()))
     }
+}
+
+/// The structural rule the parquet crate asserts (and panics on) when it
+/// reads: row group `row_group` exists and each of its column chunks lies,
+/// at a start and length that are not negative, inside the file.
+fn check_chunks(
+    path: &Path,
+    meta: &::parquet::file::metadata::ParquetMetaData,
+    row_group: usize,
+) -> Result<(), DataError> {
+    let bad = |message: String| DataError::Row {
+        file: path.to_path_buf(),
+        location: format!("row group {row_group}"),
+        message,
+    };
+    if row_group >= meta.num_row_groups() {
+        return Err(bad(format!("the file has {} row groups", meta.num_row_groups())));
+    }
+    let file_len = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?.len();
+    for (i, c) in meta.row_group(row_group).columns().iter().enumerate() {
+        let start = c.dictionary_page_offset().unwrap_or_else(|| c.data_page_offset());
+        let len = c.compressed_size();
+        let inside = u64::try_from(start)
+            .ok()
+            .zip(u64::try_from(len).ok())
+            .and_then(|(s, l)| s.checked_add(l))
+            .is_some_and(|end| end <= file_len);
+        if !inside {
+            return Err(bad(format!(
+                "column chunk {i} claims bytes {start}..+{len} of a file of {file_len}: a damaged or crafted file"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn check_type(path: &Path, c: &ProjColumn, dt: &DataType) -> Result<(), DataError> {
@@ -319,5 +354,31 @@ mod tests {
             err.contains("row 1") && err.contains("`label`") && err.contains("0.5"),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod found_by_fuzzing {
+    use super::*;
+
+    #[test]
+    fn a_column_chunk_at_a_negative_offset_is_an_error_not_a_panic() {
+        // `make fuzz` found it: the parquet crate asserts on it while reading.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz/parquet_negative_chunk.parquet");
+        let projection = Projection {
+            columns: vec![ProjColumn {
+                name: "label".into(),
+                ty: ColumnType::Int,
+                default_val: String::new(),
+                required: true,
+            }],
+        };
+        let groups = row_groups(&path).unwrap();
+        assert!(groups > 0);
+        for g in 0..groups {
+            let read = ParquetChunks::open(&path, g, &projection, 64).and_then(|c| c.collect::<Result<Vec<_>, _>>());
+            let err = read.unwrap_err().to_string();
+            assert!(err.contains("parquet_negative_chunk.parquet"), "{err}");
+        }
     }
 }
