@@ -405,13 +405,28 @@ impl<T: Send + 'static> Prefetch<T> {
         let handle = std::thread::Builder::new()
             .name("reader".into())
             .spawn(move || {
-                let res = spec.run(|raw| {
-                    let item = map(raw);
-                    let failed = item.is_err();
-                    tx.send(item).is_ok() && !failed
+                // A panic here (a bug, ours or a reader crate's, on some
+                // malformed file) would close the channel and read as the
+                // end of the data: it is sent on as an error instead.
+                let read = std::panic::AssertUnwindSafe(|| {
+                    let res = spec.run(|raw| {
+                        let item = map(raw);
+                        let failed = item.is_err();
+                        tx.send(item).is_ok() && !failed
+                    });
+                    if let Err(e) = res {
+                        let _ = tx.send(Err(e.into()));
+                    }
                 });
-                if let Err(e) = res {
-                    let _ = tx.send(Err(e.into()));
+                if let Err(panic) = std::panic::catch_unwind(read) {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    let _ = tx.send(Err(anyhow::anyhow!(
+                        "the input reader failed (an internal error): {what}"
+                    )));
                 }
             })
             .expect("spawn reader thread");
@@ -445,6 +460,43 @@ impl<T> Drop for Prefetch<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reader_that_panics_ends_in_an_error_not_the_end_of_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.csv");
+        std::fs::write(&path, "a\n1\n2\n").unwrap();
+        let fields = vec![InputField {
+            name: "a".into(),
+            ty: ColumnType::Int,
+            default_val: String::new(),
+        }];
+        let mut projection = Projection::default();
+        projection.add("a", &fields, false);
+        let spec = StreamSpec {
+            files: vec![path],
+            format: InputFormat::Csv {
+                separator: ",".into(),
+                with_header: true,
+            },
+            fields,
+            projection,
+            batch_size: 1,
+            epochs: Some(1),
+            shuffle: false,
+            shuffle_buffer: 1,
+            seed: 0,
+            shard: (0, 1),
+            skip_batches: 0,
+            max_rows: 0,
+        };
+        let mut batches = Prefetch::start(spec, 2, |raw| -> anyhow::Result<usize> {
+            assert!(raw.num_rows == 0, "a reader bug");
+            Ok(raw.num_rows)
+        });
+        let err = batches.next().expect("an item, not the end").unwrap_err();
+        assert!(err.to_string().contains("input reader failed"), "{err}");
+    }
 
     #[test]
     fn globs_match_names_and_directories() {
