@@ -29,6 +29,8 @@ pub struct ParquetChunks {
     reader: ParquetRecordBatchReader,
     projection: Projection,
     rows_read: usize,
+    /// The reader panicked: it is not asked again.
+    reader_failed: bool,
 }
 
 impl ParquetChunks {
@@ -59,6 +61,7 @@ impl ParquetChunks {
             reader,
             projection: projection.clone(),
             rows_read: 0,
+            reader_failed: false,
         })
     }
 
@@ -309,7 +312,30 @@ impl Iterator for ParquetChunks {
     type Item = Result<RawBatch, DataError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match self.reader.next()? {
+        if self.reader_failed {
+            return None;
+        }
+        // The parquet crate panics on some malformed pages (a division by
+        // zero in its byte-array decoder, found by `make fuzz`): a file it
+        // cannot decode is the user's damaged file, refused naming it.
+        let reader = &mut self.reader;
+        let next = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
+            Ok(next) => next?,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                self.reader_failed = true;
+                return Some(Err(DataError::Row {
+                    file: self.path.clone(),
+                    location: format!("row group {}", self.row_group),
+                    message: format!("cannot be decoded (the Parquet reader failed: {what})"),
+                }));
+            }
+        };
+        let batch = match next {
             Ok(b) => b,
             Err(e) => return Some(Err(DataError::arrow(&self.path, self.row_group, e))),
         };
@@ -360,6 +386,39 @@ mod tests {
 #[cfg(test)]
 mod found_by_fuzzing {
     use super::*;
+
+    #[test]
+    fn a_page_the_parquet_crate_panics_on_is_an_error_naming_the_file() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz/parquet_zero_divisor.parquet");
+        let projection = Projection {
+            columns: vec![
+                ProjColumn {
+                    name: "label".into(),
+                    ty: ColumnType::Int,
+                    default_val: String::new(),
+                    required: true,
+                },
+                ProjColumn {
+                    name: "user".into(),
+                    ty: ColumnType::Str,
+                    default_val: String::new(),
+                    required: false,
+                },
+            ],
+        };
+        let groups = row_groups(&path).unwrap();
+        assert!(groups > 0);
+        let mut failed = 0;
+        for g in 0..groups.min(16) {
+            if let Err(e) =
+                ParquetChunks::open(&path, g, &projection, 64).and_then(|c| c.collect::<Result<Vec<_>, _>>())
+            {
+                assert!(e.to_string().contains("parquet_zero_divisor.parquet"), "{e}");
+                failed += 1;
+            }
+        }
+        assert!(failed > 0);
+    }
 
     #[test]
     fn a_column_chunk_at_a_negative_offset_is_an_error_not_a_panic() {
