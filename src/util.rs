@@ -69,6 +69,16 @@ pub type IdMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefa
 /// UTF-8 bytes, then the splitmix64 finalizer. Integers are hashed through
 /// their decimal text, so CSV and Parquet inputs give the same buckets.
 /// The export feature spec names this function, so it must never change.
+/// The message a caught panic carried (`panic!`'s text), or "" when it
+/// carried something else.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 pub fn hash_str(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.as_bytes() {

@@ -419,11 +419,7 @@ impl<T: Send + 'static> Prefetch<T> {
                     }
                 });
                 if let Err(panic) = std::panic::catch_unwind(read) {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
+                    let what = crate::util::panic_message(&*panic);
                     let _ = tx.send(Err(anyhow::anyhow!(
                         "the input reader failed (an internal error): {what}"
                     )));

@@ -322,11 +322,7 @@ impl Iterator for ParquetChunks {
         let next = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
             Ok(next) => next?,
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let what = crate::util::panic_message(&*panic);
                 self.reader_failed = true;
                 return Some(Err(DataError::Row {
                     file: self.path.clone(),
