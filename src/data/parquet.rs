@@ -15,9 +15,73 @@ use super::column::{Column, RawBatch, StrColumn};
 use super::{DataError, ProjColumn, Projection};
 use crate::config::data_plan::ColumnType;
 
+/// A Parquet file read with two bounds the parquet crate's `File` reader
+/// lacks: a range asked of `get_bytes` must lie inside the file before its
+/// buffer is allocated, and a read past the end is an error rather than
+/// zero bytes. The crate's page-header parser skips Thrift fields with
+/// `io::copy` and does not check how much it copied: a list header claiming
+/// 2^31 elements made it re-read the end of the file that many times
+/// (`make fuzz` found a 757-byte file taking 20 s). With an error at the end
+/// every element consumes at least one byte, so the work is bounded by the
+/// file's length.
+struct BoundedFile {
+    file: File,
+    len: u64,
+}
+
+impl BoundedFile {
+    fn open(path: &Path) -> Result<Self, DataError> {
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let len = file.metadata().map_err(|e| DataError::io(path, e))?.len();
+        Ok(BoundedFile { file, len })
+    }
+}
+
+impl ::parquet::file::reader::Length for BoundedFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ::parquet::file::reader::ChunkReader for BoundedFile {
+    type T = std::io::BufReader<EndIsAnError>;
+
+    fn get_read(&self, start: u64) -> ::parquet::errors::Result<Self::T> {
+        use std::io::{Seek, SeekFrom};
+        let mut file = self.file.try_clone()?;
+        file.seek(SeekFrom::Start(start))?;
+        Ok(std::io::BufReader::new(EndIsAnError(file)))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> ::parquet::errors::Result<bytes::Bytes> {
+        let inside = start.checked_add(length as u64).is_some_and(|end| end <= self.len);
+        if !inside {
+            return Err(::parquet::errors::ParquetError::EOF(format!(
+                "bytes {start}..+{length} asked of a file of {}",
+                self.len
+            )));
+        }
+        self.file.get_bytes(start, length)
+    }
+}
+
+/// A file whose read at its end fails (`UnexpectedEof`) instead of
+/// returning no bytes; see [`BoundedFile`].
+struct EndIsAnError(File);
+
+impl std::io::Read for EndIsAnError {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read(buf)?;
+        if n == 0 && !buf.is_empty() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(n)
+    }
+}
+
 /// Number of row groups of a Parquet file.
 pub fn row_groups(path: &Path) -> Result<usize, DataError> {
-    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let file = BoundedFile::open(path)?;
     let b = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, None, e))?;
     Ok(b.metadata().num_row_groups())
 }
@@ -35,7 +99,7 @@ pub struct ParquetChunks {
 
 impl ParquetChunks {
     pub fn open(path: &Path, row_group: usize, projection: &Projection, chunk_rows: usize) -> Result<Self, DataError> {
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let file = BoundedFile::open(path)?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, None, e))?;
         let schema = builder.schema().clone();
         let mut roots = Vec::with_capacity(projection.columns.len());
@@ -435,5 +499,57 @@ mod found_by_fuzzing {
             let err = read.unwrap_err().to_string();
             assert!(err.contains("parquet_negative_chunk.parquet"), "{err}");
         }
+    }
+
+    #[test]
+    fn thrift_skips_past_the_end_of_a_file_fail_at_its_end() {
+        // `make fuzz` found it: a page header whose skipped list claims 2^31
+        // elements re-read the end of a 757-byte file for 20 s.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz/parquet_skip_past_end.parquet");
+        let projection = Projection {
+            columns: vec![
+                ProjColumn {
+                    name: "label".into(),
+                    ty: ColumnType::Int,
+                    default_val: String::new(),
+                    required: true,
+                },
+                ProjColumn {
+                    name: "user".into(),
+                    ty: ColumnType::Str,
+                    default_val: String::new(),
+                    required: false,
+                },
+            ],
+        };
+        let groups = row_groups(&path).unwrap();
+        let mut failed = 0;
+        for g in 0..groups.min(16) {
+            if let Err(e) =
+                ParquetChunks::open(&path, g, &projection, 64).and_then(|c| c.collect::<Result<Vec<_>, _>>())
+            {
+                assert!(e.to_string().contains("parquet_skip_past_end.parquet"), "{e}");
+                failed += 1;
+            }
+        }
+        assert!(failed > 0);
+    }
+
+    #[test]
+    fn a_bounded_file_refuses_ranges_and_reads_beyond_its_end() {
+        use ::parquet::file::reader::ChunkReader;
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let f = BoundedFile::open(&path).unwrap();
+        assert_eq!(&f.get_bytes(2, 8).unwrap()[..], b"23456789");
+        assert!(f.get_bytes(2, 9).is_err());
+        assert!(f.get_bytes(u64::MAX, 2).is_err());
+        let mut r = f.get_read(8).unwrap();
+        let mut two = [0u8; 2];
+        r.read_exact(&mut two).unwrap();
+        assert_eq!(&two, b"89");
+        assert_eq!(r.read(&mut two).unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
     }
 }
