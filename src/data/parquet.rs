@@ -253,8 +253,47 @@ fn check_chunks(
                 "column chunk {i} claims bytes {start}..+{len} of a file of {file_len}: a damaged or crafted file"
             )));
         }
+        check_dictionary(path, c, meta.row_group(row_group).num_rows()).map_err(bad)?;
     }
     Ok(())
+}
+
+/// A column chunk's dictionary page (its first page, when it has one) holds
+/// no more values than its bytes can: the parquet crate sizes the
+/// dictionary by the count before decoding a value, so a 1 KB file claiming
+/// 2^30 INT64 entries made it write 8 GB (found by `make fuzz`). The page
+/// is read here with the crate's own page reader, which does not decode it.
+fn check_dictionary(path: &Path, c: &::parquet::file::metadata::ColumnChunkMetaData, rows: i64) -> Result<(), String> {
+    use ::parquet::basic::Type;
+    use ::parquet::column::page::{Page, PageReader};
+    use ::parquet::file::serialized_reader::SerializedPageReader;
+    let Ok(file) = BoundedFile::open(path) else {
+        return Ok(()); // the reader reports it
+    };
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let rows = usize::try_from(rows).unwrap_or(0);
+        SerializedPageReader::new(std::sync::Arc::new(file), c, rows, None).and_then(|mut r| r.get_next_page())
+    }));
+    let Ok(Ok(Some(Page::DictionaryPage { buf, num_values, .. }))) = first else {
+        return Ok(()); // another page, or one the reader reports
+    };
+    let descr = c.column_descr();
+    let bits: u64 = match descr.physical_type() {
+        Type::BOOLEAN => 1,
+        Type::INT32 | Type::FLOAT | Type::BYTE_ARRAY => 32,
+        Type::INT64 | Type::DOUBLE => 64,
+        Type::INT96 => 96,
+        Type::FIXED_LEN_BYTE_ARRAY => 8 * u64::try_from(descr.type_length()).unwrap_or(0).max(1),
+    };
+    if u64::from(num_values) * bits <= 8 * buf.len() as u64 {
+        Ok(())
+    } else {
+        Err(format!(
+            "column `{}`: its dictionary page claims {num_values} values in {} bytes: a damaged or crafted file",
+            descr.name(),
+            buf.len()
+        ))
+    }
 }
 
 fn check_type(path: &Path, c: &ProjColumn, dt: &DataType) -> Result<(), DataError> {
@@ -551,5 +590,39 @@ mod found_by_fuzzing {
         r.read_exact(&mut two).unwrap();
         assert_eq!(&two, b"89");
         assert_eq!(r.read(&mut two).unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn a_dictionary_claiming_more_values_than_its_bytes_is_refused() {
+        // `make fuzz` found it: 2^30 INT64 entries claimed in a 1 KB file.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz/parquet_huge_dictionary.parquet");
+        let projection = Projection {
+            columns: vec![
+                ProjColumn {
+                    name: "label".into(),
+                    ty: ColumnType::Int,
+                    default_val: String::new(),
+                    required: true,
+                },
+                ProjColumn {
+                    name: "user".into(),
+                    ty: ColumnType::Str,
+                    default_val: String::new(),
+                    required: false,
+                },
+            ],
+        };
+        let groups = row_groups(&path).unwrap();
+        let mut refused = 0;
+        for g in 0..groups.min(16) {
+            if let Err(e) =
+                ParquetChunks::open(&path, g, &projection, 64).and_then(|c| c.collect::<Result<Vec<_>, _>>())
+            {
+                let e = e.to_string();
+                assert!(e.contains("parquet_huge_dictionary.parquet"), "{e}");
+                refused += e.contains("dictionary page claims") as usize;
+            }
+        }
+        assert!(refused > 0);
     }
 }
