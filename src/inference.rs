@@ -11,8 +11,9 @@ use anyhow::bail;
 use crate::checkpoint;
 use crate::config::typed::TrainingPlan;
 use crate::dist::Single;
-use crate::embedding::{Collection, Sharding, Table};
+use crate::embedding::{Collection, Sharding, Storage, Table};
 use crate::features::{Batch, Encoder};
+use crate::model::exec::onnx::GraphTable;
 use crate::model::{names, Model, ParamStore, TaskScores};
 use crate::optim::SlotState;
 use crate::train::{Trainer, SEED};
@@ -64,16 +65,26 @@ impl Bundle {
             }
         }
         let mut tables = Vec::new();
+        let none = crate::config::train_plan::OptimizerKind::Momentum { momentum: 0.0 };
         for (t, var) in model.tables.iter().zip(&model.table_variables) {
-            tables.push(Table {
-                name: t.name.clone(),
-                rows: t.rows,
-                dim: t.dim,
-                weights: take(var, &[t.rows, t.dim])?,
-                state: SlotState::default(),
-                optimizer: 0,
-                sharding: Sharding::Replicated,
-            });
+            match t.key_value {
+                Some(kv) => {
+                    let mut table =
+                        Table::key_value((&t.name, t.dim), kv, (&t.init, SEED), (0, &none), Sharding::Replicated);
+                    table.restore_key_value(var, &none, &mut tensors, (false, dir))?;
+                    tables.push(table.for_inference());
+                }
+                None => tables.push(Table {
+                    name: t.name.clone(),
+                    rows: t.rows,
+                    dim: t.dim,
+                    weights: checkpoint::take(&mut tensors, var, &[t.rows, t.dim], dir)?,
+                    state: SlotState::default(),
+                    optimizer: 0,
+                    sharding: Sharding::Replicated,
+                    storage: crate::embedding::Storage::Array,
+                }),
+            }
         }
         let embeddings = Collection::new(tables, Sharding::Replicated);
         Ok(Bundle {
@@ -89,20 +100,7 @@ impl Bundle {
         if t.embeddings.sharding.is_sharded() {
             bail!("an inference bundle needs whole tables; restore the checkpoint in a single process");
         }
-        let tables = t
-            .embeddings
-            .tables
-            .iter()
-            .map(|tb| Table {
-                name: tb.name.clone(),
-                rows: tb.rows,
-                dim: tb.dim,
-                weights: tb.weights.clone(),
-                state: SlotState::default(),
-                optimizer: 0,
-                sharding: Sharding::Replicated,
-            })
-            .collect();
+        let tables = t.embeddings.tables.iter().map(Table::for_inference).collect();
         Ok(Bundle {
             plan: t.plan.clone(),
             model: t.model.clone(),
@@ -117,8 +115,26 @@ impl Bundle {
         self.model.scores(&inputs, batch.size, &self.plan.model.tasks)
     }
 
-    /// Whole tables, indexed like `Model::tables`.
-    pub fn tables(&self) -> Vec<&[f32]> {
-        self.embeddings.tables.iter().map(|t| t.weights.as_slice()).collect()
+    /// Whole tables as the exported graph holds them, indexed like
+    /// `Model::tables`: an array's rows; a key-value table's rows by
+    /// ascending key with the layout that finds them.
+    pub fn tables(&self) -> Vec<GraphTable<'_>> {
+        self.embeddings
+            .tables
+            .iter()
+            .map(|t| match &t.storage {
+                Storage::Array => GraphTable::array(&t.weights, t.rows),
+                Storage::KeyValue(kv) => {
+                    let (rows, _) = kv.state();
+                    let keys: Vec<u64> = rows.iter().map(|(s, _)| s.key).collect();
+                    let values = rows
+                        .iter()
+                        .flat_map(|(_, slot)| &t.weights[slot * t.dim..(slot + 1) * t.dim])
+                        .copied()
+                        .collect();
+                    GraphTable::key_value(&keys, values, t.dim)
+                }
+            })
+            .collect()
     }
 }

@@ -50,11 +50,34 @@ impl crate::error::Classified for Unusable {
     }
 }
 
-/// One named tensor loaded from a checkpoint.
-#[derive(Debug, Clone, PartialEq)]
+/// One named tensor loaded from a checkpoint: f32 values in `data`, or a
+/// key-value table's u64 keys, counts or steps in `ints`.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Loaded {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+    pub ints: Vec<u64>,
+}
+
+impl Loaded {
+    pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        Loaded {
+            shape,
+            data,
+            ints: Vec::new(),
+        }
+    }
+
+    fn of(shape: Vec<usize>, values: safetensors::Values<'static>) -> Self {
+        match values {
+            safetensors::Values::F32(v) => Loaded::f32(shape, v.into_owned()),
+            safetensors::Values::U64(v) => Loaded {
+                shape,
+                data: Vec::new(),
+                ints: v.into_owned(),
+            },
+        }
+    }
 }
 
 /// Removes tensor `name` from the tensors of checkpoint `dir`, checking
@@ -97,6 +120,9 @@ pub struct Written {
     /// (rank, world size) when the file holds one rank's rows of every
     /// table (its rows as `embedding::Sharding::RowWise` places them).
     pub shard: Option<(usize, usize)>,
+    /// Tensors of a shard whose parts join end to end in rank order (a
+    /// key-value table's rows and keys) rather than row-wise.
+    pub concat: Vec<String>,
 }
 
 /// Name of rank `rank`'s part of the tables in a checkpoint of `size` ranks.
@@ -158,6 +184,7 @@ pub fn write_part(
         bytes,
         checksum,
         shard,
+        concat: Vec::new(),
     })
 }
 
@@ -179,6 +206,9 @@ pub fn commit(
         let mut entry = json!({"bytes": w.bytes, "checksum": format!("{:016x}", w.checksum)});
         if let Some((rank, size)) = w.shard {
             entry["shard"] = json!([rank, size]);
+        }
+        if !w.concat.is_empty() {
+            entry["concat"] = json!(w.concat);
         }
         manifest_files.insert(w.name.clone(), entry);
     }
@@ -341,7 +371,7 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
         .as_u64()
         .ok_or_else(|| Unusable(format!("{}: no global_step", mpath.display())))?;
     let mut out = BTreeMap::new();
-    let mut shards: BTreeMap<String, Vec<(usize, usize, Loaded)>> = BTreeMap::new();
+    let mut shards: BTreeMap<String, Vec<(usize, usize, bool, Loaded)>> = BTreeMap::new();
     let files = m["files"]
         .as_object()
         .ok_or_else(|| Unusable(format!("{}: no file list", mpath.display())))?;
@@ -369,26 +399,61 @@ pub fn load(dir: &Path) -> anyhow::Result<(u64, BTreeMap<String, Loaded>)> {
         let shard = info["shard"]
             .as_array()
             .and_then(|a| Some((a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize)));
+        let concat: Vec<&str> = info["concat"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
         let parsed = read_file(&bytes).map_err(|e| Unusable(format!("cannot parse {}: {e:#}", path.display())))?;
         for (tname, shape, data) in parsed {
+            let loaded = Loaded::of(shape, data);
             match shard {
                 None => {
-                    out.insert(tname, Loaded { shape, data });
+                    out.insert(tname, loaded);
                 }
-                Some((rank, size)) => shards
-                    .entry(tname)
-                    .or_default()
-                    .push((rank, size, Loaded { shape, data })),
+                Some((rank, size)) => {
+                    let end_to_end = concat.contains(&tname.as_str());
+                    shards.entry(tname).or_default().push((rank, size, end_to_end, loaded))
+                }
             }
         }
     }
-    // Tables written as one part per rank: put the rows back in global order.
+    // Tables written as one part per rank: put the rows back in global
+    // order, or end to end (key-value tables).
     for (name, parts) in shards {
-        let whole = join_row_shards(&parts)
-            .ok_or_else(|| Unusable(format!("{}: the parts of `{name}` do not fit together", dir.display())))?;
+        let whole = if parts.iter().all(|p| p.2) {
+            join_end_to_end(parts)
+        } else if parts.iter().any(|p| p.2) {
+            None
+        } else {
+            let parts: Vec<_> = parts.into_iter().map(|(r, n, _, l)| (r, n, l)).collect();
+            join_row_shards(&parts)
+        };
+        let whole =
+            whole.ok_or_else(|| Unusable(format!("{}: the parts of `{name}` do not fit together", dir.display())))?;
         out.insert(name, whole);
     }
     Ok((step, out))
+}
+
+/// Joins one tensor's parts (rank, world size, _, part) end to end in rank
+/// order along their first dimension; `None` when they are not one
+/// tensor's parts.
+fn join_end_to_end(mut parts: Vec<(usize, usize, bool, Loaded)>) -> Option<Loaded> {
+    parts.sort_by_key(|p| p.0);
+    let n = parts.len();
+    let tail = parts.first()?.3.shape.get(1..)?.to_vec();
+    let mut rows = 0usize;
+    let mut out = Loaded::default();
+    for (k, (rank, size, _, part)) in parts.into_iter().enumerate() {
+        if rank != k || size != n || part.shape.get(1..)? != tail.as_slice() {
+            return None;
+        }
+        rows = rows.checked_add(*part.shape.first()?)?;
+        out.data.extend(part.data);
+        out.ints.extend(part.ints);
+    }
+    out.shape = std::iter::once(rows).chain(tail).collect();
+    Some(out)
 }
 
 /// Puts the row-wise parts of one table (rank, world size, rows) back in
@@ -418,10 +483,7 @@ fn join_row_shards(parts: &[(usize, usize, Loaded)]) -> Option<Loaded> {
             data.get_mut(g * dim..(g + 1) * dim)?.copy_from_slice(row);
         }
     }
-    Some(Loaded {
-        shape: vec![rows, dim],
-        data,
-    })
+    Some(Loaded::f32(vec![rows, dim], data))
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {

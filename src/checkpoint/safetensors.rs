@@ -2,6 +2,7 @@
 //! raw data), for f32 tensors. Small enough to write here; any safetensors
 //! reader (Python's included) opens these files.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -9,12 +10,39 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-/// A tensor to write, borrowed from where it lives.
+/// A tensor's values: f32 weights, or u64 keys and counts (key-value tables).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values<'a> {
+    F32(Cow<'a, [f32]>),
+    U64(Cow<'a, [u64]>),
+}
+
+impl Values<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::U64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn dtype(&self) -> (&'static str, usize) {
+        match self {
+            Values::F32(_) => ("F32", 4),
+            Values::U64(_) => ("U64", 8),
+        }
+    }
+}
+
+/// A tensor to write, borrowed from where it lives (or built for the file).
 #[derive(Debug, Clone)]
 pub struct TensorRef<'a> {
     pub name: String,
     pub shape: Vec<usize>,
-    pub data: &'a [f32],
+    pub data: Values<'a>,
 }
 
 impl<'a> TensorRef<'a> {
@@ -22,7 +50,25 @@ impl<'a> TensorRef<'a> {
         TensorRef {
             name: name.into(),
             shape,
-            data,
+            data: Values::F32(Cow::Borrowed(data)),
+        }
+    }
+
+    /// f32 values gathered for the file.
+    pub fn owned(name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Self {
+        TensorRef {
+            name: name.into(),
+            shape,
+            data: Values::F32(Cow::Owned(data)),
+        }
+    }
+
+    /// u64 values (a key-value table's keys, counts and steps).
+    pub fn u64(name: impl Into<String>, shape: Vec<usize>, data: Vec<u64>) -> Self {
+        TensorRef {
+            name: name.into(),
+            shape,
+            data: Values::U64(Cow::Owned(data)),
         }
     }
 }
@@ -55,11 +101,12 @@ pub fn write_file(path: &Path, tensors: &[TensorRef<'_>]) -> anyhow::Result<(u64
                 t.data.len()
             );
         }
+        let (dtype, width) = t.data.dtype();
         header.insert(
             t.name.clone(),
-            json!({"dtype": "F32", "shape": t.shape, "data_offsets": [offset, offset + 4 * n]}),
+            json!({"dtype": dtype, "shape": t.shape, "data_offsets": [offset, offset + width * n]}),
         );
-        offset += 4 * n;
+        offset += width * n;
     }
     let mut h = serde_json::to_vec(&Value::Object(header))?;
     while h.len() % 8 != 0 {
@@ -69,8 +116,9 @@ pub fn write_file(path: &Path, tensors: &[TensorRef<'_>]) -> anyhow::Result<(u64
     bytes.extend_from_slice(&(h.len() as u64).to_le_bytes());
     bytes.extend_from_slice(&h);
     for t in tensors {
-        for x in t.data.iter() {
-            bytes.extend_from_slice(&x.to_le_bytes());
+        match &t.data {
+            Values::F32(v) => v.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+            Values::U64(v) => v.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
         }
     }
     let file = File::create(path)?;
@@ -81,9 +129,8 @@ pub fn write_file(path: &Path, tensors: &[TensorRef<'_>]) -> anyhow::Result<(u64
     Ok((bytes.len() as u64, checksum(&bytes)))
 }
 
-/// Parses a safetensors file's bytes into (name, shape, values).
 /// A tensor read back: (name, shape, values).
-pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+pub type NamedTensor = (String, Vec<usize>, Values<'static>);
 
 /// Every size is checked against the file's own length before it is used,
 /// so a crafted header can neither overflow nor allocate beyond the file.
@@ -107,22 +154,35 @@ pub fn read_file(bytes: &[u8]) -> anyhow::Result<Vec<NamedTensor>> {
         if name == "__metadata__" {
             continue;
         }
-        if info["dtype"] != "F32" {
-            bail!("tensor {name}: dtype {} (only F32 is written here)", info["dtype"]);
-        }
+        let width = match info["dtype"].as_str() {
+            Some("F32") => 4,
+            Some("U64") => 8,
+            _ => bail!(
+                "tensor {name}: dtype {} (only F32 and U64 are written here)",
+                info["dtype"]
+            ),
+        };
         let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).context("bad shape")?;
         let off: [usize; 2] = serde_json::from_value(info["data_offsets"].clone()).context("bad data_offsets")?;
         let raw = data
             .get(off[0]..off[1])
             .with_context(|| format!("tensor {name}: data offsets {off:?} outside the file"))?;
         let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-        if count.and_then(|c| c.checked_mul(4)) != Some(raw.len()) {
+        if count.and_then(|c| c.checked_mul(width)) != Some(raw.len()) {
             bail!("tensor {name}: {} bytes of data for shape {shape:?}", raw.len());
         }
-        let values: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
+        let values = match width {
+            4 => Values::F32(Cow::Owned(
+                raw.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect(),
+            )),
+            _ => Values::U64(Cow::Owned(
+                raw.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
+            )),
+        };
         out.push((name.clone(), shape, values));
     }
     Ok(out)

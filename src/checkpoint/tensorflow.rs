@@ -521,10 +521,7 @@ impl TfCheckpoint {
         } else {
             self.assemble(e, name)?
         };
-        Ok(super::Loaded {
-            shape: e.shape.clone(),
-            data,
-        })
+        Ok(super::Loaded::f32(e.shape.clone(), data))
     }
 
     /// The `global_step` variable, if the checkpoint has one.

@@ -395,7 +395,7 @@ pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {
             continue;
         }
         println!("{name} {:?}", t.shape);
-        values += t.data.len();
+        values += t.data.len() + t.ints.len();
         shown += 1;
     }
     println!("{shown} variables, {values} values");

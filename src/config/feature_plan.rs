@@ -62,11 +62,16 @@ impl FeaturePlan {
             .iter()
             .flat_map(|g| g.feature_names.iter().map(String::as_str))
             .collect();
+        let global = model
+            .ev_params
+            .as_ref()
+            .map(|ev| KeyValueSpec::from_proto(ev, "model_config.ev_params"))
+            .transpose()?;
         let mut plan = FeaturePlan::default();
         for (i, f) in feats.iter().enumerate() {
             let name = validate::feature_name(f);
             let path = format!("{prefix}[{i}]");
-            match feature(f, &path, pooled.contains(name)) {
+            match feature(f, &path, pooled.contains(name), global) {
                 Ok(spec) => {
                     plan.specs.push(spec);
                     plan.paths.push(path);
@@ -315,6 +320,56 @@ pub struct FeatureSpec {
     pub embedding_dim: u32,
     pub mean_combiner: bool,
     pub init: EmbeddingInit,
+    /// `ev_params` (its own or model_config's): its table is a key-value
+    /// table and its ids are keys (`KEY_SPACE`), not rows.
+    pub key_value: Option<KeyValueSpec>,
+}
+
+/// The id space of a key-value feature, as EasyRec sets it for an
+/// embedding variable: `hash_bucket_size` becomes `MAX_HASH_BUCKET_SIZE`
+/// (hashes modulo 2^63-1) and identity ids may be any non-negative int64.
+pub const KEY_SPACE: u64 = i64::MAX as u64;
+
+/// EasyRec's `EVParams` (DeepRec's EmbeddingVariable options) of a
+/// key-value table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyValueSpec {
+    /// An id gets a row (and updates) once it was seen this often in
+    /// training batches; 0 or 1: at once.
+    pub filter_freq: u64,
+    /// Rows not looked up in training for more than this many global steps
+    /// are evicted when a checkpoint is saved; 0: never.
+    pub steps_to_live: u64,
+    /// Rows at most: past it the least recently used rows are evicted.
+    pub max_capacity: u64,
+}
+
+impl KeyValueSpec {
+    /// `ev_params` at `path`; `use_cache` and `init_capacity` are SOK's GPU
+    /// cache and pre-allocation, which a table that grows on the CPU does
+    /// not need: accepted with a note.
+    pub fn from_proto(ev: &proto::EvParams, path: &str) -> Result<Self, ConfigError> {
+        if ev.use_cache() {
+            log::warn!("{path}.use_cache: SOK's GPU embedding cache does not apply to these CPU tables; ignored");
+        }
+        if ev.max_capacity() == 0 {
+            return Err(ConfigError::invalid(
+                format!("{path}.max_capacity"),
+                "a key-value table holds at least one row",
+            ));
+        }
+        if ev.init_capacity.is_some() && ev.init_capacity() > ev.max_capacity() {
+            return Err(ConfigError::invalid(
+                format!("{path}.init_capacity"),
+                format!("{} is above max_capacity ({})", ev.init_capacity(), ev.max_capacity()),
+            ));
+        }
+        Ok(KeyValueSpec {
+            filter_freq: ev.filter_freq(),
+            steps_to_live: ev.steps_to_live(),
+            max_capacity: ev.max_capacity(),
+        })
+    }
 }
 
 impl FeatureSpec {
@@ -414,10 +469,27 @@ fn buckets(f: &proto::FeatureConfig) -> Option<Bucketing> {
 /// `pooled`: a feature group lists the feature among its features, so a
 /// sequence is pooled by its `sequence_combiner` (which histories of
 /// `sequence_features` ignore).
-fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<FeatureSpec, ConfigError> {
+fn feature(
+    f: &proto::FeatureConfig,
+    path: &str,
+    pooled: bool,
+    global: Option<KeyValueSpec>,
+) -> Result<FeatureSpec, ConfigError> {
     let name = validate::feature_name(f).to_string();
+    let key_value = match &f.ev_params {
+        Some(ev) => Some(KeyValueSpec::from_proto(ev, &format!("{path}.ev_params"))?),
+        None => global,
+    };
     let need_buckets = || {
-        buckets(f).ok_or_else(|| {
+        // EasyRec's embedding variable: hashes modulo 2^63-1, identity ids
+        // up to int64's largest (also without num_buckets).
+        let keyed = |b: Bucketing| match b {
+            Bucketing::Hash(_) if key_value.is_some() => Bucketing::Hash(KEY_SPACE),
+            Bucketing::Identity(_) if key_value.is_some() => Bucketing::Identity(KEY_SPACE),
+            b => b,
+        };
+        let any = buckets(f).or_else(|| key_value.map(|_| Bucketing::Identity(KEY_SPACE)));
+        any.map(keyed).ok_or_else(|| {
             ConfigError::invalid(
                 path,
                 format!("`{name}` needs hash_bucket_size, num_buckets or a vocabulary"),
@@ -473,7 +545,7 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                 ));
             }
             FeatureKind::Combo {
-                buckets,
+                buckets: if key_value.is_some() { KEY_SPACE } else { buckets },
                 join_sep: f.combo_join_sep().to_string(),
                 input_seps: f.combo_input_seps.clone(),
             }
@@ -503,7 +575,7 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
                 .filter(|n| *n > 0)
                 .ok_or_else(|| ConfigError::invalid(format!("{path}.lookup_max_sel_elem_num"), "must be at least 1"))?;
             FeatureKind::Lookup {
-                buckets,
+                buckets: if key_value.is_some() { KEY_SPACE } else { buckets },
                 separator: f.separator().to_string(),
                 kv_separator,
                 max_selected,
@@ -516,12 +588,6 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
             ))
         }
     };
-    if f.ev_params.is_some() {
-        return Err(ConfigError::unsupported(
-            format!("{path}.ev_params"),
-            "key-value embedding variables",
-        ));
-    }
     if f.combiner() == "sqrtn" {
         return Err(ConfigError::unsupported(
             format!("{path}.combiner"),
@@ -540,6 +606,7 @@ fn feature(f: &proto::FeatureConfig, path: &str, pooled: bool) -> Result<Feature
         embedding_dim: f.embedding_dim(),
         mean_combiner: f.combiner() == "mean",
         init: embedding_init(f, path)?,
+        key_value,
     })
 }
 

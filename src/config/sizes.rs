@@ -47,8 +47,12 @@ impl Claims {
             table: false,
             shared: None,
         }];
+        // Key-value tables (ev_params) grow with the keys they admit, up to
+        // max_capacity: no rows are claimed up front (the start banner
+        // gives each one's bound).
+        let global_key_value = cfg.model_config.ev_params.is_some();
         reflect::visit(&msg, "", &mut |m, path| {
-            claim(m, path, batch, slots, &mut claims);
+            claim(m, path, (batch, slots, global_key_value), &mut claims);
             Ok::<(), ConfigError>(())
         })?;
         // One claim per shared table: the largest of its features'.
@@ -143,7 +147,12 @@ const SEQUENCE_COPIES: u128 = 4;
 
 /// The claims of one message: a table when it has rows, a DNN when it has
 /// hidden_units, a layer per width field, a batch of sequences per length.
-fn claim(msg: &DynamicMessage, path: &str, batch: u128, slots: Slots, claims: &mut Vec<Claim>) {
+fn claim(
+    msg: &DynamicMessage,
+    path: &str,
+    (batch, slots, global_key_value): (u128, Slots, bool),
+    claims: &mut Vec<Claim>,
+) {
     let get = |name: &str| -> Option<u128> {
         let fd = msg.descriptor().get_field_by_name(name)?;
         if !msg.has_field(&fd) {
@@ -171,7 +180,11 @@ fn claim(msg: &DynamicMessage, path: &str, batch: u128, slots: Slots, claims: &m
         .get_field_by_name("embedding_name")
         .and_then(|v| v.as_str().map(str::to_string))
         .filter(|n| !n.is_empty());
-    for rows_field in ["hash_bucket_size", "num_buckets"] {
+    let key_value = msg
+        .descriptor()
+        .get_field_by_name("ev_params")
+        .is_some_and(|fd| global_key_value || msg.has_field(&fd));
+    for rows_field in ["hash_bucket_size", "num_buckets"].into_iter().filter(|_| !key_value) {
         if let Some(rows) = get(rows_field) {
             claims.push(Claim {
                 field: at(rows_field),

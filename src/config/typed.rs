@@ -34,6 +34,23 @@ pub struct TrainingPlan {
 
 impl TrainingPlan {
     pub fn from_config(cfg: &proto::EasyRecConfig) -> Result<Self, ConfigError> {
+        // EasyRec's SokStrategy ("key-value embedding and embedding
+        // sharding"): every table is a key-value table, under
+        // model_config.ev_params or its defaults, sharded as
+        // EmbeddingParallel shards tables.
+        let sok_cfg;
+        let sok = cfg
+            .train_config
+            .as_ref()
+            .is_some_and(|t| t.train_distribute() == proto::DistributionStrategy::SokStrategy);
+        let cfg = if sok && cfg.model_config.ev_params.is_none() {
+            let mut c = cfg.clone();
+            c.model_config.ev_params = Some(proto::EvParams::default());
+            sok_cfg = c;
+            &sok_cfg
+        } else {
+            cfg
+        };
         let data = DataPlan::from_proto(
             cfg.data_config.as_ref(),
             (cfg.train_path.as_ref(), cfg.eval_path.as_ref()),

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::{
     apply_rows, length_rows, pool_rows, positions_rows, scatter_grad, scatter_positions, FetchedRows, RowGrads,
-    RowSource, Sharding, Table,
+    RowSource, Sharding, Storage, Table,
 };
 use crate::config::train_plan::OptimizerSpec;
 use crate::dist::Communicator;
@@ -30,6 +30,63 @@ impl Collection {
     /// combiner (`Part::mean`).
     pub fn new(tables: Vec<Table>, sharding: Sharding) -> Self {
         Collection { tables, sharding }
+    }
+
+    /// Whether any table is a key-value table (`admit` has work to do).
+    pub fn has_key_value(&self) -> bool {
+        self.tables.iter().any(Table::is_key_value)
+    }
+
+    /// Before a training step's lookups: counts the step's sighting of
+    /// every key the global batch looks up in a key-value table and creates
+    /// the rows of the keys admitted now (`Table::admit`). Arrays have
+    /// nothing to do; with key-value tables this is a collective on
+    /// several ranks.
+    pub fn admit(&mut self, groups: &[GroupLayout], batch: &Batch, step: u64, comm: &dyn Communicator) {
+        if !self.has_key_value() {
+            return;
+        }
+        let seen = self.keys_seen(groups, batch, comm);
+        self.tables
+            .par_iter_mut()
+            .zip(seen)
+            .for_each(|(t, keys)| t.admit(&keys, step));
+    }
+
+    /// Evicts the rows of key-value tables not seen for longer than their
+    /// `steps_to_live` before `step` (when a checkpoint is saved), logging
+    /// each table's count on rank `rank` 0 (summed over ranks by `comm`).
+    pub fn evict_stale(&mut self, step: u64, comm: &dyn Communicator, var_names: &[String]) {
+        if !self.has_key_value() {
+            return;
+        }
+        let mut evicted: Vec<u64> = self.tables.iter_mut().map(|t| t.evict_stale(step) as u64).collect();
+        if self.sharding.is_sharded() {
+            let all = comm.all_gather_u64(&evicted);
+            evicted = (0..evicted.len())
+                .map(|i| all.iter().map(|a| a.get(i).copied().unwrap_or(0)).sum())
+                .collect();
+        }
+        let with_ttl = |t: &Table| matches!(&t.storage, Storage::KeyValue(kv) if kv.spec.steps_to_live > 0);
+        if comm.rank() == 0 && self.tables.iter().any(with_ttl) {
+            let per_table: Vec<String> = self
+                .tables
+                .iter()
+                .zip(&evicted)
+                .zip(var_names)
+                .filter(|((t, n), _)| with_ttl(t) && **n > 0)
+                .map(|((_, n), var)| format!("{var}: {n}"))
+                .collect();
+            log::info!(
+                "steps_to_live: {} key-value rows not seen for longer evicted at step {step}{}",
+                evicted.iter().sum::<u64>(),
+                if per_table.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", per_table.join(", "))
+                }
+            );
+        }
     }
 
     /// Group input matrices (row-major `[batch, width]`) for a batch:

@@ -62,6 +62,49 @@ impl Collection {
         (ids, values)
     }
 
+    /// The distinct ids of the key-value tables that the global batch
+    /// (every rank's `batch`) looks up and this rank holds, ascending, by
+    /// table (empty for arrays): the sightings `Table::admit` counts. A
+    /// collective on several ranks when any table is key-value.
+    pub(super) fn keys_seen(&self, groups: &[GroupLayout], batch: &Batch, comm: &dyn Communicator) -> Vec<Vec<u64>> {
+        let nt = self.tables.len();
+        let n = comm.size();
+        let sharded = self.sharding.is_sharded();
+        let mut want: ByOwner<u64> = vec![vec![Vec::new(); nt]; if sharded { n } else { 1 }];
+        for (ti, t) in self.tables.iter().enumerate() {
+            if !t.is_key_value() {
+                continue;
+            }
+            for id in Self::ids_of_table(groups, batch, ti) {
+                want[if sharded { self.sharding.owner(id) } else { 0 }][ti].push(id);
+            }
+        }
+        if n == 1 {
+            return want.swap_remove(0);
+        }
+        let messages: Vec<Vec<u64>> = want
+            .iter()
+            .map(|per_table| {
+                per_table
+                    .iter()
+                    .flat_map(|ids| std::iter::once(ids.len() as u64).chain(ids.iter().copied()))
+                    .collect()
+            })
+            .collect();
+        let got = if sharded {
+            comm.all_to_all_u64(&messages)
+        } else {
+            comm.all_gather_u64(&messages[0])
+        };
+        let mut seen: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); nt];
+        for msg in &got {
+            for (set, ids) in seen.iter_mut().zip(unpack(msg, nt)) {
+                set.extend(ids.iter().copied());
+            }
+        }
+        seen.into_iter().map(|s| s.into_iter().collect()).collect()
+    }
+
     /// Distinct ids of table `ti` in `batch`, ascending.
     fn ids_of_table(groups: &[GroupLayout], batch: &Batch, ti: usize) -> BTreeSet<u64> {
         let mut ids = BTreeSet::new();

@@ -6,32 +6,38 @@
 mod collection;
 mod exchange;
 mod sharding;
+mod storage;
+mod table_state;
 
 use rayon::prelude::*;
 
 pub use collection::Collection;
 pub use sharding::Sharding;
+pub use storage::{Evictions, KeyState, KeyValue, RowInit, Storage};
 
-use crate::config::feature_plan::EmbeddingInit;
+use crate::config::feature_plan::{EmbeddingInit, KeyValueSpec};
 use crate::config::train_plan::OptimizerKind;
 use crate::features::Jagged;
 use crate::optim::{Rule, SlotState};
 use crate::util::{mix64, IdMap, Rng};
 
-/// One table: `rows x dim` f32 weights with the optimizer slots of each row.
+/// One table: rows of `dim` f32 weights with the optimizer slots of each
+/// row, stored as `storage` says (an array, or a key-value table).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
     pub name: String,
-    /// Rows of the whole table; this rank holds `sharding.local_rows(rows)`.
+    /// Rows of the whole table (an array's; a key-value table's most);
+    /// an array on several ranks holds `sharding.local_rows(rows)` here.
     pub rows: usize,
     pub dim: usize,
-    /// This rank's rows, `[local rows, dim]`.
+    /// This rank's rows, `[local rows, dim]`, at the slots `storage` gives.
     pub weights: Vec<f32>,
     pub state: SlotState,
     /// Index into `train_config.optimizer_config`.
     pub optimizer: usize,
     /// Which of the rows this rank holds.
     pub sharding: Sharding,
+    pub storage: Storage,
 }
 
 /// Deterministic initial value of row `row` of a `[rows, out.len()]` table,
@@ -86,6 +92,133 @@ impl Table {
             state,
             optimizer,
             sharding,
+            storage: Storage::Array,
+        }
+    }
+
+    /// An empty key-value table of `dim`-wide rows under `spec`, whose
+    /// rows are created from `init` seeded per key when keys are admitted.
+    pub fn key_value(
+        (name, dim): (&str, usize),
+        spec: KeyValueSpec,
+        (init, seed): (&EmbeddingInit, u64),
+        (optimizer, kind): (usize, &OptimizerKind),
+        sharding: Sharding,
+    ) -> Self {
+        let rows = usize::try_from(spec.max_capacity).unwrap_or(usize::MAX);
+        let row_init = RowInit {
+            seed,
+            init: init.clone(),
+            rows,
+            slots: crate::optim::slot_inits(kind),
+        };
+        Table {
+            name: name.to_string(),
+            rows,
+            dim,
+            weights: Vec::new(),
+            state: SlotState::new(kind, 0),
+            optimizer,
+            sharding,
+            storage: Storage::KeyValue(Box::new(KeyValue::new(spec, row_init, dim))),
+        }
+    }
+
+    /// A copy of the rows without optimizer slots, for scoring.
+    pub fn for_inference(&self) -> Self {
+        Table {
+            state: SlotState::default(),
+            optimizer: 0,
+            ..self.clone()
+        }
+    }
+
+    /// The slot index of global id `g`'s row on this rank: an array's
+    /// local row, a key's row when it has one.
+    #[inline]
+    pub fn slot(&self, g: u64) -> Option<usize> {
+        match &self.storage {
+            Storage::Array => Some(self.sharding.local(g)),
+            Storage::KeyValue(kv) => kv.slot(g),
+        }
+    }
+
+    /// Counts a training step's sighting of `keys` (distinct ids of the
+    /// global batch that this rank holds) at `step`, creating the rows of
+    /// keys admitted now. An array has every row already.
+    pub fn admit(&mut self, keys: &[u64], step: u64) {
+        let Storage::KeyValue(kv) = &mut self.storage else {
+            return;
+        };
+        let admitted = kv.see(keys, step);
+        if admitted.is_empty() {
+            return;
+        }
+        let freed = kv.make_room(admitted.len(), step);
+        if freed > 0 {
+            log::info!(
+                "table `{}`: {freed} least recently seen rows evicted at step {step} to stay within max_capacity {} \
+                 ({} evicted so far)",
+                self.name,
+                kv.spec.max_capacity,
+                kv.evicted.capacity
+            );
+        }
+        let dim = self.dim;
+        for key in admitted {
+            if !kv.has_room() {
+                log::warn!(
+                    "table `{}`: full ({} rows, all seen at step {step}); key {key} waits for a row",
+                    self.name,
+                    kv.len()
+                );
+                break;
+            }
+            let slot = match kv.place(key, step) {
+                Ok(slot) => slot,
+                Err(slot) => {
+                    self.weights.resize((slot + 1) * dim, 0.0);
+                    for (s, v) in self.state.slots.iter_mut().zip(&kv.init.slots) {
+                        s.resize((slot + 1) * dim, *v);
+                    }
+                    slot
+                }
+            };
+            let range = slot * dim..(slot + 1) * dim;
+            let i = &kv.init;
+            init_row(
+                i.seed,
+                &self.name,
+                i.rows,
+                key,
+                &i.init,
+                &mut self.weights[range.clone()],
+            );
+            for (s, v) in self.state.slots.iter_mut().zip(&i.slots) {
+                s[range.clone()].fill(*v);
+            }
+        }
+    }
+
+    /// Evicts rows not seen for longer than `steps_to_live` before `step`
+    /// (a key-value table, when a checkpoint is saved); returns how many.
+    pub fn evict_stale(&mut self, step: u64) -> usize {
+        match &mut self.storage {
+            Storage::Array => 0,
+            Storage::KeyValue(kv) => kv.evict_stale(step),
+        }
+    }
+
+    /// Rows this rank holds now, and the bytes they take (values, slots
+    /// and, for a key-value table, its index).
+    pub fn held(&self) -> (usize, usize) {
+        let slots = self.state.slots.len();
+        match &self.storage {
+            Storage::Array => {
+                let rows = self.weights.len() / self.dim.max(1);
+                (rows, rows * self.dim * 4 * (1 + slots))
+            }
+            Storage::KeyValue(kv) => (kv.len(), kv.capacity() * KeyValue::bytes_per_row(self.dim, slots)),
         }
     }
 }
@@ -101,9 +234,18 @@ impl RowSource for Table {
     fn dim(&self) -> usize {
         self.dim
     }
+    #[inline]
     fn row(&self, g: u64) -> &[f32] {
-        let l = self.sharding.local(g);
-        &self.weights[l * self.dim..(l + 1) * self.dim]
+        match &self.storage {
+            Storage::Array => {
+                let l = self.sharding.local(g);
+                &self.weights[l * self.dim..(l + 1) * self.dim]
+            }
+            Storage::KeyValue(kv) => match kv.slot(g) {
+                Some(l) => &self.weights[l * self.dim..(l + 1) * self.dim],
+                None => kv.default_row(),
+            },
+        }
     }
 }
 
@@ -351,14 +493,17 @@ pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) 
     // `prefetch`): its weights and its optimizer slots.
     const AHEAD: usize = 8;
     for (k, &r) in grads.rows.iter().enumerate() {
-        if let Some(&next) = grads.rows.get(k + AHEAD) {
-            let at = table.sharding.local(next) * dim;
+        if let Some(at) = grads.rows.get(k + AHEAD).and_then(|&next| table.slot(next)) {
+            let at = at * dim;
             prefetch(&table.weights[at..at + dim]);
             for s in &table.state.slots {
                 prefetch(&s[at..at + dim]);
             }
         }
-        let l = table.sharding.local(r);
+        // A key without a row (below filter_freq) gets no update.
+        let Some(l) = table.slot(r) else {
+            continue;
+        };
         let range = l * dim..(l + 1) * dim;
         for (d, s) in g.iter_mut().zip(&grads.grads[k * dim..(k + 1) * dim]) {
             *d = s * scale;

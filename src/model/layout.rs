@@ -7,7 +7,7 @@
 use anyhow::{bail, Context};
 
 use super::builders::columns;
-use crate::config::feature_plan::{EmbeddingInit, FeatureKind, FeatureSpec, SeqCombiner};
+use crate::config::feature_plan::{EmbeddingInit, FeatureKind, FeatureSpec, KeyValueSpec, SeqCombiner};
 use crate::config::model::{Arch, FeatureGroup, ModelPlan, SeqAttention};
 use crate::features::Encoder;
 
@@ -220,16 +220,26 @@ fn table_of(
             if tables[t].init != f.init {
                 bail!("features sharing embedding `{name}` disagree on their initializer");
             }
-            tables[t].rows = tables[t].rows.max(rows as usize);
+            if tables[t].key_value != f.key_value {
+                bail!("features sharing embedding `{name}` disagree on ev_params (a key-value table or not)");
+            }
+            if tables[t].key_value.is_none() {
+                tables[t].rows = tables[t].rows.max(rows as usize);
+            }
             t
         }
         None => {
+            let rows = match f.key_value {
+                Some(kv) => usize::try_from(kv.max_capacity).unwrap_or(usize::MAX),
+                None => rows as usize,
+            };
             tables.push(TableSpec {
                 name,
-                rows: rows as usize,
+                rows,
                 dim,
                 wide: g.wide,
                 init: f.init.clone(),
+                key_value: f.key_value,
             });
             tables.len() - 1
         }
@@ -244,6 +254,9 @@ pub struct TableSpec {
     pub dim: usize,
     pub wide: bool,
     pub init: EmbeddingInit,
+    /// Stored as a key-value table (`ev_params`); `rows` is then its
+    /// max_capacity.
+    pub key_value: Option<KeyValueSpec>,
 }
 
 /// The name EasyRec gives variational dropout's logits (`logit_p` for the

@@ -129,10 +129,10 @@ fn read_variable(ckpt: &TfCheckpoint, name: &str, used: &mut HashSet<String>) ->
     let rows = parts.iter().map(|p| p.shape[0]).sum();
     let mut shape = vec![rows];
     shape.extend(tail);
-    Ok(Some(Loaded {
+    Ok(Some(Loaded::f32(
         shape,
-        data: parts.into_iter().flat_map(|p| p.data).collect(),
-    }))
+        parts.into_iter().flat_map(|p| p.data).collect(),
+    )))
 }
 
 /// Weights keyed by their names in the model, in the model's shapes, and
@@ -175,7 +175,7 @@ pub fn from_tensorflow(
                 )))
             }
             Some(l) => {
-                out.insert(name, Loaded { shape, data: l.data });
+                out.insert(name, Loaded::f32(shape, l.data));
             }
         }
     }

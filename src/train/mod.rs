@@ -143,13 +143,11 @@ impl Trainer {
             .iter()
             .map(|t| {
                 let opt = if t.wide { assign.wide_tables } else { assign.deep_tables };
-                Table::new(
-                    (&t.name, t.rows, t.dim),
-                    &t.init,
-                    seed,
-                    (opt, &plan.train.optimizers[opt].kind),
-                    sharding,
-                )
+                let optimizer = (opt, &plan.train.optimizers[opt].kind);
+                match t.key_value {
+                    Some(kv) => Table::key_value((&t.name, t.dim), kv, (&t.init, seed), optimizer, sharding),
+                    None => Table::new((&t.name, t.rows, t.dim), &t.init, seed, optimizer, sharding),
+                }
             })
             .collect();
         let dense = dense::Dense::new(&plan.train.optimizers, assign.dense, model.params.values.len());

@@ -11,6 +11,7 @@ use serde_json::json;
 use super::{StepStats, Trainer};
 use crate::checkpoint;
 use crate::config::export_plan::EarlyStop;
+use crate::embedding::{KeyValue, Storage};
 use crate::summary::SummaryWriter;
 
 /// How often the chief looks for the stop signal (EasyRec's hook: 10 s).
@@ -391,21 +392,32 @@ impl Trainer {
             log::info!("eval input: {}", p.data.eval_paths.join(", "));
         }
         let tables = &self.embeddings.tables;
-        let floats: usize = tables.iter().map(|t| t.rows * t.dim).sum();
+        let mib = |bytes: usize| bytes as f64 / (1u64 << 20) as f64;
+        let held: usize = tables.iter().map(|t| t.held().1).sum();
         let mut listed: Vec<String> = tables
             .iter()
             .take(6)
-            .map(|t| format!("{} {}x{}", t.name, t.rows, t.dim))
+            .map(|t| match &t.storage {
+                Storage::Array => format!("{} {}x{}", t.name, t.rows, t.dim),
+                Storage::KeyValue(kv) => format!(
+                    "{} key-value x{} ({} rows now, at most {}: {:.1} MiB)",
+                    t.name,
+                    t.dim,
+                    kv.len(),
+                    kv.spec.max_capacity,
+                    mib(kv.spec.max_capacity as usize * KeyValue::bytes_per_row(t.dim, t.state.slots.len()))
+                ),
+            })
             .collect();
         if tables.len() > listed.len() {
             listed.push(format!("... {} more", tables.len() - listed.len()));
         }
         log::info!(
-            "{} features, {} dense parameters, {} tables of {:.1} MiB in all: {}",
+            "{} features, {} dense parameters, {} tables of {:.1} MiB (with optimizer slots) on this rank: {}",
             p.features.len(),
             self.model.params.values.len(),
             tables.len(),
-            floats as f64 * 4.0 / (1u64 << 20) as f64,
+            mib(held),
             listed.join(", ")
         );
         match target {

@@ -50,10 +50,14 @@ impl Trainer {
     fn table_tensors(&self, slots: bool) -> Vec<TensorRef<'_>> {
         let mut out = Vec::new();
         for (t, var) in self.embeddings.tables.iter().zip(&self.model.table_variables) {
+            let kind = &self.plan.train.optimizers[t.optimizer].kind;
+            if t.is_key_value() {
+                out.extend(t.key_value_tensors(var, kind, slots));
+                continue;
+            }
             let shape = vec![t.weights.len() / t.dim.max(1), t.dim];
             out.push(TensorRef::new(var.clone(), shape.clone(), &t.weights));
             if slots {
-                let kind = &self.plan.train.optimizers[t.optimizer].kind;
                 for (k, slot) in t.state.slots.iter().enumerate() {
                     out.push(TensorRef::new(names::slot_variable(var, kind, k), shape.clone(), slot));
                 }
@@ -65,7 +69,10 @@ impl Trainer {
     /// Writes checkpoint `model.ckpt-<step>` into model_dir.
     /// On several ranks, sharded tables are gathered and rank 0 writes one
     /// checkpoint that any world size can restore; the others wait for it.
-    pub fn save(&self) -> anyhow::Result<PathBuf> {
+    pub fn save(&mut self) -> anyhow::Result<PathBuf> {
+        // steps_to_live: key-value rows gone stale are not saved.
+        self.embeddings
+            .evict_stale(self.step, &*self.comm, &self.model.table_variables);
         let dir = &self.plan.model_dir;
         let rank = self.comm.rank();
         let context = || format!("saving checkpoint {} in {}", self.step, dir.display());
@@ -86,7 +93,9 @@ impl Trainer {
                 Some((index, count)) => {
                     let name = checkpoint::shard_file(index, count);
                     let tables = self.table_tensors(true);
-                    let w = checkpoint::write_part(&tmp, &name, &tables, Some((index, count))).with_context(context)?;
+                    let mut w =
+                        checkpoint::write_part(&tmp, &name, &tables, Some((index, count))).with_context(context)?;
+                    w.concat = self.key_value_names();
                     vec![w.bytes, w.checksum, index as u64, count as u64]
                 }
                 None => Vec::new(),
@@ -98,6 +107,7 @@ impl Trainer {
                     bytes: s[0],
                     checksum: s[1],
                     shard: Some((index, count)),
+                    concat: self.key_value_names(),
                 });
             }
             "embedding-*.safetensors".to_string()
@@ -127,23 +137,26 @@ impl Trainer {
     ) -> anyhow::Result<()> {
         let dense = self.dense_tensors(true);
         parts.push(checkpoint::write_part(tmp, "dense.safetensors", &dense, None)?);
-        if !self.embeddings.sharding.is_sharded() {
-            parts.push(checkpoint::write_part(
-                tmp,
-                table_file,
-                &self.table_tensors(true),
-                None,
-            )?);
-        }
         let mut names: Vec<(String, String, Vec<usize>)> = dense
             .iter()
             .map(|t| (t.name.clone(), "dense.safetensors".to_string(), t.shape.clone()))
             .collect();
-        names.extend(
-            self.table_variable_shapes(true)
-                .into_iter()
-                .map(|(n, shape)| (n, table_file.to_string(), shape)),
-        );
+        if self.embeddings.sharding.is_sharded() {
+            // Key-value tables' parts have each rank's own length.
+            names.extend(
+                self.table_variable_shapes(true)
+                    .into_iter()
+                    .map(|(n, shape)| (n, table_file.to_string(), shape)),
+            );
+        } else {
+            let tables = self.table_tensors(true);
+            parts.push(checkpoint::write_part(tmp, table_file, &tables, None)?);
+            names.extend(
+                tables
+                    .iter()
+                    .map(|t| (t.name.clone(), table_file.to_string(), t.shape.clone())),
+            );
+        }
         let keep = self.plan.train.keep_checkpoint_max as usize;
         checkpoint::commit(&self.plan.model_dir, self.step, tmp, &parts, &names, keep)?;
         Ok(())
@@ -156,6 +169,7 @@ impl Trainer {
             return self.restore_tensorflow(&prefix);
         }
         let (step, mut tensors) = checkpoint::load(dir)?;
+        self.restore_key_value(&mut tensors, true, dir)?;
         let mut values: BTreeMap<String, Vec<f32>> = BTreeMap::new();
         for (name, shape) in self.variables(true) {
             let data = checkpoint::take(&mut tensors, &name, &shape, dir)?;
@@ -170,6 +184,7 @@ impl Trainer {
     /// TensorFlow saved under its names for this trainer's optimizers
     /// (others start afresh), and the global step.
     fn restore_tensorflow(&mut self, prefix: &Path) -> anyhow::Result<()> {
+        self.refuse_key_value_from_tensorflow(prefix)?;
         let ckpt = TfCheckpoint::open(prefix)?;
         let (weights, unused) = names::from_tensorflow(&ckpt, &self.model, false, &[])?;
         names::refuse_unused(&ckpt, &unused)?;
@@ -227,6 +242,9 @@ impl Trainer {
             }
         }
         for (t, var) in self.embeddings.tables.iter_mut().zip(&self.model.table_variables) {
+            if t.is_key_value() {
+                continue; // restore_key_value
+            }
             // A whole table, of which a sharded one keeps its own rows.
             let (sharding, dim) = (t.sharding, t.dim);
             let mine = |v: Vec<f32>| -> Vec<f32> { sharding.own_rows(&v, dim) };
@@ -255,6 +273,7 @@ impl Trainer {
             None => Vec::new(),
         };
         if let Some(prefix) = checkpoint::tensorflow::find(&dir) {
+            self.refuse_key_value_from_tensorflow(&prefix)?;
             // EasyRec's checkpoint: variables (and the var map) by EasyRec's names.
             let ckpt = TfCheckpoint::open(&prefix)?;
             let (weights, unused) = names::from_tensorflow(&ckpt, &self.model, true, &renames)?;
@@ -270,7 +289,8 @@ impl Trainer {
             self.assign_values(weights.into_iter().map(|(k, l)| (k, l.data)).collect(), false);
             return Ok(n);
         }
-        let (_, tensors) = checkpoint::load(&dir)?;
+        let (_, mut tensors) = checkpoint::load(&dir)?;
+        let key_value = self.restore_key_value(&mut tensors, false, &dir)?;
         let mut values = BTreeMap::new();
         for (name, shape) in self.variables(false) {
             let src = renames
@@ -278,7 +298,7 @@ impl Trainer {
                 .find(|(model, _)| *model == name)
                 .map_or(name.clone(), |(_, ckpt)| ckpt.clone());
             // One checkpoint tensor may feed several model variables.
-            let Some(Loaded { shape: s, data }) = tensors.get(&src) else {
+            let Some(Loaded { shape: s, data, .. }) = tensors.get(&src) else {
                 continue;
             };
             if *s != shape {
@@ -289,9 +309,63 @@ impl Trainer {
             }
             values.insert(name, data.clone());
         }
-        let n = values.len();
+        let n = values.len() + key_value;
         self.assign_values(values, false);
         Ok(n)
+    }
+
+    /// Restores every key-value table from a checkpoint's tensors (removing
+    /// them; with `slots`, their optimizer slots too); returns how many.
+    fn restore_key_value(
+        &mut self,
+        tensors: &mut BTreeMap<String, Loaded>,
+        slots: bool,
+        dir: &Path,
+    ) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for (t, var) in self.embeddings.tables.iter_mut().zip(&self.model.table_variables) {
+            // Fine-tuning (no slots) copies what the checkpoint has.
+            if t.is_key_value() && (slots || tensors.contains_key(&format!("{var}-keys"))) {
+                let kind = &self.plan.train.optimizers[t.optimizer].kind;
+                t.restore_key_value(var, kind, tensors, (slots, dir))?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// EasyRec's embedding variables are saved by DeepRec in its own
+    /// layout, which is not read here: refused naming the table.
+    fn refuse_key_value_from_tensorflow(&self, prefix: &Path) -> anyhow::Result<()> {
+        if let Some((_, var)) = self
+            .embeddings
+            .tables
+            .iter()
+            .zip(&self.model.table_variables)
+            .find(|(t, _)| t.is_key_value())
+        {
+            bail!(checkpoint::Unusable(format!(
+                "TensorFlow checkpoint {}: table `{var}` is a key-value table (ev_params), and restoring DeepRec's \
+                 embedding variables from a TensorFlow checkpoint is not supported",
+                prefix.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The tensors of key-value tables, which a sharded checkpoint joins end
+    /// to end.
+    fn key_value_names(&self) -> Vec<String> {
+        self.embeddings
+            .tables
+            .iter()
+            .zip(&self.model.table_variables)
+            .filter(|(t, _)| t.is_key_value())
+            .flat_map(|(t, var)| {
+                let kind = &self.plan.train.optimizers[t.optimizer].kind;
+                crate::embedding::Table::key_value_names(var, kind, t.state.slots.len())
+            })
+            .collect()
     }
 
     /// Names and shapes of the tensors a checkpoint of this model holds;
@@ -310,6 +384,9 @@ impl Trainer {
     fn table_variable_shapes(&self, slots: bool) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
         for (t, var) in self.embeddings.tables.iter().zip(&self.model.table_variables) {
+            if t.is_key_value() {
+                continue; // its tensors' shapes are its keys'
+            }
             out.push((var.clone(), vec![t.rows, t.dim]));
             if slots {
                 let kind = &self.plan.train.optimizers[t.optimizer].kind;

@@ -235,6 +235,7 @@ impl Trainer {
     /// Trains on one batch at the current global step, then advances it.
     /// A collective on several ranks (`gradients`).
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        self.embeddings.admit(&self.model.groups, batch, self.step, &*self.comm);
         let inputs = self.group_inputs(batch);
         let g = match self.gradients(batch, &inputs, Exchange::Collective(&*self.comm)) {
             Ok(g) => g,

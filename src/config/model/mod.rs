@@ -51,12 +51,6 @@ impl ModelPlan {
         eval_metrics: &[Metric],
     ) -> Result<Self, ConfigError> {
         let kind = ModelKind::from_class(&model.model_class)?;
-        if model.ev_params.is_some() {
-            return Err(ConfigError::unsupported(
-                "model_config.ev_params",
-                "key-value embedding variables",
-            ));
-        }
         let groups = groups::resolve(model, kind, features)?;
         let (arch, l2_regularization, multi) = arch(model, &data.label_fields)?;
         let mut tasks = model_tasks(model, kind, multi, &data.label_fields, eval_metrics)?;

@@ -236,6 +236,13 @@ impl Server {
                 rg
             })
             .collect();
+        // Key-value tables count a push's keys as seen at its step (a key's
+        // first pull, before its row exists, looks up the default).
+        for (table, rg) in t.embeddings.tables.iter_mut().zip(&row_grads) {
+            let mut keys = rg.rows.clone();
+            keys.sort_unstable();
+            table.admit(&keys, step);
+        }
         t.embeddings.apply(&row_grads, &t.plan.train.optimizers, step, 1.0);
         Ok(t.check_updated(&row_grads, step)?)
     }

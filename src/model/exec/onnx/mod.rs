@@ -12,9 +12,12 @@
 //! `[batch]`; multi-task models suffix them with the tower's name
 //! (`logits_ctr`, `probs_ctr`), as EasyRec does.
 
+mod key_lookup;
 pub mod proto;
 
 use std::collections::HashMap;
+
+pub use key_lookup::{GraphTable, KeyLayout};
 
 use crate::config::feature_plan::FeatureSpec;
 use crate::config::model::tasks::{LossKind, Task, ZilnPrediction};
@@ -78,12 +81,11 @@ pub fn feature_inputs(features: &[FeatureSpec], model: &Model) -> Vec<FeatureInp
 }
 
 /// Builds the graph of `model` (over `features`, with an output per task
-/// of `tasks`) with whole tables `tables` (`[rows, dim]` row-major, indexed
-/// like `Model::tables`).
+/// of `tasks`) with whole tables `tables` (indexed like `Model::tables`).
 pub fn build(
     (features, tasks): (&[FeatureSpec], &[Task]),
     model: &Model,
-    tables: &[&[f32]],
+    tables: &[GraphTable<'_>],
     batch: Dim,
 ) -> (Graph, Vec<FeatureInput>) {
     let inputs = feature_inputs(features, model);
@@ -126,24 +128,37 @@ pub fn build(
             }
         }
     }
-    let mut table_names: HashMap<usize, String> = HashMap::new();
+    let mut table_nodes: HashMap<usize, TableNodes> = HashMap::new();
+    // A feature's ids as rows of a key-value table, by (feature, table).
+    let mut keyed: HashMap<(usize, usize), Segments> = HashMap::new();
     let variables = &model.table_variables;
     let mut group_inputs = Vec::new();
     for g in &model.groups {
         let mut cols = Vec::new();
-        let mut table_of = |b: &mut Builder, t: usize| {
-            let spec = &model.tables[t];
-            table_names
+        // Table `t`'s rows, and feature `f`'s segments with ids as its rows.
+        let mut table_of = |b: &mut Builder, t: usize, f: usize| -> (String, Segments) {
+            let nodes = table_nodes
                 .entry(t)
-                .or_insert_with(|| b.g.f32s(Some(&variables[t]), &[spec.rows, spec.dim], tables[t]))
-                .clone()
+                .or_insert_with(|| b.table(&variables[t], model.tables[t].dim, &tables[t]));
+            let m = match &nodes.lookup {
+                None => segments[&f].clone(),
+                Some(l) => keyed
+                    .entry((f, t))
+                    .or_insert_with(|| {
+                        let mut m = segments[&f].clone();
+                        m.ids = b.key_rows(&m.ids, l);
+                        m
+                    })
+                    .clone(),
+            };
+            (nodes.values.clone(), m)
         };
         for p in &g.parts {
             match p.table {
                 None => cols.push(dense[&p.feature].clone()),
                 Some(t) => {
-                    let table = table_of(&mut b, t);
-                    cols.push(b.pool(&segments[&p.feature], &table, model.tables[t].dim, p.mean));
+                    let (table, m) = table_of(&mut b, t, p.feature);
+                    cols.push(b.pool(&m, &table, model.tables[t].dim, p.mean));
                 }
             }
         }
@@ -151,12 +166,12 @@ pub fn build(
             let m = &segments[&p.feature];
             cols.push(match p.kind {
                 SeqPartKind::Pooled { table, dim, mean } => {
-                    let table = table_of(&mut b, table);
-                    b.pool(m, &table, dim, mean)
+                    let (table, m) = table_of(&mut b, table, p.feature);
+                    b.pool(&m, &table, dim, mean)
                 }
                 SeqPartKind::Positions { table, dim, len } => {
-                    let table = table_of(&mut b, table);
-                    b.positions(m, &table, dim, len)
+                    let (table, m) = table_of(&mut b, table, p.feature);
+                    b.positions(&m, &table, dim, len)
                 }
                 SeqPartKind::Length { len } => {
                     let cap = b.scalar_f32(len as f32);
@@ -232,9 +247,26 @@ pub fn build(
     (b.g, inputs)
 }
 
+/// A table's rows in the graph and, for a key-value table, its key layout.
+struct TableNodes {
+    values: String,
+    lookup: Option<KeyLookupNodes>,
+}
+
+/// The initializers of a key-value table's layout (`KeyLayout`).
+struct KeyLookupNodes {
+    slot_keys: String,
+    slot_rows: String,
+    /// Scalar int64: the number of slots.
+    slots: String,
+    /// Scalar int64: the default row.
+    default: String,
+}
+
 /// A feature's ids, the row each id belongs to (`[num_ids, 1]`, for
 /// ScatterND), its weights as a column (`[num_ids, 1]`) when weighted, and
 /// each row's weight sum (`[batch, 1]`: its id count when unweighted).
+#[derive(Clone)]
 struct Segments {
     ids: String,
     /// Ids per row, `[batch]` int64.
@@ -266,6 +298,42 @@ impl Builder<'_> {
         let n = self.g.f32s(Some(&s.name), &[s.rows, s.cols], self.params.slice(i));
         self.named.insert(i, n.clone());
         n
+    }
+
+    /// Table `var`'s initializers: its rows and, for a key-value table,
+    /// the layout of its keys (`<var>/slot_keys`, `<var>/slot_rows`).
+    fn table(&mut self, var: &str, dim: usize, t: &GraphTable<'_>) -> TableNodes {
+        let values = self.g.f32s(Some(var), &[t.rows, dim], &t.values);
+        let lookup = t.keys.as_ref().map(|l| {
+            let m = l.slot_keys.len();
+            KeyLookupNodes {
+                slot_keys: self.g.named_i64s(&format!("{var}/slot_keys"), &[m], &l.slot_keys),
+                slot_rows: self.g.named_i64s(&format!("{var}/slot_rows"), &[m], &l.slot_rows),
+                slots: self.g.i64s(&[], &[m as i64]),
+                default: self.g.i64s(&[], &[t.rows as i64 - 1]),
+            }
+        });
+        TableNodes { values, lookup }
+    }
+
+    /// The rows of keys `ids` in a key-value table (`KeyLayout`): slot
+    /// `k mod M` or `(k div M) mod M` holds the key, else the default row.
+    fn key_rows(&mut self, ids: &str, l: &KeyLookupNodes) -> String {
+        let first = self.g.op("Mod", &[ids, &l.slots]);
+        let quotient = self.g.op("Div", &[ids, &l.slots]);
+        let second = self.g.op("Mod", &[&quotient, &l.slots]);
+        let mut rows = l.default.clone();
+        for slot in [second, first] {
+            let key = self
+                .g
+                .node("Gather", &[&l.slot_keys, &slot], vec![("axis", Attr::Int(0))], None);
+            let row = self
+                .g
+                .node("Gather", &[&l.slot_rows, &slot], vec![("axis", Attr::Int(0))], None);
+            let here = self.g.op("Equal", &[&key, ids]);
+            rows = self.g.op("Where", &[&here, &row, &rows]);
+        }
+        rows
     }
 
     fn scalar_f32(&mut self, v: f32) -> String {

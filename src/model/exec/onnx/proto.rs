@@ -158,8 +158,14 @@ impl Graph {
 
     /// An int64 constant.
     pub fn i64s(&mut self, dims: &[usize], data: &[i64]) -> String {
-        assert_eq!(dims.iter().product::<usize>(), data.len(), "initializer shape");
         let name = self.fresh("const");
+        self.named_i64s(&name, dims, data)
+    }
+
+    /// An int64 initializer under `name`.
+    pub fn named_i64s(&mut self, name: &str, dims: &[usize], data: &[i64]) -> String {
+        assert_eq!(dims.iter().product::<usize>(), data.len(), "initializer shape");
+        let name = name.to_string();
         self.inits.push(TensorProto {
             dims: dims.iter().map(|&d| d as i64).collect(),
             data_type: Elem::I64.code(),
