@@ -32,6 +32,13 @@ fn config(dir: &Path, model: &str, table_opt: &str) -> PathBuf {
         _ => "samples/wide_and_deep_criteo_sample.config",
     };
     let mut text = std::fs::read_to_string(Path::new(ROOT).join(sample)).unwrap();
+    if table_opt == "key_value" {
+        text = text.replace(
+            "  model_class: \"WideAndDeep\"",
+            "  model_class: \"WideAndDeep\"\n  ev_params { filter_freq: 2 steps_to_live: 8 }",
+        );
+        assert!(text.contains("ev_params"));
+    }
     if table_opt == "sgd" {
         text = text.replace(
             "adagrad_optimizer {",
@@ -151,6 +158,56 @@ fn assert_close(reference: &BTreeMap<String, Loaded>, got: &BTreeMap<String, Loa
     }
 }
 
+/// A checkpoint's tensors with every key-value table's rows (its keys,
+/// counts, steps, values and slots) in ascending key order: on several
+/// ranks each rank writes its own keys, joined end to end.
+fn by_key(mut t: BTreeMap<String, Loaded>) -> BTreeMap<String, Loaded> {
+    let keyed: Vec<(String, String)> = t
+        .keys()
+        .filter_map(|k| {
+            let var = k.strip_suffix("-keys").or_else(|| k.strip_suffix("-keys_filtered"))?;
+            Some((k.clone(), var.to_string()))
+        })
+        .collect();
+    for (keys_name, var) in keyed {
+        let keys = t[&keys_name].ints.clone();
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_by_key(|&i| keys[i]);
+        let filtered = keys_name.ends_with("_filtered");
+        let belongs = |name: &str| {
+            if filtered {
+                name == keys_name || name == format!("{var}-freqs_filtered")
+            } else {
+                (name == var || name.starts_with(&format!("{var}-")) || name.starts_with(&format!("{var}/")))
+                    && !name.ends_with("_filtered")
+            }
+        };
+        for (name, l) in t.iter_mut().filter(|(n, _)| belongs(n)) {
+            assert_eq!(l.shape.first(), Some(&keys.len()), "{name}");
+            let width = l.shape[1..].iter().product::<usize>().max(1);
+            if !l.ints.is_empty() {
+                l.ints = order.iter().map(|&i| l.ints[i]).collect();
+            }
+            if !l.data.is_empty() {
+                l.data = order
+                    .iter()
+                    .flat_map(|&i| l.data[i * width..(i + 1) * width].to_vec())
+                    .collect();
+            }
+        }
+    }
+    t
+}
+
+/// `assert_close`, and a key-value table's keys, counts and steps equal.
+fn assert_same_tables(reference: &BTreeMap<String, Loaded>, got: &BTreeMap<String, Loaded>, what: &str) {
+    let (reference, got) = (by_key(reference.clone()), by_key(got.clone()));
+    assert_close(&reference, &got, what);
+    for (name, r) in &reference {
+        assert_eq!(r.ints, got[name].ints, "{what}: {name}");
+    }
+}
+
 fn eval_result(model_dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(model_dir.join("eval_result.txt")).unwrap()).unwrap()
 }
@@ -198,6 +255,68 @@ fn sharded_and_data_parallel_steps_match_one_process() {
             }
         }
     }
+}
+
+/// Key-value tables (ev_params: admission after two sightings, rows
+/// unseen for eight steps evicted at each save) train alike on 1, 2 and 4
+/// ranks under every synchronous mode, SokStrategy's included: the same
+/// keys with the same counts, steps, rows and slots; and a run moved from 4
+/// ranks to 2 continues it exactly.
+#[test]
+fn key_value_tables_train_alike_on_any_number_of_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = "WideAndDeep";
+    let cfg = config(tmp.path(), model, "key_value");
+    let reference = tmp.path().join("ref");
+    check(
+        &single(&train_args(&cfg, model, &reference, 20, 1, "NoStrategy")),
+        "reference",
+    );
+    let want = tensors(&reference, 20);
+    assert!(want.keys().any(|k| k.ends_with("-keys")), "key-value tables saved");
+    for strategy in [
+        "EmbeddingParallelStrategy",
+        "MultiWorkerMirroredStrategy",
+        "NoStrategy",
+        "SokStrategy",
+    ] {
+        for ranks in [2, 4] {
+            let what = format!("key-value/{strategy}/np={ranks}");
+            let dir = tmp.path().join(format!("kv_{strategy}_{ranks}"));
+            let args = train_args(&cfg, model, &dir, 20, ranks, strategy);
+            check(&parallel(ranks, env!("CARGO_BIN_EXE_train_eval"), &args), &what);
+            assert_same_tables(&want, &tensors(&dir, 20), &what);
+            assert_same_metrics(&eval_result(&reference), &eval_result(&dir), &what);
+        }
+    }
+    let dir = tmp.path().join("kv_resharded");
+    let ep = "EmbeddingParallelStrategy";
+    check(
+        &parallel(
+            4,
+            env!("CARGO_BIN_EXE_train_eval"),
+            &train_args(&cfg, model, &dir, 10, 4, ep),
+        ),
+        "key-value np=4 to step 10",
+    );
+    let mut args = train_args(&cfg, model, &dir, 20, 2, ep);
+    args.push("--continue_train".into());
+    check(
+        &parallel(2, env!("CARGO_BIN_EXE_train_eval"), &args),
+        "key-value np=2 from 10 to 20",
+    );
+    assert_same_tables(&want, &tensors(&dir, 20), "key-value 4 then 2 ranks");
+    let mut args = train_args(&cfg, model, &dir, 30, 1, ep);
+    args.push("--continue_train".into());
+    check(&single(&args), "key-value one process from 20 to 30");
+    let mut args = train_args(&cfg, model, &reference, 30, 1, "NoStrategy");
+    args.push("--continue_train".into());
+    check(&single(&args), "reference from 20 to 30");
+    assert_same_tables(
+        &tensors(&reference, 30),
+        &tensors(&dir, 30),
+        "key-value 4, 2, then 1 rank",
+    );
 }
 
 /// Asynchronous parameter-server training with one worker is plain

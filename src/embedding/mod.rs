@@ -106,6 +106,12 @@ impl Table {
         sharding: Sharding,
     ) -> Self {
         let rows = usize::try_from(spec.max_capacity).unwrap_or(usize::MAX);
+        // Sharded, each owner holds its share of max_capacity and evicts
+        // among its own keys.
+        let mut spec = spec;
+        if let Some((_, owners)) = sharding.shard() {
+            spec.max_capacity = spec.max_capacity.div_ceil(owners as u64);
+        }
         let row_init = RowInit {
             seed,
             init: init.clone(),

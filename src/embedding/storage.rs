@@ -19,7 +19,10 @@
 //!   counts do not depend on how the batch is split over ranks.
 //! - **capacity** (`max_capacity`): a key admitted into a full table first
 //!   evicts the least recently seen sixteenth of its rows (ties by key), so
-//!   eviction is amortised and deterministic; each eviction is logged.
+//!   eviction is amortised and deterministic; each eviction is logged. With
+//!   sharded tables each owner holds its share of max_capacity and evicts
+//!   among its own keys (so a run that fills its tables evicts otherwise
+//!   than one process would).
 //! - **time to live** (`steps_to_live`): rows not seen for more than that many
 //!   steps are evicted when a checkpoint is saved, as DeepRec's
 //!   GlobalStepEvict does.

@@ -400,7 +400,7 @@ impl Trainer {
             .map(|t| match &t.storage {
                 Storage::Array => format!("{} {}x{}", t.name, t.rows, t.dim),
                 Storage::KeyValue(kv) => format!(
-                    "{} key-value x{} ({} rows now, at most {}: {:.1} MiB)",
+                    "{} key-value x{} ({} rows now, at most {} here: {:.1} MiB)",
                     t.name,
                     t.dim,
                     kv.len(),
