@@ -94,6 +94,8 @@ bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	@echo "== the same global batch on 2 MPI ranks with 1 thread each (tables sharded)"
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  mpirun --oversubscribe --bind-to none -np 2 $(CARGO_TARGET_DIR)/release/bench --threads 1 --distributed
+	@echo "== key-value tables (ev_params) against arrays, and a key-value table grown to 10M keys"
+	$(CARGO_TARGET_DIR)/release/bench --threads 2 --key_value --models DLRM,WideAndDeep
 	$(CARGO) build --locked --release --bin train_eval --bin export --bin serve --bin serve_bench
 	rm -rf $(SERVE_BENCH)
 	$(CARGO_TARGET_DIR)/release/train_eval --pipeline_config_path samples/dlrm_criteo_sample.config --model_dir $(SERVE_BENCH)/model

@@ -59,6 +59,15 @@ struct Args {
     /// `bench/compare.py` runs one model per process this way.
     #[arg(long)]
     json: bool,
+    /// Key-value tables against arrays: each model trained both ways
+    /// (every table with `ev_params { max_capacity: cap }`), then one
+    /// key-value table driven to `growth_keys` keys under `growth_capacity`.
+    #[arg(long)]
+    key_value: bool,
+    #[arg(long, default_value_t = 10_000_000)]
+    growth_keys: u64,
+    #[arg(long, default_value_t = 2_000_000)]
+    growth_capacity: u64,
 }
 
 /// Peak resident memory of this process in MiB (Linux), 0 when unknown.
@@ -94,6 +103,15 @@ fn names(prefix: &str, n: usize) -> String {
         .map(|i| format!("\"{prefix}{i}\""))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `config` with every table a key-value table of at most `cap` rows.
+fn key_value_config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
+    config(model, data, batch, cap).replacen(
+        "model_config { ",
+        &format!("model_config {{ ev_params {{ max_capacity: {cap} }} "),
+        1,
+    )
 }
 
 fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
@@ -163,11 +181,18 @@ struct Measured {
     train: f64,
     input: f64,
     table_rows: usize,
+    /// Bytes per row held after the timed steps (values, optimizer slots
+    /// and, for key-value tables, their index).
+    bytes_per_row: f64,
 }
 
 fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
+    measure_config(model, &config(model, data, args.batch_size, args.cap), args)
+}
+
+fn measure_config(model: &str, text: &str, args: &Args) -> anyhow::Result<Measured> {
     let path = args.data_dir.join(format!("{model}.config"));
-    std::fs::write(&path, config(model, data, args.batch_size, args.cap))?;
+    std::fs::write(&path, text)?;
     let loaded = load_pipeline(&path, &Overrides::default())?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
     let mut trainer = Trainer::new(plan)?;
@@ -201,11 +226,114 @@ fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
         n += b.size;
     }
     let train = n as f64 / t.elapsed().as_secs_f64();
+    let (rows, bytes) = trainer
+        .embeddings
+        .tables
+        .iter()
+        .map(|t| t.held())
+        .fold((0, 0), |(r, b), (tr, tb)| (r + tr, b + tb));
     Ok(Measured {
         train,
         input,
         table_rows,
+        bytes_per_row: bytes as f64 / rows.max(1) as f64,
     })
+}
+
+/// Each model trained with arrays and with key-value tables, side by side.
+fn key_value_versus_arrays(data: &Path, args: &Args) -> anyhow::Result<()> {
+    println!(
+        "key-value tables against arrays: threads {}, batch {}, {} timed steps, at most {} rows a table",
+        args.threads, args.batch_size, args.steps, args.cap
+    );
+    println!(
+        "{:<12} {:>14} {:>14} {:>8} {:>12} {:>12}",
+        "model", "array samp/s", "kv samp/s", "kv/array", "array B/row", "kv B/row"
+    );
+    for model in &args.models {
+        let array = measure(model, data, args)?;
+        let kv = measure_config(model, &key_value_config(model, data, args.batch_size, args.cap), args)?;
+        println!(
+            "{model:<12} {:>14.0} {:>14.0} {:>8.3} {:>12.0} {:>12.0}",
+            array.train,
+            kv.train,
+            kv.train / array.train,
+            array.bytes_per_row,
+            kv.bytes_per_row
+        );
+    }
+    Ok(())
+}
+
+/// One key-value table (dim 16, Adagrad) fed batches of 26 x batch_size
+/// keys from an id space that keeps growing (three in four keys never seen
+/// before, the rest recent), until `growth_keys` distinct keys have come,
+/// with `growth_capacity` bounding its rows: lookups+updates per second,
+/// rows held, evictions and the process's peak memory.
+fn key_value_growth(args: &Args) -> anyhow::Result<()> {
+    use rustrec::config::feature_plan::{EmbeddingInit, KeyValueSpec};
+    use rustrec::config::train_plan::OptimizerKind;
+    use rustrec::embedding::{apply_rows, RowGrads, Sharding, Storage, Table};
+    let kind = OptimizerKind::Adagrad {
+        initial_accumulator: 0.1,
+    };
+    let spec = KeyValueSpec {
+        filter_freq: 0,
+        steps_to_live: 0,
+        max_capacity: args.growth_capacity,
+    };
+    let dim = 16;
+    let mut table = Table::key_value(("growth", dim), spec, (&EmbeddingInit::Default, 1), (0, &kind), Sharding::Replicated);
+    let rule = rustrec::optim::Rule {
+        kind: kind.clone(),
+        lr: 0.05,
+        t: 1,
+    };
+    let per_step = 26 * args.batch_size as u64;
+    let mut next_new = 0u64;
+    let mut rng = rustrec::util::Rng::new(3);
+    let (mut lookups, mut step) = (0u64, 0u64);
+    let grad = vec![0.01f32; dim];
+    let t = Instant::now();
+    while next_new < args.growth_keys {
+        let mut keys: Vec<u64> = (0..per_step)
+            .map(|i| {
+                if i % 4 != 0 || next_new == 0 {
+                    next_new += 1;
+                    rustrec::util::mix64(next_new)
+                } else {
+                    // a recent key
+                    rustrec::util::mix64(next_new - rng.below(next_new.min(per_step * 8)))
+                }
+            })
+            .collect();
+        lookups += keys.len() as u64;
+        keys.sort_unstable();
+        keys.dedup();
+        table.admit(&keys, step);
+        let mut grads = RowGrads::default();
+        for k in &keys {
+            grads.add(*k, &grad);
+        }
+        apply_rows(&mut table, &grads, &rule, 1.0);
+        step += 1;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let Storage::KeyValue(kv) = &table.storage else {
+        unreachable!("a key-value table")
+    };
+    println!(
+        "key-value growth: {} keys over {step} steps into at most {} rows: {:.2}M lookups+updates/s, {} rows held, \
+         {} evicted by capacity, {:.0} bytes/row, peak {:.0} MiB",
+        next_new,
+        args.growth_capacity,
+        lookups as f64 / secs / 1e6,
+        kv.len(),
+        kv.evicted.capacity,
+        table.held().1 as f64 / kv.len().max(1) as f64,
+        peak_mb()
+    );
+    Ok(())
 }
 
 /// Global samples/s and bytes sent per sample (summed over ranks) of
@@ -279,6 +407,10 @@ fn run(args: &Args) -> anyhow::Result<()> {
         };
         generate(&tmp, &spec)?;
         std::fs::rename(&tmp, &data)?;
+    }
+    if args.key_value {
+        key_value_versus_arrays(&data, args)?;
+        return key_value_growth(args);
     }
     if args.json {
         for model in &args.models {
