@@ -305,3 +305,71 @@ fn criteo_shaped_data_dlrm_and_wide_and_deep_approach_the_planted_auc() {
         );
     }
 }
+
+/// MovieLens-100k's user and item ids as key-value tables (`ev_params`: one
+/// row per id, no collisions) against hashed tables: at the sample's sizes,
+/// and both held to the same small memory (hashed into 300 and 500 rows;
+/// key-value tables of as many bytes, evicting their least recently seen
+/// rows). All AUCs are printed; the key-value model must learn as the
+/// hashed one does.
+#[test]
+fn movielens_100k_key_value_tables_against_hashed_tables_of_the_same_memory() {
+    let data = tempfile::tempdir().unwrap();
+    let src = common::shared_dir().join("data/real/ml-100k");
+    rustrec::datagen::prepare_movielens(&src, data.path(), 0.2, 1).unwrap();
+    let (train_csv, eval_csv) = (data.path().join("train.csv"), data.path().join("eval.csv"));
+    let sample =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/wide_and_deep_ml100k.config"))
+            .unwrap();
+    let ids = |user: &str, item: &str| {
+        sample
+            .replace(
+                r#"input_names: "user_id" feature_type: IdFeature hash_bucket_size: 2000"#,
+                &format!(r#"input_names: "user_id" feature_type: IdFeature {user}"#),
+            )
+            .replace(
+                r#"input_names: "item_id" feature_type: IdFeature hash_bucket_size: 4000"#,
+                &format!(r#"input_names: "item_id" feature_type: IdFeature {item}"#),
+            )
+    };
+    // An array row: 16 values and Adagrad's 16; a key-value row adds its
+    // index (`KeyValue::bytes_per_row`).
+    let kv_rows = |array_rows: usize| array_rows * 4 * 16 * 2 / rustrec::embedding::KeyValue::bytes_per_row(16, 1);
+    let cases = [
+        ("hashed 2000/4000", sample.clone()),
+        (
+            "key-value, unbounded",
+            ids(
+                "hash_bucket_size: 2000 ev_params {}",
+                "hash_bucket_size: 4000 ev_params {}",
+            ),
+        ),
+        ("hashed 300/500", ids("hash_bucket_size: 300", "hash_bucket_size: 500")),
+        (
+            "key-value, as many bytes as 300/500 hashed",
+            ids(
+                &format!("hash_bucket_size: 300 ev_params {{ max_capacity: {} }}", kv_rows(300)),
+                &format!("hash_bucket_size: 500 ev_params {{ max_capacity: {} }}", kv_rows(500)),
+            ),
+        ),
+    ];
+    let mut aucs = Vec::new();
+    for (what, text) in cases {
+        assert!(what.starts_with("hashed") || text.contains("ev_params"), "{what}");
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("pipeline.config");
+        std::fs::write(&cfg, text).unwrap();
+        let result = train(
+            cfg.to_str().unwrap(),
+            &train_csv,
+            &eval_csv,
+            &dir.path().join("model"),
+            &[],
+        );
+        let auc = result["auc"].as_f64().unwrap();
+        eprintln!("MovieLens-100k WideAndDeep, user and item ids {what}: AUC {auc:.4} ({result})");
+        aucs.push(auc);
+    }
+    assert!(aucs[1] >= 0.75, "key-value tables: AUC {:.4}", aucs[1]);
+    assert!(aucs[1] >= aucs[0] - 0.01, "{aucs:?}");
+}
