@@ -283,7 +283,13 @@ fn key_value_growth(args: &Args) -> anyhow::Result<()> {
         max_capacity: args.growth_capacity,
     };
     let dim = 16;
-    let mut table = Table::key_value(("growth", dim), spec, (&EmbeddingInit::Default, 1), (0, &kind), Sharding::Replicated);
+    let mut table = Table::key_value(
+        ("growth", dim),
+        spec,
+        (&EmbeddingInit::Default, 1),
+        (0, &kind),
+        Sharding::Replicated,
+    );
     let rule = rustrec::optim::Rule {
         kind: kind.clone(),
         lr: 0.05,

@@ -115,6 +115,36 @@ fn buckets(b: &Bucketing) -> Value {
     }
 }
 
+/// How the graph finds a key-value feature's rows (`onnx::KeyLayout`), so
+/// another runtime can do the same lookup.
+fn key_value(feature: usize, kv: &crate::config::feature_plan::KeyValueSpec, model: &crate::model::Model) -> Value {
+    let tables: Vec<&String> = model
+        .groups
+        .iter()
+        .flat_map(|g| {
+            let plain = g.parts.iter().filter_map(|p| p.table.map(|t| (p.feature, t)));
+            let seq = g
+                .seq_parts
+                .iter()
+                .filter_map(|p| p.kind.table().map(|t| (p.feature, t)));
+            plain.chain(seq).collect::<Vec<_>>()
+        })
+        .filter(|(fi, _)| *fi == feature)
+        .map(|(_, t)| &model.table_variables[t])
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    json!({
+        "tables": tables,
+        "filter_freq": kv.filter_freq,
+        "steps_to_live": kv.steps_to_live,
+        "max_capacity": kv.max_capacity,
+        "lookup": "the ids are keys: in each table `<var>` (rows ascending by key, then a default row of zeros), \
+                   key k's row is `<var>/slot_rows[s]` for the slot s of `k mod M` and `(k div M) mod M` whose \
+                   `<var>/slot_keys[s]` is k (M slots); a key in neither gets the default row, the table's last",
+    })
+}
+
 pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[FeatureInput]) -> Value {
     let features: Vec<Value> = inputs
         .iter()
@@ -248,6 +278,9 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
             v["graph_inputs"] = json!(graph_inputs);
             v["transform"] = transform;
             v["combiner"] = json!(if f.mean_combiner { "mean" } else { "sum" });
+            if let Some(kv) = &f.key_value {
+                v["key_value"] = key_value(fi.feature, kv, model);
+            }
             v
         })
         .collect();
