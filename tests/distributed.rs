@@ -317,6 +317,36 @@ fn key_value_tables_train_alike_on_any_number_of_ranks() {
         &tensors(&dir, 30),
         "key-value 4, 2, then 1 rank",
     );
+
+    // Asynchronous parameter servers hold key-value tables too (a key is
+    // counted when a push carrying it is applied); one process evaluates
+    // their checkpoint.
+    let ps = tmp.path().join("kv_async");
+    let mut args = train_args(&cfg, model, &ps, 20, 2, "NoStrategy");
+    args.extend([
+        "--train_config.sync_replicas=false".into(),
+        "--num_ps".into(),
+        "1".into(),
+    ]);
+    check(
+        &parallel(3, env!("CARGO_BIN_EXE_train_eval"), &args),
+        "key-value asynchronous",
+    );
+    let saved = by_key(tensors(&ps, 20));
+    let keys = &saved["input_layer_1/C1_embedding/embedding_weights-keys"].ints;
+    assert!(!keys.is_empty());
+    assert!(saved["input_layer_1/C1_embedding/embedding_weights-freqs"]
+        .ints
+        .iter()
+        .all(|f| *f >= 2));
+    std::fs::remove_file(ps.join("eval_result.txt")).unwrap();
+    let mut eval = Command::new(env!("CARGO_BIN_EXE_eval"));
+    eval.current_dir(ROOT)
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", ps.to_str().unwrap()])
+        .args(no_bn(model));
+    check(&eval.output().unwrap(), "eval of the asynchronous key-value run");
+    assert!(eval_result(&ps)["auc"].as_f64().unwrap() > 0.6);
 }
 
 /// Asynchronous parameter-server training with one worker is plain
