@@ -373,3 +373,66 @@ fn movielens_100k_key_value_tables_against_hashed_tables_of_the_same_memory() {
     assert!(aucs[1] >= 0.75, "key-value tables: AUC {:.4}", aucs[1]);
     assert!(aucs[1] >= aucs[0] - 0.01, "{aucs:?}");
 }
+
+/// Criteo-shaped data with a larger id space (up to 200,000 ids a
+/// column): WideAndDeep with every table hashed into 2,000 rows against
+/// key-value tables of as many bytes (least recently seen rows evicted),
+/// and unbounded key-value tables. All AUCs are printed with the planted
+/// model's; the unbounded key-value tables must learn at least as well as
+/// the hashed ones.
+#[test]
+fn criteo_shaped_key_value_tables_against_hashed_tables_of_the_same_memory() {
+    let data = tempfile::tempdir().unwrap();
+    let (train_pq, eval_pq) = (data.path().join("train.parquet"), data.path().join("eval.parquet"));
+    let spec = |rows, seed| rustrec::datagen::GenSpec {
+        rows,
+        cap: 200_000,
+        seed,
+        model_seed: 7,
+        row_group_rows: 65_536,
+    };
+    rustrec::datagen::generate(&train_pq, &spec(512_000, 1)).unwrap();
+    let planted = rustrec::datagen::generate(&eval_pq, &spec(100_000, 2))
+        .unwrap()
+        .planted_auc;
+    let sample =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/wide_and_deep_synthetic.config"))
+            .unwrap();
+    let with = |rows: u64, ev: Option<String>| {
+        let text = sample.replace("hash_bucket_size: 100000", &format!("hash_bucket_size: {rows}"));
+        match ev {
+            Some(ev) => text.replace(
+                "model_class: \"WideAndDeep\"",
+                &format!("model_class: \"WideAndDeep\"\n  ev_params {{ {ev} }}"),
+            ),
+            None => text,
+        }
+    };
+    // An array row of the deep tables: 16 values and Adagrad's 16.
+    let same_bytes = 2000 * 4 * 16 * 2 / rustrec::embedding::KeyValue::bytes_per_row(16, 1);
+    let cases = [
+        ("hashed into 2000 rows", with(2000, None)),
+        (
+            "key-value, as many bytes",
+            with(2000, Some(format!("max_capacity: {same_bytes}"))),
+        ),
+        ("key-value, unbounded", with(2000, Some(String::new()))),
+    ];
+    let mut aucs = Vec::new();
+    for (what, text) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("pipeline.config");
+        std::fs::write(&cfg, text).unwrap();
+        let result = train(
+            cfg.to_str().unwrap(),
+            &train_pq,
+            &eval_pq,
+            &dir.path().join("model"),
+            &[],
+        );
+        let auc = result["auc"].as_f64().unwrap();
+        eprintln!("Criteo-shaped, 200k ids a column, WideAndDeep tables {what}: AUC {auc:.4} (planted {planted:.4})");
+        aucs.push(auc);
+    }
+    assert!(aucs[2] >= aucs[0] - 0.002, "{aucs:?}");
+}

@@ -67,6 +67,22 @@ impl Collection {
                 .map(|i| all.iter().map(|a| a.get(i).copied().unwrap_or(0)).sum())
                 .collect();
         }
+        let by_capacity: u64 = self
+            .tables
+            .iter()
+            .map(|t| match &t.storage {
+                Storage::KeyValue(kv) => kv.evicted.capacity,
+                Storage::Array => 0,
+            })
+            .sum();
+        let by_capacity: u64 = if self.sharding.is_sharded() {
+            comm.all_gather_u64(&[by_capacity]).iter().flatten().sum()
+        } else {
+            by_capacity
+        };
+        if comm.rank() == 0 && by_capacity > 0 {
+            log::info!("max_capacity: {by_capacity} key-value rows evicted to make room so far (at step {step})");
+        }
         let with_ttl = |t: &Table| matches!(&t.storage, Storage::KeyValue(kv) if kv.spec.steps_to_live > 0);
         if comm.rank() == 0 && self.tables.iter().any(with_ttl) {
             let per_table: Vec<String> = self

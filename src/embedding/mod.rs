@@ -160,14 +160,15 @@ impl Table {
         if admitted.is_empty() {
             return;
         }
+        let before = kv.evicted.capacity;
         let freed = kv.make_room(admitted.len(), step);
-        if freed > 0 {
+        if freed > 0 && before == 0 {
+            // Once per table; each save reports the totals.
             log::info!(
-                "table `{}`: {freed} least recently seen rows evicted at step {step} to stay within max_capacity {} \
-                 ({} evicted so far)",
+                "table `{}` is full: {freed} least recently seen rows evicted at step {step} to stay within \
+                 max_capacity {} (it evicts a sixteenth whenever full; totals at each save)",
                 self.name,
                 kv.spec.max_capacity,
-                kv.evicted.capacity
             );
         }
         let dim = self.dim;
