@@ -33,6 +33,114 @@ pub struct TrainPlan {
     /// TensorFlow name (`deep/dnn_0/kernel:0`) one matches is not trained.
     pub freeze_gradient: Vec<String>,
     pub fine_tune: Option<FineTune>,
+    /// `incr_save_config`: incremental updates written while training.
+    pub incr_save: Option<IncrSave>,
+}
+
+/// `incr_save_config` with an `fs` target: the rows trained since the last
+/// update and the dense parameters, written into a folder as EasyRec
+/// writes them (`train::incr`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IncrSave {
+    pub sparse: UpdateCadence,
+    pub dense: UpdateCadence,
+    /// The folder, relative to model_dir unless `fs.relative: false`.
+    pub dir: IncrDir,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum IncrDir {
+    InModelDir(String),
+    Absolute(PathBuf),
+}
+
+impl IncrDir {
+    pub fn resolve(&self, model_dir: &std::path::Path) -> PathBuf {
+        match self {
+            IncrDir::InModelDir(d) => model_dir.join(d),
+            IncrDir::Absolute(p) => p.clone(),
+        }
+    }
+}
+
+/// Every so many steps or seconds (TensorFlow's SecondOrStepTimer, as
+/// EasyRec times its updates); neither set: never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdateCadence {
+    pub steps: u32,
+    pub secs: u32,
+}
+
+impl UpdateCadence {
+    /// Whether an update is due at `step`, the last written at step `last`
+    /// and time `at`.
+    pub fn due(self, step: u64, (last, at): (u64, std::time::Instant)) -> bool {
+        (self.steps > 0 && step >= last + self.steps as u64)
+            || (self.secs > 0 && at.elapsed().as_secs() >= self.secs as u64)
+    }
+
+    pub fn never(self) -> bool {
+        self.steps == 0 && self.secs == 0
+    }
+}
+
+impl IncrSave {
+    fn from_proto(c: &proto::IncrementSaveConfig) -> Result<Self, ConfigError> {
+        use proto::increment_save_config::IncrUpdate;
+        let at = "train_config.incr_save_config";
+        let dir = match &c.incr_update {
+            Some(IncrUpdate::Fs(fs)) => {
+                if fs.mount_path.as_deref().is_some_and(|m| !m.is_empty()) {
+                    log::warn!("{at}.fs.mount_path: a PAI mount, which a local folder does not need; ignored");
+                }
+                let d = fs.incr_save_dir().to_string();
+                if d.is_empty() {
+                    return Err(ConfigError::invalid(format!("{at}.fs.incr_save_dir"), "is empty"));
+                }
+                if fs.relative() {
+                    IncrDir::InModelDir(d)
+                } else {
+                    IncrDir::Absolute(PathBuf::from(d))
+                }
+            }
+            Some(IncrUpdate::Kafka(_)) => {
+                return Err(ConfigError::unsupported(
+                    format!("{at}.kafka"),
+                    "incremental updates sent to Kafka",
+                ))
+            }
+            Some(IncrUpdate::Datahub(_)) => {
+                return Err(ConfigError::unsupported(
+                    format!("{at}.datahub"),
+                    "incremental updates sent to DataHub",
+                ))
+            }
+            None => {
+                return Err(ConfigError::invalid(
+                    at,
+                    "names no target for the updates (fs, kafka or datahub), which EasyRec refuses too",
+                ))
+            }
+        };
+        if c.debug_save_update() {
+            log::warn!("{at}.debug_save_update: the updates are written to the fs folder already; ignored");
+        }
+        let incr = IncrSave {
+            sparse: UpdateCadence {
+                steps: c.sparse_save_steps().max(0) as u32,
+                secs: c.sparse_save_secs().max(0) as u32,
+            },
+            dense: UpdateCadence {
+                steps: c.dense_save_steps().max(0) as u32,
+                secs: c.dense_save_secs().max(0) as u32,
+            },
+            dir,
+        };
+        if incr.sparse.never() && incr.dense.never() {
+            log::warn!("{at}: neither sparse nor dense updates are timed (all *_save_steps and *_save_secs are 0), so none is written, as in EasyRec");
+        }
+        Ok(incr)
+    }
 }
 
 impl TrainPlan {
@@ -76,6 +184,7 @@ impl TrainPlan {
             optimizers,
             freeze_gradient: freeze_patterns(&train.freeze_gradient)?,
             fine_tune,
+            incr_save: train.incr_save_config.as_ref().map(IncrSave::from_proto).transpose()?,
         })
     }
 }
@@ -320,13 +429,8 @@ pub struct FineTune {
 /// hints, such as thread counts, `protocol` or `write_graph`, change no
 /// result and are accepted; the README lists them.)
 fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
-    let set: [(&str, &str, bool); 4] = [
+    let set: [(&str, &str, bool); 3] = [
         ("is_profiling", "profiling", train.is_profiling()),
-        (
-            "incr_save_config",
-            "incremental saving",
-            train.incr_save_config.is_some(),
-        ),
         (
             "force_restore_shape_compatible",
             "restoring tensors of another shape",

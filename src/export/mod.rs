@@ -87,6 +87,7 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
                 "checkpoint": req.checkpoint.map(|c| c.display().to_string()),
                 "metrics": metrics,
                 "files": files_record(&files),
+                "incremental_updates": incremental_updates(&t.plan),
             }))?,
         )?;
         for f in req.asset_files {
@@ -105,6 +106,21 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
         return Err(e);
     }
     Ok(final_dir)
+}
+
+/// Where the job's incremental updates go (`train::incr`), when it writes
+/// them: a consumer keeps this export current with the updates after its
+/// global step.
+fn incremental_updates(plan: &TrainingPlan) -> serde_json::Value {
+    match &plan.train.incr_save {
+        None => serde_json::Value::Null,
+        Some(incr) => json!({
+            "dir": incr.dir.resolve(&plan.model_dir).display().to_string(),
+            "format": "EasyRec's: dense_update_<step> and sparse_update_<step>, each complete once its .done flag exists",
+            "dense_variables": plan.model_dir.join("DENSE_UPDATE_VARIABLES").display().to_string(),
+            "sparse_variables": plan.model_dir.join("SPARSE_UPDATE_VARIABLES").display().to_string(),
+        }),
+    }
 }
 
 /// `export_info.json`'s record of the model's files: name -> size and CRC-32C.

@@ -4,6 +4,7 @@
 pub mod dense;
 pub mod divergence;
 pub mod freeze;
+pub mod incr;
 pub mod ps;
 pub mod run;
 pub mod state;
@@ -64,6 +65,8 @@ pub struct Trainer {
     /// or under asynchronous training an index among the workers) down by
     /// sleeping after each of its steps.
     pub straggler: Option<(usize, std::time::Duration)>,
+    /// `incr_save_config`'s updates, once the run has started them.
+    pub incr: Option<incr::IncrUpdates>,
 }
 
 impl Trainer {
@@ -122,6 +125,13 @@ impl Trainer {
                  (sync_replicas: false or PSStrategy under mpirun); this run has no parameter servers"
             );
         }
+        if roles.is_some() && plan.train.incr_save.is_some() {
+            return Err(ConfigError::unsupported(
+                "train_config.incr_save_config",
+                "incremental updates under asynchronous parameter servers",
+            )
+            .into());
+        }
         if comm.size() > 1 && plan.model.tasks.iter().any(|t| t.summed) {
             return Err(ConfigError::unsupported(
                 "model_config.esmm",
@@ -176,6 +186,7 @@ impl Trainer {
             sampler,
             ps: roles,
             straggler: None,
+            incr: None,
         })
     }
 

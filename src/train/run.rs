@@ -88,6 +88,7 @@ impl Trainer {
         let p = self.plan.clone();
         let target = p.train.num_steps.map(u64::from);
         self.log_banner(target);
+        self.start_incr_updates()?;
         if target.is_some_and(|t| self.step >= t) {
             log::info!("global step {} already reached num_steps; nothing to train", self.step);
         }
@@ -132,6 +133,7 @@ impl Trainer {
             let batch = batch.context("reading training data")?;
             let lr = p.train.optimizers[self.assign.dense].lr.at(self.step);
             let step_stats = self.train_step(&batch)?;
+            self.incr_after_step()?;
             self.straggle(self.comm.rank());
             if lead && !signalled {
                 signalled = signal.found(self.step);
@@ -413,7 +415,7 @@ impl Trainer {
             listed.push(format!("... {} more", tables.len() - listed.len()));
         }
         log::info!(
-            "{} features, {} dense parameters, {} tables of {:.1} MiB (with optimizer slots) on this rank: {}",
+            "{} features, {} dense parameters, {} tables of {:.1} MiB (weights and optimizer state) on this rank: {}",
             p.features.len(),
             self.model.params.values.len(),
             tables.len(),

@@ -251,6 +251,9 @@ impl Trainer {
         );
         self.embeddings.apply(&g.rows, optimizers, self.step, g.scale);
         self.check_updated(&g.rows, self.step)?;
+        if let Some(incr) = &mut self.incr {
+            incr.touch(&g.rows);
+        }
         update_bn_buffers(&mut self.model.buffers, g.bn_stats);
         if self.comm.size() > 1 && !self.model.buffers.values.is_empty() {
             // Moving averages saw each rank's own rows: keep replicas equal.

@@ -1,0 +1,238 @@
+//! Incremental updates (`train_config.incr_save_config` with `fs`), written
+//! as EasyRec writes them so that a consumer of EasyRec's updates reads
+//! ours: every `sparse_save_*` the rows trained since the last sparse
+//! update, every `dense_save_*` the dense parameters, each a file named by
+//! the global step with a `.done` flag beside it once it is whole.
+//!
+//! Format (little-endian), EasyRec's `_send_dense` / `_send_sparse`:
+//! - `dense_update_<step>`: int32 header `[0, n, step, (id, size) x n]`,
+//!   then each variable's `size` float32 values in header order. `id` is the
+//!   variable's in `DENSE_UPDATE_VARIABLES` (model_dir, JSON name -> id).
+//! - `sparse_update_<step>`: int32 header `[1, n, step, (id, count) x n]`,
+//!   then per table its `count` int64 ids (the row of an array table, the
+//!   key of a key-value table) and `count x dim` float32 values. `id` is the
+//!   table's in `SPARSE_UPDATE_VARIABLES` (model_dir, JSON name -> id).
+//!
+//! Each file is written under a temporary name and renamed, then its
+//! `.done` flag (holding the file's name) the same way: a reader that waits
+//! for the flag never sees half an update. Dense updates also carry the
+//! batch-norm moving averages (EasyRec's carry trainable variables only),
+//! so a served model follows them. Rows a key-value table evicts are not
+//! in any update (EasyRec's format has no deletions); a consumer keeps its
+//! last values for them.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+
+use super::Trainer;
+use crate::checkpoint::write_atomic;
+use crate::config::train_plan::IncrSave;
+use crate::embedding::RowGrads;
+
+/// The trainer's incremental-update state.
+pub struct IncrUpdates {
+    config: IncrSave,
+    dir: PathBuf,
+    /// Per table, this rank's rows trained since the last sparse update.
+    touched: Vec<BTreeSet<u64>>,
+    last_sparse: (u64, Instant),
+    last_dense: (u64, Instant),
+}
+
+impl IncrUpdates {
+    pub fn new(config: IncrSave, model_dir: &Path, tables: usize, step: u64) -> Self {
+        let dir = config.dir.resolve(model_dir);
+        IncrUpdates {
+            config,
+            dir,
+            touched: vec![BTreeSet::new(); tables],
+            last_sparse: (step, Instant::now()),
+            last_dense: (step, Instant::now()),
+        }
+    }
+
+    /// Where the updates go.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Records the rows a step updated.
+    pub fn touch(&mut self, grads: &[RowGrads]) {
+        for (set, g) in self.touched.iter_mut().zip(grads) {
+            set.extend(g.rows.iter().copied());
+        }
+    }
+}
+
+/// `name -> id` as EasyRec writes its update variables.
+fn ids_json(names: &[String]) -> Vec<u8> {
+    let map: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.clone(), serde_json::json!(i)))
+        .collect();
+    serde_json::to_vec_pretty(&serde_json::Value::Object(map)).expect("JSON of names")
+}
+
+impl Trainer {
+    /// The dense variables of updates, in id order: parameters, then
+    /// batch-norm statistics.
+    fn dense_update_variables(&self) -> Vec<String> {
+        let m = &self.model;
+        m.params
+            .specs
+            .iter()
+            .chain(&m.buffers.specs)
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    /// Starts incremental updates when the config asks for them: the
+    /// folder and the variable maps (rank 0).
+    pub(super) fn start_incr_updates(&mut self) -> anyhow::Result<()> {
+        let Some(config) = self.plan.train.incr_save.clone() else {
+            return Ok(());
+        };
+        let incr = IncrUpdates::new(config, &self.plan.model_dir, self.embeddings.tables.len(), self.step);
+        if self.comm.rank() == 0 {
+            std::fs::create_dir_all(incr.dir())
+                .with_context(|| format!("cannot create incr_save_dir {}", incr.dir().display()))?;
+            let dir = &self.plan.model_dir;
+            write_atomic(
+                &dir.join("DENSE_UPDATE_VARIABLES"),
+                &ids_json(&self.dense_update_variables()),
+            )?;
+            write_atomic(
+                &dir.join("SPARSE_UPDATE_VARIABLES"),
+                &ids_json(&self.model.table_variables),
+            )?;
+            log::info!("incremental updates go to {}", incr.dir().display());
+        }
+        self.incr = Some(incr);
+        Ok(())
+    }
+
+    /// After a step: writes the updates that are due. On several ranks a
+    /// collective (every rank decides alike: rank 0's clock decides timed
+    /// updates).
+    pub(super) fn incr_after_step(&mut self) -> anyhow::Result<()> {
+        let Some(incr) = &self.incr else {
+            return Ok(());
+        };
+        let step = self.step;
+        let mut due = [
+            incr.config.sparse.due(step, incr.last_sparse) as u8 as f64,
+            incr.config.dense.due(step, incr.last_dense) as u8 as f64,
+        ];
+        let timed = incr.config.sparse.secs > 0 || incr.config.dense.secs > 0;
+        if timed && self.comm.size() > 1 {
+            if self.comm.rank() != 0 {
+                due = [0.0, 0.0];
+            }
+            self.comm.all_reduce_sum(&mut due);
+        }
+        if due[0] > 0.0 {
+            self.write_sparse_update(step)?;
+        }
+        if due[1] > 0.0 {
+            self.write_dense_update(step)?;
+        }
+        Ok(())
+    }
+
+    fn write_dense_update(&mut self, step: u64) -> anyhow::Result<()> {
+        let incr = self.incr.as_mut().expect("incremental updates started");
+        incr.last_dense = (step, Instant::now());
+        if self.comm.rank() != 0 {
+            return Ok(());
+        }
+        let m = &self.model;
+        let vars: Vec<&[f32]> = (0..m.params.specs.len())
+            .map(|i| m.params.slice(i))
+            .chain((0..m.buffers.specs.len()).map(|i| m.buffers.slice(i)))
+            .collect();
+        let mut header: Vec<i32> = vec![0, vars.len() as i32, step as i32];
+        for (id, v) in vars.iter().enumerate() {
+            header.extend([id as i32, v.len() as i32]);
+        }
+        let mut bytes: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for v in &vars {
+            bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        let dir = incr.dir.clone();
+        publish(&dir, &format!("dense_update_{step}"), &bytes)
+    }
+
+    fn write_sparse_update(&mut self, step: u64) -> anyhow::Result<()> {
+        let incr = self.incr.as_mut().expect("incremental updates started");
+        incr.last_sparse = (step, Instant::now());
+        let touched = std::mem::replace(&mut incr.touched, vec![BTreeSet::new(); self.embeddings.tables.len()]);
+        // Per table, this rank's rows that still have one, with their values.
+        let mut ids: Vec<Vec<u64>> = Vec::new();
+        let mut values: Vec<Vec<f32>> = Vec::new();
+        for (t, set) in self.embeddings.tables.iter().zip(&touched) {
+            let held: Vec<u64> = set.iter().copied().filter(|&g| t.slot(g).is_some()).collect();
+            let mut v = Vec::with_capacity(held.len() * t.dim);
+            for &g in &held {
+                v.extend_from_slice(crate::embedding::RowSource::row(t, g));
+            }
+            ids.push(held);
+            values.push(v);
+        }
+        if self.embeddings.sharding.is_sharded() {
+            // Rank 0 writes every owner's rows.
+            let flat_ids: Vec<u64> = ids
+                .iter()
+                .flat_map(|i| std::iter::once(i.len() as u64).chain(i.iter().copied()))
+                .collect();
+            let all_ids = self.comm.all_gather_u64(&flat_ids);
+            let all_values = self.comm.all_gather_f32(&values.concat());
+            let nt = ids.len();
+            let (mut merged_ids, mut merged_values) = (vec![Vec::new(); nt], vec![Vec::new(); nt]);
+            for (msg, vals) in all_ids.iter().zip(&all_values) {
+                let (mut at, mut vat) = (0, 0);
+                for (ti, t) in self.embeddings.tables.iter().enumerate() {
+                    let n = msg[at] as usize;
+                    merged_ids[ti].extend_from_slice(&msg[at + 1..at + 1 + n]);
+                    merged_values[ti].extend_from_slice(&vals[vat..vat + n * t.dim]);
+                    at += 1 + n;
+                    vat += n * t.dim;
+                }
+            }
+            ids = merged_ids;
+            values = merged_values;
+        }
+        if self.comm.rank() != 0 {
+            return Ok(());
+        }
+        let present: Vec<usize> = (0..ids.len()).filter(|&t| !ids[t].is_empty()).collect();
+        if present.is_empty() {
+            log::warn!("step {step}: no rows were trained since the last sparse update; none written (as EasyRec)");
+            return Ok(());
+        }
+        let mut header: Vec<i32> = vec![1, present.len() as i32, step as i32];
+        for &t in &present {
+            header.extend([t as i32, ids[t].len() as i32]);
+        }
+        let mut bytes: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for &t in &present {
+            bytes.extend(ids[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
+            bytes.extend(values[t].iter().flat_map(|x| x.to_le_bytes()));
+        }
+        let dir = self.incr.as_ref().expect("started").dir.clone();
+        publish(&dir, &format!("sparse_update_{step}"), &bytes)
+    }
+}
+
+/// Writes update `name` into `dir`, then its `.done` flag, each atomically.
+fn publish(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    let path = dir.join(name);
+    write_atomic(&path, bytes).with_context(|| format!("writing incremental update {}", path.display()))?;
+    write_atomic(&dir.join(format!("{name}.done")), name.as_bytes())
+        .with_context(|| format!("writing the flag of incremental update {}", path.display()))?;
+    log::info!("incremental update {} ({} bytes)", path.display(), bytes.len());
+    Ok(())
+}

@@ -1,0 +1,265 @@
+//! Incremental updates (`incr_save_config` with `fs`): written in
+//! EasyRec's format while training; every row a stretch of training changed
+//! is in its updates with the values the checkpoint holds, the dense update
+//! equals the checkpoint's parameters; targets this trainer cannot write
+//! are refused by name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustrec::checkpoint::{load, Loaded};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn config(dir: &Path, sample: &str, incr: &str) -> PathBuf {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(sample))
+        .unwrap()
+        .replace("data/criteo_sample.csv", &format!("{ROOT}/data/criteo_sample.csv"))
+        .replace("  num_steps: 200\n", &format!("  num_steps: 20\n  {incr}\n"));
+    assert!(text.contains(incr));
+    let path = dir.join("pipeline.config");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn train(cfg: &Path, model_dir: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_train_eval"))
+        .current_dir(ROOT)
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", model_dir.to_str().unwrap()])
+        .args(["--train_config.save_checkpoints_steps=10"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn i32s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
+    b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+}
+
+/// An update file: its kind (0 dense, 1 sparse), step and per variable
+/// (id, keys, values).
+type Update = (i32, i32, Vec<(usize, Vec<i64>, Vec<f32>)>);
+
+fn read_update(path: &Path, dims: &BTreeMap<usize, usize>) -> Update {
+    let b = std::fs::read(path).unwrap();
+    let head: Vec<i32> = i32s(&b[..12]).collect();
+    let (kind, n, step) = (head[0], head[1] as usize, head[2]);
+    let pairs: Vec<i32> = i32s(&b[12..12 + 8 * n]).collect();
+    let mut at = 12 + 8 * n;
+    let mut out = Vec::new();
+    for p in pairs.chunks(2) {
+        let (id, count) = (p[0] as usize, p[1] as usize);
+        let mut keys = Vec::new();
+        let width = if kind == 1 {
+            for c in b[at..at + 8 * count].chunks_exact(8) {
+                keys.push(i64::from_le_bytes(c.try_into().unwrap()));
+            }
+            at += 8 * count;
+            dims[&id]
+        } else {
+            1
+        };
+        let values: Vec<f32> = b[at..at + 4 * count * width]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        at += 4 * count * width;
+        out.push((id, keys, values));
+    }
+    assert_eq!(at, b.len(), "{}: the header accounts for every byte", path.display());
+    (kind, step, out)
+}
+
+fn names(path: &Path) -> BTreeMap<usize, String> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, id)| (id.as_u64().unwrap() as usize, k.clone()))
+        .collect()
+}
+
+fn tensors(model_dir: &Path, step: u32) -> BTreeMap<String, Loaded> {
+    load(&model_dir.join(format!("model.ckpt-{step}"))).unwrap().1
+}
+
+/// Every row that differs between checkpoints 10 and 20 is in the sparse
+/// updates after step 10, and the last update of each row holds its value
+/// at step 20; the dense update at 20 is the checkpoint's dense part.
+fn check_updates(model_dir: &Path, key_value: bool) {
+    let incr = model_dir.join("incr_save");
+    for f in [
+        "dense_update_10",
+        "dense_update_20",
+        "sparse_update_5",
+        "sparse_update_20",
+    ] {
+        assert!(incr.join(f).is_file(), "{f}");
+        assert_eq!(std::fs::read_to_string(incr.join(format!("{f}.done"))).unwrap(), f);
+    }
+    let dense_names = names(&model_dir.join("DENSE_UPDATE_VARIABLES"));
+    let table_names = names(&model_dir.join("SPARSE_UPDATE_VARIABLES"));
+    let (c10, c20) = (tensors(model_dir, 10), tensors(model_dir, 20));
+    let dims: BTreeMap<usize, usize> = table_names.iter().map(|(id, n)| (*id, c20[n].shape[1])).collect();
+
+    let (kind, step, vars) = read_update(&incr.join("dense_update_20"), &dims);
+    assert_eq!((kind, step), (0, 20));
+    assert_eq!(vars.len(), dense_names.len());
+    for (id, _, values) in &vars {
+        assert_eq!(&c20[&dense_names[id]].data, values, "{}", dense_names[id]);
+    }
+
+    // The latest value of every row the updates after step 10 carry.
+    let mut latest: BTreeMap<(usize, i64), Vec<f32>> = BTreeMap::new();
+    for step in [15, 20] {
+        let (kind, s, tables) = read_update(&incr.join(format!("sparse_update_{step}")), &dims);
+        assert_eq!((kind, s), (1, step));
+        for (id, keys, values) in tables {
+            let dim = dims[&id];
+            for (k, key) in keys.iter().enumerate() {
+                latest.insert((id, *key), values[k * dim..(k + 1) * dim].to_vec());
+            }
+        }
+    }
+    let mut changed = 0;
+    for (id, name) in &table_names {
+        let dim = dims[id];
+        let rows = |t: &BTreeMap<String, Loaded>| -> BTreeMap<i64, Vec<f32>> {
+            let values = &t[name].data;
+            let keys: Vec<i64> = if key_value {
+                t[&format!("{name}-keys")].ints.iter().map(|k| *k as i64).collect()
+            } else {
+                (0..values.len() / dim).map(|r| r as i64).collect()
+            };
+            keys.iter()
+                .enumerate()
+                .map(|(i, k)| (*k, values[i * dim..(i + 1) * dim].to_vec()))
+                .collect()
+        };
+        let (before, after) = (rows(&c10), rows(&c20));
+        for (key, value) in &after {
+            if before.get(key) != Some(value) {
+                changed += 1;
+                assert_eq!(
+                    latest.get(&(*id, *key)),
+                    Some(value),
+                    "{name} row {key} changed but is not updated"
+                );
+            }
+        }
+        let updated: BTreeSet<i64> = latest.keys().filter(|(t, _)| t == id).map(|(_, k)| *k).collect();
+        for key in updated {
+            assert_eq!(
+                latest.get(&(*id, key)),
+                after.get(&key),
+                "{name} row {key}: the update holds another value"
+            );
+        }
+    }
+    assert!(changed > 0);
+}
+
+#[test]
+fn updates_carry_every_changed_row_and_the_dense_parameters_in_easyrecs_format() {
+    let incr = "incr_save_config { sparse_save_steps: 5 dense_save_steps: 10 fs {} }";
+    for (sample, key_value) in [
+        ("samples/wide_and_deep_criteo_sample.config", false),
+        ("samples/wide_and_deep_criteo_sample_ev.config", true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path(), sample, incr);
+        let model_dir = dir.path().join("model");
+        let out = train(&cfg, &model_dir, &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        check_updates(&model_dir, key_value);
+        // The final export says where the updates go.
+        let export = std::fs::read_dir(model_dir.join("export/final"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let info: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(export.join("assets/export_info.json")).unwrap()).unwrap();
+        assert_eq!(
+            info["incremental_updates"]["dir"].as_str(),
+            Some(model_dir.join("incr_save").to_str().unwrap())
+        );
+    }
+}
+
+#[test]
+fn targets_other_than_a_folder_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for (incr, field) in [
+        (
+            r#"incr_save_config { sparse_save_steps: 5 kafka { server: "127.0.0.1:9092" topic: "t" consumer { } } }"#,
+            "train_config.incr_save_config.kafka",
+        ),
+        (
+            "incr_save_config { sparse_save_steps: 5 }",
+            "train_config.incr_save_config",
+        ),
+    ] {
+        let cfg = config(dir.path(), "samples/wide_and_deep_criteo_sample.config", incr);
+        let out = train(&cfg, &dir.path().join("model"), &[]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(field), "{err}");
+    }
+}
+
+/// Sharded tables on 2 ranks: rank 0 writes every owner's rows, and the
+/// updates hold what one process's hold.
+#[test]
+fn sharded_updates_equal_one_process() {
+    let incr = "incr_save_config { sparse_save_steps: 5 dense_save_steps: 10 fs {} }";
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "samples/wide_and_deep_criteo_sample_ev.config", incr);
+    let one = dir.path().join("one");
+    // Batch-norm statistics are per rank: off in both.
+    let no_bn = "--model_config.wide_and_deep.dnn.use_bn=false";
+    let out = train(&cfg, &one, &["--data_config.batch_size=32", no_bn]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let two = dir.path().join("two");
+    let out = Command::new("mpirun")
+        .args(["--oversubscribe", "--bind-to", "none", "-np", "2"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .current_dir(ROOT)
+        .arg(env!("CARGO_BIN_EXE_train_eval"))
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", two.to_str().unwrap()])
+        .args([
+            "--train_config.save_checkpoints_steps=10",
+            "--data_config.batch_size=16",
+            "--train_config.train_distribute=EmbeddingParallelStrategy",
+            no_bn,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_updates(&two, true);
+    let table_names = names(&one.join("SPARSE_UPDATE_VARIABLES"));
+    let c = tensors(&one, 20);
+    let dims: BTreeMap<usize, usize> = table_names.iter().map(|(id, n)| (*id, c[n].shape[1])).collect();
+    let rows = |model_dir: &Path| -> BTreeMap<(usize, i64), Vec<f32>> {
+        let (_, _, tables) = read_update(&model_dir.join("incr_save/sparse_update_20"), &dims);
+        let mut out = BTreeMap::new();
+        for (id, keys, values) in tables {
+            for (k, key) in keys.iter().enumerate() {
+                out.insert((id, *key), values[k * dims[&id]..(k + 1) * dims[&id]].to_vec());
+            }
+        }
+        out
+    };
+    let (a, b) = (rows(&one), rows(&two));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (k, x) in &a {
+        for (p, q) in x.iter().zip(&b[k]) {
+            assert!((p - q).abs() <= 1e-5 + 1e-4 * p.abs(), "{k:?}: {q} vs one process {p}");
+        }
+    }
+}
