@@ -263,3 +263,87 @@ fn sharded_updates_equal_one_process() {
         }
     }
 }
+
+/// An export of step 10 with the updates of steps 15 and 20 applied scores
+/// as the checkpoint of step 20 does (array and key-value tables, new keys
+/// included); a damaged or out-of-order update is refused and changes
+/// nothing.
+#[test]
+fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
+    use rustrec::config::{load_pipeline, typed::TrainingPlan};
+    use rustrec::export::runtime::{resolve_export_dir, ExportedModel};
+    use rustrec::export::updates::{by_step, LiveModel, UpdateSource};
+    use rustrec::inference::Bundle;
+    let incr = "incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs {} }";
+    for sample in [
+        "samples/wide_and_deep_criteo_sample.config",
+        "samples/wide_and_deep_criteo_sample_ev.config",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path(), sample, incr);
+        let model_dir = dir.path().join("model");
+        let out = train(&cfg, &model_dir, &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let exports = dir.path().join("exports");
+        let out = Command::new(env!("CARGO_BIN_EXE_export"))
+            .current_dir(ROOT)
+            .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+            .args(["--model_dir", model_dir.to_str().unwrap()])
+            .args(["--checkpoint_path", model_dir.join("model.ckpt-10").to_str().unwrap()])
+            .args(["--export_dir", exports.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let export = resolve_export_dir(&exports).unwrap();
+        let source = UpdateSource::of_export(&export)
+            .unwrap()
+            .expect("the export records its updates");
+        assert_eq!(source.export_step, 10);
+        let mut live = LiveModel::load(&export, source.clone()).unwrap();
+        let pending = by_step(source.pending(10).unwrap());
+        assert_eq!(pending.keys().copied().collect::<Vec<_>>(), vec![15, 20]);
+        // A damaged update (cut short) changes nothing.
+        let cut = dir.path().join("sparse_update_15");
+        let whole = std::fs::read(source.dir.join("sparse_update_15")).unwrap();
+        std::fs::write(&cut, &whole[..whole.len() - 3]).unwrap();
+        let err = live.apply(&cut).unwrap_err().to_string();
+        assert!(
+            err.contains("run past the end") || err.contains("after its last"),
+            "{err}"
+        );
+        assert_eq!(live.step, 10);
+        for paths in pending.values() {
+            for p in paths {
+                live.apply(p).unwrap();
+            }
+        }
+        assert_eq!(live.step, 20);
+        // An update older than what is applied is refused.
+        let err = live
+            .apply(&source.dir.join("sparse_update_15"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("already applied"), "{err}");
+
+        let followed = ExportedModel::load(&export)
+            .unwrap()
+            .with_runnable(live.runnable().unwrap());
+        let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+        let plan = TrainingPlan::from_config(&loaded.config).unwrap();
+        let trainer = rustrec::train::Trainer::new(plan.clone()).unwrap();
+        let at20 = Bundle::restore(plan, &model_dir.join("model.ckpt-20")).unwrap();
+        let mut worst = 0.0f32;
+        for batch in trainer.stream(&trainer.plan.data.eval_paths.clone(), false, 0).unwrap() {
+            let batch = batch.unwrap();
+            for (a, b) in at20.score(&batch).iter().zip(&followed.score(&batch).unwrap()) {
+                for (x, y) in a.scores.iter().zip(&b.scores) {
+                    worst = worst.max((x - y).abs());
+                }
+            }
+        }
+        assert!(
+            worst <= 1e-5,
+            "{sample}: the followed export differs from step 20 by {worst}"
+        );
+    }
+}

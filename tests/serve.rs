@@ -638,3 +638,112 @@ fn multi_value_inputs_take_a_list_per_row() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("multi_value_fields"));
 }
+
+/// An export whose training job writes incremental updates: `serve` applies
+/// them as they arrive while clients keep asking, reports the step it
+/// serves, and then answers as `predict` does with the checkpoint of that
+/// step; a damaged update is refused and the last good state keeps serving.
+#[test]
+fn serve_follows_the_training_jobs_incremental_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let incr = "train_config { incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs {} } }";
+    let cfg = setup(dir.path(), "DLRM", "");
+    // The updates' section merges into train_config as an extend arg would.
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "  num_steps: 30\n",
+        "  num_steps: 30\n  incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs {} }\n",
+    );
+    assert!(text.contains("incr_save_config"), "{incr}");
+    std::fs::write(&cfg, text).unwrap();
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&cfg);
+    run_ok(t);
+    let model_dir = dir.path().join("model");
+    let updates = model_dir.join("incr_save");
+    // Hold the updates back, serve the export of step 10, then let them
+    // arrive one by one as a running job would write them.
+    let held = dir.path().join("held");
+    std::fs::rename(&updates, &held).unwrap();
+    std::fs::create_dir(&updates).unwrap();
+    let root = dir.path().join("export");
+    export(&cfg, &root, Some(model_dir.join("model.ckpt-10").to_str().unwrap()));
+    let server = Server::start(&root, &["--file_system_poll_wait_seconds", "0.05"]);
+    let rows = rows_of(&dir.path().join("data.csv"));
+    let tensors: Vec<Value> = columns(&rows, 0..20)
+        .into_iter()
+        .map(|(f, v)| json!({ "name": f, "shape": [20], "datatype": "BYTES", "data": v }))
+        .collect();
+    let body = json!({ "inputs": tensors }).to_string();
+    let step = |s: &Server| -> u64 {
+        let (_, text) = s.get("/v1/models/model/metadata");
+        serde_json::from_str::<Value>(&text).unwrap()["global_step"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(step(&server), 10);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, base, body) = (stop.clone(), server.base.clone(), body.clone());
+            std::thread::spawn(move || {
+                let agent = Server::agent();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    infer(&agent, &base, &body).unwrap_or_else(|e| panic!("a request failed during the updates: {e}"));
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    // A damaged update first: refused, logged, counted.
+    std::fs::write(updates.join("sparse_update_11"), b"\x01\x00\x00\x00garbage").unwrap();
+    std::fs::write(updates.join("sparse_update_11.done"), b"sparse_update_11").unwrap();
+    for s in [15u64, 20, 25, 30] {
+        for kind in ["dense", "sparse"] {
+            let name = format!("{kind}_update_{s}");
+            std::fs::copy(held.join(&name), updates.join(&name)).unwrap();
+            std::fs::copy(held.join(format!("{name}.done")), updates.join(format!("{name}.done"))).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while step(&server) != 30 {
+        assert!(
+            Instant::now() < deadline,
+            "serve did not reach step 30: {}",
+            std::fs::read_to_string(&server.log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let answered: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(answered > 2, "the clients sent {answered} requests");
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    assert!(log.contains("incremental update not applied"), "{log}");
+    let (_, metrics) = server.get("/metrics");
+    assert!(metrics.contains("rustrec_serve_model_global_step 30"), "{metrics}");
+
+    // Scores equal predict with the checkpoint of step 30.
+    let out = dir.path().join("ckpt30.csv");
+    let mut p = bin("predict");
+    p.arg("--pipeline_config_path")
+        .arg(&cfg)
+        .arg("--checkpoint_path")
+        .arg(model_dir.join("model.ckpt-30"))
+        .arg("--input_path")
+        .arg(dir.path().join("data.csv"))
+        .arg("--output_path")
+        .arg(&out);
+    run_ok(p);
+    let want: Vec<f64> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .take(20)
+        .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+        .collect();
+    let (_, got) = infer(&Server::agent(), &server.base, &body).unwrap();
+    assert_close("after the updates", &got, &want);
+}

@@ -11,6 +11,7 @@ pub mod exporter;
 mod onnx_bounds;
 pub mod runtime;
 pub mod spec;
+pub mod updates;
 
 use std::path::{Path, PathBuf};
 

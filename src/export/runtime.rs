@@ -17,6 +17,7 @@ use crate::features::{Batch, Encoded, Encoder, Jagged};
 use crate::model::TaskScores;
 
 /// Where a graph input's values come from.
+#[derive(Clone)]
 enum Source {
     Ids(usize),
     Lens(usize),
@@ -211,6 +212,21 @@ impl ExportedModel {
             input_names,
             runnable,
         })
+    }
+
+    /// The same export scored by another prepared graph (the export's
+    /// model with incremental updates applied: `updates::LiveModel`).
+    pub fn with_runnable(&self, runnable: Arc<TypedRunnableModel>) -> Self {
+        ExportedModel {
+            dir: self.dir.clone(),
+            plan: self.plan.clone(),
+            enc: self.enc.clone(),
+            packed: self.packed.clone(),
+            multi_value: self.multi_value.clone(),
+            sources: self.sources.clone(),
+            input_names: self.input_names.clone(),
+            runnable,
+        }
     }
 
     /// Each task's scores of packed rows, as a server receives them from

@@ -302,6 +302,7 @@ fn tf_metadata(app: &App, served: &Served) -> Value {
         .collect();
     json!({
         "model_spec": { "name": app.name, "signature_name": "", "version": served.version.to_string() },
+        "global_step": served.step,
         "metadata": { "signature_def": { "signature_def": { "serving_default": {
             "inputs": inputs,
             "outputs": outputs,
@@ -407,6 +408,7 @@ fn v2_metadata(app: &App, served: &Served) -> Value {
         "name": app.name,
         "versions": [served.version.to_string()],
         "platform": "onnx",
+        "parameters": { "global_step": served.step },
         "inputs": inputs,
         "outputs": outputs
     })

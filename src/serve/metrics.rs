@@ -29,6 +29,7 @@ pub struct Metrics {
     rows: Counter,
     batch_rows: Histogram,
     version: Gauge<i64, AtomicI64>,
+    step: Gauge<i64, AtomicI64>,
     reload_failures: Counter,
 }
 
@@ -68,6 +69,12 @@ impl Metrics {
         );
         let version = Gauge::<i64, AtomicI64>::default();
         registry.register("model_version", "The version being served", version.clone());
+        let step = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "model_global_step",
+            "The global step of the weights served (the export's, or its last incremental update's)",
+            step.clone(),
+        );
         let reload_failures = Counter::default();
         registry.register(
             "model_load_failures",
@@ -81,6 +88,7 @@ impl Metrics {
             rows,
             batch_rows,
             version,
+            step,
             reload_failures,
         }
     }
@@ -103,8 +111,9 @@ impl Metrics {
         self.batch_rows.observe(rows as f64);
     }
 
-    pub fn serving(&self, version: u64) {
+    pub fn serving(&self, version: u64, step: u64) {
         self.version.set(version as i64);
+        self.step.set(step as i64);
     }
 
     pub fn load_failed(&self) {

@@ -15,6 +15,8 @@ pub mod request;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+
+use crate::export::updates::{LiveModel, UpdateSource};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -40,6 +42,11 @@ impl crate::error::Classified for ServeError {
 pub struct Served {
     pub version: u64,
     pub model: ExportedModel,
+    /// The global step of the weights served: the export's, or that of
+    /// the last incremental update applied to it.
+    pub step: u64,
+    /// Where the export's training job writes its incremental updates.
+    pub updates: Option<UpdateSource>,
 }
 
 impl Served {
@@ -48,8 +55,24 @@ impl Served {
     pub fn load(dir: &Path) -> anyhow::Result<Served> {
         let model = ExportedModel::load(dir)?;
         let version = version_of(&model.dir).unwrap_or(1);
-        Ok(Served { version, model })
+        let updates = UpdateSource::of_export(&model.dir)?;
+        let step = export_step(&model.dir);
+        Ok(Served {
+            version,
+            model,
+            step,
+            updates,
+        })
     }
+}
+
+/// The global step an export records.
+fn export_step(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("assets/export_info.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["global_step"].as_u64())
+        .unwrap_or(0)
 }
 
 fn version_of(dir: &Path) -> Option<u64> {
@@ -105,14 +128,21 @@ pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result
         first.model.dir.display()
     );
     let metrics = Arc::new(metrics::Metrics::new());
-    metrics.serving(first.version);
+    metrics.serving(first.version, first.step);
     let versioned = first.model.dir != opts.model_dir;
+    let follows = first.updates.is_some();
+    if let Some(u) = &first.updates {
+        log::info!(
+            "following the training job's incremental updates in {}",
+            u.dir.display()
+        );
+    }
     let registry = Arc::new(Registry::new(first));
-    if versioned && !opts.poll.is_zero() {
+    if (versioned || follows) && !opts.poll.is_zero() {
         let (reg, m, root, poll) = (registry.clone(), metrics.clone(), opts.model_dir.clone(), opts.poll);
         std::thread::Builder::new()
             .name("reload".into())
-            .spawn(move || watch(&root, &reg, &m, poll))
+            .spawn(move || watch(&root, versioned, &reg, &m, poll))
             .context("cannot start the reload thread")?;
     }
     let scheduler = batcher::Scheduler::start(opts.batching.clone(), metrics.clone());
@@ -165,12 +195,19 @@ async fn shutdown() {
 }
 
 /// Checks `root` every `poll` for a version newer than the one served and
-/// swaps it in once loaded. A version that fails to load is logged once and
-/// skipped; the served one stays.
-fn watch(root: &Path, registry: &Registry, metrics: &metrics::Metrics, poll: Duration) {
+/// swaps it in once loaded, and applies the incremental updates of the
+/// served export's job (`follow`). A version that fails to load is logged
+/// once and skipped; the served one stays.
+fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::Metrics, poll: Duration) {
     let mut failed: Vec<PathBuf> = Vec::new();
+    let mut live: Option<(u64, LiveModel)> = None;
+    let mut bad_updates: Vec<PathBuf> = Vec::new();
     loop {
         std::thread::sleep(poll);
+        follow(registry, metrics, &mut live, &mut bad_updates);
+        if !versioned {
+            continue;
+        }
         let newest = match crate::export::list_exports(root) {
             Ok(mut all) => all.pop(),
             Err(e) => {
@@ -186,8 +223,9 @@ fn watch(root: &Path, registry: &Registry, metrics: &metrics::Metrics, poll: Dur
         match Served::load(&newest) {
             Ok(next) => {
                 log::info!("serving version {version} from {}", newest.display());
-                metrics.serving(version);
+                metrics.serving(version, next.step);
                 registry.swap(next);
+                live = None;
             }
             Err(e) => {
                 log::error!(
@@ -198,6 +236,82 @@ fn watch(root: &Path, registry: &Registry, metrics: &metrics::Metrics, poll: Dur
                 metrics.load_failed();
                 failed.push(newest);
             }
+        }
+    }
+}
+
+/// Applies the served export's pending incremental updates in order and
+/// swaps the updated model in. An update that cannot be applied (damaged,
+/// foreign, out of order) is logged, counted and skipped; the model keeps
+/// its last good state.
+fn follow(
+    registry: &Registry,
+    metrics: &metrics::Metrics,
+    live: &mut Option<(u64, LiveModel)>,
+    bad: &mut Vec<PathBuf>,
+) {
+    let current = registry.current();
+    let Some(source) = current.updates.clone() else {
+        return;
+    };
+    if live.as_ref().is_none_or(|(v, _)| *v != current.version) {
+        match LiveModel::load(&current.model.dir, source.clone()) {
+            Ok(m) => *live = Some((current.version, m)),
+            Err(e) => {
+                log::error!("cannot follow the updates of {}: {e:#}", current.model.dir.display());
+                return;
+            }
+        }
+    }
+    let Some((_, model)) = live.as_mut() else { return };
+    let pending = match source.pending(model.step) {
+        Ok(p) => p,
+        Err(e) => {
+            log::warn!("cannot list incremental updates: {e:#}");
+            return;
+        }
+    };
+    let mut applied = 0;
+    let pending: Vec<PathBuf> = pending
+        .into_iter()
+        .map(|(_, p)| p)
+        .filter(|p| !bad.contains(p))
+        .collect();
+    for path in pending {
+        match model.apply(&path) {
+            Ok(_) => applied += 1,
+            Err(e) => {
+                log::error!(
+                    "incremental update not applied; the model stays at step {}: {e:#}",
+                    model.step
+                );
+                metrics.load_failed();
+                bad.push(path);
+            }
+        }
+    }
+    if applied == 0 {
+        return;
+    }
+    match model.runnable() {
+        Ok(runnable) => {
+            let next = Served {
+                version: current.version,
+                model: current.model.with_runnable(runnable),
+                step: model.step,
+                updates: current.updates.clone(),
+            };
+            log::info!("applied {applied} incremental update(s): serving step {}", model.step);
+            metrics.serving(next.version, next.step);
+            registry.swap(next);
+        }
+        Err(e) => {
+            log::error!(
+                "the updated model cannot be prepared; step {} stays: {e:#}",
+                current.step
+            );
+            metrics.load_failed();
+            *live = None;
         }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! The layout (also described in the export's feature spec): `M` slots,
 //! `<var>/slot_keys` int64 `[M]` (a key, or -1 for an empty slot) and
-//! `<var>/slot_rows` int64 `[M]`. Key `k` (non-negative, below 2^63) sits in
+//! `<var>/slot_rows` int64 `[M]`, with `<var>/slot_count` (M) and
+//! `<var>/default_row` (n) int64 scalars. Key `k` (non-negative, below 2^63) sits in
 //! slot `k mod M` or slot `(k div M) mod M`; a key in neither is unknown and
 //! looks up row `n`. Two Gathers, two Equals and two Wheres per lookup.
 

@@ -94,6 +94,7 @@ pub fn build(
         params: &model.params,
         buffers: &model.buffers,
         named: HashMap::new(),
+        named_buffers: HashMap::new(),
     };
     // Per feature: the graph value of its dense input, or its id segments.
     let mut dense: HashMap<usize, String> = HashMap::new();
@@ -285,6 +286,7 @@ struct Builder<'a> {
     params: &'a ParamStore,
     buffers: &'a ParamStore,
     named: HashMap<usize, String>,
+    named_buffers: HashMap<usize, String>,
 }
 
 const CAST_TO_FLOAT: i64 = 1;
@@ -309,8 +311,10 @@ impl Builder<'_> {
             KeyLookupNodes {
                 slot_keys: self.g.named_i64s(&format!("{var}/slot_keys"), &[m], &l.slot_keys),
                 slot_rows: self.g.named_i64s(&format!("{var}/slot_rows"), &[m], &l.slot_rows),
-                slots: self.g.i64s(&[], &[m as i64]),
-                default: self.g.i64s(&[], &[t.rows as i64 - 1]),
+                slots: self.g.named_i64s(&format!("{var}/slot_count"), &[], &[m as i64]),
+                default: self
+                    .g
+                    .named_i64s(&format!("{var}/default_row"), &[], &[t.rows as i64 - 1]),
             }
         });
         TableNodes { values, lookup }
@@ -671,13 +675,28 @@ impl Builder<'_> {
 
     /// `(x - mean) / sqrt(var + eps)` with the moving averages in buffers
     /// `mean` and `var`, as inference normalizes.
+    /// The moving averages are initializers under their variables' names,
+    /// so an incremental update of them reaches the graph.
     fn normalized(&mut self, x: &str, (mean, var): (usize, usize), eps: f32) -> String {
-        let m = self.buffers.slice(mean).to_vec();
-        let inv: Vec<f32> = self.buffers.slice(var).iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
-        let m = self.g.f32s(None, &[1, m.len()], &m);
-        let inv = self.g.f32s(None, &[1, inv.len()], &inv);
+        let m = self.buffer(mean);
+        let v = self.buffer(var);
+        let eps = self.scalar_f32(eps);
+        let v = self.g.op("Add", &[&v, &eps]);
+        let sd = self.g.op("Sqrt", &[&v]);
         let c = self.g.op("Sub", &[x, &m]);
-        self.g.op("Mul", &[&c, &inv])
+        self.g.op("Div", &[&c, &sd])
+    }
+
+    /// Buffer `i` (`[1, n]`) as an initializer under its name.
+    fn buffer(&mut self, i: usize) -> String {
+        if let Some(n) = self.named_buffers.get(&i) {
+            return n.clone();
+        }
+        let s = &self.buffers.specs[i];
+        let values = self.buffers.slice(i);
+        let n = self.g.f32s(Some(&s.name), &[1, values.len()], values);
+        self.named_buffers.insert(i, n.clone());
+        n
     }
 
     /// Layer normalization from opset-16 ops (LayerNormalization is 17).

@@ -1,0 +1,431 @@
+//! An export kept current by its training job's incremental updates
+//! (`train::incr`, EasyRec's format): the export's ONNX model is held as
+//! its protobuf, each update patches the initializers it names (dense
+//! parameters, table rows; a key-value table's new keys get rows and a new
+//! key layout), and the patched model is prepared for tract again. An
+//! update is checked whole against the model before anything is patched:
+//! a damaged or foreign update changes nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context};
+use tract_onnx::pb;
+use tract_onnx::prelude::*;
+
+use crate::model::exec::onnx::KeyLayout;
+
+/// Where an export's job writes its updates, from `export_info.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateSource {
+    pub dir: PathBuf,
+    pub dense_variables: PathBuf,
+    pub sparse_variables: PathBuf,
+    /// The export's own global step: updates after it apply.
+    pub export_step: u64,
+}
+
+impl UpdateSource {
+    /// The update source an export records, if its job writes updates.
+    pub fn of_export(export_dir: &Path) -> anyhow::Result<Option<Self>> {
+        let path = export_dir.join("assets/export_info.json");
+        let text = crate::bounded::read_text(&path, crate::bounded::CONFIG_BYTES)?;
+        let info: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let u = &info["incremental_updates"];
+        if u.is_null() {
+            return Ok(None);
+        }
+        let field = |k: &str| {
+            u[k].as_str()
+                .map(PathBuf::from)
+                .with_context(|| format!("{}: incremental_updates lacks `{k}`", path.display()))
+        };
+        Ok(Some(UpdateSource {
+            dir: field("dir")?,
+            dense_variables: field("dense_variables")?,
+            sparse_variables: field("sparse_variables")?,
+            export_step: info["global_step"].as_u64().unwrap_or(0),
+        }))
+    }
+
+    /// Complete updates (their `.done` flag written) after global step
+    /// `after`, in the order they apply: by step, the dense one first.
+    pub fn pending(&self, after: u64) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("cannot list {}", self.dir.display())),
+        };
+        let mut out = Vec::new();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(base) = name.strip_suffix(".done") else {
+                continue;
+            };
+            let (kind, step) = match base.rsplit_once('_') {
+                Some(("dense_update", s)) => (0, s),
+                Some(("sparse_update", s)) => (1, s),
+                _ => continue,
+            };
+            let Ok(step) = step.parse::<u64>() else { continue };
+            if step > after {
+                out.push((step, kind, self.dir.join(base)));
+            }
+        }
+        out.sort();
+        Ok(out.into_iter().map(|(s, _, p)| (s, p)).collect())
+    }
+}
+
+/// `name -> id` maps of the update variables, by id.
+fn variable_names(path: &Path) -> anyhow::Result<HashMap<usize, String>> {
+    let text = crate::bounded::read_text(path, crate::bounded::CONFIG_BYTES)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let map = v
+        .as_object()
+        .with_context(|| format!("{} is not a JSON object", path.display()))?;
+    map.iter()
+        .map(|(k, id)| {
+            let id = id
+                .as_u64()
+                .and_then(|i| usize::try_from(i).ok())
+                .with_context(|| format!("{}: `{k}` has no integer id", path.display()))?;
+            Ok((id, k.clone()))
+        })
+        .collect()
+}
+
+/// One parsed update: its step and, per variable, (name, ids, values).
+struct Update {
+    step: u64,
+    dense: bool,
+    vars: Vec<(String, Vec<i64>, Vec<f32>)>,
+}
+
+fn parse_update(
+    path: &Path,
+    bytes: &[u8],
+    names: &HashMap<usize, String>,
+    dims: &dyn Fn(&str) -> Option<usize>,
+) -> anyhow::Result<Update> {
+    let bad = |what: String| anyhow::anyhow!("incremental update {}: {what}", path.display());
+    let i32_at = |at: usize| -> anyhow::Result<i32> {
+        let b = bytes
+            .get(at..at + 4)
+            .ok_or_else(|| bad(format!("ends inside its header at byte {at}")))?;
+        Ok(i32::from_le_bytes(b.try_into().expect("4 bytes")))
+    };
+    let (kind, n, step) = (i32_at(0)?, i32_at(4)?, i32_at(8)?);
+    ensure!(
+        kind == 0 || kind == 1,
+        bad(format!("kind {kind} is neither dense (0) nor sparse (1)"))
+    );
+    let n = usize::try_from(n).map_err(|_| bad(format!("{n} variables")))?;
+    ensure!(
+        n <= bytes.len() / 8,
+        bad(format!("{n} variables in {} bytes", bytes.len()))
+    );
+    let mut at = 12 + 8 * n;
+    let mut vars = Vec::with_capacity(n);
+    for v in 0..n {
+        let (id, count) = (i32_at(12 + 8 * v)?, i32_at(16 + 8 * v)?);
+        let name = usize::try_from(id)
+            .ok()
+            .and_then(|i| names.get(&i))
+            .ok_or_else(|| bad(format!("variable id {id} is not in the job's variable map")))?
+            .clone();
+        let count = usize::try_from(count).map_err(|_| bad(format!("`{name}`: {count} values")))?;
+        let mut ids = Vec::new();
+        let width = if kind == 1 {
+            let end = count
+                .checked_mul(8)
+                .and_then(|b| b.checked_add(at))
+                .filter(|&e| e <= bytes.len());
+            let end = end.ok_or_else(|| bad(format!("`{name}`: {count} ids run past the end")))?;
+            ids = bytes[at..end]
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            at = end;
+            dims(&name).ok_or_else(|| bad(format!("`{name}` is not a table of this export")))?
+        } else {
+            1
+        };
+        let len = count.checked_mul(width).and_then(|c| c.checked_mul(4));
+        let end = len.and_then(|l| l.checked_add(at)).filter(|&e| e <= bytes.len());
+        let end = end.ok_or_else(|| bad(format!("`{name}`: its values run past the end")))?;
+        let values = bytes[at..end]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        at = end;
+        vars.push((name, ids, values));
+    }
+    ensure!(
+        at == bytes.len(),
+        bad(format!("{} bytes after its last variable", bytes.len() - at))
+    );
+    Ok(Update {
+        step: step as u64,
+        dense: kind == 0,
+        vars,
+    })
+}
+
+/// The export's ONNX model as protobuf, patched by updates.
+pub struct LiveModel {
+    dir: PathBuf,
+    proto: pb::ModelProto,
+    source: UpdateSource,
+    dense_names: HashMap<usize, String>,
+    sparse_names: HashMap<usize, String>,
+    /// The step of the last update applied (the export's at first).
+    pub step: u64,
+}
+
+/// An initializer's new value: (name, dims, raw little-endian bytes).
+type Patch = (String, Vec<i64>, Vec<u8>);
+
+const FLOAT: i32 = 1;
+const INT64: i32 = 7;
+
+impl LiveModel {
+    pub fn load(export_dir: &Path, source: UpdateSource) -> anyhow::Result<Self> {
+        let path = export_dir.join(super::MODEL_FILE);
+        let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let proto = tract_onnx::onnx()
+            .proto_model_for_read(&mut bytes.as_slice())
+            .with_context(|| format!("cannot parse {}", path.display()))?;
+        Ok(LiveModel {
+            dir: export_dir.to_path_buf(),
+            dense_names: variable_names(&source.dense_variables)?,
+            sparse_names: variable_names(&source.sparse_variables)?,
+            step: source.export_step,
+            proto,
+            source,
+        })
+    }
+
+    pub fn source(&self) -> &UpdateSource {
+        &self.source
+    }
+
+    fn graph(&self) -> anyhow::Result<&pb::GraphProto> {
+        self.proto.graph.as_ref().context("the export's model has no graph")
+    }
+
+    fn init(&self, name: &str) -> Option<&pb::TensorProto> {
+        self.proto.graph.as_ref()?.initializer.iter().find(|t| t.name == name)
+    }
+
+    /// An initializer's float values, wherever they are stored.
+    fn floats(&self, t: &pb::TensorProto) -> anyhow::Result<Vec<f32>> {
+        ensure!(t.data_type == FLOAT, "initializer `{}` is not float32", t.name);
+        if !t.float_data.is_empty() {
+            return Ok(t.float_data.clone());
+        }
+        let raw = self.raw(t)?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect())
+    }
+
+    fn int64s(&self, t: &pb::TensorProto) -> anyhow::Result<Vec<i64>> {
+        ensure!(t.data_type == INT64, "initializer `{}` is not int64", t.name);
+        if !t.int64_data.is_empty() {
+            return Ok(t.int64_data.clone());
+        }
+        let raw = self.raw(t)?;
+        Ok(raw
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect())
+    }
+
+    fn raw(&self, t: &pb::TensorProto) -> anyhow::Result<Vec<u8>> {
+        if t.external_data.is_empty() {
+            return Ok(t.raw_data.clone());
+        }
+        let get = |k: &str| t.external_data.iter().find(|e| e.key == k).map(|e| e.value.as_str());
+        let file = get("location").context("external data without a location")?;
+        let offset: u64 = get("offset").unwrap_or("0").parse()?;
+        let length: u64 = get("length").context("external data without a length")?.parse()?;
+        ensure!(!file.contains(".."), "external data outside the export: {file}");
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(self.dir.join(file))?;
+        f.seek(SeekFrom::Start(offset))?;
+        let mut out = Vec::new();
+        f.take(length).read_to_end(&mut out)?;
+        ensure!(out.len() as u64 == length, "external data of `{}` is cut short", t.name);
+        Ok(out)
+    }
+
+    fn set(&mut self, name: &str, dims: Vec<i64>, raw: Vec<u8>) -> anyhow::Result<()> {
+        let graph = self.proto.graph.as_mut().context("the export's model has no graph")?;
+        let t = graph
+            .initializer
+            .iter_mut()
+            .find(|t| t.name == name)
+            .with_context(|| format!("the export has no initializer `{name}`"))?;
+        t.dims = dims;
+        t.raw_data = raw;
+        t.float_data.clear();
+        t.int64_data.clear();
+        t.external_data.clear();
+        t.data_location = None;
+        Ok(())
+    }
+
+    /// The width of table `name` (its initializer's second dimension).
+    fn table_dim(&self, name: &str) -> Option<usize> {
+        self.init(name)
+            .and_then(|t| t.dims.get(1))
+            .and_then(|d| usize::try_from(*d).ok())
+    }
+
+    /// Applies the update at `path`, or changes nothing and says why.
+    pub fn apply(&mut self, path: &Path) -> anyhow::Result<u64> {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let dense = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("dense_update_"));
+        let names = if dense { &self.dense_names } else { &self.sparse_names };
+        let update = parse_update(path, &bytes, names, &|n| self.table_dim(n))?;
+        ensure!(
+            update.dense == dense,
+            "incremental update {}: its header says otherwise than its name",
+            path.display()
+        );
+        ensure!(
+            update.step >= self.step,
+            "incremental update {} (step {}) comes after step {} already applied",
+            path.display(),
+            update.step,
+            self.step
+        );
+        // Everything is computed first, then set: a bad variable leaves the model as it was.
+        let mut patches: Vec<Patch> = Vec::new();
+        for (name, ids, values) in &update.vars {
+            let t = self
+                .init(name)
+                .with_context(|| format!("{}: the export has no variable `{name}`", path.display()))?;
+            if dense {
+                let want: i64 = t.dims.iter().product();
+                ensure!(
+                    want as usize == values.len(),
+                    "{}: `{name}` has {} values, the export {want}",
+                    path.display(),
+                    values.len()
+                );
+                patches.push((name.clone(), t.dims.clone(), f32_bytes(values)));
+            } else {
+                patches.extend(
+                    self.table_patches(name, ids, values)
+                        .with_context(|| format!("{}: table `{name}`", path.display()))?,
+                );
+            }
+        }
+        for (name, dims, raw) in patches {
+            self.set(&name, dims, raw)?;
+        }
+        self.step = update.step;
+        Ok(update.step)
+    }
+
+    /// The new initializers of table `name` with rows `ids` set to `values`.
+    fn table_patches(
+        &self,
+        name: &str,
+        ids: &[i64],
+        values: &[f32],
+    ) -> anyhow::Result<Vec<Patch>> {
+        let t = self.init(name).context("no such table")?;
+        let (rows, dim) = match t.dims[..] {
+            [r, d] if r >= 0 && d > 0 => (r as usize, d as usize),
+            _ => bail!("its initializer has dims {:?}", t.dims),
+        };
+        let mut table = self.floats(t)?;
+        let keyed = self.init(&format!("{name}/slot_keys"));
+        let Some(slot_keys) = keyed else {
+            for (k, &id) in ids.iter().enumerate() {
+                let r = usize::try_from(id)
+                    .ok()
+                    .filter(|&r| r < rows)
+                    .with_context(|| format!("row {id} of {rows}"))?;
+                table[r * dim..(r + 1) * dim].copy_from_slice(&values[k * dim..(k + 1) * dim]);
+            }
+            return Ok(vec![(name.to_string(), t.dims.clone(), f32_bytes(&table))]);
+        };
+        // A key-value table: rows by key, the default row last.
+        let slot_keys = self.int64s(slot_keys)?;
+        let slot_rows = self.int64s(self.init(&format!("{name}/slot_rows")).context("no slot_rows")?)?;
+        let n = rows - 1;
+        let mut keys = vec![0u64; n];
+        for (k, r) in slot_keys.iter().zip(&slot_rows) {
+            if *k >= 0 {
+                let r = usize::try_from(*r)
+                    .ok()
+                    .filter(|&r| r < n)
+                    .context("a slot row outside the table")?;
+                keys[r] = *k as u64;
+            }
+        }
+        let mut row_of: HashMap<u64, usize> = keys.iter().enumerate().map(|(r, k)| (*k, r)).collect();
+        let default = table.split_off(n * dim);
+        for (k, &id) in ids.iter().enumerate() {
+            let key = u64::try_from(id).context("a negative key")?;
+            let v = &values[k * dim..(k + 1) * dim];
+            match row_of.get(&key) {
+                Some(&r) => table[r * dim..(r + 1) * dim].copy_from_slice(v),
+                None => {
+                    row_of.insert(key, keys.len());
+                    keys.push(key);
+                    table.extend_from_slice(v);
+                }
+            }
+        }
+        table.extend(default);
+        let layout = KeyLayout::build(&keys);
+        let m = layout.slot_keys.len() as i64;
+        let n = keys.len() as i64;
+        Ok(vec![
+            (name.to_string(), vec![n + 1, dim as i64], f32_bytes(&table)),
+            (format!("{name}/slot_keys"), vec![m], i64_bytes(&layout.slot_keys)),
+            (format!("{name}/slot_rows"), vec![m], i64_bytes(&layout.slot_rows)),
+            (format!("{name}/slot_count"), vec![], i64_bytes(&[m])),
+            (format!("{name}/default_row"), vec![], i64_bytes(&[n])),
+        ])
+    }
+
+    /// The patched model, prepared for tract.
+    pub fn runnable(&self) -> anyhow::Result<Arc<TypedRunnableModel>> {
+        let dir = self.dir.to_str().context("an export path that is not UTF-8")?;
+        let parsed = tract_onnx::onnx().parse(&self.proto, Some(dir))?;
+        ensure!(
+            parsed.unresolved_inputs.is_empty(),
+            "the patched model has unresolved inputs"
+        );
+        let _ = self.graph()?;
+        parsed.model.into_optimized()?.into_runnable()
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn i64_bytes(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Per step, the updates that apply, grouped: (step, paths).
+pub fn by_step(pending: Vec<(u64, PathBuf)>) -> BTreeMap<u64, Vec<PathBuf>> {
+    let mut out: BTreeMap<u64, Vec<PathBuf>> = BTreeMap::new();
+    for (s, p) in pending {
+        out.entry(s).or_default().push(p);
+    }
+    out
+}
