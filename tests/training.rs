@@ -1563,6 +1563,40 @@ fn a_stop_signal_in_model_dir_ends_training() {
     );
 }
 
+/// `dead_line`, in both of EasyRec's forms: once the clock passes it the
+/// chief ends training after that step and saves a checkpoint as at
+/// num_steps; a deadline ahead changes nothing; other forms are refused.
+#[test]
+fn a_dead_line_in_the_past_ends_training_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let block = model_block("WideAndDeep");
+    let _ = trainer_of(dir.path(), "WideAndDeep", block);
+    let cfg = dir.path().join("WideAndDeep.config");
+    let base = std::fs::read_to_string(&cfg).unwrap();
+    let run = |dead_line: &str| -> anyhow::Result<Trainer> {
+        let text = base.replace("num_steps: 10", &format!("num_steps: 10 dead_line: \"{dead_line}\""));
+        std::fs::write(&cfg, text).unwrap();
+        let plan = TrainingPlan::from_config(&load_pipeline(&cfg, &Default::default())?.config)?;
+        let _ = std::fs::remove_dir_all(&plan.model_dir);
+        let mut t = Trainer::new(plan)?;
+        t.run()?;
+        Ok(t)
+    };
+    for past in ["20200101 00:00:00", "1577836800"] {
+        let t = run(past).unwrap();
+        assert_eq!(t.step, 1, "{past}");
+        let latest = rustrec::checkpoint::latest(&t.plan.model_dir).unwrap().unwrap();
+        assert!(
+            latest.to_string_lossy().ends_with("model.ckpt-1"),
+            "{}",
+            latest.display()
+        );
+    }
+    assert_eq!(run("20990101 00:00:00").unwrap().step, 10);
+    let err = run("2099-01-01").err().unwrap().to_string();
+    assert!(err.contains("train_config.dead_line"), "{err}");
+}
+
 /// `enable_early_stop`: training stops at the first evaluation that comes
 /// `max_check_steps` or more after the best one (here nothing learns at a
 /// learning rate of 0, so the first evaluation stays the best), then saves,

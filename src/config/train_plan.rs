@@ -35,6 +35,33 @@ pub struct TrainPlan {
     pub fine_tune: Option<FineTune>,
     /// `incr_save_config`: incremental updates written while training.
     pub incr_save: Option<IncrSave>,
+    /// `dead_line`: training ends (as at num_steps, with a checkpoint) once
+    /// the clock passes this Unix time.
+    pub dead_line: Option<i64>,
+}
+
+/// EasyRec's `dead_line`: `%Y%m%d %H:%M:%S` in local time (17 characters)
+/// or Unix seconds (10 digits), as its `parse_time` reads it.
+fn dead_line(text: &str) -> Result<i64, ConfigError> {
+    use chrono::TimeZone;
+    let bad = || {
+        ConfigError::invalid(
+            "train_config.dead_line",
+            format!("`{text}` is neither `YYYYmmdd HH:MM:SS` (local time) nor 10 digits of Unix time"),
+        )
+    };
+    match text.len() {
+        17 => {
+            let t = chrono::NaiveDateTime::parse_from_str(text, "%Y%m%d %H:%M:%S").map_err(|_| bad())?;
+            chrono::Local
+                .from_local_datetime(&t)
+                .earliest()
+                .map(|t| t.timestamp())
+                .ok_or_else(bad)
+        }
+        10 if text.bytes().all(|b| b.is_ascii_digit()) => text.parse().map_err(|_| bad()),
+        _ => Err(bad()),
+    }
 }
 
 /// `incr_save_config` with an `fs` target: the rows trained since the last
@@ -185,6 +212,12 @@ impl TrainPlan {
             freeze_gradient: freeze_patterns(&train.freeze_gradient)?,
             fine_tune,
             incr_save: train.incr_save_config.as_ref().map(IncrSave::from_proto).transpose()?,
+            dead_line: train
+                .dead_line
+                .as_deref()
+                .filter(|d| !d.is_empty())
+                .map(dead_line)
+                .transpose()?,
         })
     }
 }
@@ -444,12 +477,6 @@ fn refuse_unhonoured(train: &proto::TrainConfig) -> Result<(), ConfigError> {
     ];
     if let Some((field, what, _)) = set.iter().find(|(_, _, on)| *on) {
         return Err(ConfigError::unsupported(format!("train_config.{field}"), *what));
-    }
-    if train.dead_line.as_deref().is_some_and(|d| !d.is_empty()) {
-        return Err(ConfigError::unsupported(
-            "train_config.dead_line",
-            "a training deadline",
-        ));
     }
     Ok(())
 }

@@ -336,12 +336,7 @@ impl LiveModel {
     }
 
     /// The new initializers of table `name` with rows `ids` set to `values`.
-    fn table_patches(
-        &self,
-        name: &str,
-        ids: &[i64],
-        values: &[f32],
-    ) -> anyhow::Result<Vec<Patch>> {
+    fn table_patches(&self, name: &str, ids: &[i64], values: &[f32]) -> anyhow::Result<Vec<Patch>> {
         let t = self.init(name).context("no such table")?;
         let (rows, dim) = match t.dims[..] {
             [r, d] if r >= 0 && d > 0 => (r as usize, d as usize),

@@ -23,6 +23,8 @@ pub(super) struct StopSignal {
     /// The file, when the config enables the signal.
     path: Option<PathBuf>,
     checked: Option<Instant>,
+    /// `train_config.dead_line` (Unix seconds).
+    dead_line: Option<i64>,
 }
 
 impl StopSignal {
@@ -33,12 +35,18 @@ impl StopSignal {
                 .stop_signal
                 .then(|| model_dir.join(crate::config::train_plan::STOP_SIGNAL)),
             checked: None,
+            dead_line: train.dead_line,
         }
     }
 
     /// Whether the signal is there (looking if it is time to), logged with
     /// the global step `step` when found.
     pub(super) fn found(&mut self, step: u64) -> bool {
+        if let Some(d) = self.dead_line.filter(|d| chrono::Utc::now().timestamp() > *d) {
+            log::info!("train_config.dead_line (Unix time {d}) passed at step {step}: training ends here");
+            self.dead_line = None;
+            return true;
+        }
         let Some(path) = &self.path else {
             return false;
         };
