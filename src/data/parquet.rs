@@ -486,25 +486,26 @@ mod tests {
 mod found_by_fuzzing {
     use super::*;
 
+    /// The fuzz target's projection: a required int label and a string.
+    fn label_and_user() -> Projection {
+        let column = |name: &str, ty, required| ProjColumn {
+            name: name.into(),
+            ty,
+            default_val: String::new(),
+            required,
+        };
+        Projection {
+            columns: vec![
+                column("label", ColumnType::Int, true),
+                column("user", ColumnType::Str, false),
+            ],
+        }
+    }
+
     #[test]
     fn a_page_the_parquet_crate_panics_on_is_an_error_naming_the_file() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz/parquet_zero_divisor.parquet");
-        let projection = Projection {
-            columns: vec![
-                ProjColumn {
-                    name: "label".into(),
-                    ty: ColumnType::Int,
-                    default_val: String::new(),
-                    required: true,
-                },
-                ProjColumn {
-                    name: "user".into(),
-                    ty: ColumnType::Str,
-                    default_val: String::new(),
-                    required: false,
-                },
-            ],
-        };
+        let projection = label_and_user();
         let groups = row_groups(&path).unwrap();
         assert!(groups > 0);
         let mut failed = 0;
@@ -545,22 +546,7 @@ mod found_by_fuzzing {
         // `make fuzz` found it: a page header whose skipped list claims 2^31
         // elements re-read the end of a 757-byte file for 20 s.
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz/parquet_skip_past_end.parquet");
-        let projection = Projection {
-            columns: vec![
-                ProjColumn {
-                    name: "label".into(),
-                    ty: ColumnType::Int,
-                    default_val: String::new(),
-                    required: true,
-                },
-                ProjColumn {
-                    name: "user".into(),
-                    ty: ColumnType::Str,
-                    default_val: String::new(),
-                    required: false,
-                },
-            ],
-        };
+        let projection = label_and_user();
         let groups = row_groups(&path).unwrap();
         let mut failed = 0;
         for g in 0..groups.min(16) {
@@ -596,22 +582,7 @@ mod found_by_fuzzing {
     fn a_dictionary_claiming_more_values_than_its_bytes_is_refused() {
         // `make fuzz` found it: 2^30 INT64 entries claimed in a 1 KB file.
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz/parquet_huge_dictionary.parquet");
-        let projection = Projection {
-            columns: vec![
-                ProjColumn {
-                    name: "label".into(),
-                    ty: ColumnType::Int,
-                    default_val: String::new(),
-                    required: true,
-                },
-                ProjColumn {
-                    name: "user".into(),
-                    ty: ColumnType::Str,
-                    default_val: String::new(),
-                    required: false,
-                },
-            ],
-        };
+        let projection = label_and_user();
         let groups = row_groups(&path).unwrap();
         let mut refused = 0;
         for g in 0..groups.min(16) {

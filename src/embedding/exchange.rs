@@ -28,6 +28,14 @@ fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
     out
 }
 
+/// Packs per-table id lists into one message (`unpack`'s inverse).
+fn pack(per_table: &[Vec<u64>]) -> Vec<u64> {
+    per_table
+        .iter()
+        .flat_map(|ids| std::iter::once(ids.len() as u64).chain(ids.iter().copied()))
+        .collect()
+}
+
 /// Per rank, per table: what goes to (or comes from) that rank.
 pub type ByOwner<T> = Vec<Vec<Vec<T>>>;
 
@@ -82,15 +90,7 @@ impl Collection {
         if n == 1 {
             return want.swap_remove(0);
         }
-        let messages: Vec<Vec<u64>> = want
-            .iter()
-            .map(|per_table| {
-                per_table
-                    .iter()
-                    .flat_map(|ids| std::iter::once(ids.len() as u64).chain(ids.iter().copied()))
-                    .collect()
-            })
-            .collect();
+        let messages: Vec<Vec<u64>> = want.iter().map(|per_table| pack(per_table)).collect();
         let got = if sharded {
             comm.all_to_all_u64(&messages)
         } else {
@@ -135,15 +135,7 @@ impl Collection {
         let nt = self.tables.len();
         // want[owner][table]: the ids to ask that owner for.
         let want = self.ids_by_owner(groups, batch, comm.size());
-        let requests: Vec<Vec<u64>> = want
-            .iter()
-            .map(|per_table| {
-                per_table
-                    .iter()
-                    .flat_map(|ids| std::iter::once(ids.len() as u64).chain(ids.iter().copied()))
-                    .collect()
-            })
-            .collect();
+        let requests: Vec<Vec<u64>> = want.iter().map(|per_table| pack(per_table)).collect();
         let asked = comm.all_to_all_u64(&requests);
         let answers: Vec<Vec<f32>> = asked
             .iter()
@@ -182,15 +174,7 @@ impl Collection {
         // Per destination: [count, ids...] per table, and their gradients.
         let (ids, table_grads) = self.grads_by_owner(&local, if sharded { n } else { 1 });
         let grads: Vec<Vec<f32>> = table_grads.into_iter().map(|per_table| per_table.concat()).collect();
-        let messages: Vec<Vec<u64>> = ids
-            .iter()
-            .map(|per_table| {
-                per_table
-                    .iter()
-                    .flat_map(|v| std::iter::once(v.len() as u64).chain(v.iter().copied()))
-                    .collect()
-            })
-            .collect();
+        let messages: Vec<Vec<u64>> = ids.iter().map(|per_table| pack(per_table)).collect();
         let (from_ids, from_grads) = if sharded {
             (comm.all_to_all_u64(&messages), comm.all_to_all_f32(&grads))
         } else {
