@@ -747,3 +747,112 @@ fn serve_follows_the_training_jobs_incremental_updates() {
     let (_, got) = infer(&Server::agent(), &server.base, &body).unwrap();
     assert_close("after the updates", &got, &want);
 }
+
+/// TF Serving's version policy: a version copied in file by file (as `cp
+/// -r` or rsync write it) is served once complete, a broken one is
+/// reported in the status with its error and served once fixed in place,
+/// and requests keep being answered throughout.
+#[test]
+fn a_version_copied_in_file_by_file_or_fixed_in_place_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DLRM", "");
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&cfg);
+    run_ok(t);
+    let root = dir.path().join("export");
+    export(
+        &cfg,
+        &root,
+        Some(dir.path().join("model/model.ckpt-10").to_str().unwrap()),
+    );
+    let staging = dir.path().join("staging");
+    export(&cfg, &staging, None);
+    let fresh = std::fs::read_dir(&staging).unwrap().next().unwrap().unwrap().path();
+    let first: u64 = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().unwrap().parse().ok())
+        .max()
+        .unwrap();
+    let server = Server::start(&root, &["--file_system_poll_wait_seconds", "0.05"]);
+    let rows = rows_of(&dir.path().join("data.csv"));
+    let tensors: Vec<Value> = columns(&rows, 0..10)
+        .into_iter()
+        .map(|(f, v)| json!({ "name": f, "shape": [10], "datatype": "BYTES", "data": v }))
+        .collect();
+    let body = json!({ "inputs": tensors }).to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = {
+        let (stop, base, body) = (stop.clone(), server.base.clone(), body.clone());
+        std::thread::spawn(move || {
+            let agent = Server::agent();
+            while !stop.load(Ordering::Relaxed) {
+                infer(&agent, &base, &body).unwrap_or_else(|e| panic!("a request failed: {e}"));
+            }
+        })
+    };
+    let served = |want: u64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (v, _) = infer(&Server::agent(), &server.base, &body).unwrap();
+            if v == want.to_string() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "version {want} was not served (serving {v}): {}",
+                std::fs::read_to_string(&server.log).unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Copied in file by file, the folder first, pausing between files.
+    let second = root.join((first + 10).to_string());
+    std::fs::create_dir_all(second.join("assets")).unwrap();
+    let mut files: Vec<PathBuf> = Vec::new();
+    for d in [fresh.clone(), fresh.join("assets")] {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_file() {
+                files.push(p.strip_prefix(&fresh).unwrap().to_path_buf());
+            }
+        }
+    }
+    for f in &files {
+        std::fs::copy(fresh.join(f), second.join(f)).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    served(first + 10);
+    // A broken version is reported and fixed in place.
+    let third = root.join((first + 20).to_string());
+    copy_dir(&fresh, &third);
+    let good = std::fs::read(third.join("model.onnx")).unwrap();
+    std::fs::write(third.join("model.onnx"), b"not an onnx graph").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, status) = server.get("/v1/models/model");
+        let status: Value = serde_json::from_str(&status).unwrap();
+        let versions = status["model_version_status"].as_array().unwrap().clone();
+        let broken = versions
+            .iter()
+            .find(|v| v["version"].as_str() == Some((first + 20).to_string().as_str()));
+        if let Some(b) = broken.filter(|b| b["state"] == "END") {
+            assert_eq!(b["status"]["error_code"], "UNKNOWN", "{status}");
+            assert!(!b["status"]["error_message"].as_str().unwrap().is_empty());
+            let ok = versions
+                .iter()
+                .find(|v| v["version"].as_str() == Some((first + 10).to_string().as_str()))
+                .unwrap();
+            assert_eq!(ok["state"], "AVAILABLE", "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the broken version was not reported: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(third.join("model.onnx"), good).unwrap();
+    served(first + 20);
+    stop.store(true, Ordering::Relaxed);
+    client.join().unwrap();
+}

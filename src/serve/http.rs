@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::batcher::{Job, Scheduler, ScoreError};
 use super::metrics::Metrics;
 use super::request::{self, BadRequest, Form};
-use super::{Registry, Served};
+use super::{Registry, Served, VersionState};
 use crate::config::data_plan::ColumnType;
 use crate::data::RawBatch;
 use crate::model::{score_columns, TaskScores};
@@ -203,7 +203,7 @@ fn f32_list(xs: &[f32]) -> Value {
 async fn v1_get(State(app): Shared, Path(rest): Path<String>) -> Response {
     let start = Instant::now();
     let (endpoint, result) = match model_path(&rest) {
-        Some((name, version, None)) => ("status", app.model(name, version).map(|s| tf_status(&s))),
+        Some((name, version, None)) => ("status", app.model(name, version).map(|s| tf_status(&app, &s, version))),
         Some((name, version, Some("metadata"))) => {
             ("metadata", app.model(name, version).map(|s| tf_metadata(&app, &s)))
         }
@@ -258,14 +258,29 @@ async fn tf_predict(app: &App, name: &str, version: Option<&str>, body: Body) ->
     })
 }
 
-fn tf_status(served: &Served) -> Value {
-    json!({
-        "model_version_status": [{
-            "version": served.version.to_string(),
-            "state": "AVAILABLE",
-            "status": { "error_code": "OK", "error_message": "" }
-        }]
-    })
+/// TF Serving's status: the version asked for, or every version seen
+/// (newest first) with its load state and, for a failed load, its error.
+fn tf_status(app: &App, served: &Served, asked: Option<&str>) -> Value {
+    let list: Vec<Value> = app
+        .registry
+        .states()
+        .into_iter()
+        .filter(|(v, _)| asked.is_none() || *v == served.version)
+        .map(|(v, st)| {
+            let (state, code, message) = match st {
+                VersionState::Loading => ("LOADING", "OK", String::new()),
+                VersionState::Available => ("AVAILABLE", "OK", String::new()),
+                VersionState::End(None) => ("END", "OK", String::new()),
+                VersionState::End(Some(e)) => ("END", "UNKNOWN", e),
+            };
+            json!({
+                "version": v.to_string(),
+                "state": state,
+                "status": { "error_code": code, "error_message": message }
+            })
+        })
+        .collect();
+    json!({ "model_version_status": list })
 }
 
 fn tf_dtype(ty: ColumnType) -> &'static str {

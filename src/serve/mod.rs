@@ -79,17 +79,43 @@ fn version_of(dir: &Path) -> Option<u64> {
     dir.file_name()?.to_str()?.parse().ok()
 }
 
+/// TF Serving's load states of a version, as its status endpoint reports
+/// them: being loaded, served, or ended (unloaded, or failed with its error).
+#[derive(Debug, Clone, PartialEq)]
+pub enum VersionState {
+    Loading,
+    Available,
+    End(Option<String>),
+}
+
 /// The version being served, swapped whole when a new one is loaded:
-/// requests hold the `Arc` they started with until they are answered.
+/// requests hold the `Arc` they started with until they are answered. Also
+/// the load state of every version seen.
 pub struct Registry {
     current: RwLock<Arc<Served>>,
+    states: RwLock<std::collections::BTreeMap<u64, VersionState>>,
 }
 
 impl Registry {
     pub fn new(first: Served) -> Self {
+        let states = std::collections::BTreeMap::from([(first.version, VersionState::Available)]);
         Registry {
             current: RwLock::new(Arc::new(first)),
+            states: RwLock::new(states),
         }
+    }
+
+    fn set_state(&self, version: u64, state: VersionState) {
+        self.states
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(version, state);
+    }
+
+    /// Every version seen with its state, newest first.
+    pub fn states(&self) -> Vec<(u64, VersionState)> {
+        let s = self.states.read().unwrap_or_else(|e| e.into_inner());
+        s.iter().rev().map(|(v, st)| (*v, st.clone())).collect()
     }
 
     pub fn current(&self) -> Arc<Served> {
@@ -194,12 +220,49 @@ async fn shutdown() {
     log::info!("shutting down: answering the requests in flight");
 }
 
-/// Checks `root` every `poll` for a version newer than the one served and
-/// swaps it in once loaded, and applies the incremental updates of the
-/// served export's job (`follow`). A version that fails to load is logged
-/// once and skipped; the served one stays.
+/// How long a version folder must stay unchanged before it is loaded: an
+/// export copied in file by file (`cp -r`, rsync) is not read half-written.
+const QUIET: Duration = Duration::from_millis(500);
+/// The first wait before a failed version is tried again; it doubles up
+/// to `RETRY_MAX`, and a version whose files change is tried again at once.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// A version that failed to load: when to try it again, and its files'
+/// state then (a change means it was fixed or completed).
+struct Failure {
+    next: std::time::Instant,
+    wait: Duration,
+    files: Option<std::time::SystemTime>,
+}
+
+/// The newest modification time of the files in `dir` (one level of
+/// folders below it too: `assets/`).
+fn newest_change(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut newest = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
+    let mut dirs = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = dirs.pop() {
+        for e in std::fs::read_dir(&d).ok()?.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if let Ok(t) = m.modified() {
+                newest = newest.max(Some(t));
+            }
+            if m.is_dir() && depth < 1 {
+                dirs.push((e.path(), depth + 1));
+            }
+        }
+    }
+    newest
+}
+
+/// Checks `root` every `poll` for versions newer than the one served, as
+/// TF Serving's version policy does: the newest one that loads is swapped
+/// in; a folder still being written (changed within `QUIET`) waits; a
+/// version that fails to load is logged, marked in the status endpoint and
+/// tried again with a growing wait, or at once when its files change. The
+/// incremental updates of the served export's job are applied (`follow`).
 fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::Metrics, poll: Duration) {
-    let mut failed: Vec<PathBuf> = Vec::new();
+    let mut failed: std::collections::HashMap<PathBuf, Failure> = std::collections::HashMap::new();
     let mut live: Option<(u64, LiveModel)> = None;
     let mut bad_updates: Vec<PathBuf> = Vec::new();
     loop {
@@ -208,33 +271,59 @@ fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::M
         if !versioned {
             continue;
         }
-        let newest = match crate::export::list_exports(root) {
-            Ok(mut all) => all.pop(),
+        let all = match crate::export::list_exports(root) {
+            Ok(all) => all,
             Err(e) => {
                 log::warn!("cannot list versions under {}: {e:#}", root.display());
                 continue;
             }
         };
-        let Some(newest) = newest else { continue };
-        let Some(version) = version_of(&newest) else { continue };
-        if version <= registry.current().version || failed.contains(&newest) {
-            continue;
-        }
-        match Served::load(&newest) {
-            Ok(next) => {
-                log::info!("serving version {version} from {}", newest.display());
-                metrics.serving(version, next.step);
-                registry.swap(next);
-                live = None;
+        let served = registry.current().version;
+        for dir in all.iter().rev() {
+            let Some(version) = version_of(dir) else { continue };
+            if version <= served {
+                break;
             }
-            Err(e) => {
-                log::error!(
-                    "version {version} ({}) failed to load and is not served; version {} stays: {e:#}",
-                    newest.display(),
-                    registry.current().version
-                );
-                metrics.load_failed();
-                failed.push(newest);
+            let changed = newest_change(dir);
+            if changed.is_some_and(|t| t.elapsed().unwrap_or_default() < QUIET) {
+                continue; // still being written
+            }
+            if let Some(f) = failed.get(dir) {
+                if f.files == changed && std::time::Instant::now() < f.next {
+                    continue;
+                }
+            }
+            registry.set_state(version, VersionState::Loading);
+            match Served::load(dir) {
+                Ok(next) => {
+                    log::info!("serving version {version} from {}", dir.display());
+                    metrics.serving(version, next.step);
+                    registry.set_state(version, VersionState::Available);
+                    registry.set_state(served, VersionState::End(None));
+                    registry.swap(next);
+                    failed.remove(dir);
+                    live = None;
+                    break;
+                }
+                Err(e) => {
+                    let wait = failed.get(dir).map_or(RETRY_FIRST, |f| (f.wait * 2).min(RETRY_MAX));
+                    log::error!(
+                        "version {version} ({}) failed to load and is not served (tried again in {}s, or when its files \
+                         change); version {served} stays: {e:#}",
+                        dir.display(),
+                        wait.as_secs()
+                    );
+                    metrics.load_failed();
+                    registry.set_state(version, VersionState::End(Some(format!("{e:#}"))));
+                    failed.insert(
+                        dir.clone(),
+                        Failure {
+                            next: std::time::Instant::now() + wait,
+                            wait,
+                            files: changed,
+                        },
+                    );
+                }
             }
         }
     }
