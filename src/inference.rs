@@ -16,7 +16,7 @@ use crate::features::{Batch, Encoder};
 use crate::model::exec::onnx::GraphTable;
 use crate::model::{names, Model, ParamStore, TaskScores};
 use crate::optim::SlotState;
-use crate::train::{Trainer, SEED};
+use crate::train::Trainer;
 
 pub struct Bundle {
     pub plan: TrainingPlan,
@@ -49,7 +49,8 @@ impl Bundle {
         plan.memory.check_here(1)?;
         let enc = Encoder::for_inference(&plan).map_err(crate::config::ConfigError::unbuildable)?;
         let sampled = plan.data.negative_sampling.is_some();
-        let mut model = Model::new(&plan.model, &plan.features, sampled, &enc, SEED)
+        let seed = plan.train.seed;
+        let mut model = Model::new(&plan.model, &plan.features, sampled, &enc, seed)
             .map_err(crate::config::ConfigError::unbuildable)?;
         let (step, mut tensors) = match checkpoint::tensorflow::find(dir) {
             Some(prefix) => easyrec_tensors(&model, &prefix)?,
@@ -70,7 +71,7 @@ impl Bundle {
             match t.key_value {
                 Some(kv) => {
                     let mut table =
-                        Table::key_value((&t.name, t.dim), kv, (&t.init, SEED), (0, &none), Sharding::Replicated);
+                        Table::key_value((&t.name, t.dim), kv, (&t.init, seed), (0, &none), Sharding::Replicated);
                     table.restore_key_value(var, &none, &mut tensors, (false, dir))?;
                     tables.push(table.for_inference());
                 }

@@ -620,3 +620,67 @@ fn a_oneof_set_twice_keeps_the_last_member_with_a_warning() {
         );
     }
 }
+
+/// `--seed` (or `RUSTREC_SEED`) makes runs repeatable and different from
+/// each other: the same seed trains the same weights, another seed others;
+/// checkpoints record it and a resumed run goes on with the checkpoint's.
+#[test]
+fn a_seed_repeats_a_run_and_another_seed_varies_it() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cfg = format!("{root}/samples/wide_and_deep_criteo_sample.config");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, seed: Option<&str>, env: Option<&str>, extra: &[&str]| {
+        let mut c = train_eval();
+        c.current_dir(root)
+            .args(["--pipeline_config_path", &cfg])
+            .args(["--model_dir", dir.path().join(name).to_str().unwrap()])
+            .args([
+                "--train_config.num_steps=20",
+                "--train_config.save_checkpoints_steps=10",
+            ])
+            .args(extra);
+        if let Some(s) = seed {
+            c.args(["--seed", s]);
+        }
+        match env {
+            Some(e) => c.env("RUSTREC_SEED", e),
+            None => c.env_remove("RUSTREC_SEED"),
+        };
+        c.output().unwrap()
+    };
+    let weights = |name: &str, step: u32| {
+        rustrec::checkpoint::load(&dir.path().join(name).join(format!("model.ckpt-{step}")))
+            .unwrap()
+            .1
+    };
+    for (name, seed, env) in [("a", Some("7"), None), ("b", None, Some("7")), ("c", Some("8"), None)] {
+        let out = run(name, seed, env, &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(
+        weights("a", 20),
+        weights("b", 20),
+        "the same seed by flag and by variable"
+    );
+    assert_ne!(weights("a", 20), weights("c", 20), "another seed");
+    assert_eq!(
+        rustrec::checkpoint::seed_of(&dir.path().join("a/model.ckpt-20")),
+        Some(7)
+    );
+    // Resumed with another seed: the checkpoint's goes on, with a warning.
+    let out = run(
+        "a",
+        Some("9"),
+        None,
+        &["--continue_train", "--train_config.num_steps=30"],
+    );
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("trained with seed 7"));
+    assert_eq!(
+        rustrec::checkpoint::seed_of(&dir.path().join("a/model.ckpt-30")),
+        Some(7)
+    );
+    let out = run("d", None, Some("seven"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RUSTREC_SEED"));
+}

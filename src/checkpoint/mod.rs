@@ -194,7 +194,7 @@ pub fn write_part(
 /// prunes to `keep_max` checkpoints (0 = keep all).
 pub fn commit(
     model_dir: &Path,
-    step: u64,
+    (step, seed): (u64, u64),
     tmp: &Path,
     parts: &[Written],
     tensors: &[(String, String, Vec<usize>)],
@@ -220,6 +220,7 @@ pub fn commit(
     let manifest = json!({
         "format": FORMAT,
         "global_step": step,
+        "seed": seed,
         "world_size": world,
         "files": manifest_files,
         "tensors": tensor_map,
@@ -276,7 +277,14 @@ pub fn save(
         parts.push(write_part(&tmp, name, ts, None)?);
         tensors.extend(ts.iter().map(|t| (t.name.clone(), name.to_string(), t.shape.clone())));
     }
-    commit(model_dir, step, &tmp, &parts, &tensors, keep_max)
+    let seed = crate::config::train_plan::DEFAULT_SEED;
+    commit(model_dir, (step, seed), &tmp, &parts, &tensors, keep_max)
+}
+
+/// The seed checkpoint `dir` was trained with, when its manifest records one.
+pub fn seed_of(dir: &Path) -> Option<u64> {
+    let text = fs::read_to_string(dir.join("manifest.json")).ok()?;
+    serde_json::from_str::<Value>(&text).ok()?["seed"].as_u64()
 }
 
 /// Steps of the complete checkpoints in `model_dir`, ascending.

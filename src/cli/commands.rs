@@ -30,7 +30,10 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
         print!("{}", loaded.to_text());
         return Ok(());
     }
-    let plan = TrainingPlan::from_config(&loaded.config)?;
+    let mut plan = TrainingPlan::from_config(&loaded.config)?;
+    if let Some(seed) = seed_of(args.seed)? {
+        plan.train.seed = seed;
+    }
     let comm = dist::init()?;
     let options = TrainOptions {
         resume: args.continue_train,
@@ -46,6 +49,22 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
         straggler: args.straggler.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))),
     };
     abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, options))
+}
+
+/// `--seed`, else the `RUSTREC_SEED` environment variable (for launchers
+/// that pass EasyRec's flags only), else none.
+fn seed_of(flag: Option<u64>) -> anyhow::Result<Option<u64>> {
+    if flag.is_some() {
+        return Ok(flag);
+    }
+    match std::env::var("RUSTREC_SEED") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| UserFault(anyhow::anyhow!("RUSTREC_SEED: `{v}` is not a non-negative integer")).into()),
+        Err(_) => Ok(None),
+    }
 }
 
 /// What train_eval's flags ask of a run besides the config.

@@ -109,6 +109,11 @@ pub struct TrainEvalArgs {
     /// each of its steps.
     #[arg(long, value_name = "WORKER:MS", hide = true, value_parser = parse_straggler)]
     pub straggler: Option<(usize, u64)>,
+    /// Seeds initial weights, dropout, shuffling and sampled negatives (EasyRec's
+    /// config has no field for it); also read from RUSTREC_SEED. Checkpoints
+    /// record it and --continue_train goes on with the checkpoint's.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
     /// Print the effective config (after all overrides) as text proto and exit.
     #[arg(long)]
     pub print_config: bool,

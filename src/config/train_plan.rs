@@ -38,7 +38,14 @@ pub struct TrainPlan {
     /// `dead_line`: training ends (as at num_steps, with a checkpoint) once
     /// the clock passes this Unix time.
     pub dead_line: Option<i64>,
+    /// Seeds initial weights, dropout, shuffling and sampled negatives
+    /// (`train_eval --seed`, or the `RUSTREC_SEED` environment variable;
+    /// EasyRec's config has no field for it). Recorded in checkpoints.
+    pub seed: u64,
 }
+
+/// The seed of a run that names none.
+pub const DEFAULT_SEED: u64 = 20_260_101;
 
 /// EasyRec's `dead_line`: `%Y%m%d %H:%M:%S` in local time (17 characters)
 /// or Unix seconds (10 digits), as its `parse_time` reads it.
@@ -218,6 +225,7 @@ impl TrainPlan {
                 .filter(|d| !d.is_empty())
                 .map(dead_line)
                 .transpose()?,
+            seed: DEFAULT_SEED,
         })
     }
 }

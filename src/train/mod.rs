@@ -31,7 +31,7 @@ pub use step::StepStats;
 
 /// Seed of every random choice (initialisation, shuffling, dropout), so two
 /// runs of one config train identically.
-pub const SEED: u64 = 20_260_101;
+pub const SEED: u64 = crate::config::train_plan::DEFAULT_SEED;
 
 pub struct Trainer {
     pub plan: TrainingPlan,
@@ -143,7 +143,7 @@ impl Trainer {
         plan.memory.check_here(shards)?;
         let uid = plan.model.gauc_uid_fields().next();
         let enc = Encoder::new(&plan, uid).map_err(ConfigError::unbuildable)?;
-        let seed = SEED;
+        let seed = plan.train.seed;
         let sampled = plan.data.negative_sampling.is_some();
         let model = Model::new(&plan.model, &plan.features, sampled, &enc, seed).map_err(ConfigError::unbuildable)?;
         let model_kind = plan.model.kind;

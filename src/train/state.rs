@@ -158,7 +158,7 @@ impl Trainer {
             );
         }
         let keep = self.plan.train.keep_checkpoint_max as usize;
-        checkpoint::commit(&self.plan.model_dir, self.step, tmp, &parts, &names, keep)?;
+        checkpoint::commit(&self.plan.model_dir, (self.step, self.seed), tmp, &parts, &names, keep)?;
         Ok(())
     }
 
@@ -169,6 +169,16 @@ impl Trainer {
             return self.restore_tensorflow(&prefix);
         }
         let (step, mut tensors) = checkpoint::load(dir)?;
+        if let Some(seed) = checkpoint::seed_of(dir).filter(|s| *s != self.seed) {
+            // Dropout and the order of the input go on as they began.
+            log::warn!(
+                "{} was trained with seed {seed}; the run goes on with it, not with {}",
+                dir.display(),
+                self.seed
+            );
+            self.seed = seed;
+            self.plan.train.seed = seed;
+        }
         self.restore_key_value(&mut tensors, true, dir)?;
         let mut values: BTreeMap<String, Vec<f32>> = BTreeMap::new();
         for (name, shape) in self.variables(true) {
