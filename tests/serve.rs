@@ -856,3 +856,131 @@ fn a_version_copied_in_file_by_file_or_fixed_in_place_is_served() {
     stop.store(true, Ordering::Relaxed);
     client.join().unwrap();
 }
+
+/// Triton's binary tensor data (tritonclient's default): inputs sent as raw
+/// bytes after a JSON header, outputs asked for as binary come back that
+/// way, with the scores of the JSON form; and the model configuration,
+/// repository index and statistics endpoints perf_analyzer reads.
+#[test]
+fn binary_tensor_data_and_tritons_model_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, root) = trained(dir.path(), "DLRM");
+    let server = Server::start(&root, &["--file_system_poll_wait_seconds", "0"]);
+    let rows = rows_of(&dir.path().join("data.csv"));
+    let n = 12;
+    // The JSON form's answer.
+    let tensors: Vec<Value> = columns(&rows, 0..n)
+        .into_iter()
+        .map(|(f, v)| json!({ "name": f, "shape": [n], "datatype": "BYTES", "data": v }))
+        .collect();
+    let (code, plain) = server.post("/v2/models/model/infer", &json!({ "inputs": tensors }).to_string());
+    assert_eq!(code, 200, "{plain}");
+    let want: Vec<f64> = plain["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "probs")
+        .unwrap()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    // The same rows as binary data: numbers as FP64, text as BYTES.
+    let mut header_inputs = Vec::new();
+    let mut data: Vec<u8> = Vec::new();
+    for (f, values) in columns(&rows, 0..n) {
+        let before = data.len();
+        let datatype = if f.starts_with('d') {
+            for v in &values {
+                data.extend(v.as_str().unwrap().parse::<f64>().unwrap().to_le_bytes());
+            }
+            "FP64"
+        } else {
+            for v in &values {
+                let s = v.as_str().unwrap().as_bytes();
+                data.extend((s.len() as u32).to_le_bytes());
+                data.extend(s);
+            }
+            "BYTES"
+        };
+        header_inputs.push(json!({
+            "name": f, "shape": [n], "datatype": datatype,
+            "parameters": { "binary_data_size": data.len() - before }
+        }));
+    }
+    let header = json!({
+        "inputs": header_inputs,
+        "outputs": [{ "name": "probs", "parameters": { "binary_data": true } }]
+    })
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend(&data);
+    let mut r = Server::agent()
+        .post(&format!("{}/v2/models/model/infer", server.base))
+        .header("Inference-Header-Content-Length", &header.len().to_string())
+        .content_type("application/octet-stream")
+        .send(&body[..])
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let json_len: usize = r
+        .headers()
+        .get("inference-header-content-length")
+        .expect("a binary answer says its JSON header's length")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let answer = r.body_mut().read_to_vec().unwrap();
+    let head: Value = serde_json::from_slice(&answer[..json_len]).unwrap();
+    let probs = &head["outputs"][0];
+    assert_eq!(probs["name"], "probs");
+    assert_eq!(probs["parameters"]["binary_data_size"], json!(4 * n));
+    let got: Vec<f64> = answer[json_len..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+        .collect();
+    assert_close("binary tensors", &got, &want);
+    // A binary size past the body is a 400.
+    let lying = json!({ "inputs": [{ "name": "d1", "shape": [1], "datatype": "FP64",
+                                      "parameters": { "binary_data_size": 800 } }] })
+    .to_string();
+    let r = Server::agent()
+        .post(&format!("{}/v2/models/model/infer", server.base))
+        .header("Inference-Header-Content-Length", &lying.len().to_string())
+        .send(lying.as_bytes())
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+
+    // Triton's endpoints.
+    let (_, meta) = server.get("/v2");
+    assert!(
+        meta.contains("binary_tensor_data") && meta.contains("statistics"),
+        "{meta}"
+    );
+    let (code, config) = server.get("/v2/models/model/config");
+    assert_eq!(code, 200);
+    let config: Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["name"], "model");
+    assert!(config["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["name"] == "c1" && i["data_type"] == "TYPE_STRING"));
+    assert!(config["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o["name"] == "probs"));
+    let (code, stats) = server.get("/v2/models/model/stats");
+    assert_eq!(code, 200);
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    let s = &stats["model_stats"][0];
+    assert_eq!(s["inference_stats"]["success"]["count"], json!(2));
+    assert_eq!(s["inference_stats"]["fail"]["count"], json!(1));
+    assert_eq!(s["inference_count"], json!(2 * n));
+    let (code, index) = server.post("/v2/repository/index", "{}");
+    assert_eq!(code, 200);
+    assert_eq!(index[0]["name"], "model");
+    assert_eq!(index[0]["state"], "READY");
+}

@@ -46,7 +46,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v2", get(v2_server))
         .route("/v2/health/live", get(health))
         .route("/v2/health/ready", get(health))
+        .route("/v2/models/stats", get(v2_all_stats))
         .route("/v2/models/{*rest}", get(v2_get).post(v2_post))
+        .route("/v2/repository/index", axum::routing::post(v2_index))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .with_state(app)
@@ -120,7 +122,18 @@ impl App {
 
 /// The body as JSON, or the refusal: too large (413, the body read on to
 /// `DRAIN_FACTOR` times the limit and dropped), unreadable, not JSON.
-async fn parse_body(mut body: Body, max: usize) -> Result<Value, ApiError> {
+async fn parse_body(body: Body, max: usize) -> Result<Value, ApiError> {
+    let data = read_body(body, max).await?;
+    serde_json::from_slice(&data).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not valid JSON: {e}"),
+        )
+    })
+}
+
+/// The body's bytes, or the refusal (see `parse_body`).
+async fn read_body(mut body: Body, max: usize) -> Result<Vec<u8>, ApiError> {
     let too_large = || {
         ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -150,12 +163,7 @@ async fn parse_body(mut body: Body, max: usize) -> Result<Value, ApiError> {
     if seen > max {
         return Err(too_large());
     }
-    serde_json::from_slice(&data).map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("the request body is not valid JSON: {e}"),
-        )
-    })
+    Ok(data)
 }
 
 /// `name`, `name/versions/v` (with an optional suffix after it, such as
@@ -333,8 +341,79 @@ async fn health(State(app): Shared) -> Response {
 }
 
 async fn v2_server(State(app): Shared) -> Response {
-    let body = json!({ "name": "rustrec", "version": env!("CARGO_PKG_VERSION"), "extensions": [] });
+    let body = json!({
+        "name": "rustrec",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+    });
     app.finish("metadata", Instant::now(), Ok(body))
+}
+
+/// Triton's repository index: the model, its served version, READY.
+async fn v2_index(State(app): Shared) -> Response {
+    let served = app.registry.current();
+    let body = json!([{ "name": app.name, "version": served.version.to_string(), "state": "READY", "reason": "" }]);
+    app.finish("metadata", Instant::now(), Ok(body))
+}
+
+/// Triton's statistics of every model (this server's one).
+async fn v2_all_stats(State(app): Shared) -> Response {
+    let served = app.registry.current();
+    app.finish("metadata", Instant::now(), Ok(v2_stats(&app, &served)))
+}
+
+/// Triton's statistics: requests answered and refused with their total
+/// time, rows scored, model runs.
+fn v2_stats(app: &App, served: &Served) -> Value {
+    let s = app.metrics.inference_stats();
+    let pair = |(count, ns): (u64, u64)| json!({ "count": count, "ns": ns });
+    json!({ "model_stats": [{
+        "name": app.name,
+        "version": served.version.to_string(),
+        "last_inference": s.last_ms,
+        "inference_count": s.rows,
+        "execution_count": s.executions,
+        "inference_stats": {
+            "success": pair(s.success),
+            "fail": pair(s.fail),
+            "queue": pair((0, 0)),
+            "compute_input": pair((0, 0)),
+            "compute_infer": pair((s.executions, s.success.1)),
+            "compute_output": pair((0, 0)),
+            "cache_hit": pair((0, 0)),
+            "cache_miss": pair((0, 0))
+        },
+        "batch_stats": []
+    }]})
+}
+
+/// Triton's model configuration of the served export: its inputs as raw
+/// values (strings, integers or floats by `input_fields`), its outputs.
+fn v2_config(app: &App, served: &Served) -> Value {
+    let triton_type = |ty: ColumnType| match ty {
+        ColumnType::Int => "TYPE_INT64",
+        ColumnType::Float => "TYPE_FP64",
+        ColumnType::Str => "TYPE_STRING",
+        ColumnType::Bool => "TYPE_BOOL",
+    };
+    let inputs: Vec<Value> = request::request_inputs(&served.model)
+        .into_iter()
+        .map(|(n, ty)| json!({ "name": n, "data_type": triton_type(ty), "dims": [-1] }))
+        .collect();
+    let outputs: Vec<Value> = output_names(served)
+        .into_iter()
+        .map(|n| json!({ "name": n, "data_type": "TYPE_FP32", "dims": [-1] }))
+        .collect();
+    json!({
+        "name": app.name,
+        "platform": "onnxruntime_onnx",
+        "backend": "rustrec",
+        "version_policy": { "latest": { "num_versions": 1 } },
+        "max_batch_size": 0,
+        "input": inputs,
+        "output": outputs,
+        "parameters": { "global_step": { "string_value": served.step.to_string() } }
+    })
 }
 
 async fn v2_get(State(app): Shared, Path(rest): Path<String>) -> Response {
@@ -342,23 +421,67 @@ async fn v2_get(State(app): Shared, Path(rest): Path<String>) -> Response {
     let (endpoint, result) = match model_path(&rest) {
         Some((name, version, None)) => ("metadata", app.model(name, version).map(|s| v2_metadata(&app, &s))),
         Some((name, version, Some("ready"))) => ("health", app.model(name, version).map(|_| json!({}))),
+        Some((name, version, Some("config"))) => ("metadata", app.model(name, version).map(|s| v2_config(&app, &s))),
+        Some((name, version, Some("stats"))) => ("metadata", app.model(name, version).map(|s| v2_stats(&app, &s))),
         _ => ("other", Err(unknown_path(&format!("GET /v2/models/{rest}")))),
     };
     app.finish(endpoint, start, result)
 }
 
-async fn v2_post(State(app): Shared, Path(rest): Path<String>, body: Body) -> Response {
+async fn v2_post(State(app): Shared, Path(rest): Path<String>, headers: axum::http::HeaderMap, body: Body) -> Response {
     let start = Instant::now();
     let result = match model_path(&rest) {
-        Some((name, version, Some("infer"))) => v2_infer(&app, name, version, body).await,
+        Some((name, version, Some("infer"))) => v2_infer(&app, (name, version), &headers, body).await,
         _ => Err(unknown_path(&format!("POST /v2/models/{rest}"))),
     };
-    app.finish("infer", start, result)
+    app.metrics.inference(result.is_ok(), start.elapsed());
+    match result {
+        // Binary outputs: the JSON header, then their data.
+        Ok((answer, binary)) if !binary.is_empty() => {
+            let mut bytes = answer.to_string().into_bytes();
+            let json_len = bytes.len();
+            bytes.extend(binary);
+            app.metrics.request("infer", 200, start.elapsed());
+            (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (
+                        header::HeaderName::from_static(super::binary::HEADER),
+                        json_len.to_string(),
+                    ),
+                ],
+                bytes,
+            )
+                .into_response()
+        }
+        result => app.finish("infer", start, result.map(|(answer, _)| answer)),
+    }
 }
 
-async fn v2_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> Result<Value, ApiError> {
+/// An inference request, JSON or with binary tensor data
+/// (`Inference-Header-Content-Length`); the answer's JSON and the binary
+/// data of the outputs asked for that way.
+async fn v2_infer(
+    app: &App,
+    (name, version): (&str, Option<&str>),
+    headers: &axum::http::HeaderMap,
+    body: Body,
+) -> Result<(Value, Vec<u8>), ApiError> {
     let served = app.model(name, version)?;
-    let body = parse_body(body, app.max_request_bytes).await?;
+    let binary_header = headers
+        .get(super::binary::HEADER)
+        .map(|h| {
+            h.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| BadRequest("Inference-Header-Content-Length must be a byte count".into()))
+        })
+        .transpose()?;
+    let body = match binary_header {
+        Some(n) => super::binary::parse(&read_body(body, app.max_request_bytes).await?, n)?,
+        None => parse_body(body, app.max_request_bytes).await?,
+    };
     if !body.is_object() {
         return Err(BadRequest("the request body must be a JSON object".into()).into());
     }
@@ -383,11 +506,19 @@ async fn v2_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> R
     let rows = raw.num_rows;
     let scores = app.score(served.clone(), raw).await?;
     let cols = output_columns(&scores);
+    let mut binary = Vec::new();
     let outputs: Vec<Value> = wanted
         .iter()
         .map(|w| {
             let i = names.iter().position(|n| n == w).expect("checked above");
-            json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": f32_list(&cols[i]) })
+            if super::binary::wants_binary(&body, w) {
+                let before = binary.len();
+                binary.extend(cols[i].iter().flat_map(|x| x.to_le_bytes()));
+                let size = binary.len() - before;
+                json!({ "name": w, "datatype": "FP32", "shape": [rows], "parameters": { "binary_data_size": size } })
+            } else {
+                json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": f32_list(&cols[i]) })
+            }
         })
         .collect();
     let mut answer = json!({
@@ -398,7 +529,7 @@ async fn v2_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> R
     if let Some(id) = body.get("id") {
         answer["id"] = id.clone();
     }
-    Ok(answer)
+    Ok((answer, binary))
 }
 
 fn v2_datatype(ty: ColumnType) -> &'static str {

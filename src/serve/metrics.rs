@@ -31,6 +31,20 @@ pub struct Metrics {
     version: Gauge<i64, AtomicI64>,
     step: Gauge<i64, AtomicI64>,
     reload_failures: Counter,
+    executions: std::sync::atomic::AtomicU64,
+    infer_ok: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
+    infer_failed: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
+    last_inference_ms: std::sync::atomic::AtomicU64,
+}
+
+/// See `Metrics::inference_stats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InferenceStats {
+    pub success: (u64, u64),
+    pub fail: (u64, u64),
+    pub rows: u64,
+    pub executions: u64,
+    pub last_ms: u64,
 }
 
 fn latency_histogram() -> Histogram {
@@ -90,7 +104,36 @@ impl Metrics {
             version,
             step,
             reload_failures,
+            executions: Default::default(),
+            infer_ok: Default::default(),
+            infer_failed: Default::default(),
+            last_inference_ms: Default::default(),
         }
+    }
+
+    /// Triton's statistics of inference requests: (count, total ns) of the
+    /// answered and the refused, rows scored and model runs.
+    pub fn inference_stats(&self) -> InferenceStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        InferenceStats {
+            success: (self.infer_ok.0.load(Relaxed), self.infer_ok.1.load(Relaxed)),
+            fail: (self.infer_failed.0.load(Relaxed), self.infer_failed.1.load(Relaxed)),
+            rows: self.rows.get(),
+            executions: self.executions.load(Relaxed),
+            last_ms: self.last_inference_ms.load(Relaxed),
+        }
+    }
+
+    /// Counts one inference request for the statistics endpoint.
+    pub fn inference(&self, ok: bool, took: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (n, ns) = if ok { &self.infer_ok } else { &self.infer_failed };
+        n.fetch_add(1, Relaxed);
+        ns.fetch_add(took.as_nanos() as u64, Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_inference_ms.store(now, Relaxed);
     }
 
     pub fn request(&self, endpoint: &str, code: u16, took: Duration) {
@@ -109,6 +152,7 @@ impl Metrics {
     pub fn batch(&self, rows: usize) {
         self.rows.inc_by(rows as u64);
         self.batch_rows.observe(rows as f64);
+        self.executions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn serving(&self, version: u64, step: u64) {

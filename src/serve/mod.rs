@@ -8,6 +8,7 @@
 //! logged and the old one keeps serving.
 
 pub mod batcher;
+pub mod binary;
 pub mod http;
 pub mod metrics;
 pub mod request;
