@@ -295,6 +295,10 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
             .chain(model.embedding_outputs().into_iter().map(|(n, _)| n.to_string()))
             .collect::<Vec<_>>(),
         "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",
+        "empty_values": "an input a row leaves out, null or an empty string is its field's default_val, as EasyRec \
+                         fills it; a text still empty then gives an id feature no id (lens 0: the row pools nothing, \
+                         zeros) and is never hashed; empty parts of a tag or sequence split by its separator are \
+                         dropped; an empty number is 0 when its field has no default_val",
         "features": features,
         "serving_input": serving_input(plan),
     })
