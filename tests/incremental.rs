@@ -347,3 +347,71 @@ fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
         );
     }
 }
+
+/// Key-value tables that evict (a small max_capacity, and steps_to_live at
+/// each save): the keys they drop go into `sparse_evict_<step>`, and an
+/// export following the updates drops them too, scoring as the checkpoint
+/// of the updates' step.
+#[test]
+fn evicted_keys_reach_an_export_following_the_updates() {
+    use rustrec::config::{load_pipeline, typed::TrainingPlan};
+    use rustrec::export::runtime::{resolve_export_dir, ExportedModel};
+    use rustrec::export::updates::{by_step, LiveModel, UpdateSource};
+    use rustrec::inference::Bundle;
+    let incr = "incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs {} }";
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "samples/wide_and_deep_criteo_sample_ev.config", incr);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "steps_to_live: 150 max_capacity: 100000",
+        "steps_to_live: 4 max_capacity: 48",
+    );
+    assert!(text.contains("max_capacity: 48"));
+    std::fs::write(&cfg, text).unwrap();
+    let model_dir = dir.path().join("model");
+    let out = train(&cfg, &model_dir, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let updates = model_dir.join("incr_save");
+    assert!(
+        std::fs::read_dir(&updates).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("sparse_evict_")),
+        "no evictions were written"
+    );
+    let exports = dir.path().join("exports");
+    let out = Command::new(env!("CARGO_BIN_EXE_export"))
+        .current_dir(ROOT)
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", model_dir.to_str().unwrap()])
+        .args(["--checkpoint_path", model_dir.join("model.ckpt-10").to_str().unwrap()])
+        .args(["--export_dir", exports.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let export = resolve_export_dir(&exports).unwrap();
+    let source = UpdateSource::of_export(&export).unwrap().unwrap();
+    let mut live = LiveModel::load(&export, source.clone()).unwrap();
+    for paths in by_step(source.pending(10).unwrap()).values() {
+        for p in paths {
+            live.apply(p).unwrap();
+        }
+    }
+    assert_eq!(live.step, 20);
+    let followed = ExportedModel::load(&export)
+        .unwrap()
+        .with_runnable(live.runnable().unwrap());
+    let plan = TrainingPlan::from_config(&load_pipeline(&cfg, &Default::default()).unwrap().config).unwrap();
+    let trainer = rustrec::train::Trainer::new(plan.clone()).unwrap();
+    let at20 = Bundle::restore(plan, &model_dir.join("model.ckpt-20")).unwrap();
+    let mut worst = 0.0f32;
+    for batch in trainer.stream(&trainer.plan.data.eval_paths.clone(), false, 0).unwrap() {
+        let batch = batch.unwrap();
+        for (a, b) in at20.score(&batch).iter().zip(&followed.score(&batch).unwrap()) {
+            for (x, y) in a.scores.iter().zip(&b.scores) {
+                worst = worst.max((x - y).abs());
+            }
+        }
+    }
+    assert!(worst <= 1e-5, "the followed export differs from step 20 by {worst}");
+}

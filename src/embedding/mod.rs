@@ -216,6 +216,26 @@ impl Table {
         }
     }
 
+    /// Keeps the keys a key-value table evicts from now on (incremental
+    /// updates report them); nothing for an array.
+    pub fn track_evictions(&mut self) {
+        if let Storage::KeyValue(kv) = &mut self.storage {
+            kv.track_evictions();
+        }
+    }
+
+    /// The keys evicted since the last call, ascending and distinct (with
+    /// `track_evictions`; none for an array).
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        let Storage::KeyValue(kv) = &mut self.storage else {
+            return Vec::new();
+        };
+        let mut keys = kv.take_evicted();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Rows this rank holds now, and the bytes they take (values, slots
     /// and, for a key-value table, its index).
     pub fn held(&self) -> (usize, usize) {

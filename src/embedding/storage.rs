@@ -70,6 +70,9 @@ pub struct KeyValue {
     default_row: Vec<f32>,
     /// Rows evicted so far, by rule.
     pub evicted: Evictions,
+    /// Keys evicted since `take_evicted` last drained them, kept only while
+    /// incremental updates follow the table (`track_evictions`).
+    evicted_keys: Option<Vec<u64>>,
 }
 
 /// Rows a key-value table has evicted, by rule.
@@ -100,6 +103,7 @@ impl KeyValue {
             counts: IdMap::default(),
             default_row: vec![0.0; dim],
             evicted: Evictions::default(),
+            evicted_keys: None,
         }
     }
 
@@ -185,7 +189,20 @@ impl KeyValue {
         n
     }
 
+    /// Keeps the keys evicted from now on for `take_evicted`.
+    pub fn track_evictions(&mut self) {
+        self.evicted_keys.get_or_insert_with(Vec::new);
+    }
+
+    /// The keys evicted since the last call (with `track_evictions`).
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        self.evicted_keys.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     fn remove(&mut self, key: u64, slot: usize) {
+        if let Some(k) = &mut self.evicted_keys {
+            k.push(key);
+        }
         self.index.remove(&key);
         self.counts.remove(&key);
         self.keys[slot] = None;

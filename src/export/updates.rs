@@ -63,9 +63,11 @@ impl UpdateSource {
             let Some(base) = name.strip_suffix(".done") else {
                 continue;
             };
+            // A step's dense update, then its evictions, then its rows.
             let (kind, step) = match base.rsplit_once('_') {
                 Some(("dense_update", s)) => (0, s),
-                Some(("sparse_update", s)) => (1, s),
+                Some(("sparse_evict", s)) => (1, s),
+                Some(("sparse_update", s)) => (2, s),
                 _ => continue,
             };
             let Ok(step) = step.parse::<u64>() else { continue };
@@ -97,10 +99,11 @@ fn variable_names(path: &Path) -> anyhow::Result<HashMap<usize, String>> {
         .collect()
 }
 
-/// One parsed update: its step and, per variable, (name, ids, values).
+/// One parsed update: its step, its kind (0 dense, 1 sparse rows, 2
+/// evicted keys) and, per variable, (name, ids, values).
 struct Update {
     step: u64,
-    dense: bool,
+    kind: i32,
     vars: Vec<(String, Vec<i64>, Vec<f32>)>,
 }
 
@@ -119,8 +122,10 @@ fn parse_update(
     };
     let (kind, n, step) = (i32_at(0)?, i32_at(4)?, i32_at(8)?);
     ensure!(
-        kind == 0 || kind == 1,
-        bad(format!("kind {kind} is neither dense (0) nor sparse (1)"))
+        (0..=2).contains(&kind),
+        bad(format!(
+            "kind {kind} is neither dense (0), sparse (1) nor evictions (2)"
+        ))
     );
     let n = usize::try_from(n).map_err(|_| bad(format!("{n} variables")))?;
     ensure!(
@@ -138,7 +143,7 @@ fn parse_update(
             .clone();
         let count = usize::try_from(count).map_err(|_| bad(format!("`{name}`: {count} values")))?;
         let mut ids = Vec::new();
-        let width = if kind == 1 {
+        let width = if kind >= 1 {
             let end = count
                 .checked_mul(8)
                 .and_then(|b| b.checked_add(at))
@@ -149,7 +154,12 @@ fn parse_update(
                 .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect();
             at = end;
-            dims(&name).ok_or_else(|| bad(format!("`{name}` is not a table of this export")))?
+            let dim = dims(&name).ok_or_else(|| bad(format!("`{name}` is not a table of this export")))?;
+            if kind == 2 {
+                0 // evicted keys carry no values
+            } else {
+                dim
+            }
         } else {
             1
         };
@@ -169,7 +179,7 @@ fn parse_update(
     );
     Ok(Update {
         step: step as u64,
-        dense: kind == 0,
+        kind,
         vars,
     })
 }
@@ -289,13 +299,22 @@ impl LiveModel {
     /// Applies the update at `path`, or changes nothing and says why.
     pub fn apply(&mut self, path: &Path) -> anyhow::Result<u64> {
         let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let dense = path
+        let file = path
             .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("dense_update_"));
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let kind = if file.starts_with("dense_update_") {
+            0
+        } else if file.starts_with("sparse_evict_") {
+            2
+        } else {
+            1
+        };
+        let dense = kind == 0;
         let names = if dense { &self.dense_names } else { &self.sparse_names };
         let update = parse_update(path, &bytes, names, &|n| self.table_dim(n))?;
         ensure!(
-            update.dense == dense,
+            update.kind == kind,
             "incremental update {}: its header says otherwise than its name",
             path.display()
         );
@@ -323,7 +342,7 @@ impl LiveModel {
                 patches.push((name.clone(), t.dims.clone(), f32_bytes(values)));
             } else {
                 patches.extend(
-                    self.table_patches(name, ids, values)
+                    self.table_patches(name, ids, values, kind == 2)
                         .with_context(|| format!("{}: table `{name}`", path.display()))?,
                 );
             }
@@ -336,7 +355,7 @@ impl LiveModel {
     }
 
     /// The new initializers of table `name` with rows `ids` set to `values`.
-    fn table_patches(&self, name: &str, ids: &[i64], values: &[f32]) -> anyhow::Result<Vec<Patch>> {
+    fn table_patches(&self, name: &str, ids: &[i64], values: &[f32], evict: bool) -> anyhow::Result<Vec<Patch>> {
         let t = self.init(name).context("no such table")?;
         let (rows, dim) = match t.dims[..] {
             [r, d] if r >= 0 && d > 0 => (r as usize, d as usize),
@@ -345,6 +364,7 @@ impl LiveModel {
         let mut table = self.floats(t)?;
         let keyed = self.init(&format!("{name}/slot_keys"));
         let Some(slot_keys) = keyed else {
+            ensure!(!evict, "an array table evicts no rows");
             for (k, &id) in ids.iter().enumerate() {
                 let r = usize::try_from(id)
                     .ok()
@@ -368,9 +388,20 @@ impl LiveModel {
                 keys[r] = *k as u64;
             }
         }
-        let mut row_of: HashMap<u64, usize> = keys.iter().enumerate().map(|(r, k)| (*k, r)).collect();
         let default = table.split_off(n * dim);
-        for (k, &id) in ids.iter().enumerate() {
+        if evict {
+            // The evicted keys' rows go; the rest keep their order.
+            let gone: std::collections::HashSet<u64> = ids.iter().map(|&k| k as u64).collect();
+            let kept: Vec<usize> = (0..n).filter(|&r| !gone.contains(&keys[r])).collect();
+            let mut rows = Vec::with_capacity(kept.len() * dim + dim);
+            for &r in &kept {
+                rows.extend_from_slice(&table[r * dim..(r + 1) * dim]);
+            }
+            keys = kept.iter().map(|&r| keys[r]).collect();
+            table = rows;
+        }
+        let mut row_of: HashMap<u64, usize> = keys.iter().enumerate().map(|(r, k)| (*k, r)).collect();
+        for (k, &id) in ids.iter().enumerate().filter(|_| !evict) {
             let key = u64::try_from(id).context("a negative key")?;
             let v = &values[k * dim..(k + 1) * dim];
             match row_of.get(&key) {

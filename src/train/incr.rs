@@ -17,9 +17,15 @@
 //! `.done` flag (holding the file's name) the same way: a reader that waits
 //! for the flag never sees half an update. Dense updates also carry the
 //! batch-norm moving averages (EasyRec's carry trainable variables only),
-//! so a served model follows them. Rows a key-value table evicts are not
-//! in any update (EasyRec's format has no deletions); a consumer keeps its
-//! last values for them.
+//! so a served model follows them.
+//!
+//! EasyRec's format has no deletions; the keys a key-value table evicted
+//! since the last sparse update go, beside it, into `sparse_evict_<step>`
+//! (our extension, same layout as a sparse update without values: int32
+//! header `[2, n, step, (table id, count) x n]`, then per table its int64
+//! keys), written before the sparse update of that step. A consumer
+//! applies a step's dense update, then its evictions, then its sparse
+//! update (a key evicted and admitted again within the stretch is in both).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -111,6 +117,9 @@ impl Trainer {
             )?;
             log::info!("incremental updates go to {}", incr.dir().display());
         }
+        for t in &mut self.embeddings.tables {
+            t.track_evictions();
+        }
         self.incr = Some(incr);
         Ok(())
     }
@@ -170,6 +179,23 @@ impl Trainer {
         let incr = self.incr.as_mut().expect("incremental updates started");
         incr.last_sparse = (step, Instant::now());
         let touched = std::mem::replace(&mut incr.touched, vec![BTreeSet::new(); self.embeddings.tables.len()]);
+        let mut evicted: Vec<Vec<u64>> = self.embeddings.tables.iter_mut().map(|t| t.take_evicted()).collect();
+        if self.embeddings.sharding.is_sharded() {
+            let flat: Vec<u64> = evicted
+                .iter()
+                .flat_map(|k| std::iter::once(k.len() as u64).chain(k.iter().copied()))
+                .collect();
+            let mut merged = vec![Vec::new(); evicted.len()];
+            for msg in self.comm.all_gather_u64(&flat) {
+                let mut at = 0;
+                for m in merged.iter_mut() {
+                    let n = msg[at] as usize;
+                    m.extend_from_slice(&msg[at + 1..at + 1 + n]);
+                    at += 1 + n;
+                }
+            }
+            evicted = merged;
+        }
         // Per table, this rank's rows that still have one, with their values.
         let mut ids: Vec<Vec<u64>> = Vec::new();
         let mut values: Vec<Vec<f32>> = Vec::new();
@@ -208,6 +234,19 @@ impl Trainer {
         if self.comm.rank() != 0 {
             return Ok(());
         }
+        let dir = self.incr.as_ref().expect("started").dir.clone();
+        let gone: Vec<usize> = (0..evicted.len()).filter(|&t| !evicted[t].is_empty()).collect();
+        if !gone.is_empty() {
+            let mut header: Vec<i32> = vec![2, gone.len() as i32, step as i32];
+            for &t in &gone {
+                header.extend([t as i32, evicted[t].len() as i32]);
+            }
+            let mut bytes: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+            for &t in &gone {
+                bytes.extend(evicted[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
+            }
+            publish(&dir, &format!("sparse_evict_{step}"), &bytes)?;
+        }
         let present: Vec<usize> = (0..ids.len()).filter(|&t| !ids[t].is_empty()).collect();
         if present.is_empty() {
             log::warn!("step {step}: no rows were trained since the last sparse update; none written (as EasyRec)");
@@ -222,7 +261,6 @@ impl Trainer {
             bytes.extend(ids[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             bytes.extend(values[t].iter().flat_map(|x| x.to_le_bytes()));
         }
-        let dir = self.incr.as_ref().expect("started").dir.clone();
         publish(&dir, &format!("sparse_update_{step}"), &bytes)
     }
 }

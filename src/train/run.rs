@@ -141,6 +141,13 @@ impl Trainer {
             let batch = batch.context("reading training data")?;
             let lr = p.train.optimizers[self.assign.dense].lr.at(self.step);
             let step_stats = self.train_step(&batch)?;
+            let save_due = p.train.checkpoints.due(self.step, last_save.0);
+            if save_due && self.incr.is_some() {
+                // The checkpoint's steps_to_live evictions go into this
+                // step's incremental update, so both hold the same keys.
+                self.embeddings
+                    .evict_stale(self.step, &*self.comm, &self.model.table_variables);
+            }
             self.incr_after_step()?;
             self.straggle(self.comm.rank());
             if lead && !signalled {
@@ -206,7 +213,7 @@ impl Trainer {
                 )?;
                 summary_window = (Instant::now(), self.step);
             }
-            if p.train.checkpoints.due(self.step, last_save.0) {
+            if save_due {
                 last_save = (Instant::now(), self.step);
                 if self.save_and_evaluate(&mut evals, after_eval)? {
                     break;
