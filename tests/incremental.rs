@@ -34,6 +34,53 @@ fn train(cfg: &Path, model_dir: &Path, extra: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Exports checkpoint 10 of `model_dir` (trained by `cfg`) into `dir/exports`
+/// and returns the export with the source of its job's updates.
+fn export_of_step_10(cfg: &Path, model_dir: &Path, dir: &Path) -> (PathBuf, rustrec::export::updates::UpdateSource) {
+    let exports = dir.join("exports");
+    let out = Command::new(env!("CARGO_BIN_EXE_export"))
+        .current_dir(ROOT)
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", model_dir.to_str().unwrap()])
+        .args(["--checkpoint_path", model_dir.join("model.ckpt-10").to_str().unwrap()])
+        .args(["--export_dir", exports.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let export = rustrec::export::runtime::resolve_export_dir(&exports).unwrap();
+    let source = rustrec::export::updates::UpdateSource::of_export(&export)
+        .unwrap()
+        .expect("the export records its updates");
+    (export, source)
+}
+
+/// The largest difference between the scores of `export` with `live`'s
+/// graph and those of checkpoint `step` of `model_dir`, on the eval data.
+fn worst_against_checkpoint(
+    cfg: &Path,
+    (export, live): (&Path, &rustrec::export::updates::LiveModel),
+    model_dir: &Path,
+    step: u32,
+) -> f32 {
+    use rustrec::config::{load_pipeline, typed::TrainingPlan};
+    let followed = rustrec::export::runtime::ExportedModel::load(export)
+        .unwrap()
+        .with_runnable(live.runnable().unwrap());
+    let plan = TrainingPlan::from_config(&load_pipeline(cfg, &Default::default()).unwrap().config).unwrap();
+    let trainer = rustrec::train::Trainer::new(plan.clone()).unwrap();
+    let at = rustrec::inference::Bundle::restore(plan, &model_dir.join(format!("model.ckpt-{step}"))).unwrap();
+    let mut worst = 0.0f32;
+    for batch in trainer.stream(&trainer.plan.data.eval_paths.clone(), false, 0).unwrap() {
+        let batch = batch.unwrap();
+        for (a, b) in at.score(&batch).iter().zip(&followed.score(&batch).unwrap()) {
+            for (x, y) in a.scores.iter().zip(&b.scores) {
+                worst = worst.max((x - y).abs());
+            }
+        }
+    }
+    worst
+}
+
 fn i32s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
     b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()))
 }
@@ -270,10 +317,7 @@ fn sharded_updates_equal_one_process() {
 /// nothing.
 #[test]
 fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
-    use rustrec::config::{load_pipeline, typed::TrainingPlan};
-    use rustrec::export::runtime::{resolve_export_dir, ExportedModel};
-    use rustrec::export::updates::{by_step, LiveModel, UpdateSource};
-    use rustrec::inference::Bundle;
+    use rustrec::export::updates::{by_step, LiveModel};
     let incr = "incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs {} }";
     for sample in [
         "samples/wide_and_deep_criteo_sample.config",
@@ -284,20 +328,7 @@ fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
         let model_dir = dir.path().join("model");
         let out = train(&cfg, &model_dir, &[]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let exports = dir.path().join("exports");
-        let out = Command::new(env!("CARGO_BIN_EXE_export"))
-            .current_dir(ROOT)
-            .args(["--pipeline_config_path", cfg.to_str().unwrap()])
-            .args(["--model_dir", model_dir.to_str().unwrap()])
-            .args(["--checkpoint_path", model_dir.join("model.ckpt-10").to_str().unwrap()])
-            .args(["--export_dir", exports.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let export = resolve_export_dir(&exports).unwrap();
-        let source = UpdateSource::of_export(&export)
-            .unwrap()
-            .expect("the export records its updates");
+        let (export, source) = export_of_step_10(&cfg, &model_dir, dir.path());
         assert_eq!(source.export_step, 10);
         let mut live = LiveModel::load(&export, source.clone()).unwrap();
         let pending = by_step(source.pending(10).unwrap());
@@ -324,23 +355,7 @@ fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
             .unwrap_err()
             .to_string();
         assert!(err.contains("already applied"), "{err}");
-
-        let followed = ExportedModel::load(&export)
-            .unwrap()
-            .with_runnable(live.runnable().unwrap());
-        let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
-        let plan = TrainingPlan::from_config(&loaded.config).unwrap();
-        let trainer = rustrec::train::Trainer::new(plan.clone()).unwrap();
-        let at20 = Bundle::restore(plan, &model_dir.join("model.ckpt-20")).unwrap();
-        let mut worst = 0.0f32;
-        for batch in trainer.stream(&trainer.plan.data.eval_paths.clone(), false, 0).unwrap() {
-            let batch = batch.unwrap();
-            for (a, b) in at20.score(&batch).iter().zip(&followed.score(&batch).unwrap()) {
-                for (x, y) in a.scores.iter().zip(&b.scores) {
-                    worst = worst.max((x - y).abs());
-                }
-            }
-        }
+        let worst = worst_against_checkpoint(&cfg, (&export, &live), &model_dir, 20);
         assert!(
             worst <= 1e-5,
             "{sample}: the followed export differs from step 20 by {worst}"
@@ -354,10 +369,7 @@ fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
 /// of the updates' step.
 #[test]
 fn evicted_keys_reach_an_export_following_the_updates() {
-    use rustrec::config::{load_pipeline, typed::TrainingPlan};
-    use rustrec::export::runtime::{resolve_export_dir, ExportedModel};
-    use rustrec::export::updates::{by_step, LiveModel, UpdateSource};
-    use rustrec::inference::Bundle;
+    use rustrec::export::updates::{by_step, LiveModel};
     let incr = "incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs {} }";
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "samples/wide_and_deep_criteo_sample_ev.config", incr);
@@ -379,18 +391,7 @@ fn evicted_keys_reach_an_export_following_the_updates() {
             .starts_with("sparse_evict_")),
         "no evictions were written"
     );
-    let exports = dir.path().join("exports");
-    let out = Command::new(env!("CARGO_BIN_EXE_export"))
-        .current_dir(ROOT)
-        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
-        .args(["--model_dir", model_dir.to_str().unwrap()])
-        .args(["--checkpoint_path", model_dir.join("model.ckpt-10").to_str().unwrap()])
-        .args(["--export_dir", exports.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let export = resolve_export_dir(&exports).unwrap();
-    let source = UpdateSource::of_export(&export).unwrap().unwrap();
+    let (export, source) = export_of_step_10(&cfg, &model_dir, dir.path());
     let mut live = LiveModel::load(&export, source.clone()).unwrap();
     for paths in by_step(source.pending(10).unwrap()).values() {
         for p in paths {
@@ -398,20 +399,6 @@ fn evicted_keys_reach_an_export_following_the_updates() {
         }
     }
     assert_eq!(live.step, 20);
-    let followed = ExportedModel::load(&export)
-        .unwrap()
-        .with_runnable(live.runnable().unwrap());
-    let plan = TrainingPlan::from_config(&load_pipeline(&cfg, &Default::default()).unwrap().config).unwrap();
-    let trainer = rustrec::train::Trainer::new(plan.clone()).unwrap();
-    let at20 = Bundle::restore(plan, &model_dir.join("model.ckpt-20")).unwrap();
-    let mut worst = 0.0f32;
-    for batch in trainer.stream(&trainer.plan.data.eval_paths.clone(), false, 0).unwrap() {
-        let batch = batch.unwrap();
-        for (a, b) in at20.score(&batch).iter().zip(&followed.score(&batch).unwrap()) {
-            for (x, y) in a.scores.iter().zip(&b.scores) {
-                worst = worst.max((x - y).abs());
-            }
-        }
-    }
+    let worst = worst_against_checkpoint(&cfg, (&export, &live), &model_dir, 20);
     assert!(worst <= 1e-5, "the followed export differs from step 20 by {worst}");
 }
