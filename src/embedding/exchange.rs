@@ -17,7 +17,7 @@ use crate::features::{Batch, Encoded};
 use crate::model::GroupLayout;
 
 /// Splits a message of `[count, ids...]` per table into per-table id lists.
-fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
+pub(crate) fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
     let mut out = Vec::with_capacity(tables);
     let mut at = 0;
     for _ in 0..tables {
@@ -29,7 +29,7 @@ fn unpack(msg: &[u64], tables: usize) -> Vec<&[u64]> {
 }
 
 /// Packs per-table id lists into one message (`unpack`'s inverse).
-fn pack(per_table: &[Vec<u64>]) -> Vec<u64> {
+pub(crate) fn pack(per_table: &[Vec<u64>]) -> Vec<u64> {
     per_table
         .iter()
         .flat_map(|ids| std::iter::once(ids.len() as u64).chain(ids.iter().copied()))

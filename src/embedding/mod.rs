@@ -12,6 +12,7 @@ mod table_state;
 use rayon::prelude::*;
 
 pub use collection::Collection;
+pub(crate) use exchange::{pack, unpack};
 pub use sharding::Sharding;
 pub use storage::{Evictions, KeyState, KeyValue, RowInit, Storage};
 

@@ -36,7 +36,7 @@ use anyhow::Context;
 use super::Trainer;
 use crate::checkpoint::write_atomic;
 use crate::config::train_plan::IncrSave;
-use crate::embedding::RowGrads;
+use crate::embedding::{pack, unpack, RowGrads};
 
 /// The trainer's incremental-update state.
 pub struct IncrUpdates {
@@ -163,11 +163,7 @@ impl Trainer {
             .map(|i| m.params.slice(i))
             .chain((0..m.buffers.specs.len()).map(|i| m.buffers.slice(i)))
             .collect();
-        let mut header: Vec<i32> = vec![0, vars.len() as i32, step as i32];
-        for (id, v) in vars.iter().enumerate() {
-            header.extend([id as i32, v.len() as i32]);
-        }
-        let mut bytes: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut bytes = header(DENSE, step, vars.iter().map(|v| v.len()).enumerate());
         for v in &vars {
             bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
         }
@@ -181,17 +177,10 @@ impl Trainer {
         let touched = std::mem::replace(&mut incr.touched, vec![BTreeSet::new(); self.embeddings.tables.len()]);
         let mut evicted: Vec<Vec<u64>> = self.embeddings.tables.iter_mut().map(|t| t.take_evicted()).collect();
         if self.embeddings.sharding.is_sharded() {
-            let flat: Vec<u64> = evicted
-                .iter()
-                .flat_map(|k| std::iter::once(k.len() as u64).chain(k.iter().copied()))
-                .collect();
             let mut merged = vec![Vec::new(); evicted.len()];
-            for msg in self.comm.all_gather_u64(&flat) {
-                let mut at = 0;
-                for m in merged.iter_mut() {
-                    let n = msg[at] as usize;
-                    m.extend_from_slice(&msg[at + 1..at + 1 + n]);
-                    at += 1 + n;
+            for msg in self.comm.all_gather_u64(&pack(&evicted)) {
+                for (m, keys) in merged.iter_mut().zip(unpack(&msg, evicted.len())) {
+                    m.extend_from_slice(keys);
                 }
             }
             evicted = merged;
@@ -210,22 +199,16 @@ impl Trainer {
         }
         if self.embeddings.sharding.is_sharded() {
             // Rank 0 writes every owner's rows.
-            let flat_ids: Vec<u64> = ids
-                .iter()
-                .flat_map(|i| std::iter::once(i.len() as u64).chain(i.iter().copied()))
-                .collect();
-            let all_ids = self.comm.all_gather_u64(&flat_ids);
+            let all_ids = self.comm.all_gather_u64(&pack(&ids));
             let all_values = self.comm.all_gather_f32(&values.concat());
             let nt = ids.len();
             let (mut merged_ids, mut merged_values) = (vec![Vec::new(); nt], vec![Vec::new(); nt]);
             for (msg, vals) in all_ids.iter().zip(&all_values) {
-                let (mut at, mut vat) = (0, 0);
-                for (ti, t) in self.embeddings.tables.iter().enumerate() {
-                    let n = msg[at] as usize;
-                    merged_ids[ti].extend_from_slice(&msg[at + 1..at + 1 + n]);
-                    merged_values[ti].extend_from_slice(&vals[vat..vat + n * t.dim]);
-                    at += 1 + n;
-                    vat += n * t.dim;
+                let mut at = 0;
+                for (ti, (part, t)) in unpack(msg, nt).into_iter().zip(&self.embeddings.tables).enumerate() {
+                    merged_ids[ti].extend_from_slice(part);
+                    merged_values[ti].extend_from_slice(&vals[at..at + part.len() * t.dim]);
+                    at += part.len() * t.dim;
                 }
             }
             ids = merged_ids;
@@ -237,11 +220,7 @@ impl Trainer {
         let dir = self.incr.as_ref().expect("started").dir.clone();
         let gone: Vec<usize> = (0..evicted.len()).filter(|&t| !evicted[t].is_empty()).collect();
         if !gone.is_empty() {
-            let mut header: Vec<i32> = vec![2, gone.len() as i32, step as i32];
-            for &t in &gone {
-                header.extend([t as i32, evicted[t].len() as i32]);
-            }
-            let mut bytes: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let mut bytes = header(EVICTED, step, gone.iter().map(|&t| (t, evicted[t].len())));
             for &t in &gone {
                 bytes.extend(evicted[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             }
@@ -252,17 +231,27 @@ impl Trainer {
             log::warn!("step {step}: no rows were trained since the last sparse update; none written (as EasyRec)");
             return Ok(());
         }
-        let mut header: Vec<i32> = vec![1, present.len() as i32, step as i32];
-        for &t in &present {
-            header.extend([t as i32, ids[t].len() as i32]);
-        }
-        let mut bytes: Vec<u8> = header.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut bytes = header(SPARSE, step, present.iter().map(|&t| (t, ids[t].len())));
         for &t in &present {
             bytes.extend(ids[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             bytes.extend(values[t].iter().flat_map(|x| x.to_le_bytes()));
         }
         publish(&dir, &format!("sparse_update_{step}"), &bytes)
     }
+}
+
+/// An update's kind, the first value of its header.
+const DENSE: i32 = 0;
+const SPARSE: i32 = 1;
+const EVICTED: i32 = 2;
+
+/// An update's int32 header: `[kind, n, step, (id, count) x n]`.
+fn header(kind: i32, step: u64, entries: impl ExactSizeIterator<Item = (usize, usize)>) -> Vec<u8> {
+    let mut h: Vec<i32> = vec![kind, entries.len() as i32, step as i32];
+    for (id, count) in entries {
+        h.extend([id as i32, count as i32]);
+    }
+    h.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// Writes update `name` into `dir`, then its `.done` flag, each atomically.
