@@ -93,10 +93,8 @@ impl TrainExporter {
         let Some(newest) = list_exports(&self.root("best"))?.pop() else {
             return Ok(None);
         };
-        let p = newest.join("assets/export_info.json");
-        let info: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?)
-                .with_context(|| format!("{} is not valid JSON", p.display()))?;
+        let info = super::read_info(&newest)?
+            .with_context(|| format!("cannot read {}", newest.join("assets/export_info.json").display()))?;
         Ok(info["metrics"][&self.plan.export.best_metric].as_f64())
     }
 

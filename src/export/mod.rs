@@ -138,16 +138,26 @@ fn files_record(files: &[onnx::WrittenFile]) -> serde_json::Value {
         .into()
 }
 
+/// The export in `dir`'s `assets/export_info.json` (read within the bound
+/// of a config), or `None` for an export written before it existed.
+pub fn read_info(dir: &Path) -> anyhow::Result<Option<serde_json::Value>> {
+    let path = dir.join("assets/export_info.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = crate::bounded::read_text(&path, crate::bounded::CONFIG_BYTES)?;
+    let info = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    Ok(Some(info))
+}
+
 /// Checks the model's files of the export in `dir` against the sizes and
 /// CRC-32C its `export_info.json` records (exports written before the record
 /// existed carry none and are taken as they are).
 pub fn verify_files(dir: &Path) -> anyhow::Result<()> {
     let info_path = dir.join("assets/export_info.json");
-    let Ok(text) = std::fs::read_to_string(&info_path) else {
+    let Some(info) = read_info(dir)? else {
         return Ok(());
     };
-    let info: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", info_path.display()))?;
     let Some(files) = info.get("files").and_then(|f| f.as_object()) else {
         return Ok(());
     };

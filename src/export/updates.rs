@@ -28,10 +28,16 @@ pub struct UpdateSource {
 impl UpdateSource {
     /// The update source an export records, if its job writes updates.
     pub fn of_export(export_dir: &Path) -> anyhow::Result<Option<Self>> {
+        match super::read_info(export_dir)? {
+            Some(info) => Self::of_info(export_dir, &info),
+            None => Ok(None),
+        }
+    }
+
+    /// The update source `info` (the `export_info.json` of the export in
+    /// `export_dir`) records, if any.
+    pub fn of_info(export_dir: &Path, info: &serde_json::Value) -> anyhow::Result<Option<Self>> {
         let path = export_dir.join("assets/export_info.json");
-        let text = crate::bounded::read_text(&path, crate::bounded::CONFIG_BYTES)?;
-        let info: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
         let u = &info["incremental_updates"];
         if u.is_null() {
             return Ok(None);
@@ -204,7 +210,11 @@ const INT64: i32 = 7;
 impl LiveModel {
     pub fn load(export_dir: &Path, source: UpdateSource) -> anyhow::Result<Self> {
         let path = export_dir.join(super::MODEL_FILE);
-        let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        // The checks every loader of an export makes (a bounded read, each
+        // initializer's bytes and external data range inside the export),
+        // on which `raw` relies.
+        super::onnx_bounds::check(export_dir, &path)?;
+        let bytes = crate::bounded::read(&path, crate::bounded::table_bytes())?;
         let proto = tract_onnx::onnx()
             .proto_model_for_read(&mut bytes.as_slice())
             .with_context(|| format!("cannot parse {}", path.display()))?;
@@ -259,17 +269,25 @@ impl LiveModel {
         if t.external_data.is_empty() {
             return Ok(t.raw_data.clone());
         }
+        // `load` checked the location (inside the export) and the range
+        // (inside its file) as `onnx_bounds` reads them.
         let get = |k: &str| t.external_data.iter().find(|e| e.key == k).map(|e| e.value.as_str());
         let file = get("location").context("external data without a location")?;
-        let offset: u64 = get("offset").unwrap_or("0").parse()?;
-        let length: u64 = get("length").context("external data without a length")?.parse()?;
-        ensure!(!file.contains(".."), "external data outside the export: {file}");
+        let offset: u64 = get("offset").map_or(Ok(0), str::parse)?;
         use std::io::{Read, Seek, SeekFrom};
         let mut f = std::fs::File::open(self.dir.join(file))?;
         f.seek(SeekFrom::Start(offset))?;
         let mut out = Vec::new();
-        f.take(length).read_to_end(&mut out)?;
-        ensure!(out.len() as u64 == length, "external data of `{}` is cut short", t.name);
+        match get("length") {
+            Some(length) => {
+                let length: u64 = length.parse()?;
+                f.take(length).read_to_end(&mut out)?;
+                ensure!(out.len() as u64 == length, "external data of `{}` is cut short", t.name);
+            }
+            None => {
+                f.read_to_end(&mut out)?;
+            }
+        }
         Ok(out)
     }
 

@@ -56,8 +56,12 @@ impl Served {
     pub fn load(dir: &Path) -> anyhow::Result<Served> {
         let model = ExportedModel::load(dir)?;
         let version = version_of(&model.dir).unwrap_or(1);
-        let updates = UpdateSource::of_export(&model.dir)?;
-        let step = export_step(&model.dir);
+        let info = crate::export::read_info(&model.dir)?;
+        let step = info.as_ref().and_then(|i| i["global_step"].as_u64()).unwrap_or(0);
+        let updates = match &info {
+            Some(i) => UpdateSource::of_info(&model.dir, i)?,
+            None => None,
+        };
         Ok(Served {
             version,
             model,
@@ -65,15 +69,6 @@ impl Served {
             updates,
         })
     }
-}
-
-/// The global step an export records.
-fn export_step(dir: &Path) -> u64 {
-    std::fs::read_to_string(dir.join("assets/export_info.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["global_step"].as_u64())
-        .unwrap_or(0)
 }
 
 fn version_of(dir: &Path) -> Option<u64> {
