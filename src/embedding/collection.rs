@@ -23,13 +23,21 @@ use crate::optim::Rule;
 pub struct Collection {
     pub tables: Vec<Table>,
     pub sharding: Sharding,
+    /// The step `evict_stale` last ran at: a second call at that step (the
+    /// run loop's before an incremental update, then the save's) has
+    /// nothing left to evict and is skipped on every rank alike.
+    stale_evicted_at: Option<u64>,
 }
 
 impl Collection {
     /// The collection of `tables`; each group part pools with its own
     /// combiner (`Part::mean`).
     pub fn new(tables: Vec<Table>, sharding: Sharding) -> Self {
-        Collection { tables, sharding }
+        Collection {
+            tables,
+            sharding,
+            stale_evicted_at: None,
+        }
     }
 
     /// Whether any table is a key-value table (`admit` has work to do).
@@ -57,29 +65,30 @@ impl Collection {
     /// `steps_to_live` before `step` (when a checkpoint is saved), logging
     /// each table's count on rank `rank` 0 (summed over ranks by `comm`).
     pub fn evict_stale(&mut self, step: u64, comm: &dyn Communicator, var_names: &[String]) {
-        if !self.has_key_value() {
+        if !self.has_key_value() || self.stale_evicted_at == Some(step) {
             return;
         }
-        let mut evicted: Vec<u64> = self.tables.iter_mut().map(|t| t.evict_stale(step) as u64).collect();
+        self.stale_evicted_at = Some(step);
+        // Per table the rows evicted now, then the capacity evictions so
+        // far: summed over the owners in one collective.
+        let mut counts: Vec<u64> = self.tables.iter_mut().map(|t| t.evict_stale(step) as u64).collect();
+        counts.push(
+            self.tables
+                .iter()
+                .map(|t| match &t.storage {
+                    Storage::KeyValue(kv) => kv.evicted.capacity,
+                    Storage::Array => 0,
+                })
+                .sum(),
+        );
         if self.sharding.is_sharded() {
-            let all = comm.all_gather_u64(&evicted);
-            evicted = (0..evicted.len())
+            let all = comm.all_gather_u64(&counts);
+            counts = (0..counts.len())
                 .map(|i| all.iter().map(|a| a.get(i).copied().unwrap_or(0)).sum())
                 .collect();
         }
-        let by_capacity: u64 = self
-            .tables
-            .iter()
-            .map(|t| match &t.storage {
-                Storage::KeyValue(kv) => kv.evicted.capacity,
-                Storage::Array => 0,
-            })
-            .sum();
-        let by_capacity: u64 = if self.sharding.is_sharded() {
-            comm.all_gather_u64(&[by_capacity]).iter().flatten().sum()
-        } else {
-            by_capacity
-        };
+        let by_capacity = counts.pop().unwrap_or(0);
+        let evicted = counts;
         if comm.rank() == 0 && by_capacity > 0 {
             log::info!("max_capacity: {by_capacity} key-value rows evicted to make room so far (at step {step})");
         }
