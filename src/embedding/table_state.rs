@@ -28,9 +28,27 @@ impl Table {
         matches!(self.storage, Storage::KeyValue(_))
     }
 
+    /// This rank's tensors of the table under variable `var` (with the
+    /// optimizer slots of `kind` when `slots`), as a checkpoint holds them:
+    /// an array's rows `[rows, dim]` as they are, a key-value table's keys
+    /// with their rows (`key_value_tensors`).
+    pub fn tensors(&self, var: &str, kind: &OptimizerKind, slots: bool) -> Vec<TensorRef<'_>> {
+        if self.is_key_value() {
+            return self.key_value_tensors(var, kind, slots);
+        }
+        let shape = vec![self.weights.len() / self.dim.max(1), self.dim];
+        let mut out = vec![TensorRef::new(var, shape.clone(), &self.weights)];
+        if slots {
+            for (k, slot) in self.state.slots.iter().enumerate() {
+                out.push(TensorRef::new(names::slot_variable(var, kind, k), shape.clone(), slot));
+            }
+        }
+        out
+    }
+
     /// This rank's key-value tensors under variable `var` (with the
     /// optimizer slots of `kind` when `slots`); nothing for an array.
-    pub fn key_value_tensors(&self, var: &str, kind: &OptimizerKind, slots: bool) -> Vec<TensorRef<'static>> {
+    fn key_value_tensors(&self, var: &str, kind: &OptimizerKind, slots: bool) -> Vec<TensorRef<'static>> {
         let Storage::KeyValue(kv) = &self.storage else {
             return Vec::new();
         };

@@ -51,17 +51,7 @@ impl Trainer {
         let mut out = Vec::new();
         for (t, var) in self.embeddings.tables.iter().zip(&self.model.table_variables) {
             let kind = &self.plan.train.optimizers[t.optimizer].kind;
-            if t.is_key_value() {
-                out.extend(t.key_value_tensors(var, kind, slots));
-                continue;
-            }
-            let shape = vec![t.weights.len() / t.dim.max(1), t.dim];
-            out.push(TensorRef::new(var.clone(), shape.clone(), &t.weights));
-            if slots {
-                for (k, slot) in t.state.slots.iter().enumerate() {
-                    out.push(TensorRef::new(names::slot_variable(var, kind, k), shape.clone(), slot));
-                }
-            }
+            out.extend(t.tensors(var, kind, slots));
         }
         out
     }
