@@ -417,8 +417,8 @@ fn asynchronous_training_with_one_worker_matches_one_process() {
 /// quality of the synchronous run over the same samples in as many updates
 /// of as many rows: MovieLens-100k for two epochs, two synchronous workers
 /// of 128 rows (one global step of 256) against two asynchronous workers of
-/// 256 rows (each batch a step), on one server and on two. Batch norm off:
-/// its statistics are per worker batch.
+/// 256 rows (each batch a step), on one server and on two: no more than
+/// 0.005 AUC below it. Batch norm off: its statistics are per worker batch.
 #[test]
 fn asynchronous_training_reaches_the_synchronous_quality() {
     let data = tempfile::tempdir().unwrap();
@@ -455,8 +455,10 @@ fn asynchronous_training_reaches_the_synchronous_quality() {
         (4, vec!["--train_config.sync_replicas=false", "--num_ps", "2"]),
     ] {
         let auc = run(ranks, 256, &extra);
+        // One-sided: racing workers may land above the synchronous run (a
+        // previous CI run saw +0.0053); reaching its quality is the claim.
         assert!(
-            (auc - sync).abs() <= 0.005,
+            auc >= sync - 0.005,
             "asynchronous np={ranks}: eval AUC {auc:.4}, synchronous {sync:.4}"
         );
     }
