@@ -23,12 +23,21 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "system packages present"; fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install the Rust toolchain (rustup)"; exit 1; }
+	@# Java and Maven run the Kafka broker of the tests and the demo.
+	@command -v java >/dev/null && command -v mvn >/dev/null || { \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless maven; }
 
 build: deps
 	$(CARGO) build --locked --bins
 
+# The tests' Kafka broker (tests/kafka.rs and others): started before the
+# tests, stopped after them whatever their outcome.
+KAFKA_RUN := $(CURDIR)/.kafka-run
+
 test: deps
-	$(CARGO) test --locked
+	scripts/kafka-broker start $(KAFKA_RUN)
+	trap 'scripts/kafka-broker stop $(KAFKA_RUN)' EXIT; \
+	  RUSTREC_KAFKA=127.0.0.1:$$(cat $(KAFKA_RUN)/port) $(CARGO) test --locked
 
 # Criteo-shaped synthetic data with a planted model (gen_data prints its AUC).
 data/synthetic/train.parquet: | build

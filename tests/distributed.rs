@@ -15,13 +15,7 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const GLOBAL_BATCH: usize = 32;
 
 fn mpirun() -> Command {
-    let mut c = Command::new("mpirun");
-    c.args(["--oversubscribe", "--bind-to", "none"]);
-    // Containers often run tests as root, which OpenMPI refuses by default.
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    c.current_dir(ROOT);
-    c
+    common::mpirun()
 }
 
 /// The sample config for `model`, with the table optimizer as asked and
@@ -614,30 +608,7 @@ fn train_on_four_ranks_continue_on_two_evaluate_on_one() {
 
 /// Finds the pid of rank `rank` of the job training into `model_dir`.
 fn rank_pid(model_dir: &Path, rank: usize) -> Option<u32> {
-    let want_dir = model_dir.to_str().unwrap();
-    let want_rank = format!("OMPI_COMM_WORLD_RANK={rank}");
-    for entry in std::fs::read_dir("/proc").ok()? {
-        // Processes come and go while /proc is listed (other tests run
-        // jobs beside this one): an entry that vanished is skipped.
-        let Ok(entry) = entry else {
-            continue;
-        };
-        let path = entry.path();
-        let Some(pid) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
-        let environ = std::fs::read(path.join("environ")).unwrap_or_default();
-        let has = |hay: &[u8], needle: &str| hay.split(|b| *b == 0).any(|s| s == needle.as_bytes());
-        if has(&cmdline, want_dir) && has(&environ, &want_rank) && !has(&cmdline, "mpirun") {
-            return Some(pid);
-        }
-    }
-    None
+    common::rank_pid(model_dir, rank)
 }
 
 #[test]

@@ -32,7 +32,6 @@ const SERVICE_INPUTS: &[&str] = &[
     "OdpsRTPInput",
     "OdpsRTPInputV2",
     "DataHubInput",
-    "KafkaInput",
     "HiveInput",
     "HiveRTPInput",
     "HiveParquetInput",
@@ -66,6 +65,9 @@ const PASSING: &[&str] = &[
     "zoo/cmbf_on_movielens_only_text_feature.config",
     "zoo/cmbf_with_multi_loss.config",
     "zoo/custom_early_stop_on_taobao.config",
+    "zoo/deepfm_combo_avazu_kafka_chief_redundant.config",
+    "zoo/deepfm_combo_avazu_kafka_time_offset.config",
+    "zoo/deepfm_combo_avazu_kafka_time_offset2.config",
     "zoo/dat_on_taobao.config",
     "zoo/dbmtl_backbone_on_taobao.config",
     "zoo/dbmtl_mmoe_on_taobao.config",
@@ -233,6 +235,9 @@ enum Kind {
     Fragment,
     /// A whole pipeline config reading files.
     Files,
+    /// A whole pipeline config reading Kafka: trained against the tests'
+    /// broker, on a topic of generated rows.
+    Kafka,
 }
 
 fn kind_of(path: &Path) -> Kind {
@@ -252,6 +257,8 @@ fn kind_of(path: &Path) -> Kind {
     });
     if service {
         Kind::Service
+    } else if text.lines().any(|l| l.trim() == "input_type: KafkaInput") {
+        Kind::Kafka
     } else {
         Kind::Files
     }
@@ -324,6 +331,34 @@ fn cap_tables(plan: &mut TrainingPlan) {
     }
 }
 
+/// Generated rows of `plan`'s schema in a new topic of two partitions on
+/// the tests' broker, dealt round-robin; returns the topic.
+fn kafka_topic(plan: &TrainingPlan, dir: &Path, rows: usize) -> anyhow::Result<String> {
+    let csv = dir.join("stream.csv");
+    rustrec::datagen::generate_for_plan(plan, rows, 1, &csv)?;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+    let topic = format!("zoo_{}_{nanos}", std::process::id());
+    let input = rustrec::config::kafka_plan::KafkaInput {
+        field: "zoo",
+        servers: vec![common::kafka_server()],
+        topic: topic.clone(),
+        group: String::new(),
+        start: rustrec::config::kafka_plan::KafkaStart::Beginning,
+        client: Default::default(),
+    };
+    let t = rustrec::data::kafka::Topic::connect(&input)?;
+    let parts = t.create(2)?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut by_part = vec![Vec::new(); parts.len()];
+    for (i, line) in std::fs::read_to_string(&csv)?.lines().enumerate() {
+        by_part[i % parts.len()].push((None, line.as_bytes().to_vec(), now));
+    }
+    for (p, msgs) in parts.iter().zip(by_part) {
+        t.produce(*p, msgs)?;
+    }
+    Ok(topic)
+}
+
 fn try_config(path: &Path, dir: &Path) -> Outcome {
     let ext = if path.to_string_lossy().contains("parquet") {
         "parquet"
@@ -353,7 +388,8 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
     // Binary Criteo parts are named by binary_*_input, not the input paths:
     // generated parts replace the config's in the plan.
     let binary = std::fs::read_to_string(path).is_ok_and(|t| t.contains("binary_train_input"));
-    let overrides = if binary {
+    let kafka = matches!(kind_of(path), Kind::Kafka);
+    let overrides = if binary || kafka {
         Overrides {
             train_input_path: Vec::new(),
             eval_input_path: Vec::new(),
@@ -381,6 +417,18 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
         Ok(p) => p,
         Err(e) => return refused_or_failed(e.into()),
     };
+    if kafka {
+        // The broker and topic are the tests', as a user overrides them
+        // (`--edit_config_json '{"kafka_train_input.server": ...}'`).
+        let topic = match kafka_topic(&plan, dir, 160) {
+            Ok(t) => t,
+            Err(e) => return Outcome::Failed(format!("{e:#}")),
+        };
+        for k in [&mut plan.data.train_kafka, &mut plan.data.eval_kafka].into_iter().flatten() {
+            k.servers = vec![common::kafka_server()];
+            k.topic = topic.clone();
+        }
+    }
     if let InputFormat::CriteoBinary { parts } = &mut plan.data.format {
         let at = |p: &Path, ext: &str| p.with_extension(ext).to_str().unwrap().to_string();
         *parts = [&train, &eval]
@@ -412,8 +460,10 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
         }
     }
     let run = || -> anyhow::Result<()> {
-        rustrec::datagen::generate_for_plan(&plan, 64, 1, &train)?;
-        rustrec::datagen::generate_for_plan(&plan, 48, 2, &eval)?;
+        if !kafka {
+            rustrec::datagen::generate_for_plan(&plan, 64, 1, &train)?;
+            rustrec::datagen::generate_for_plan(&plan, 48, 2, &eval)?;
+        }
         if let Some(s) = &plan.data.negative_sampling {
             let rows = (s.num_sample.max(s.num_eval_sample) as usize + 16).max(64);
             rustrec::datagen::generate_sampler_tables(&plan, rows, 3)?;
@@ -436,10 +486,7 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
             },
         )?;
         let exported = ExportedModel::load(&root)?;
-        let batch = trainer
-            .stream(&plan.data.eval_paths, false, 0)?
-            .next()
-            .expect("eval rows")?;
+        let batch = trainer.eval_stream(&plan.data.eval_paths)?.next().expect("eval rows")?;
         let ours = trainer.score(&batch);
         let theirs = exported.score(&batch)?;
         for (o, e) in ours.iter().zip(&theirs) {
@@ -467,7 +514,8 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
     let mut passed = Vec::new();
     let mut refused: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut failed = Vec::new();
-    let (mut services, mut fragments, mut files, mut broken) = (0, Vec::new(), 0, 0);
+    let (mut services, mut fragments, mut files, mut broken, mut kafka) = (0, Vec::new(), 0, 0, 0);
+    let mut kafka_passed = 0;
     // `ZOO_FILTER=autoint cargo test --test zoo` tries only the configs
     // whose name holds it (while working on them).
     let filter = std::env::var("ZOO_FILTER").unwrap_or_default();
@@ -480,6 +528,7 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
     let all: Vec<PathBuf> = configs().into_iter().filter(|p| name_of(p).contains(&filter)).collect();
     for path in &all {
         let name = name_of(path);
+        let reads_kafka = matches!(kind_of(path), Kind::Kafka);
         match kind_of(path) {
             Kind::Fragment => {
                 fragments.push(name);
@@ -487,10 +536,14 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
             }
             Kind::Service => services += 1,
             Kind::Files => files += 1,
+            Kind::Kafka => kafka += 1,
         }
         let dir = tempfile::tempdir().unwrap();
         match try_config(path, dir.path()) {
-            Outcome::Passed => passed.push(name),
+            Outcome::Passed => {
+                kafka_passed += usize::from(reads_kafka);
+                passed.push(name)
+            }
             Outcome::Refused(msg) => refused.entry(option_of(&msg)).or_default().push(name),
             Outcome::Failed(msg) => match BROKEN_IN_EASYREC.iter().find(|(n, _)| *n == name) {
                 Some((_, want)) => {
@@ -505,11 +558,12 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
     by_count.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
     eprintln!(
         "{} configs ({} fragments of configs skipped: {fragments:?}); of {files} reading files, {} ({:.0}%) train, \
-         evaluate and export; {services} read services; {} refused by name; {broken} fail in EasyRec too; {} fail",
+         evaluate and export; of {kafka} reading Kafka, {kafka_passed} train against the local broker; \
+         {services} read other services; {} refused by name; {broken} fail in EasyRec too; {} fail",
         all.len(),
         fragments.len(),
-        passed.len(),
-        100.0 * passed.len() as f64 / files.max(1) as f64,
+        passed.len() - kafka_passed,
+        100.0 * (passed.len() - kafka_passed) as f64 / files.max(1) as f64,
         refused.values().map(Vec::len).sum::<usize>(),
         failed.len()
     );

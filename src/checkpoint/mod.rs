@@ -194,12 +194,13 @@ pub fn write_part(
 /// prunes to `keep_max` checkpoints (0 = keep all).
 pub fn commit(
     model_dir: &Path,
-    (step, seed): (u64, u64),
+    Stamp { step, seed, stream }: &Stamp,
     tmp: &Path,
     parts: &[Written],
     tensors: &[(String, String, Vec<usize>)],
     keep_max: usize,
 ) -> anyhow::Result<PathBuf> {
+    let (step, seed) = (*step, *seed);
     let final_dir = model_dir.join(ckpt_name(step));
     let mut manifest_files = serde_json::Map::new();
     for w in parts {
@@ -217,7 +218,7 @@ pub fn commit(
         tensor_map.insert(name.clone(), json!({"file": file, "shape": shape}));
     }
     let world = parts.iter().find_map(|w| w.shard).map_or(1, |s| s.1);
-    let manifest = json!({
+    let mut manifest = json!({
         "format": FORMAT,
         "global_step": step,
         "seed": seed,
@@ -225,6 +226,9 @@ pub fn commit(
         "files": manifest_files,
         "tensors": tensor_map,
     });
+    if let Some(s) = stream {
+        manifest["stream"] = s.to_json();
+    }
     write_synced(
         &tmp.join("manifest.json"),
         serde_json::to_string_pretty(&manifest)?.as_bytes(),
@@ -278,10 +282,64 @@ pub fn save(
         tensors.extend(ts.iter().map(|t| (t.name.clone(), name.to_string(), t.shape.clone())));
     }
     let seed = crate::config::train_plan::DEFAULT_SEED;
-    commit(model_dir, (step, seed), &tmp, &parts, &tensors, keep_max)
+    let stamp = Stamp {
+        step,
+        seed,
+        stream: None,
+    };
+    commit(model_dir, &stamp, &tmp, &parts, &tensors, keep_max)
 }
 
 /// The seed checkpoint `dir` was trained with, when its manifest records one.
+/// The largest manifest read: a name, file and shape per tensor.
+const MANIFEST_MAX_BYTES: u64 = 256 << 20;
+
+/// What a checkpoint records besides its tensors: the global step, the
+/// run's seed and, when training read a stream, how far.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stamp {
+    pub step: u64,
+    pub seed: u64,
+    pub stream: Option<StreamOffsets>,
+}
+
+/// The next offset to train on in each partition of a Kafka topic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamOffsets {
+    pub topic: String,
+    pub offsets: std::collections::BTreeMap<i32, i64>,
+}
+
+impl StreamOffsets {
+    fn to_json(&self) -> Value {
+        let offsets: serde_json::Map<String, Value> =
+            self.offsets.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
+        json!({"kafka_topic": self.topic, "next_offsets": offsets})
+    }
+
+    /// The offsets checkpoint `dir` records, if it read a stream; a
+    /// malformed record is an error naming the file.
+    pub fn of(dir: &Path) -> anyhow::Result<Option<StreamOffsets>> {
+        let path = dir.join("manifest.json");
+        let text = crate::bounded::read_text(&path, MANIFEST_MAX_BYTES)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+        let Some(s) = v.get("stream") else {
+            return Ok(None);
+        };
+        let bad = || anyhow::anyhow!("{}: `stream` is not {{kafka_topic, next_offsets}}", path.display());
+        let topic = s["kafka_topic"].as_str().ok_or_else(bad)?.to_string();
+        let offsets = s["next_offsets"]
+            .as_object()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|(p, o)| Some((p.parse::<i32>().ok()?, o.as_i64()?)))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        Ok(Some(StreamOffsets { topic, offsets }))
+    }
+}
+
 pub fn seed_of(dir: &Path) -> Option<u64> {
     let text = fs::read_to_string(dir.join("manifest.json")).ok()?;
     serde_json::from_str::<Value>(&text).ok()?["seed"].as_u64()

@@ -227,7 +227,7 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     };
     let loaded = load_pipeline(&args.config.pipeline_config_path, &overrides)?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
-    if plan.data.eval_paths.is_empty() {
+    if !plan.data.has_eval() {
         return Err(UserError("no evaluation data: set eval_input_path or pass --eval_input_path".into()).into());
     }
     let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to evaluate")?;
@@ -407,6 +407,14 @@ pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {
     }
     let (step, tensors) = checkpoint::load(&dir)?;
     println!("checkpoint {} (global step {step})", dir.display());
+    if let Some(s) = checkpoint::StreamOffsets::of(&dir)? {
+        let offsets: Vec<String> = s.offsets.iter().map(|(p, o)| format!("{p}:{o}")).collect();
+        println!(
+            "kafka topic {} next offsets (partition:offset) {}",
+            s.topic,
+            offsets.join(" ")
+        );
+    }
     let mut values = 0usize;
     let mut shown = 0usize;
     for (name, t) in &tensors {

@@ -6,11 +6,20 @@ use super::{proto, ConfigError};
 use proto::dataset_config::{FieldType, InputType};
 use proto::easy_rec_config::{EvalPath, TrainPath};
 
+pub use super::kafka_plan::KafkaInput;
+
 /// The data section of a pipeline config.
 #[derive(Debug, Clone)]
 pub struct DataPlan {
     pub train_paths: Vec<String>,
     pub eval_paths: Vec<String>,
+    /// `kafka_train_input`: training reads a topic instead of files.
+    pub train_kafka: Option<KafkaInput>,
+    /// `kafka_eval_input`: evaluation reads a topic instead of files.
+    pub eval_kafka: Option<KafkaInput>,
+    /// `data_config.chief_redundant`: under several workers, the chief
+    /// reads the same Kafka partitions as the first other worker.
+    pub chief_redundant: bool,
     pub format: InputFormat,
     pub batch_size: u32,
     pub num_epochs: u32,
@@ -37,10 +46,13 @@ impl DataPlan {
         (train_path, eval_path): (Option<&TrainPath>, Option<&EvalPath>),
     ) -> Result<Self, ConfigError> {
         let mut binary_parts = Vec::new();
+        let mut train_kafka = None;
+        let mut eval_kafka = None;
         let train_paths = match train_path {
             Some(TrainPath::TrainInputPath(p)) | Some(TrainPath::ParquetTrainInput(p)) => paths(p),
-            Some(TrainPath::KafkaTrainInput(_)) => {
-                return Err(ConfigError::unsupported("kafka_train_input", "Kafka input"))
+            Some(TrainPath::KafkaTrainInput(k)) => {
+                train_kafka = Some(KafkaInput::from_proto(k, "kafka_train_input")?);
+                Vec::new()
             }
             Some(TrainPath::DatahubTrainInput(_)) => {
                 return Err(ConfigError::unsupported("datahub_train_input", "DataHub input"))
@@ -59,11 +71,32 @@ impl DataPlan {
         let eval_paths = match eval_path {
             Some(EvalPath::EvalInputPath(p)) | Some(EvalPath::ParquetEvalInput(p)) => paths(p),
             Some(EvalPath::BinaryEvalInput(b)) => binary_input(b, "binary_eval_input", &mut binary_parts)?,
+            Some(EvalPath::KafkaEvalInput(k)) => {
+                eval_kafka = Some(KafkaInput::from_proto(k, "kafka_eval_input")?);
+                Vec::new()
+            }
             None => Vec::new(),
             Some(_) => return Err(ConfigError::unsupported("eval_path", "this eval input source")),
         };
         let data = data.ok_or_else(|| ConfigError::invalid("data_config", "required for training"))?;
         let format = input_format(data, binary_parts)?;
+        let reads_kafka = data.input_type() == InputType::KafkaInput;
+        if reads_kafka && train_kafka.is_none() {
+            return Err(ConfigError::invalid(
+                "data_config.input_type",
+                "KafkaInput reads kafka_train_input { server topic group }, not input paths",
+            ));
+        }
+        if !reads_kafka && (train_kafka.is_some() || eval_kafka.is_some()) {
+            return Err(ConfigError::invalid(
+                if train_kafka.is_some() {
+                    "kafka_train_input"
+                } else {
+                    "kafka_eval_input"
+                },
+                "a topic is read by data_config.input_type: KafkaInput",
+            ));
+        }
         let negative_sampling = negative_sampling(data)?;
         if data.label_fields.is_empty() {
             return Err(ConfigError::invalid(
@@ -103,7 +136,23 @@ impl DataPlan {
             shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
             prefetch_size: data.prefetch_size().max(1) as usize,
             negative_sampling,
+            train_kafka,
+            eval_kafka,
+            chief_redundant: data.chief_redundant(),
         })
+    }
+
+    /// Whether there is evaluation input (files or a topic).
+    pub fn has_eval(&self) -> bool {
+        !self.eval_paths.is_empty() || self.eval_kafka.is_some()
+    }
+
+    /// The training input, for messages.
+    pub fn train_source(&self) -> String {
+        match &self.train_kafka {
+            Some(k) => format!("Kafka topic `{}` at {}", k.topic, k.servers.join(",")),
+            None => self.train_paths.join(", "),
+        }
     }
 }
 
@@ -158,6 +207,11 @@ fn input_format(data: &proto::DatasetConfig, binary_parts: Vec<BinaryPart>) -> R
             },
         },
         InputType::ParquetInputV2 => InputFormat::Parquet { packed: false },
+        // Each message's value is one row of `separator`-joined fields.
+        InputType::KafkaInput => InputFormat::Csv {
+            separator: data.separator().to_string(),
+            with_header: false,
+        },
         InputType::RtpInput => InputFormat::Rtp {
             separator: data.separator().to_string(),
             layout: rtp_layout(data)?,

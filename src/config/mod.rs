@@ -6,6 +6,7 @@ pub mod edit;
 pub mod eval_plan;
 pub mod export_plan;
 pub mod feature_plan;
+pub mod kafka_plan;
 pub mod loader;
 pub mod model;
 pub mod overrides;

@@ -47,13 +47,14 @@ pub struct TrainPlan {
 /// The seed of a run that names none.
 pub const DEFAULT_SEED: u64 = 20_260_101;
 
-/// EasyRec's `dead_line`: `%Y%m%d %H:%M:%S` in local time (17 characters)
-/// or Unix seconds (10 digits), as its `parse_time` reads it.
-fn dead_line(text: &str) -> Result<i64, ConfigError> {
+/// EasyRec's `parse_time` (`dead_line`, Kafka's `offset_time`):
+/// `%Y%m%d %H:%M:%S` in local time (17 characters) or Unix seconds (10
+/// digits). `field` names the setting in errors.
+pub(crate) fn easyrec_time(field: &str, text: &str) -> Result<i64, ConfigError> {
     use chrono::TimeZone;
     let bad = || {
         ConfigError::invalid(
-            "train_config.dead_line",
+            field,
             format!("`{text}` is neither `YYYYmmdd HH:MM:SS` (local time) nor 10 digits of Unix time"),
         )
     };
@@ -223,7 +224,7 @@ impl TrainPlan {
                 .dead_line
                 .as_deref()
                 .filter(|d| !d.is_empty())
-                .map(dead_line)
+                .map(|t| easyrec_time("train_config.dead_line", t))
                 .transpose()?,
             seed: DEFAULT_SEED,
         })

@@ -4,6 +4,7 @@
 pub mod column;
 pub mod criteo;
 pub mod csv;
+pub mod kafka;
 pub mod parquet;
 mod paths;
 pub mod sampler;
@@ -401,6 +402,19 @@ impl<T: Send + 'static> Prefetch<T> {
         depth: usize,
         mut map: impl FnMut(RawBatch) -> anyhow::Result<T> + Send + 'static,
     ) -> Self {
+        Self::spawn(depth, move |send| {
+            spec.run(|raw| send(map(raw)))?;
+            Ok(())
+        })
+    }
+
+    /// Runs `produce` on a reader thread; it hands each item to the
+    /// function it is given, which returns false once the consumer is gone
+    /// or the item was an error (then `produce` should return).
+    pub fn spawn(
+        depth: usize,
+        produce: impl FnOnce(&mut dyn FnMut(anyhow::Result<T>) -> bool) -> anyhow::Result<()> + Send + 'static,
+    ) -> Self {
         let (tx, rx) = sync_channel(depth.max(1));
         let handle = std::thread::Builder::new()
             .name("reader".into())
@@ -409,13 +423,12 @@ impl<T: Send + 'static> Prefetch<T> {
                 // malformed file) would close the channel and read as the
                 // end of the data: it is sent on as an error instead.
                 let read = std::panic::AssertUnwindSafe(|| {
-                    let res = spec.run(|raw| {
-                        let item = map(raw);
+                    let mut send = |item: anyhow::Result<T>| {
                         let failed = item.is_err();
                         tx.send(item).is_ok() && !failed
-                    });
-                    if let Err(e) = res {
-                        let _ = tx.send(Err(e.into()));
+                    };
+                    if let Err(e) = produce(&mut send) {
+                        let _ = tx.send(Err(e));
                     }
                 });
                 if let Err(panic) = std::panic::catch_unwind(read) {

@@ -9,6 +9,7 @@ pub mod ps;
 pub mod run;
 pub mod state;
 pub mod step;
+pub mod stream;
 
 use std::rc::Rc;
 
@@ -67,6 +68,13 @@ pub struct Trainer {
     pub straggler: Option<(usize, std::time::Duration)>,
     /// `incr_save_config`'s updates, once the run has started them.
     pub incr: Option<incr::IncrUpdates>,
+    /// This rank's place in a Kafka input: the next offset of each of its
+    /// partitions after the batches it has trained.
+    pub stream_position: Option<crate::data::kafka::Position>,
+    /// The stream offsets of the checkpoint this run resumed from.
+    pub resumed_stream: Option<crate::checkpoint::StreamOffsets>,
+    /// Where trained rows are traced (see `stream::RowTrace`).
+    trace: Option<stream::RowTrace>,
 }
 
 impl Trainer {
@@ -169,6 +177,7 @@ impl Trainer {
             .map(|s| NegativeSampler::new(s, &enc.projection))
             .transpose()?;
         let frozen = freeze::Frozen::of(&plan.train.freeze_gradient, &model.params.specs, &model.table_variables);
+        let trace = stream::RowTrace::from_env(comm.rank())?;
         Ok(Trainer {
             frozen,
             plan,
@@ -187,6 +196,9 @@ impl Trainer {
             ps: roles,
             straggler: None,
             incr: None,
+            stream_position: None,
+            resumed_stream: None,
+            trace,
         })
     }
 
@@ -251,10 +263,27 @@ impl Trainer {
                 );
             }
         }
+        Ok(Prefetch::start(
+            spec,
+            p.data.prefetch_size.min(8),
+            self.encoder(train, rank, skip_batches, slice),
+        ))
+    }
+
+    /// What turns a raw batch into an encoded one on the reader thread:
+    /// this rank's `slice` of it, with the negatives the sampler draws (each
+    /// rank its own for its slice, seeded by the batch's place in the
+    /// stream from `first_index` on, so a resumed run draws as one that
+    /// never stopped).
+    fn encoder(
+        &self,
+        train: bool,
+        rank: usize,
+        first_index: u64,
+        slice: (usize, usize),
+    ) -> impl FnMut(crate::data::RawBatch) -> anyhow::Result<Batch> + Send + 'static {
         let enc = self.enc.clone();
-        // Each rank draws its own negatives for its slice, seeded by the
-        // batch's place in the stream, so a resumed run draws as one that
-        // never stopped.
+        let p = &self.plan;
         let sampling = self
             .sampler
             .clone()
@@ -264,8 +293,8 @@ impl Trainer {
                 (s, n as usize)
             });
         let seed = self.seed ^ crate::util::mix64((rank as u64) << 1 | u64::from(train));
-        let mut index = skip_batches;
-        Ok(Prefetch::start(spec, p.data.prefetch_size.min(8), move |raw| {
+        let mut index = first_index;
+        move |raw| {
             let mut raw = raw.part(slice.0, slice.1);
             let appended = match &sampling {
                 Some((s, n)) => {
@@ -279,7 +308,19 @@ impl Trainer {
             batch.mark_sampled(appended.rows);
             batch.hard_negatives = appended.hard;
             Ok(batch)
-        }))
+        }
+    }
+
+    /// This rank's evaluation batches: of `paths`, or, when none are given,
+    /// of the config's `kafka_eval_input`.
+    pub fn eval_stream(&self, paths: &[String]) -> anyhow::Result<Box<dyn Iterator<Item = anyhow::Result<Batch>>>> {
+        Ok(match &self.plan.data.eval_kafka {
+            Some(k) if paths.is_empty() => Box::new(self.topic_stream(k, false)?.filter_map(|fed| match fed {
+                Ok(f) => f.batch.map(Ok),
+                Err(e) => Some(Err(e)),
+            })),
+            _ => Box::new(self.stream(paths, false, 0)?),
+        })
     }
 
     /// The straggler's sleep after a step of worker `worker`.
@@ -312,7 +353,7 @@ impl Trainer {
         // and one per graph summary (its batch values).
         let graph = &self.model.graph;
         let mut st = vec![EvalState::default(); tasks.len() + graph.penalties.len() + graph.summaries.len()];
-        for batch in self.stream(paths, false, 0)? {
+        for batch in self.eval_stream(paths)? {
             let batch = batch.context("reading evaluation data")?;
             let inputs = self.group_inputs(&batch);
             let (evals, penalties) = self

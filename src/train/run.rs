@@ -103,7 +103,9 @@ impl Trainer {
         let lead = self.comm.rank() == 0;
         let bar = (lead && std::io::stderr().is_terminal()).then(|| progress_bar(target, self.step));
         crate::logging::set_bar(bar.clone());
-        let mut stream = self.stream(&p.data.train_paths, true, self.step)?;
+        let mut stream = self.train_stream(self.step)?;
+        // A batch read while another rank's topic was quiet, trained next.
+        let mut held: Option<super::stream::Fed> = None;
         let t0 = Instant::now();
         let mut window = (Instant::now(), 0u64);
         let mut samples = 0u64;
@@ -132,15 +134,34 @@ impl Trainer {
             // Ranks reading their own shares agree to stop when the first
             // runs out (or the chief saw the stop signal), so no rank waits
             // in a collective for the others.
-            let next = stream.next();
-            let mut stop = [f64::from(u8::from(next.is_none() || signalled))];
+            let next = match held.take() {
+                Some(fed) => Some(Ok(fed)),
+                None => stream.next(),
+            };
+            let quiet = matches!(&next, Some(Ok(f)) if f.batch.is_none());
+            let mut stop = [
+                f64::from(u8::from(next.is_none() || signalled)),
+                f64::from(u8::from(quiet)),
+            ];
             self.comm.all_reduce_sum(&mut stop);
-            let Some(batch) = next.filter(|_| stop[0] == 0.0) else {
+            let Some(fed) = next.filter(|_| stop[0] == 0.0) else {
                 break;
             };
-            let batch = batch.context("reading training data")?;
+            let fed = fed.context("reading training data")?;
+            let Some(batch) = fed.batch.as_ref().filter(|_| stop[1] == 0.0) else {
+                // A rank's topic is quiet: no rank steps (a rank with a
+                // batch keeps it); the stop conditions are looked at.
+                if fed.batch.is_some() {
+                    held = Some(fed);
+                }
+                if lead && !signalled {
+                    signalled = signal.found(self.step);
+                }
+                continue;
+            };
             let lr = p.train.optimizers[self.assign.dense].lr.at(self.step);
-            let step_stats = self.train_step(&batch)?;
+            let step_stats = self.train_step(batch)?;
+            self.fed(&fed)?;
             let save_due = p.train.checkpoints.due(self.step, last_save.0);
             if save_due && self.incr.is_some() {
                 // The checkpoint's steps_to_live evictions go into this
@@ -249,7 +270,7 @@ impl Trainer {
             // metrics of an untrained model.
             return Err(crate::data::DataError::Empty {
                 purpose: "training",
-                paths: p.data.train_paths.clone(),
+                paths: vec![p.data.train_source()],
             }
             .into());
         }
@@ -262,7 +283,7 @@ impl Trainer {
             }
         };
         let secs = t0.elapsed().as_secs_f64().max(1e-9);
-        let metrics = if p.data.eval_paths.is_empty() {
+        let metrics = if !p.data.has_eval() {
             Vec::new()
         } else {
             self.eval_and_report(&p.data.eval_paths, &p.model_dir.join("eval_result.txt"))?
@@ -290,7 +311,7 @@ impl Trainer {
         let p = &self.plan;
         let target = p.train.num_steps.map(u64::from);
         let throttled = evals.last.elapsed().as_secs() < p.eval.interval_secs as u64;
-        if p.data.eval_paths.is_empty() || throttled || target.is_some_and(|t| self.step >= t) {
+        if !p.data.has_eval() || throttled || target.is_some_and(|t| self.step >= t) {
             return Ok(false);
         }
         let metrics = self.eval_and_report(&p.data.eval_paths, &p.model_dir.join("eval_result.txt"))?;
@@ -404,8 +425,10 @@ impl Trainer {
                 "replicated"
             }
         );
-        log::info!("train input: {}", p.data.train_paths.join(", "));
-        if !p.data.eval_paths.is_empty() {
+        log::info!("train input: {}", p.data.train_source());
+        if let Some(k) = &p.data.eval_kafka {
+            log::info!("eval input: Kafka topic `{}` at {}", k.topic, k.servers.join(","));
+        } else if !p.data.eval_paths.is_empty() {
             log::info!("eval input: {}", p.data.eval_paths.join(", "));
         }
         let tables = &self.embeddings.tables;
@@ -442,6 +465,10 @@ impl Trainer {
                 "Will train {} steps (global step {} to {t}), batch_size {} per process",
                 t.saturating_sub(self.step),
                 self.step,
+                p.data.batch_size
+            ),
+            None if p.data.train_kafka.is_some() => log::info!(
+                "Will train on the stream until stopped (the stop signal, dead_line or num_steps), batch_size {} per process",
                 p.data.batch_size
             ),
             None => log::info!(

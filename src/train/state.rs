@@ -74,6 +74,8 @@ impl Trainer {
             dir.join(format!(".{}.tmp", checkpoint::ckpt_name(self.step)))
         };
         self.comm.barrier();
+        // Every rank's stream position, joined (a collective: all ranks).
+        let stream = self.stream_offsets();
         let mut parts = Vec::new();
         let table_file = if self.embeddings.sharding.is_sharded() {
             // Every rank holding rows writes them (under asynchronous
@@ -106,7 +108,7 @@ impl Trainer {
         };
         if rank == 0 {
             // A failed write (a full disk) leaves no half checkpoint behind.
-            let written = self.write_rank0_parts(&tmp, parts, &table_file);
+            let written = self.write_rank0_parts(&tmp, parts, (&table_file, stream.as_ref()));
             if let Err(e) = written {
                 std::fs::remove_dir_all(&tmp).ok();
                 return Err(e.context(context()));
@@ -123,7 +125,7 @@ impl Trainer {
         &self,
         tmp: &Path,
         mut parts: Vec<checkpoint::Written>,
-        table_file: &str,
+        (table_file, stream): (&str, Option<&checkpoint::StreamOffsets>),
     ) -> anyhow::Result<()> {
         let dense = self.dense_tensors(true);
         parts.push(checkpoint::write_part(tmp, "dense.safetensors", &dense, None)?);
@@ -148,7 +150,12 @@ impl Trainer {
             );
         }
         let keep = self.plan.train.keep_checkpoint_max as usize;
-        checkpoint::commit(&self.plan.model_dir, (self.step, self.seed), tmp, &parts, &names, keep)?;
+        let stamp = checkpoint::Stamp {
+            step: self.step,
+            seed: self.seed,
+            stream: stream.cloned(),
+        };
+        checkpoint::commit(&self.plan.model_dir, &stamp, tmp, &parts, &names, keep)?;
         Ok(())
     }
 
@@ -177,6 +184,7 @@ impl Trainer {
         }
         self.assign_values(values, true);
         self.step = step;
+        self.resumed_stream = checkpoint::StreamOffsets::of(dir)?;
         Ok(())
     }
 

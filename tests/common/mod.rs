@@ -1,7 +1,8 @@
 #![allow(dead_code)]
 pub mod models;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// The shared folder beside the repository (sample configs, real data);
 /// `RUSTREC_SHARED_DIR` overrides it.
@@ -30,4 +31,55 @@ pub fn easyrec_configs() -> Vec<PathBuf> {
 
 pub fn sample(name: &str) -> PathBuf {
     shared_dir().join("easyrec_configs").join(name)
+}
+
+/// `mpirun` as the tests run it: ranks may outnumber the cores, as root
+/// too, from the repository root.
+pub fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--bind-to", "none"]);
+    // Containers often run tests as root, which OpenMPI refuses by default.
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// The pid of rank `rank` of the job training into `model_dir`.
+pub fn rank_pid(model_dir: &Path, rank: usize) -> Option<u32> {
+    let want_dir = model_dir.to_str().unwrap();
+    let want_rank = format!("OMPI_COMM_WORLD_RANK={rank}");
+    for entry in std::fs::read_dir("/proc").ok()? {
+        // Processes come and go while /proc is listed (other tests run
+        // jobs beside this one): an entry that vanished is skipped.
+        let Ok(entry) = entry else {
+            continue;
+        };
+        let path = entry.path();
+        let Some(pid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(path.join("environ")).unwrap_or_default();
+        let has = |hay: &[u8], needle: &str| hay.split(|b| *b == 0).any(|s| s == needle.as_bytes());
+        if has(&cmdline, want_dir) && has(&environ, &want_rank) && !has(&cmdline, "mpirun") {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// The Kafka broker of the tests: `make test` starts one (KRaft, on
+/// 127.0.0.1) and names it in RUSTREC_KAFKA.
+pub fn kafka_server() -> String {
+    std::env::var("RUSTREC_KAFKA").unwrap_or_else(|_| {
+        panic!(
+            "RUSTREC_KAFKA is not set: run the tests with `make test`, which starts a broker, or start one \
+             (scripts/kafka-broker start DIR) and set RUSTREC_KAFKA=127.0.0.1:19092"
+        )
+    })
 }

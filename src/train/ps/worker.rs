@@ -44,6 +44,13 @@ impl Worker {
     pub(super) fn new(t: &Trainer, roles: &Roles, index: usize) -> anyhow::Result<Self> {
         // A resumed job's global step counts every worker's batches.
         let skip = t.step / roles.workers as u64;
+        if let Some(k) = &t.plan.data.train_kafka {
+            anyhow::bail!(
+                "{}: asynchronous training (train_config.sync_replicas: false) does not read Kafka yet; \
+                 train synchronously (sync_replicas: true), where each worker reads its partitions",
+                k.field
+            );
+        }
         Ok(Worker {
             index,
             roles: roles.clone(),

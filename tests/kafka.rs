@@ -1,0 +1,304 @@
+//! Training from Kafka against a real broker (`make test` starts one):
+//! every produced row is trained, across a SIGKILL and a resume on another
+//! world size, and none twice except those trained after the checkpoint
+//! the job resumed from (the documented at-least-once window);
+//! `offset_info` and `offset_time` start where they say.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustrec::checkpoint::StreamOffsets;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A topic name no other test or run uses.
+fn unique(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("test_{what}_{}_{nanos}", std::process::id())
+}
+
+/// MovieLens-100k's training CSV (with a header) in `dir`.
+fn movielens(dir: &Path) -> std::path::PathBuf {
+    let src = common::shared_dir().join("data/real/ml-100k");
+    rustrec::datagen::prepare_movielens(&src, dir, 0.2, 1).unwrap();
+    dir.join("train.csv")
+}
+
+fn produce(topic: &str, partitions: usize, input: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kafka_produce"));
+    c.args(["--server", &common::kafka_server(), "--topic", topic])
+        .args(["--partitions", &partitions.to_string(), "--with_header"])
+        .arg("--input")
+        .arg(input)
+        .args(extra);
+    c
+}
+
+/// The ODL sample reading `topic` (evaluated on the same topic), with
+/// `edits` merged into --edit_config_json.
+fn train_args(topic: &str, model_dir: &Path, edits: serde_json::Value) -> Vec<String> {
+    let mut json = serde_json::json!({
+        "kafka_train_input.server": common::kafka_server(),
+        "kafka_train_input.topic": topic,
+        "kafka_eval_input.server": common::kafka_server(),
+        "kafka_eval_input.topic": topic,
+        "eval_config.num_examples": 512,
+    });
+    json.as_object_mut().unwrap().extend(edits.as_object().unwrap().clone());
+    vec![
+        "--pipeline_config_path".into(),
+        "samples/odl_ml100k.config".into(),
+        "--model_dir".into(),
+        model_dir.to_str().unwrap().into(),
+        "--edit_config_json".into(),
+        json.to_string(),
+    ]
+}
+
+/// The rows (partition, offset) traced in the files `base.<rank>`, in
+/// order; a line cut by a kill is left out.
+fn traced(base: &Path) -> Vec<(i32, i64)> {
+    let mut out = Vec::new();
+    for rank in 0..4 {
+        let mut path = base.as_os_str().to_owned();
+        path.push(format!(".{rank}"));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for line in text.lines() {
+            let mut it = line.split(' ');
+            if let (Some(Ok(p)), Some(Ok(o)), None) = (
+                it.next().map(str::parse::<i32>),
+                it.next().map(str::parse::<i64>),
+                it.next(),
+            ) {
+                out.push((p, o));
+            }
+        }
+    }
+    out
+}
+
+fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn ok(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn every_row_is_trained_across_a_kill_and_a_resume_on_another_world_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = movielens(tmp.path());
+    let topic = unique("resume");
+    let (partitions, rows) = (4usize, 4000usize);
+    // The stream arrives while the job trains: 800 rows a second.
+    let mut producer = produce(
+        &topic,
+        partitions,
+        &csv,
+        &["--rows", &rows.to_string(), "--rate", "800"],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    let dir = tmp.path().join("model");
+    let (trace1, trace2) = (tmp.path().join("trace1"), tmp.path().join("trace2"));
+    let edits = serde_json::json!({
+        "train_config.save_checkpoints_steps": 5,
+        "data_config.batch_size": 16,
+    });
+    // Two ranks, each with two partitions; rank 1 is killed once two
+    // checkpoints exist.
+    let job = common::mpirun()
+        .args(["-np", "2", env!("CARGO_BIN_EXE_train_eval")])
+        .args(train_args(&topic, &dir, edits.clone()))
+        .env("RUSTREC_TRACE_TRAINED_ROWS", &trace1)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("two checkpoints", 60, || {
+        rustrec::checkpoint::list(&dir).unwrap().len() >= 2
+    });
+    let mut pid = None;
+    wait_for("rank 1", 30, || {
+        pid = common::rank_pid(&dir, 1);
+        pid.is_some()
+    });
+    Command::new("kill")
+        .args(["-9", &pid.unwrap().to_string()])
+        .status()
+        .unwrap();
+    let out = job.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the killed job succeeded");
+    let ckpt = rustrec::checkpoint::latest(&dir).unwrap().unwrap();
+    let resumed = StreamOffsets::of(&ckpt)
+        .unwrap()
+        .expect("the checkpoint records the offsets");
+    assert_eq!(resumed.topic, topic);
+    assert_eq!(resumed.offsets.len(), partitions, "{resumed:?}");
+    let shown = Command::new(env!("CARGO_BIN_EXE_inspect_checkpoint"))
+        .args(["--checkpoint_path", ckpt.to_str().unwrap()])
+        .output()
+        .unwrap();
+    ok(&shown, "inspect_checkpoint");
+    let listing = String::from_utf8_lossy(&shown.stdout);
+    let expect: Vec<String> = resumed.offsets.iter().map(|(p, o)| format!("{p}:{o}")).collect();
+    assert!(
+        listing.contains(&format!(
+            "kafka topic {topic} next offsets (partition:offset) {}",
+            expect.join(" ")
+        )),
+        "{listing}"
+    );
+
+    // One process goes on from the checkpoint's offsets, until every row
+    // was trained; then the stop signal ends it.
+    let mut args = train_args(&topic, &dir, edits);
+    args.push("--continue_train".into());
+    let job = Command::new(env!("CARGO_BIN_EXE_train_eval"))
+        .current_dir(ROOT)
+        .args(&args)
+        .env("RUSTREC_TRACE_TRAINED_ROWS", &trace2)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(producer.wait().unwrap().success());
+    let per_partition = (rows / partitions) as i64;
+    let all: BTreeSet<(i32, i64)> = (0..partitions as i32)
+        .flat_map(|p| (0..per_partition).map(move |o| (p, o)))
+        .collect();
+    wait_for("every row to be trained", 120, || {
+        let seen: BTreeSet<_> = traced(&trace1).into_iter().chain(traced(&trace2)).collect();
+        seen.is_superset(&all)
+    });
+    std::fs::write(dir.join("OSS_STOP_SIGNAL"), "").unwrap();
+    let out = job.wait_with_output().unwrap();
+    ok(&out, "the resumed job");
+
+    let (first, second) = (traced(&trace1), traced(&trace2));
+    let mut count: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for r in first.iter().chain(&second) {
+        *count.entry(*r).or_default() += 1;
+    }
+    assert_eq!(
+        count.keys().copied().collect::<BTreeSet<_>>(),
+        all,
+        "rows outside the stream"
+    );
+    let before = |(p, o): &(i32, i64)| *o < resumed.offsets[p];
+    // Rows before the checkpoint's offsets: trained once, before the kill.
+    for r in all.iter().filter(|r| before(r)) {
+        assert_eq!(
+            count[r], 1,
+            "row {r:?} before the checkpoint trained {} times",
+            count[r]
+        );
+    }
+    assert!(
+        second.iter().all(|r| !before(r)),
+        "the resumed job trained rows before its offsets"
+    );
+    // After them: once by the resumed job, and at most once more before
+    // the kill (the window).
+    let twice = all.iter().filter(|r| count[r] > 1).count();
+    for r in all.iter().filter(|r| !before(r)) {
+        assert!(count[r] <= 2, "row {r:?} trained {} times", count[r]);
+    }
+    assert!(!first.is_empty() && !second.is_empty());
+    eprintln!(
+        "{} rows before the kill, {} after, {twice} in the window trained twice",
+        first.len(),
+        second.len()
+    );
+    let last = rustrec::checkpoint::latest(&dir).unwrap().unwrap();
+    let end = StreamOffsets::of(&last).unwrap().unwrap();
+    assert!(end.offsets.values().all(|o| *o == per_partition), "{end:?}");
+}
+
+#[test]
+fn offset_info_and_offset_time_start_where_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = movielens(tmp.path());
+    // 200 rows over two partitions: row k at offset k / 2 of partition
+    // k % 2, stamped a minute after the one before from T0.
+    let topic = unique("offsets");
+    let t0 = 1_600_000_000i64;
+    let out = produce(
+        &topic,
+        2,
+        &csv,
+        &[
+            "--rows",
+            "200",
+            "--time_from",
+            &t0.to_string(),
+            "--seconds_per_row",
+            "60",
+        ],
+    )
+    .output()
+    .unwrap();
+    ok(&out, "producing");
+    let run = |name: &str, offset: serde_json::Value, steps: u32| -> Vec<(i32, i64)> {
+        let dir = tmp.path().join(name);
+        let trace = tmp.path().join(format!("trace_{name}"));
+        let mut edits = serde_json::json!({
+            "data_config.batch_size": 10,
+            "train_config.num_steps": steps,
+        });
+        edits
+            .as_object_mut()
+            .unwrap()
+            .extend(offset.as_object().unwrap().clone());
+        let out = Command::new(env!("CARGO_BIN_EXE_train_eval"))
+            .current_dir(ROOT)
+            .args(train_args(&topic, &dir, edits))
+            .env("RUSTREC_TRACE_TRAINED_ROWS", &trace)
+            .output()
+            .unwrap();
+        ok(&out, name);
+        let mut rows = traced(&trace);
+        rows.sort_unstable();
+        rows
+    };
+    let expect = |from: [i64; 2]| -> Vec<(i32, i64)> {
+        (0..2)
+            .flat_map(|p| (from[p as usize]..100).map(move |o| (p, o)))
+            .collect()
+    };
+    // offset_info: partition 0 from 10, partition 1 from 20; 170 rows.
+    let rows = run(
+        "info",
+        serde_json::json!({"kafka_train_input.offset_info": r#"{"0": 10, "1": 20}"#}),
+        17,
+    );
+    assert_eq!(rows, expect([10, 20]));
+    // offset_time: rows 100.. are stamped at or after T0 + 100 minutes,
+    // offset 50 of each partition; 100 rows.
+    let rows = run(
+        "time",
+        serde_json::json!({"kafka_train_input.offset_time": (t0 + 6000).to_string()}),
+        10,
+    );
+    assert_eq!(rows, expect([50, 50]));
+}
