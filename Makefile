@@ -12,7 +12,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build test demo ml100k bench parity fuzz lint fmt clean
+.PHONY: deps build test demo odl-demo ml100k bench parity fuzz lint fmt clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -72,6 +72,14 @@ demo: build data/synthetic/train.parquet
 	@echo "== DLRM on generated Criteo-shaped Parquet, one epoch (compare with the planted AUC above)"
 	rm -rf experiments/dlrm_synthetic
 	$(BIN)/train_eval --pipeline_config_path samples/dlrm_synthetic.config
+
+# Online learning as EasyRec's ODL recipe runs it: MovieLens-100k through a
+# local Kafka broker, a job training from the stream with incremental
+# updates, `serve` applying them live; prints how fresh the served model is.
+odl-demo: build data/ml100k/train.csv
+	scripts/kafka-broker start $(KAFKA_RUN)-demo
+	trap 'scripts/kafka-broker stop $(KAFKA_RUN)-demo' EXIT; rm -rf experiments/odl_ml100k; \
+	  python3 scripts/odl_demo.py $(BIN) data/ml100k 127.0.0.1:$$(cat $(KAFKA_RUN)-demo/port) experiments/odl_ml100k
 
 # The PyTorch (CPU) baseline of `make bench`, in a local virtual environment.
 VENV := .venv
