@@ -238,12 +238,12 @@ fn updates_carry_every_changed_row_and_the_dense_parameters_in_easyrecs_format()
 }
 
 #[test]
-fn targets_other_than_a_folder_are_refused_by_name() {
+fn targets_other_than_a_folder_or_a_topic_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     for (incr, field) in [
         (
-            r#"incr_save_config { sparse_save_steps: 5 kafka { server: "127.0.0.1:9092" topic: "t" consumer { } } }"#,
-            "train_config.incr_save_config.kafka",
+            r#"incr_save_config { sparse_save_steps: 5 datahub { akId: "a" akSecret: "s" region: "r" project: "p" topic: "t" consumer { } } }"#,
+            "train_config.incr_save_config.datahub",
         ),
         (
             "incr_save_config { sparse_save_steps: 5 }",
@@ -335,7 +335,7 @@ fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
         assert_eq!(pending.keys().copied().collect::<Vec<_>>(), vec![15, 20]);
         // A damaged update (cut short) changes nothing.
         let cut = dir.path().join("sparse_update_15");
-        let whole = std::fs::read(source.dir.join("sparse_update_15")).unwrap();
+        let whole = std::fs::read(source.dir().unwrap().join("sparse_update_15")).unwrap();
         std::fs::write(&cut, &whole[..whole.len() - 3]).unwrap();
         let err = live.apply(&cut).unwrap_err().to_string();
         assert!(
@@ -351,7 +351,7 @@ fn an_export_following_the_updates_scores_like_the_checkpoint_of_their_step() {
         assert_eq!(live.step, 20);
         // An update older than what is applied is refused.
         let err = live
-            .apply(&source.dir.join("sparse_update_15"))
+            .apply(&source.dir().unwrap().join("sparse_update_15"))
             .unwrap_err()
             .to_string();
         assert!(err.contains("already applied"), "{err}");
@@ -401,4 +401,49 @@ fn evicted_keys_reach_an_export_following_the_updates() {
     assert_eq!(live.step, 20);
     let worst = worst_against_checkpoint(&cfg, (&export, &live), &model_dir, 20);
     assert!(worst <= 1e-5, "the followed export differs from step 20 by {worst}");
+}
+
+/// Updates sent to Kafka (`incr_save_config.kafka`, with
+/// `debug_save_update` keeping a copy in the folder): an export of step 10
+/// following the topic scores as the checkpoint of step 20, and the topic
+/// holds what the folder holds.
+#[test]
+fn updates_sent_to_kafka_keep_an_export_current() {
+    use rustrec::export::updates::LiveModel;
+    let server = std::env::var("RUSTREC_KAFKA").expect("RUSTREC_KAFKA: run under make test, which starts a broker");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let topic = format!("test_updates_{}_{nanos}", std::process::id());
+    let incr = format!(
+        r#"incr_save_config {{ sparse_save_steps: 5 dense_save_steps: 5 debug_save_update: true kafka {{ server: "{server}" topic: "{topic}" consumer {{ offset: 0 }} }} }}"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "samples/wide_and_deep_criteo_sample_ev.config", &incr);
+    let model_dir = dir.path().join("model");
+    let out = train(&cfg, &model_dir, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (export, source) = export_of_step_10(&cfg, &model_dir, dir.path());
+    assert!(source.dir().is_none(), "the export follows the topic: {source:?}");
+    let mut live = LiveModel::load(&export, source).unwrap();
+    let pending = live.pending().unwrap();
+    let names: Vec<&str> = pending.iter().map(|p| p.name.as_str()).collect();
+    assert!(
+        names.contains(&"dense_update_15") && names.contains(&"sparse_update_20"),
+        "{names:?}"
+    );
+    for p in &pending {
+        // The copy in the folder (debug_save_update) is the same update.
+        let copy = std::fs::read(model_dir.join("incr_save").join(&p.name)).unwrap();
+        assert_eq!(copy, p.bytes, "{}", p.name);
+        live.apply_pending(p).unwrap();
+    }
+    assert_eq!(live.step, 20);
+    assert!(live.pending().unwrap().is_empty());
+    let worst = worst_against_checkpoint(&cfg, (&export, &live), &model_dir, 20);
+    assert!(
+        worst <= 1e-5,
+        "the export following Kafka differs from step 20 by {worst}"
+    );
 }

@@ -645,6 +645,19 @@ fn multi_value_inputs_take_a_list_per_row() {
 /// step; a damaged update is refused and the last good state keeps serving.
 #[test]
 fn serve_follows_the_training_jobs_incremental_updates() {
+    follow_updates(false);
+}
+
+/// As above, the updates sent to a Kafka topic (`incr_save_config.kafka`).
+#[test]
+fn serve_follows_incremental_updates_sent_to_kafka() {
+    follow_updates(true);
+}
+
+/// The updates are written to a folder by the job; the export of step 10
+/// says they go to the folder or (`kafka`) to a new topic, and the test
+/// delivers them there one by one as a running job would.
+fn follow_updates(kafka: bool) {
     let dir = tempfile::tempdir().unwrap();
     let incr = "train_config { incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs {} } }";
     let cfg = setup(dir.path(), "DLRM", "");
@@ -666,7 +679,49 @@ fn serve_follows_the_training_jobs_incremental_updates() {
     std::fs::rename(&updates, &held).unwrap();
     std::fs::create_dir(&updates).unwrap();
     let root = dir.path().join("export");
-    export(&cfg, &root, Some(model_dir.join("model.ckpt-10").to_str().unwrap()));
+    let topic = kafka.then(|| {
+        let server = std::env::var("RUSTREC_KAFKA").expect("RUSTREC_KAFKA: run under make test, which starts a broker");
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let name = format!("test_serve_updates_{}_{nanos}", std::process::id());
+        let input = rustrec::config::kafka_plan::KafkaInput {
+            field: "test",
+            servers: vec![server.clone()],
+            topic: name.clone(),
+            group: String::new(),
+            start: rustrec::config::kafka_plan::KafkaStart::Beginning,
+            client: Default::default(),
+        };
+        let t = rustrec::data::kafka::Topic::connect(&input).unwrap();
+        t.create(1).unwrap();
+        (t, server, name)
+    });
+    let export_cfg = match &topic {
+        Some((_, server, name)) => {
+            let text = std::fs::read_to_string(&cfg).unwrap().replace(
+                "fs {}",
+                &format!(r#"kafka {{ server: "{server}" topic: "{name}" consumer {{ }} }}"#),
+            );
+            let path = dir.path().join("kafka.config");
+            std::fs::write(&path, text).unwrap();
+            path
+        }
+        None => cfg.clone(),
+    };
+    export(
+        &export_cfg,
+        &root,
+        Some(model_dir.join("model.ckpt-10").to_str().unwrap()),
+    );
+    let deliver = |name: &str, bytes: &[u8]| match &topic {
+        Some((t, _, _)) => rustrec::train::incr::send_update(t, name, bytes).unwrap(),
+        None => {
+            std::fs::write(updates.join(name), bytes).unwrap();
+            std::fs::write(updates.join(format!("{name}.done")), name).unwrap();
+        }
+    };
     let server = Server::start(&root, &["--file_system_poll_wait_seconds", "0.05"]);
     let rows = rows_of(&dir.path().join("data.csv"));
     let tensors: Vec<Value> = columns(&rows, 0..20)
@@ -698,13 +753,11 @@ fn serve_follows_the_training_jobs_incremental_updates() {
         })
         .collect();
     // A damaged update first: refused, logged, counted.
-    std::fs::write(updates.join("sparse_update_11"), b"\x01\x00\x00\x00garbage").unwrap();
-    std::fs::write(updates.join("sparse_update_11.done"), b"sparse_update_11").unwrap();
+    deliver("sparse_update_11", b"\x01\x00\x00\x00garbage");
     for s in [15u64, 20, 25, 30] {
         for kind in ["dense", "sparse"] {
             let name = format!("{kind}_update_{s}");
-            std::fs::copy(held.join(&name), updates.join(&name)).unwrap();
-            std::fs::copy(held.join(format!("{name}.done")), updates.join(format!("{name}.done"))).unwrap();
+            deliver(&name, &std::fs::read(held.join(&name)).unwrap());
         }
         std::thread::sleep(Duration::from_millis(150));
     }

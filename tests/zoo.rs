@@ -203,6 +203,8 @@ const PASSING: &[&str] = &[
     "zoo/simple_multi_task_on_sequence_feature_taobao.config",
     "zoo/simple_multi_task_on_taobao.config",
     "zoo/taobao_fg.config",
+    "zoo/taobao_fg_incr_save.config",
+    "zoo/taobao_fg_incr_save_ev.config",
     "zoo/taobao_fg_export.config",
     "zoo/taobao_fg_signal_stop.config",
     "zoo/taobao_fg_test_dtype.config",
@@ -336,7 +338,9 @@ fn cap_tables(plan: &mut TrainingPlan) {
 fn kafka_topic(plan: &TrainingPlan, dir: &Path, rows: usize) -> anyhow::Result<String> {
     let csv = dir.join("stream.csv");
     rustrec::datagen::generate_for_plan(plan, rows, 1, &csv)?;
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
     let topic = format!("zoo_{}_{nanos}", std::process::id());
     let input = rustrec::config::kafka_plan::KafkaInput {
         field: "zoo",
@@ -351,7 +355,11 @@ fn kafka_topic(plan: &TrainingPlan, dir: &Path, rows: usize) -> anyhow::Result<S
     let now = chrono::Utc::now().timestamp_millis();
     let mut by_part = vec![Vec::new(); parts.len()];
     for (i, line) in std::fs::read_to_string(&csv)?.lines().enumerate() {
-        by_part[i % parts.len()].push((None, line.as_bytes().to_vec(), now));
+        by_part[i % parts.len()].push(rustrec::data::kafka::Message {
+            value: line.as_bytes().to_vec(),
+            timestamp_ms: now,
+            ..Default::default()
+        });
     }
     for (p, msgs) in parts.iter().zip(by_part) {
         t.produce(*p, msgs)?;
@@ -424,10 +432,22 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
             Ok(t) => t,
             Err(e) => return Outcome::Failed(format!("{e:#}")),
         };
-        for k in [&mut plan.data.train_kafka, &mut plan.data.eval_kafka].into_iter().flatten() {
+        for k in [&mut plan.data.train_kafka, &mut plan.data.eval_kafka]
+            .into_iter()
+            .flatten()
+        {
             k.servers = vec![common::kafka_server()];
             k.topic = topic.clone();
         }
+    }
+    // Updates sent to Kafka go to the tests' broker, to a topic of their own.
+    if let Some(k) = plan.train.incr_save.as_mut().and_then(|i| i.kafka.as_mut()) {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        k.servers = vec![common::kafka_server()];
+        k.topic = format!("zoo_updates_{}_{nanos}", std::process::id());
     }
     if let InputFormat::CriteoBinary { parts } = &mut plan.data.format {
         let at = |p: &Path, ext: &str| p.with_extension(ext).to_str().unwrap().to_string();

@@ -99,7 +99,12 @@ fn run(args: Vec<OsString>) -> anyhow::Result<()> {
             None if a.time_from > 0 => a.time_from * 1000 + (sent as f64 * a.seconds_per_row * 1000.0) as i64,
             None => chrono::Utc::now().timestamp_millis(),
         };
-        pending[sent % parts.len()].push((Some(n.to_string().into_bytes()), line.into_bytes(), ts));
+        pending[sent % parts.len()].push(Message {
+            key: Some(n.to_string().into_bytes()),
+            value: line.into_bytes(),
+            timestamp_ms: ts,
+            ..Message::default()
+        });
         sent += 1;
         let batch = if a.rate > 0.0 {
             (a.rate / 10.0).ceil().max(1.0) as usize

@@ -79,8 +79,23 @@ pub(crate) fn easyrec_time(field: &str, text: &str) -> Result<i64, ConfigError> 
 pub struct IncrSave {
     pub sparse: UpdateCadence,
     pub dense: UpdateCadence,
-    /// The folder, relative to model_dir unless `fs.relative: false`.
-    pub dir: IncrDir,
+    /// The folder (`fs`, or `debug_save_update` beside `kafka`), relative
+    /// to model_dir unless `fs.relative: false`.
+    pub dir: Option<IncrDir>,
+    /// The topic (`kafka`).
+    pub kafka: Option<IncrKafka>,
+}
+
+/// `incr_save_config.kafka`: updates sent to a topic, one partition, in
+/// order; a consumer (`serve`) starts reading at `consumer.offset`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IncrKafka {
+    pub servers: Vec<String>,
+    pub topic: String,
+    pub consumer_offset: i64,
+    /// The consumer's properties (`consumer.config_global` /
+    /// `config_topic`, `name=value` separated by commas).
+    pub consumer_props: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -123,6 +138,7 @@ impl IncrSave {
     fn from_proto(c: &proto::IncrementSaveConfig) -> Result<Self, ConfigError> {
         use proto::increment_save_config::IncrUpdate;
         let at = "train_config.incr_save_config";
+        let mut kafka = None;
         let dir = match &c.incr_update {
             Some(IncrUpdate::Fs(fs)) => {
                 if fs.mount_path.as_deref().is_some_and(|m| !m.is_empty()) {
@@ -132,17 +148,35 @@ impl IncrSave {
                 if d.is_empty() {
                     return Err(ConfigError::invalid(format!("{at}.fs.incr_save_dir"), "is empty"));
                 }
-                if fs.relative() {
+                if c.debug_save_update() {
+                    log::warn!("{at}.debug_save_update: the updates are written to the fs folder already; ignored");
+                }
+                Some(if fs.relative() {
                     IncrDir::InModelDir(d)
                 } else {
                     IncrDir::Absolute(PathBuf::from(d))
-                }
+                })
             }
-            Some(IncrUpdate::Kafka(_)) => {
-                return Err(ConfigError::unsupported(
-                    format!("{at}.kafka"),
-                    "incremental updates sent to Kafka",
-                ))
+            Some(IncrUpdate::Kafka(k)) => {
+                let servers = super::kafka_plan::brokers(&format!("{at}.kafka.server"), &k.server)?;
+                if k.topic.is_empty() {
+                    return Err(ConfigError::invalid(format!("{at}.kafka.topic"), "is empty"));
+                }
+                let consumer_props: Vec<String> = [&k.consumer.config_global, &k.consumer.config_topic]
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|s| s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from))
+                    .collect();
+                // Checked here, honoured by the consumer.
+                super::kafka_plan::ClientProps::default().read(&format!("{at}.kafka.consumer"), &consumer_props)?;
+                kafka = Some(IncrKafka {
+                    servers,
+                    topic: k.topic.clone(),
+                    consumer_offset: k.consumer.offset().max(0),
+                    consumer_props,
+                });
+                // EasyRec: "if open, will save increment updates to model_dir/incr_save/".
+                c.debug_save_update().then(|| IncrDir::InModelDir("incr_save".into()))
             }
             Some(IncrUpdate::Datahub(_)) => {
                 return Err(ConfigError::unsupported(
@@ -157,9 +191,6 @@ impl IncrSave {
                 ))
             }
         };
-        if c.debug_save_update() {
-            log::warn!("{at}.debug_save_update: the updates are written to the fs folder already; ignored");
-        }
         let incr = IncrSave {
             sparse: UpdateCadence {
                 steps: c.sparse_save_steps().max(0) as u32,
@@ -170,6 +201,7 @@ impl IncrSave {
                 secs: c.dense_save_secs().max(0) as u32,
             },
             dir,
+            kafka,
         };
         if incr.sparse.never() && incr.dense.never() {
             log::warn!("{at}: neither sparse nor dense updates are timed (all *_save_steps and *_save_secs are 0), so none is written, as in EasyRec");

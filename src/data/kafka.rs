@@ -65,8 +65,17 @@ impl crate::error::Classified for KafkaError {
     }
 }
 
-/// A message to produce: key, value and timestamp (Unix milliseconds).
-pub type Message = (Option<Vec<u8>>, Vec<u8>, i64);
+/// A message to produce, or one fetched (with its offset).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Message {
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    /// Unix milliseconds.
+    pub timestamp_ms: i64,
+    pub headers: BTreeMap<String, Vec<u8>>,
+    /// Set on messages fetched.
+    pub offset: i64,
+}
 
 /// The next offset to read in each partition.
 pub type Position = BTreeMap<i32, i64>;
@@ -395,17 +404,47 @@ impl Topic {
         let pc = self.partition(partition)?;
         let records = messages
             .into_iter()
-            .map(|(key, value, ts)| rskafka::record::Record {
-                key,
-                value: Some(value),
-                headers: Default::default(),
-                timestamp: chrono::DateTime::from_timestamp_millis(ts).unwrap_or_default(),
+            .map(|m| rskafka::record::Record {
+                key: m.key,
+                value: Some(m.value),
+                headers: m.headers,
+                timestamp: chrono::DateTime::from_timestamp_millis(m.timestamp_ms).unwrap_or_default(),
             })
             .collect();
         self.call(
             || format!("producing to partition {partition} of `{}`", self.input.topic),
             pc.produce(records, rskafka::client::partition::Compression::NoCompression),
         )
+    }
+
+    /// The messages of `partition` from offset `from` (as many as one fetch
+    /// returns, waiting at most fetch.wait.max.ms for one) and the
+    /// partition's end.
+    pub fn fetch(&self, partition: i32, from: i64) -> Result<(Vec<Message>, i64), KafkaError> {
+        let pc = self.partition(partition)?;
+        let c = &self.input.client;
+        let max_bytes = c.max_partition_fetch_bytes.min(c.fetch_max_bytes.max(1)).max(2);
+        let (records, high) = self.call(
+            || {
+                format!(
+                    "fetching partition {partition} of `{}` at offset {from}",
+                    self.input.topic
+                )
+            },
+            pc.fetch_records(from, 1..max_bytes, c.fetch_wait_max_ms),
+        )?;
+        let messages = records
+            .into_iter()
+            .filter(|r| r.offset >= from)
+            .map(|r| Message {
+                key: r.record.key,
+                value: r.record.value.unwrap_or_default(),
+                timestamp_ms: r.record.timestamp.timestamp_millis(),
+                headers: r.record.headers,
+                offset: r.offset,
+            })
+            .collect();
+        Ok((messages, high))
     }
 
     /// Rows of message values as one raw batch; a row that does not parse

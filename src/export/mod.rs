@@ -115,12 +115,26 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
 fn incremental_updates(plan: &TrainingPlan) -> serde_json::Value {
     match &plan.train.incr_save {
         None => serde_json::Value::Null,
-        Some(incr) => json!({
-            "dir": incr.dir.resolve(&plan.model_dir).display().to_string(),
-            "format": "EasyRec's: dense_update_<step> and sparse_update_<step>, each complete once its .done flag exists",
-            "dense_variables": plan.model_dir.join("DENSE_UPDATE_VARIABLES").display().to_string(),
-            "sparse_variables": plan.model_dir.join("SPARSE_UPDATE_VARIABLES").display().to_string(),
-        }),
+        Some(incr) => {
+            let mut v = json!({
+                "format": "EasyRec's: dense_update_<step> and sparse_update_<step>, each complete once its .done flag exists \
+                           (in Kafka: all its parts, messages keyed by its name)",
+                "dense_variables": plan.model_dir.join("DENSE_UPDATE_VARIABLES").display().to_string(),
+                "sparse_variables": plan.model_dir.join("SPARSE_UPDATE_VARIABLES").display().to_string(),
+            });
+            if let Some(d) = &incr.dir {
+                v["dir"] = json!(d.resolve(&plan.model_dir).display().to_string());
+            }
+            if let Some(k) = &incr.kafka {
+                v["kafka"] = json!({
+                    "servers": k.servers.join(","),
+                    "topic": k.topic,
+                    "offset": k.consumer_offset,
+                    "properties": k.consumer_props,
+                });
+            }
+            v
+        }
     }
 }
 

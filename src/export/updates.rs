@@ -18,7 +18,7 @@ use crate::model::exec::onnx::KeyLayout;
 /// Where an export's job writes its updates, from `export_info.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpdateSource {
-    pub dir: PathBuf,
+    pub location: UpdateLocation,
     pub dense_variables: PathBuf,
     pub sparse_variables: PathBuf,
     /// The export's own global step: updates after it apply.
@@ -47,21 +47,62 @@ impl UpdateSource {
                 .map(PathBuf::from)
                 .with_context(|| format!("{}: incremental_updates lacks `{k}`", path.display()))
         };
+        let location = match u.get("kafka") {
+            Some(k) => {
+                let text = |key: &str| {
+                    k[key]
+                        .as_str()
+                        .map(String::from)
+                        .with_context(|| format!("{}: incremental_updates.kafka lacks `{key}`", path.display()))
+                };
+                let servers = text("servers")?;
+                UpdateLocation::Kafka(crate::config::train_plan::IncrKafka {
+                    servers: crate::config::kafka_plan::brokers("incremental_updates.kafka.servers", &servers)?,
+                    topic: text("topic")?,
+                    consumer_offset: k["offset"].as_i64().unwrap_or(0).max(0),
+                    consumer_props: k["properties"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect())
+                        .unwrap_or_default(),
+                })
+            }
+            None => UpdateLocation::Dir(field("dir")?),
+        };
         Ok(Some(UpdateSource {
-            dir: field("dir")?,
+            location,
             dense_variables: field("dense_variables")?,
             sparse_variables: field("sparse_variables")?,
             export_step: info["global_step"].as_u64().unwrap_or(0),
         }))
     }
 
-    /// Complete updates (their `.done` flag written) after global step
-    /// `after`, in the order they apply: by step, the dense one first.
+    /// The folder of the updates, when they are written to one.
+    pub fn dir(&self) -> Option<&Path> {
+        match &self.location {
+            UpdateLocation::Dir(d) => Some(d),
+            UpdateLocation::Kafka(_) => None,
+        }
+    }
+
+    /// Where the updates are, for the log.
+    pub fn describe(&self) -> String {
+        match &self.location {
+            UpdateLocation::Dir(d) => d.display().to_string(),
+            UpdateLocation::Kafka(k) => format!("Kafka topic `{}` at {}", k.topic, k.servers.join(",")),
+        }
+    }
+
+    /// Complete updates in the folder (their `.done` flag written) after
+    /// global step `after`, in the order they apply: by step, the
+    /// dense one first. None when the updates go to Kafka.
     pub fn pending(&self, after: u64) -> anyhow::Result<Vec<(u64, PathBuf)>> {
-        let rd = match std::fs::read_dir(&self.dir) {
+        let Some(dir) = self.dir() else {
+            return Ok(Vec::new());
+        };
+        let rd = match std::fs::read_dir(dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e).with_context(|| format!("cannot list {}", self.dir.display())),
+            Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
         };
         let mut out = Vec::new();
         for e in rd.flatten() {
@@ -78,11 +119,126 @@ impl UpdateSource {
             };
             let Ok(step) = step.parse::<u64>() else { continue };
             if step > after {
-                out.push((step, kind, self.dir.join(base)));
+                out.push((step, kind, dir.join(base)));
             }
         }
         out.sort();
         Ok(out.into_iter().map(|(s, _, p)| (s, p)).collect())
+    }
+}
+
+/// Where the updates are: a folder, or a Kafka topic (partition 0).
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpdateLocation {
+    Dir(PathBuf),
+    Kafka(crate::config::train_plan::IncrKafka),
+}
+
+/// An update ready to apply: its step, its name (`dense_update_<step>`,
+/// ...), where it came from (for messages) and its bytes.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub step: u64,
+    pub name: String,
+    pub origin: String,
+    pub bytes: Vec<u8>,
+}
+
+/// The kind and step an update's name says: 0 dense, 1 evictions, 2 rows
+/// (the order a step's updates apply in).
+fn kind_and_step(name: &str) -> Option<(u8, u64)> {
+    let (kind, step) = match name.rsplit_once('_')? {
+        ("dense_update", s) => (0, s),
+        ("sparse_evict", s) => (1, s),
+        ("sparse_update", s) => (2, s),
+        _ => return None,
+    };
+    Some((kind, step.parse().ok()?))
+}
+
+/// A consumer of the updates a job sends to Kafka: reads partition 0 from
+/// `consumer.offset` on and joins each update's parts.
+struct KafkaUpdates {
+    topic: crate::data::kafka::Topic,
+    name: String,
+    next: i64,
+    /// Parts received so far of the updates not yet whole.
+    parts: HashMap<String, Vec<Option<Vec<u8>>>>,
+}
+
+impl KafkaUpdates {
+    fn connect(k: &crate::config::train_plan::IncrKafka) -> anyhow::Result<Self> {
+        let mut input = crate::train::incr::updates_topic(k);
+        if !k
+            .consumer_props
+            .iter()
+            .any(|p| p.trim_start().starts_with("fetch.wait.max.ms"))
+        {
+            input.client.fetch_wait_max_ms = 100; // serve polls; it need not wait long
+        }
+        Ok(KafkaUpdates {
+            topic: crate::data::kafka::Topic::connect(&input)?,
+            name: k.topic.clone(),
+            next: k.consumer_offset,
+            parts: HashMap::new(),
+        })
+    }
+
+    /// The updates made whole since the last call, in the order they were
+    /// sent.
+    fn poll(&mut self) -> anyhow::Result<Vec<Pending>> {
+        let mut out = Vec::new();
+        loop {
+            let (messages, high) = self.topic.fetch(0, self.next)?;
+            let got = !messages.is_empty();
+            for m in messages {
+                self.next = m.offset + 1;
+                let origin = format!("Kafka topic `{}` offset {}", self.name, m.offset);
+                let Some(name) = m.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()) else {
+                    log::warn!("{origin}: a message without a name; skipped");
+                    continue;
+                };
+                let Some((_, step)) = kind_and_step(name) else {
+                    continue; // the variable maps, or another tool's message
+                };
+                let part = m.headers.get(crate::train::incr::KAFKA_PART_HEADER);
+                let (i, n) = match part
+                    .and_then(|p| std::str::from_utf8(p).ok())
+                    .and_then(|p| p.split_once('/'))
+                    .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
+                {
+                    Some((i, n)) if i < n && n <= 1 << 16 => (i, n),
+                    _ => {
+                        log::warn!("{origin}: update {name} has no valid part header; skipped");
+                        continue;
+                    }
+                };
+                let slots = self.parts.entry(name.to_string()).or_default();
+                if i == 0 || slots.len() != n {
+                    *slots = vec![None; n]; // a new sending of the update
+                }
+                slots[i] = Some(m.value);
+                if slots.iter().all(Option::is_some) {
+                    let bytes = self
+                        .parts
+                        .remove(name)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .collect();
+                    out.push(Pending {
+                        step,
+                        name: name.to_string(),
+                        origin,
+                        bytes,
+                    });
+                }
+            }
+            if !got || self.next >= high {
+                return Ok(out);
+            }
+        }
     }
 }
 
@@ -199,6 +355,10 @@ pub struct LiveModel {
     sparse_names: HashMap<usize, String>,
     /// The step of the last update applied (the export's at first).
     pub step: u64,
+    /// The updates of that step already applied (a step has up to three).
+    applied: Vec<String>,
+    /// The Kafka consumer, when the updates go to a topic.
+    kafka: Option<KafkaUpdates>,
 }
 
 /// An initializer's new value: (name, dims, raw little-endian bytes).
@@ -223,6 +383,11 @@ impl LiveModel {
             dense_names: variable_names(&source.dense_variables)?,
             sparse_names: variable_names(&source.sparse_variables)?,
             step: source.export_step,
+            applied: Vec::new(),
+            kafka: match &source.location {
+                UpdateLocation::Kafka(k) => Some(KafkaUpdates::connect(k)?),
+                UpdateLocation::Dir(_) => None,
+            },
             proto,
             source,
         })
@@ -314,6 +479,37 @@ impl LiveModel {
             .and_then(|d| usize::try_from(*d).ok())
     }
 
+    /// The updates not applied yet, in the order they apply: of the
+    /// folder, or those the topic made whole since the last call.
+    pub fn pending(&mut self) -> anyhow::Result<Vec<Pending>> {
+        let mut all = match &mut self.kafka {
+            Some(k) => k.poll()?,
+            None => {
+                let mut out = Vec::new();
+                // The step applied last may have more updates to come (the
+                // same values as the export's, at the export's step).
+                for (step, path) in self.source.pending(self.step.saturating_sub(1))? {
+                    let name = path
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let bytes = crate::bounded::read(&path, crate::bounded::table_bytes())
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    out.push(Pending {
+                        step,
+                        name,
+                        origin: path.display().to_string(),
+                        bytes,
+                    });
+                }
+                out
+            }
+        };
+        all.retain(|p| p.step > self.step || (p.step == self.step && !self.applied.contains(&p.name)));
+        all.sort_by_key(|p| kind_and_step(&p.name).map(|(k, s)| (s, k)));
+        Ok(all)
+    }
+
     /// Applies the update at `path`, or changes nothing and says why.
     pub fn apply(&mut self, path: &Path) -> anyhow::Result<u64> {
         let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -321,6 +517,17 @@ impl LiveModel {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
+        self.apply_bytes(&file, &path.display().to_string(), &bytes)
+    }
+
+    /// Applies `update`, or changes nothing and says why.
+    pub fn apply_pending(&mut self, update: &Pending) -> anyhow::Result<u64> {
+        self.apply_bytes(&update.name, &update.origin, &update.bytes)
+    }
+
+    /// Applies update `file` (its name) read from `origin`.
+    fn apply_bytes(&mut self, file: &str, origin: &str, bytes: &[u8]) -> anyhow::Result<u64> {
+        let path = Path::new(origin);
         let kind = if file.starts_with("dense_update_") {
             0
         } else if file.starts_with("sparse_evict_") {
@@ -330,7 +537,7 @@ impl LiveModel {
         };
         let dense = kind == 0;
         let names = if dense { &self.dense_names } else { &self.sparse_names };
-        let update = parse_update(path, &bytes, names, &|n| self.table_dim(n))?;
+        let update = parse_update(path, bytes, names, &|n| self.table_dim(n))?;
         ensure!(
             update.kind == kind,
             "incremental update {}: its header says otherwise than its name",
@@ -368,6 +575,10 @@ impl LiveModel {
         for (name, dims, raw) in patches {
             self.set(&name, dims, raw)?;
         }
+        if update.step > self.step {
+            self.applied.clear();
+        }
+        self.applied.push(file.to_string());
         self.step = update.step;
         Ok(update.step)
     }

@@ -154,10 +154,7 @@ pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result
     let versioned = first.model.dir != opts.model_dir;
     let follows = first.updates.is_some();
     if let Some(u) = &first.updates {
-        log::info!(
-            "following the training job's incremental updates in {}",
-            u.dir.display()
-        );
+        log::info!("following the training job's incremental updates in {}", u.describe());
     }
     let registry = Arc::new(Registry::new(first));
     if (versioned || follows) && !opts.poll.is_zero() {
@@ -260,7 +257,7 @@ fn newest_change(dir: &Path) -> Option<std::time::SystemTime> {
 fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::Metrics, poll: Duration) {
     let mut failed: std::collections::HashMap<PathBuf, Failure> = std::collections::HashMap::new();
     let mut live: Option<(u64, LiveModel)> = None;
-    let mut bad_updates: Vec<PathBuf> = Vec::new();
+    let mut bad_updates: Vec<String> = Vec::new();
     loop {
         std::thread::sleep(poll);
         follow(registry, metrics, &mut live, &mut bad_updates);
@@ -329,12 +326,7 @@ fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::M
 /// swaps the updated model in. An update that cannot be applied (damaged,
 /// foreign, out of order) is logged, counted and skipped; the model keeps
 /// its last good state.
-fn follow(
-    registry: &Registry,
-    metrics: &metrics::Metrics,
-    live: &mut Option<(u64, LiveModel)>,
-    bad: &mut Vec<PathBuf>,
-) {
+fn follow(registry: &Registry, metrics: &metrics::Metrics, live: &mut Option<(u64, LiveModel)>, bad: &mut Vec<String>) {
     let current = registry.current();
     let Some(source) = current.updates.clone() else {
         return;
@@ -349,21 +341,17 @@ fn follow(
         }
     }
     let Some((_, model)) = live.as_mut() else { return };
-    let pending = match source.pending(model.step) {
+    let pending = match model.pending() {
         Ok(p) => p,
         Err(e) => {
-            log::warn!("cannot list incremental updates: {e:#}");
+            log::warn!("cannot read incremental updates: {e:#}");
             return;
         }
     };
     let mut applied = 0;
-    let pending: Vec<PathBuf> = pending
-        .into_iter()
-        .map(|(_, p)| p)
-        .filter(|p| !bad.contains(p))
-        .collect();
-    for path in pending {
-        match model.apply(&path) {
+    let pending: Vec<_> = pending.into_iter().filter(|u| !bad.contains(&u.origin)).collect();
+    for update in &pending {
+        match model.apply_pending(update) {
             Ok(_) => applied += 1,
             Err(e) => {
                 log::error!(
@@ -371,7 +359,7 @@ fn follow(
                     model.step
                 );
                 metrics.load_failed();
-                bad.push(path);
+                bad.push(update.origin.clone());
             }
         }
     }

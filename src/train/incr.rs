@@ -38,10 +38,27 @@ use crate::checkpoint::write_atomic;
 use crate::config::train_plan::IncrSave;
 use crate::embedding::{pack, unpack, RowGrads};
 
+/// Where updates go: a folder, a topic, or both (`debug_save_update`).
+struct Sink {
+    dir: Option<PathBuf>,
+    kafka: Option<crate::data::kafka::Topic>,
+}
+
+/// The largest message of an update sent to Kafka: a bigger update goes in
+/// parts (brokers refuse batches over 1 MiB by default).
+pub const KAFKA_PART_BYTES: usize = 512 << 10;
+
+/// The header that numbers an update's parts in Kafka: `<index>/<count>`.
+pub const KAFKA_PART_HEADER: &str = "rustrec-update-part";
+
+/// The update variable maps, sent to the topic before the first update
+/// (a consumer on another machine needs them), keyed by these names.
+pub const KAFKA_MAP_KEYS: [&str; 2] = ["DENSE_UPDATE_VARIABLES", "SPARSE_UPDATE_VARIABLES"];
+
 /// The trainer's incremental-update state.
 pub struct IncrUpdates {
     config: IncrSave,
-    dir: PathBuf,
+    sink: Sink,
     /// Per table, this rank's rows trained since the last sparse update.
     touched: Vec<BTreeSet<u64>>,
     last_sparse: (u64, Instant),
@@ -49,20 +66,30 @@ pub struct IncrUpdates {
 }
 
 impl IncrUpdates {
-    pub fn new(config: IncrSave, model_dir: &Path, tables: usize, step: u64) -> Self {
-        let dir = config.dir.resolve(model_dir);
+    fn new(
+        config: IncrSave,
+        model_dir: &Path,
+        tables: usize,
+        step: u64,
+        kafka: Option<crate::data::kafka::Topic>,
+    ) -> Self {
+        let dir = config.dir.as_ref().map(|d| d.resolve(model_dir));
         IncrUpdates {
             config,
-            dir,
+            sink: Sink { dir, kafka },
             touched: vec![BTreeSet::new(); tables],
             last_sparse: (step, Instant::now()),
             last_dense: (step, Instant::now()),
         }
     }
 
-    /// Where the updates go.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Where the updates go, for the log.
+    fn describe(&self) -> String {
+        let mut to: Vec<String> = self.sink.dir.iter().map(|d| d.display().to_string()).collect();
+        if let Some(k) = &self.config.kafka {
+            to.push(format!("Kafka topic `{}` at {}", k.topic, k.servers.join(",")));
+        }
+        to.join(" and ")
     }
 
     /// Records the rows a step updated.
@@ -102,20 +129,39 @@ impl Trainer {
         let Some(config) = self.plan.train.incr_save.clone() else {
             return Ok(());
         };
-        let incr = IncrUpdates::new(config, &self.plan.model_dir, self.embeddings.tables.len(), self.step);
-        if self.comm.rank() == 0 {
-            std::fs::create_dir_all(incr.dir())
-                .with_context(|| format!("cannot create incr_save_dir {}", incr.dir().display()))?;
+        let lead = self.comm.rank() == 0;
+        // Rank 0 writes every update.
+        let topic = match config.kafka.as_ref().filter(|_| lead) {
+            Some(k) => {
+                let t = crate::data::kafka::Topic::connect(&updates_topic(k))?;
+                t.create(1)?;
+                Some(t)
+            }
+            None => None,
+        };
+        let incr = IncrUpdates::new(
+            config,
+            &self.plan.model_dir,
+            self.embeddings.tables.len(),
+            self.step,
+            topic,
+        );
+        if lead {
+            if let Some(d) = &incr.sink.dir {
+                std::fs::create_dir_all(d).with_context(|| format!("cannot create incr_save_dir {}", d.display()))?;
+            }
             let dir = &self.plan.model_dir;
-            write_atomic(
-                &dir.join("DENSE_UPDATE_VARIABLES"),
-                &ids_json(&self.dense_update_variables()),
-            )?;
-            write_atomic(
-                &dir.join("SPARSE_UPDATE_VARIABLES"),
-                &ids_json(&self.model.table_variables),
-            )?;
-            log::info!("incremental updates go to {}", incr.dir().display());
+            let maps = [
+                ids_json(&self.dense_update_variables()),
+                ids_json(&self.model.table_variables),
+            ];
+            for (name, bytes) in KAFKA_MAP_KEYS.iter().zip(&maps) {
+                write_atomic(&dir.join(name), bytes)?;
+                if let Some(t) = &incr.sink.kafka {
+                    send_update(t, name, bytes)?;
+                }
+            }
+            log::info!("incremental updates go to {}", incr.describe());
         }
         for t in &mut self.embeddings.tables {
             t.track_evictions();
@@ -167,8 +213,7 @@ impl Trainer {
         for v in &vars {
             bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
         }
-        let dir = incr.dir.clone();
-        publish(&dir, &format!("dense_update_{step}"), &bytes)
+        incr.sink.publish(&format!("dense_update_{step}"), &bytes)
     }
 
     fn write_sparse_update(&mut self, step: u64) -> anyhow::Result<()> {
@@ -217,14 +262,14 @@ impl Trainer {
         if self.comm.rank() != 0 {
             return Ok(());
         }
-        let dir = self.incr.as_ref().expect("started").dir.clone();
+        let sink = &self.incr.as_ref().expect("started").sink;
         let gone: Vec<usize> = (0..evicted.len()).filter(|&t| !evicted[t].is_empty()).collect();
         if !gone.is_empty() {
             let mut bytes = header(EVICTED, step, gone.iter().map(|&t| (t, evicted[t].len())));
             for &t in &gone {
                 bytes.extend(evicted[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             }
-            publish(&dir, &format!("sparse_evict_{step}"), &bytes)?;
+            sink.publish(&format!("sparse_evict_{step}"), &bytes)?;
         }
         let present: Vec<usize> = (0..ids.len()).filter(|&t| !ids[t].is_empty()).collect();
         if present.is_empty() {
@@ -236,7 +281,7 @@ impl Trainer {
             bytes.extend(ids[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             bytes.extend(values[t].iter().flat_map(|x| x.to_le_bytes()));
         }
-        publish(&dir, &format!("sparse_update_{step}"), &bytes)
+        sink.publish(&format!("sparse_update_{step}"), &bytes)
     }
 }
 
@@ -254,12 +299,65 @@ fn header(kind: i32, step: u64, entries: impl ExactSizeIterator<Item = (usize, u
     h.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Writes update `name` into `dir`, then its `.done` flag, each atomically.
-fn publish(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
-    let path = dir.join(name);
-    write_atomic(&path, bytes).with_context(|| format!("writing incremental update {}", path.display()))?;
-    write_atomic(&dir.join(format!("{name}.done")), name.as_bytes())
-        .with_context(|| format!("writing the flag of incremental update {}", path.display()))?;
-    log::info!("incremental update {} ({} bytes)", path.display(), bytes.len());
+impl Sink {
+    /// Writes update `name` into the folder (then its `.done` flag, each
+    /// atomically) and sends it to the topic.
+    fn publish(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        if let Some(dir) = &self.dir {
+            let path = dir.join(name);
+            write_atomic(&path, bytes).with_context(|| format!("writing incremental update {}", path.display()))?;
+            write_atomic(&dir.join(format!("{name}.done")), name.as_bytes())
+                .with_context(|| format!("writing the flag of incremental update {}", path.display()))?;
+            log::info!("incremental update {} ({} bytes)", path.display(), bytes.len());
+        }
+        if let Some(t) = &self.kafka {
+            send_update(t, name, bytes)?;
+            log::info!("incremental update {name} ({} bytes) sent to Kafka", bytes.len());
+        }
+        Ok(())
+    }
+}
+
+/// Sends `bytes` as messages keyed `name` to partition 0 of `topic`, in
+/// parts of at most KAFKA_PART_BYTES numbered by KAFKA_PART_HEADER; a
+/// consumer takes an update once it has all its parts.
+pub fn send_update(topic: &crate::data::kafka::Topic, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    let parts: Vec<&[u8]> = if bytes.is_empty() {
+        vec![bytes]
+    } else {
+        bytes.chunks(KAFKA_PART_BYTES).collect()
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    for (i, part) in parts.iter().enumerate() {
+        let msg = crate::data::kafka::Message {
+            key: Some(name.as_bytes().to_vec()),
+            value: part.to_vec(),
+            timestamp_ms: now,
+            headers: [(
+                KAFKA_PART_HEADER.to_string(),
+                format!("{i}/{}", parts.len()).into_bytes(),
+            )]
+            .into(),
+            offset: 0,
+        };
+        topic
+            .produce(0, vec![msg])
+            .with_context(|| format!("sending incremental update {name} to Kafka"))?;
+    }
     Ok(())
+}
+
+/// The topic of `incr_save_config.kafka` as a client connects to it.
+pub fn updates_topic(k: &crate::config::train_plan::IncrKafka) -> crate::config::kafka_plan::KafkaInput {
+    let mut client = crate::config::kafka_plan::ClientProps::default();
+    // Checked when the config was read.
+    let _ = client.read("incr_save_config.kafka.consumer", &k.consumer_props);
+    crate::config::kafka_plan::KafkaInput {
+        field: "train_config.incr_save_config.kafka",
+        servers: k.servers.clone(),
+        topic: k.topic.clone(),
+        group: String::new(),
+        start: crate::config::kafka_plan::KafkaStart::Offsets([(0, k.consumer_offset)].into()),
+        client,
+    }
 }
