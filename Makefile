@@ -120,6 +120,15 @@ bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	$(CARGO_TARGET_DIR)/release/serve_bench --export $(SERVE_BENCH)/export --data data/criteo_sample.csv \
 	  --serve $(CARGO_TARGET_DIR)/release/serve --python $(VENV)/bin/python
 	python3 bench/straggler.py --bin $(CARGO_TARGET_DIR)/release/train_eval
+	@echo "== incremental updates: their cost to training, and how fresh serve's answers are"
+	$(CARGO_TARGET_DIR)/release/bench --threads 2 --incremental --models DLRM,WideAndDeep --steps 100
+	$(CARGO) build --locked --release --bin kafka_produce --bin prep_movielens
+	[ -f data/ml100k/train.csv ] || $(CARGO_TARGET_DIR)/release/prep_movielens --input $(ML100K_SRC) --output data/ml100k
+	scripts/kafka-broker start $(KAFKA_RUN)-bench
+	trap 'scripts/kafka-broker stop $(KAFKA_RUN)-bench' EXIT; \
+	  for poll in 0.1 1; do rm -rf $(SERVE_BENCH)/odl; \
+	    python3 scripts/odl_demo.py $(CARGO_TARGET_DIR)/release data/ml100k 127.0.0.1:$$(cat $(KAFKA_RUN)-bench/port) \
+	      $(SERVE_BENCH)/odl $$poll 2>/dev/null | grep '^== .*freshness'; done
 
 # EasyRec itself (pai-easy-rec 0.7.1 on TensorFlow 2.12, about 600 MB) for
 # `make parity`, in its own virtual environment; it needs Python 3.11 or

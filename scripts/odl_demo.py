@@ -10,7 +10,8 @@
    its /metrics which step it answers with and prints how fresh it is: the
    seconds from an update being written to `serve` answering with it.
 
-Standard library only. Arguments: BIN_DIR DATA_DIR KAFKA_SERVER WORK_DIR.
+Standard library only. Arguments: BIN_DIR DATA_DIR KAFKA_SERVER WORK_DIR
+[POLL_SECONDS] (serve's --file_system_poll_wait_seconds, 1 by default).
 """
 
 import json
@@ -23,6 +24,7 @@ import time
 import urllib.request
 
 BIN, DATA, SERVER, WORK = sys.argv[1:5]
+POLL = sys.argv[5] if len(sys.argv) > 5 else "1"
 RATE = 2000  # rows a second in the online phase
 CONFIG = "samples/odl_ml100k.config"
 
@@ -77,7 +79,8 @@ def main():
     run(*train_args(topic, eval_topic, half // 256))
     exports = f"{WORK}/model/export/final"
 
-    serve = subprocess.Popen([f"{BIN}/serve", "--model_dir", exports, "--port", "0", "--host", "127.0.0.1"],
+    serve = subprocess.Popen([f"{BIN}/serve", "--model_dir", exports, "--port", "0", "--host", "127.0.0.1",
+                              "--file_system_poll_wait_seconds", POLL],
                              stdout=subprocess.PIPE, text=True)
     line = serve.stdout.readline()
     port = int(line.rsplit(":", 1)[1])
@@ -114,7 +117,8 @@ def main():
     fresh.sort()
     if fresh:
         p99 = fresh[min(len(fresh) - 1, int(0.99 * len(fresh)))]
-        print(f"== {len(fresh)} updates followed; freshness p50 {statistics.median(fresh):.2f}s p99 {p99:.2f}s")
+        print(f"== {len(fresh)} updates followed (serve polling every {POLL}s); "
+              f"freshness p50 {statistics.median(fresh):.2f}s p99 {p99:.2f}s")
     with open(f"{WORK}/model/eval_result.txt") as f:
         print("== online model's evaluation:", f.read().strip().replace("\n", " "))
 

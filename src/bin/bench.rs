@@ -64,6 +64,12 @@ struct Args {
     /// key-value table driven to `growth_keys` keys under `growth_capacity`.
     #[arg(long)]
     key_value: bool,
+    /// Time training with incremental updates (incr_save_config, an update
+    /// every `update_steps` steps) against training without them.
+    #[arg(long)]
+    incremental: bool,
+    #[arg(long, default_value_t = 10)]
+    update_steps: u32,
     #[arg(long, default_value_t = 10_000_000)]
     growth_keys: u64,
     #[arg(long, default_value_t = 2_000_000)]
@@ -196,6 +202,7 @@ fn measure_config(model: &str, text: &str, args: &Args) -> anyhow::Result<Measur
     let loaded = load_pipeline(&path, &Overrides::default())?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
     let mut trainer = Trainer::new(plan)?;
+    trainer.start_incr_updates()?;
     let table_rows = trainer.embeddings.tables.iter().map(|t| t.rows).sum();
     let paths = trainer.plan.data.train_paths.clone();
 
@@ -223,6 +230,7 @@ fn measure_config(model: &str, text: &str, args: &Args) -> anyhow::Result<Measur
     for _ in 0..args.steps {
         let b = stream.next().context("data ran out")??;
         trainer.train_step(&b)?;
+        trainer.incr_after_step()?;
         n += b.size;
     }
     let train = n as f64 / t.elapsed().as_secs_f64();
@@ -238,6 +246,44 @@ fn measure_config(model: &str, text: &str, args: &Args) -> anyhow::Result<Measur
         table_rows,
         bytes_per_row: bytes as f64 / rows.max(1) as f64,
     })
+}
+
+/// Each model trained with and without incremental updates, side by side:
+/// what writing them costs the training.
+fn incremental_versus_none(data: &Path, args: &Args) -> anyhow::Result<()> {
+    println!(
+        "incremental updates (fs, sparse and dense every {} steps) against none: threads {}, batch {}, {} timed steps",
+        args.update_steps, args.threads, args.batch_size, args.steps
+    );
+    println!(
+        "{:<12} {:>14} {:>14} {:>8}",
+        "model", "none samp/s", "incr samp/s", "incr/none"
+    );
+    for model in &args.models {
+        let none = measure(model, data, args)?;
+        let dir = args.data_dir.join(format!("incr_{model}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let text = config(model, data, args.batch_size, args.cap)
+            .replace("model_dir: \"unused\"", &format!("model_dir: \"{}\"", dir.display()))
+            .replacen(
+                "train_config {\n",
+                &format!(
+                    "train_config {{\n  incr_save_config {{ sparse_save_steps: {n} dense_save_steps: {n} fs {{}} }}\n",
+                    n = args.update_steps
+                ),
+                1,
+            );
+        let incr = measure_config(model, &text, args)?;
+        let written = std::fs::read_dir(dir.join("incr_save"))?.count() / 2;
+        println!(
+            "{model:<12} {:>14.0} {:>14.0} {:>8.3}   ({written} updates written)",
+            none.train,
+            incr.train,
+            incr.train / none.train
+        );
+    }
+    Ok(())
 }
 
 /// Each model trained with arrays and with key-value tables, side by side.
@@ -413,6 +459,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         };
         generate(&tmp, &spec)?;
         std::fs::rename(&tmp, &data)?;
+    }
+    if args.incremental {
+        return incremental_versus_none(&data, args);
     }
     if args.key_value {
         key_value_versus_arrays(&data, args)?;

@@ -27,7 +27,6 @@
 //! applies a step's dense update, then its evictions, then its sparse
 //! update (a key evicted and admitted again within the stretch is in both).
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -58,26 +57,24 @@ pub const KAFKA_MAP_KEYS: [&str; 2] = ["DENSE_UPDATE_VARIABLES", "SPARSE_UPDATE_
 /// The trainer's incremental-update state.
 pub struct IncrUpdates {
     config: IncrSave,
-    sink: Sink,
+    /// Where rank 0's updates go.
+    dir: Option<PathBuf>,
+    /// Rank 0's writer thread.
+    writer: Option<Writer>,
     /// Per table, this rank's rows trained since the last sparse update.
-    touched: Vec<BTreeSet<u64>>,
+    touched: Vec<Touched>,
     last_sparse: (u64, Instant),
     last_dense: (u64, Instant),
 }
 
 impl IncrUpdates {
-    fn new(
-        config: IncrSave,
-        model_dir: &Path,
-        tables: usize,
-        step: u64,
-        kafka: Option<crate::data::kafka::Topic>,
-    ) -> Self {
+    fn new(config: IncrSave, model_dir: &Path, tables: usize, step: u64) -> Self {
         let dir = config.dir.as_ref().map(|d| d.resolve(model_dir));
         IncrUpdates {
             config,
-            sink: Sink { dir, kafka },
-            touched: vec![BTreeSet::new(); tables],
+            dir,
+            writer: None,
+            touched: (0..tables).map(|_| Touched::default()).collect(),
             last_sparse: (step, Instant::now()),
             last_dense: (step, Instant::now()),
         }
@@ -85,17 +82,103 @@ impl IncrUpdates {
 
     /// Where the updates go, for the log.
     fn describe(&self) -> String {
-        let mut to: Vec<String> = self.sink.dir.iter().map(|d| d.display().to_string()).collect();
+        let mut to: Vec<String> = self.dir.iter().map(|d| d.display().to_string()).collect();
         if let Some(k) = &self.config.kafka {
             to.push(format!("Kafka topic `{}` at {}", k.topic, k.servers.join(",")));
         }
         to.join(" and ")
     }
 
+    /// Hands update `name` to the writer thread (rank 0); fails if an
+    /// earlier one could not be written.
+    fn publish(&self, name: String, bytes: Vec<u8>) -> anyhow::Result<()> {
+        match &self.writer {
+            Some(w) => w.publish(name, bytes),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until every update handed over is written; fails with the
+    /// first that could not be.
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        match self.writer.take() {
+            Some(mut w) => w.finish(),
+            None => Ok(()),
+        }
+    }
+
     /// Records the rows a step updated.
     pub fn touch(&mut self, grads: &[RowGrads]) {
         for (set, g) in self.touched.iter_mut().zip(grads) {
-            set.extend(g.rows.iter().copied());
+            set.mark(&g.rows);
+        }
+    }
+}
+
+/// The rows of one table trained since the last sparse update: a bit per
+/// row while ids are small (an array's rows), a hash set once one is not (a
+/// key-value table's keys). A set of every id was a tenth of the step time.
+enum Touched {
+    Bits(Vec<u64>),
+    Keys(std::collections::HashSet<u64>),
+}
+
+impl Default for Touched {
+    fn default() -> Self {
+        Touched::Bits(Vec::new())
+    }
+}
+
+/// Ids below this are kept as bits (8 MiB for 64M rows).
+const BIT_IDS: u64 = 1 << 26;
+
+impl Touched {
+    fn mark(&mut self, rows: &[u64]) {
+        if let Touched::Bits(bits) = self {
+            if rows.iter().any(|&r| r >= BIT_IDS) {
+                let keys = Self::ids_of(bits);
+                *self = Touched::Keys(keys.into_iter().collect());
+            }
+        }
+        match self {
+            Touched::Bits(bits) => {
+                for &r in rows {
+                    let w = (r / 64) as usize;
+                    if w >= bits.len() {
+                        bits.resize(w + 1, 0);
+                    }
+                    bits[w] |= 1 << (r % 64);
+                }
+            }
+            Touched::Keys(keys) => keys.extend(rows.iter().copied()),
+        }
+    }
+
+    fn ids_of(bits: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (w, &word) in bits.iter().enumerate() {
+            let mut x = word;
+            while x != 0 {
+                out.push(w as u64 * 64 + u64::from(x.trailing_zeros()));
+                x &= x - 1;
+            }
+        }
+        out
+    }
+
+    /// The ids marked, ascending; the set is left empty.
+    fn take_sorted(&mut self) -> Vec<u64> {
+        match self {
+            Touched::Bits(bits) => {
+                let out = Self::ids_of(bits);
+                bits.iter_mut().for_each(|w| *w = 0);
+                out
+            }
+            Touched::Keys(keys) => {
+                let mut out: Vec<u64> = keys.drain().collect();
+                out.sort_unstable();
+                out
+            }
         }
     }
 }
@@ -124,8 +207,9 @@ impl Trainer {
     }
 
     /// Starts incremental updates when the config asks for them: the
-    /// folder and the variable maps (rank 0).
-    pub(super) fn start_incr_updates(&mut self) -> anyhow::Result<()> {
+    /// folder and the variable maps (rank 0). `run` calls it; so does a
+    /// caller that drives `train_step` itself (the bench).
+    pub fn start_incr_updates(&mut self) -> anyhow::Result<()> {
         let Some(config) = self.plan.train.incr_save.clone() else {
             return Ok(());
         };
@@ -139,15 +223,13 @@ impl Trainer {
             }
             None => None,
         };
-        let incr = IncrUpdates::new(
-            config,
-            &self.plan.model_dir,
-            self.embeddings.tables.len(),
-            self.step,
-            topic,
-        );
+        let mut incr = IncrUpdates::new(config, &self.plan.model_dir, self.embeddings.tables.len(), self.step);
         if lead {
-            if let Some(d) = &incr.sink.dir {
+            let sink = Sink {
+                dir: incr.dir.clone(),
+                kafka: topic,
+            };
+            if let Some(d) = &sink.dir {
                 std::fs::create_dir_all(d).with_context(|| format!("cannot create incr_save_dir {}", d.display()))?;
             }
             let dir = &self.plan.model_dir;
@@ -157,11 +239,12 @@ impl Trainer {
             ];
             for (name, bytes) in KAFKA_MAP_KEYS.iter().zip(&maps) {
                 write_atomic(&dir.join(name), bytes)?;
-                if let Some(t) = &incr.sink.kafka {
+                if let Some(t) = &sink.kafka {
                     send_update(t, name, bytes)?;
                 }
             }
             log::info!("incremental updates go to {}", incr.describe());
+            incr.writer = Some(Writer::spawn(sink)?);
         }
         for t in &mut self.embeddings.tables {
             t.track_evictions();
@@ -173,7 +256,7 @@ impl Trainer {
     /// After a step: writes the updates that are due. On several ranks a
     /// collective (every rank decides alike: rank 0's clock decides timed
     /// updates).
-    pub(super) fn incr_after_step(&mut self) -> anyhow::Result<()> {
+    pub fn incr_after_step(&mut self) -> anyhow::Result<()> {
         let Some(incr) = &self.incr else {
             return Ok(());
         };
@@ -213,13 +296,13 @@ impl Trainer {
         for v in &vars {
             bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
         }
-        incr.sink.publish(&format!("dense_update_{step}"), &bytes)
+        incr.publish(format!("dense_update_{step}"), bytes)
     }
 
     fn write_sparse_update(&mut self, step: u64) -> anyhow::Result<()> {
         let incr = self.incr.as_mut().expect("incremental updates started");
         incr.last_sparse = (step, Instant::now());
-        let touched = std::mem::replace(&mut incr.touched, vec![BTreeSet::new(); self.embeddings.tables.len()]);
+        let touched: Vec<Vec<u64>> = incr.touched.iter_mut().map(Touched::take_sorted).collect();
         let mut evicted: Vec<Vec<u64>> = self.embeddings.tables.iter_mut().map(|t| t.take_evicted()).collect();
         if self.embeddings.sharding.is_sharded() {
             let mut merged = vec![Vec::new(); evicted.len()];
@@ -262,14 +345,14 @@ impl Trainer {
         if self.comm.rank() != 0 {
             return Ok(());
         }
-        let sink = &self.incr.as_ref().expect("started").sink;
+        let incr = self.incr.as_ref().expect("started");
         let gone: Vec<usize> = (0..evicted.len()).filter(|&t| !evicted[t].is_empty()).collect();
         if !gone.is_empty() {
             let mut bytes = header(EVICTED, step, gone.iter().map(|&t| (t, evicted[t].len())));
             for &t in &gone {
                 bytes.extend(evicted[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             }
-            sink.publish(&format!("sparse_evict_{step}"), &bytes)?;
+            incr.publish(format!("sparse_evict_{step}"), bytes)?;
         }
         let present: Vec<usize> = (0..ids.len()).filter(|&t| !ids[t].is_empty()).collect();
         if present.is_empty() {
@@ -281,7 +364,7 @@ impl Trainer {
             bytes.extend(ids[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             bytes.extend(values[t].iter().flat_map(|x| x.to_le_bytes()));
         }
-        sink.publish(&format!("sparse_update_{step}"), &bytes)
+        incr.publish(format!("sparse_update_{step}"), bytes)
     }
 }
 
@@ -297,6 +380,73 @@ fn header(kind: i32, step: u64, entries: impl ExactSizeIterator<Item = (usize, u
         h.extend([id as i32, count as i32]);
     }
     h.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Writes updates in the order handed over, on its own thread, so that
+/// the files' writes and syncs and the sends to Kafka overlap training (at
+/// most two updates wait: their bytes are held).
+struct Writer {
+    tx: Option<std::sync::mpsc::SyncSender<(String, Vec<u8>)>>,
+    handle: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    failed: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Writer {
+    fn spawn(sink: Sink) -> anyhow::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>)>(2);
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = failed.clone();
+        let handle = std::thread::Builder::new()
+            .name("incr-writer".into())
+            .spawn(move || {
+                for (name, bytes) in rx {
+                    if let Err(e) = sink.publish(&name, &bytes) {
+                        *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{e:#}"));
+                        return Err(e);
+                    }
+                }
+                Ok(())
+            })
+            .context("cannot start the incremental-update writer")?;
+        Ok(Writer {
+            tx: Some(tx),
+            handle: Some(handle),
+            failed,
+        })
+    }
+
+    fn publish(&self, name: String, bytes: Vec<u8>) -> anyhow::Result<()> {
+        let failure = || self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(e) = failure() {
+            anyhow::bail!("an incremental update could not be written: {e}");
+        }
+        let tx = self.tx.as_ref().expect("a writer not finished");
+        if tx.send((name, bytes)).is_err() {
+            // The thread ended on an error: its message says which.
+            anyhow::bail!(
+                "an incremental update could not be written: {}",
+                failure().unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        drop(self.tx.take());
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => anyhow::bail!("the incremental-update writer failed (an internal error)"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            log::error!("{e:#}");
+        }
+    }
 }
 
 impl Sink {

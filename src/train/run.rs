@@ -263,6 +263,10 @@ impl Trainer {
     ) -> anyhow::Result<RunSummary> {
         let p = self.plan.clone();
         let target = p.train.num_steps.map(u64::from);
+        // Every incremental update handed to the writer is out before the end.
+        if let Some(incr) = &mut self.incr {
+            incr.flush()?;
+        }
         let mut read = [samples as f64];
         self.comm.all_reduce_sum(&mut read);
         if read[0] == 0.0 && start_step == 0 && target.is_none_or(|t| t > 0) {
