@@ -76,10 +76,12 @@ demo: build data/synthetic/train.parquet
 # Online learning as EasyRec's ODL recipe runs it: MovieLens-100k through a
 # local Kafka broker, a job training from the stream with incremental
 # updates, `serve` applying them live; prints how fresh the served model is.
-odl-demo: build data/ml100k/train.csv
+odl-demo: build
+	rm -rf experiments/odl_ml100k
+	$(BIN)/prep_movielens --input $(ML100K_SRC) --output experiments/odl_ml100k/data --by_time --eval_fraction 0.1
 	scripts/kafka-broker start $(KAFKA_RUN)-demo
-	trap 'scripts/kafka-broker stop $(KAFKA_RUN)-demo' EXIT; rm -rf experiments/odl_ml100k; \
-	  python3 scripts/odl_demo.py $(BIN) data/ml100k 127.0.0.1:$$(cat $(KAFKA_RUN)-demo/port) experiments/odl_ml100k
+	trap 'scripts/kafka-broker stop $(KAFKA_RUN)-demo' EXIT; \
+	  python3 scripts/odl_demo.py $(BIN) experiments/odl_ml100k/data 127.0.0.1:$$(cat $(KAFKA_RUN)-demo/port) experiments/odl_ml100k
 
 # The PyTorch (CPU) baseline of `make bench`, in a local virtual environment.
 VENV := .venv
@@ -123,11 +125,11 @@ bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	@echo "== incremental updates: their cost to training, and how fresh serve's answers are"
 	$(CARGO_TARGET_DIR)/release/bench --threads 2 --incremental --models DLRM,WideAndDeep --steps 100
 	$(CARGO) build --locked --release --bin kafka_produce --bin prep_movielens
-	[ -f data/ml100k/train.csv ] || $(CARGO_TARGET_DIR)/release/prep_movielens --input $(ML100K_SRC) --output data/ml100k
+	$(CARGO_TARGET_DIR)/release/prep_movielens --input $(ML100K_SRC) --output $(SERVE_BENCH)/ml100k_by_time --by_time --eval_fraction 0.1
 	scripts/kafka-broker start $(KAFKA_RUN)-bench
 	trap 'scripts/kafka-broker stop $(KAFKA_RUN)-bench' EXIT; \
 	  for poll in 0.1 1; do rm -rf $(SERVE_BENCH)/odl; \
-	    python3 scripts/odl_demo.py $(CARGO_TARGET_DIR)/release data/ml100k 127.0.0.1:$$(cat $(KAFKA_RUN)-bench/port) \
+	    python3 scripts/odl_demo.py $(CARGO_TARGET_DIR)/release $(SERVE_BENCH)/ml100k_by_time 127.0.0.1:$$(cat $(KAFKA_RUN)-bench/port) \
 	      $(SERVE_BENCH)/odl $$poll 2>/dev/null | grep '^== .*freshness'; done
 
 # EasyRec itself (pai-easy-rec 0.7.1 on TensorFlow 2.12, about 600 MB) for

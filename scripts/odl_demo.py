@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`make odl-demo`: EasyRec's online-training recipe, end to end on one machine.
 
-1. MovieLens-100k's first half goes into a Kafka topic; an offline job trains
-   on it and exports (the day's model).
+1. MovieLens-100k's ratings in time order (`prep_movielens --by_time`: the
+   last 10% in time held out for evaluation); the first half goes into a
+   Kafka topic, and an offline job trains on it and exports (the day's model).
 2. The second half is replayed into the topic at a steady rate while the same
    job goes on from its checkpoint (--continue_train, the checkpoint's stream
    offsets), writing incremental updates every two seconds.

@@ -25,11 +25,21 @@ struct Args {
     eval_fraction: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Split by time instead of at random: eval.csv holds the last
+    /// --eval_fraction of the ratings in time, and both files are in time
+    /// order (a stream to replay).
+    #[arg(long)]
+    by_time: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match prepare_movielens(&args.input, &args.output, args.eval_fraction, args.seed) {
+    let prepared = if args.by_time {
+        rustrec::datagen::prepare_movielens_by_time(&args.input, &args.output, args.eval_fraction)
+    } else {
+        prepare_movielens(&args.input, &args.output, args.eval_fraction, args.seed)
+    };
+    match prepared {
         Ok(r) => {
             println!(
                 "wrote {} train and {} eval rows to {}: positive rate {:.4}",

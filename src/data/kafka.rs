@@ -238,7 +238,8 @@ impl Topic {
         let mut position = from;
         let mut rows_out = 0u64;
         // Rows read but not yet emitted: (partition, offset, value).
-        let mut pending: Vec<(i32, i64, Vec<u8>)> = Vec::new();
+        let mut pending: std::collections::VecDeque<(i32, i64, Vec<u8>)> = Default::default();
+        let mut rng = opts.shuffle.map(|(_, seed)| crate::util::Rng::new(seed));
         let c = &self.input.client;
         let max_bytes = c.max_partition_fetch_bytes.min(c.fetch_max_bytes.max(1)).max(2);
         let min_bytes = c.fetch_min_bytes.min(max_bytes - 1);
@@ -299,7 +300,7 @@ impl Topic {
                         }
                         fetched_any = true;
                         position.insert(p, r.offset + 1);
-                        pending.push((p, r.offset, r.record.value.unwrap_or_default()));
+                        pending.push_back((p, r.offset, r.record.value.unwrap_or_default()));
                     }
                 }
             }
@@ -316,12 +317,23 @@ impl Topic {
                 if take == 0 || !(full || flush) {
                     break;
                 }
-                let rows: Vec<_> = pending.drain(..take).collect();
-                // The position after these rows: each partition's first row
-                // still pending, or where reading is.
+                let rows: Vec<_> = match (&mut rng, opts.shuffle) {
+                    // TensorFlow's shuffle buffer, as EasyRec's KafkaInput
+                    // shuffles: each row drawn from the next `buffer`.
+                    (Some(rng), Some((buffer, _))) => (0..take)
+                        .map(|_| {
+                            let j = rng.below(buffer.max(1).min(pending.len()) as u64) as usize;
+                            pending.remove(j).expect("a pending row")
+                        })
+                        .collect(),
+                    _ => pending.drain(..take).collect(),
+                };
+                // The position after these rows: each partition's lowest
+                // offset still pending, or where reading is.
                 let mut after = position.clone();
-                for (p, o, _) in pending.iter().rev() {
-                    after.insert(*p, *o);
+                for (p, o, _) in &pending {
+                    let at = after.entry(*p).or_insert(*o);
+                    *at = (*at).min(*o);
                 }
                 rows_out += rows.len() as u64;
                 if !emit(self.parse(&rows, opts, after)?) || (opts.max_rows > 0 && rows_out >= opts.max_rows) {
@@ -508,6 +520,10 @@ pub struct ReadOpts {
     pub until: Option<Position>,
     /// Stop after this many rows (0: no limit).
     pub max_rows: u64,
+    /// `data_config.shuffle` for training: each row drawn at random from
+    /// the next `shuffle_buffer_size` read (TensorFlow's shuffle buffer, as
+    /// EasyRec's KafkaInput shuffles), with this seed.
+    pub shuffle: Option<(usize, u64)>,
     pub separator: String,
     pub field_names: Vec<String>,
     pub projection: Projection,

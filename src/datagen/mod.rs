@@ -7,5 +7,5 @@ mod movielens;
 mod schema;
 
 pub use criteo::{generate, schema, GenReport, GenSpec, KAGGLE_CARDINALITIES};
-pub use movielens::{prepare_movielens, MovieLensReport};
+pub use movielens::{prepare_movielens, prepare_movielens_by_time, MovieLensReport};
 pub use schema::{generate_for_plan, generate_sampler_tables};

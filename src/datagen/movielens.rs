@@ -25,6 +25,8 @@ pub struct MovieLensReport {
     pub train_rows: usize,
     pub eval_rows: usize,
     pub positive_rate: f64,
+    /// The time (Unix seconds) eval.csv starts at, for a split by time.
+    pub split_time: Option<i64>,
 }
 
 /// Reads a tab-separated RecBole file: typed header (`name:type`), then rows
@@ -98,8 +100,64 @@ fn histories(inter: &[Vec<String>]) -> anyhow::Result<Vec<String>> {
 }
 
 /// Joins `dir`/ml-100k.{inter,user,item} and writes `out`/train.csv and
-/// `out`/eval.csv, with `eval_fraction` of the ratings in eval.
+/// `out`/eval.csv, with `eval_fraction` of the ratings in eval, drawn at
+/// random.
 pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) -> anyhow::Result<MovieLensReport> {
+    let (rows, positives) = movielens_rows(dir)?;
+    let mut rows: Vec<String> = rows.into_iter().map(|(_, r)| r).collect();
+    Rng::new(seed).shuffle(&mut rows);
+    let n_eval = ((rows.len() as f64) * eval_fraction).round() as usize;
+    let (eval, train) = rows.split_at(n_eval);
+    write_split(out, train, eval)?;
+    Ok(MovieLensReport {
+        train_rows: train.len(),
+        eval_rows: eval.len(),
+        positive_rate: positives as f64 / rows.len().max(1) as f64,
+        split_time: None,
+    })
+}
+
+/// `prepare_movielens` in time order: train.csv holds the ratings before
+/// a time T, eval.csv those from T on (the last `eval_fraction` of them),
+/// each in the order they were given (ties by user and item), as a stream
+/// replays them. The report gives T (Unix seconds).
+pub fn prepare_movielens_by_time(dir: &Path, out: &Path, eval_fraction: f64) -> anyhow::Result<MovieLensReport> {
+    let (mut rows, positives) = movielens_rows(dir)?;
+    rows.sort_by_key(|r| r.0);
+    let n_train = rows.len() - ((rows.len() as f64) * eval_fraction).round() as usize;
+    let split_time = rows.get(n_train).map(|r| r.0 .0);
+    let lines: Vec<String> = rows.into_iter().map(|(_, r)| r).collect();
+    let (train, eval) = lines.split_at(n_train);
+    write_split(out, train, eval)?;
+    Ok(MovieLensReport {
+        train_rows: train.len(),
+        eval_rows: eval.len(),
+        positive_rate: positives as f64 / lines.len().max(1) as f64,
+        split_time,
+    })
+}
+
+fn write_split(out: &Path, train: &[String], eval: &[String]) -> anyhow::Result<()> {
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    for (name, part) in [("train.csv", train), ("eval.csv", eval)] {
+        let path = out.join(name);
+        let mut w =
+            BufWriter::new(fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?);
+        writeln!(w, "{COLUMNS}")?;
+        for line in part {
+            writeln!(w, "{line}")?;
+        }
+        w.flush().with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A rating's (timestamp, user, item), for ordering, and its row of COLUMNS.
+type Rating = ((i64, u64, u64), String);
+
+/// Every rating as a row of COLUMNS with its (timestamp, user, item) for
+/// ordering, and the count of positives.
+fn movielens_rows(dir: &Path) -> anyhow::Result<(Vec<Rating>, usize)> {
     let users: HashMap<String, Vec<String>> = read_table(
         &dir.join("ml-100k.user"),
         &["user_id", "age", "gender", "occupation", "zip_code"],
@@ -138,35 +196,22 @@ pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) 
             ""
         };
         let genres = item[1].split_whitespace().collect::<Vec<_>>().join("|");
-        rows.push(format!(
-            "{label},{},{},{},{},{},{},{},{},{love},{hist}",
-            r[0],
-            r[1],
-            csv_cell(&user[0]),
-            csv_cell(&user[1]),
-            csv_cell(&user[2]),
-            csv_cell(&user[3]),
-            year,
-            csv_cell(&genres)
+        let ts = r[3].parse::<f64>().unwrap_or(0.0) as i64;
+        let order = (ts, r[0].parse::<u64>().unwrap_or(0), r[1].parse::<u64>().unwrap_or(0));
+        rows.push((
+            order,
+            format!(
+                "{label},{},{},{},{},{},{},{},{},{love},{hist}",
+                r[0],
+                r[1],
+                csv_cell(&user[0]),
+                csv_cell(&user[1]),
+                csv_cell(&user[2]),
+                csv_cell(&user[3]),
+                year,
+                csv_cell(&genres)
+            ),
         ));
     }
-    Rng::new(seed).shuffle(&mut rows);
-    let n_eval = ((rows.len() as f64) * eval_fraction).round() as usize;
-    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let (eval, train) = rows.split_at(n_eval);
-    for (name, part) in [("train.csv", train), ("eval.csv", eval)] {
-        let path = out.join(name);
-        let mut w =
-            BufWriter::new(fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?);
-        writeln!(w, "{COLUMNS}")?;
-        for line in part {
-            writeln!(w, "{line}")?;
-        }
-        w.flush().with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(MovieLensReport {
-        train_rows: train.len(),
-        eval_rows: eval.len(),
-        positive_rate: positives as f64 / rows.len().max(1) as f64,
-    })
+    Ok((rows, positives))
 }

@@ -154,6 +154,12 @@ impl Trainer {
             rows: p.data.batch_size.max(1) as usize,
             until,
             max_rows,
+            shuffle: (train && p.data.shuffle).then(|| {
+                (
+                    p.data.shuffle_buffer_size,
+                    self.seed ^ crate::util::mix64(index as u64 + 1),
+                )
+            }),
             separator: separator.clone(),
             field_names: p.data.fields.iter().map(|f| f.name.clone()).collect(),
             projection: self.enc.projection.clone(),
