@@ -302,3 +302,105 @@ fn offset_info_and_offset_time_start_where_asked() {
     );
     assert_eq!(rows, expect([50, 50]));
 }
+
+/// Asynchronous training (one server, two workers) reads the topic too,
+/// each worker its partitions; the offsets its last checkpoint records let
+/// a synchronous job go on, and across the two every row is trained once
+/// (read in order: no shuffle buffer, no kill).
+#[test]
+fn asynchronous_workers_read_their_partitions_and_a_synchronous_job_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = movielens(tmp.path());
+    let topic = unique("async");
+    let (partitions, rows) = (4usize, 2000usize);
+    let out = produce(&topic, partitions, &csv, &["--rows", &rows.to_string()])
+        .output()
+        .unwrap();
+    ok(&out, "producing");
+    let dir = tmp.path().join("model");
+    let (trace1, trace2) = (tmp.path().join("trace1"), tmp.path().join("trace2"));
+    let edits = serde_json::json!({
+        "train_config.save_checkpoints_steps": 20,
+        "train_config.num_steps": 60,
+        "data_config.batch_size": 16,
+        // In order: with the shuffle buffer, rows past a checkpoint's
+        // offsets may have trained before it (at least once, not exactly).
+        "data_config.shuffle": false,
+    });
+    // The sample without its incremental updates (asynchronous training
+    // does not write them).
+    let text = std::fs::read_to_string(Path::new(ROOT).join("samples/odl_ml100k.config")).unwrap();
+    let start = text.find("  incr_save_config {").unwrap();
+    let end = start + text[start..].find("\n  }\n").unwrap() + 5;
+    let cfg = tmp.path().join("no_updates.config");
+    std::fs::write(&cfg, format!("{}{}", &text[..start], &text[end..])).unwrap();
+    let mut args = train_args(&topic, &dir, edits);
+    args[1] = cfg.to_str().unwrap().into();
+    args.extend([
+        "--train_config.sync_replicas=false".into(),
+        "--num_ps".into(),
+        "1".into(),
+    ]);
+    let out = common::mpirun()
+        .args(["-np", "3", env!("CARGO_BIN_EXE_train_eval")])
+        .args(&args)
+        .env("RUSTREC_TRACE_TRAINED_ROWS", &trace1)
+        .output()
+        .unwrap();
+    ok(&out, "asynchronous training");
+    let ckpt = rustrec::checkpoint::latest(&dir).unwrap().unwrap();
+    let saved = StreamOffsets::of(&ckpt).unwrap().expect("offsets");
+    assert_eq!(saved.offsets.len(), partitions, "{saved:?}");
+    let first = traced(&trace1);
+    assert_eq!(first.len(), 60 * 16, "60 pushes of 16 rows");
+    // Each worker read only its own partitions (worker 0: 0 and 2).
+    let of_worker = |base: &Path, rank: usize| -> BTreeSet<i32> {
+        let mut path = base.as_os_str().to_owned();
+        path.push(format!(".{rank}"));
+        std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect()
+    };
+    for (rank, mine) in [(1, BTreeSet::from([0, 2])), (2, BTreeSet::from([1, 3]))] {
+        let read = of_worker(&trace1, rank);
+        assert!(
+            !read.is_empty() && read.is_subset(&mine),
+            "worker rank {rank} trained partitions {read:?}"
+        );
+    }
+
+    let mut args = train_args(
+        &topic,
+        &dir,
+        serde_json::json!({"train_config.num_steps": 0, "data_config.batch_size": 16, "data_config.shuffle": false}),
+    );
+    args[1] = cfg.to_str().unwrap().into();
+    args.push("--continue_train".into());
+    let job = Command::new(env!("CARGO_BIN_EXE_train_eval"))
+        .current_dir(ROOT)
+        .args(&args)
+        .env("RUSTREC_TRACE_TRAINED_ROWS", &trace2)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let per_partition = (rows / partitions) as i64;
+    let all: BTreeSet<(i32, i64)> = (0..partitions as i32)
+        .flat_map(|p| (0..per_partition).map(move |o| (p, o)))
+        .collect();
+    wait_for("every row to be trained", 120, || {
+        let seen: BTreeSet<_> = traced(&trace1).into_iter().chain(traced(&trace2)).collect();
+        seen.is_superset(&all)
+    });
+    std::fs::write(dir.join("OSS_STOP_SIGNAL"), "").unwrap();
+    ok(&job.wait_with_output().unwrap(), "the synchronous job");
+    let mut count: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for r in first.iter().chain(&traced(&trace2)) {
+        *count.entry(*r).or_default() += 1;
+    }
+    assert_eq!(count.keys().copied().collect::<BTreeSet<_>>(), all);
+    let twice: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "rows trained twice: {twice:?}");
+}

@@ -131,6 +131,11 @@ impl Server {
                     t.comm.send_bytes(from, &reply.encode_to_vec());
                 }
                 Some(Kind::Push(push)) => self.push(t, from, push)?,
+                Some(Kind::Idle(_)) => {
+                    let mut reply = wire::PullReply::default();
+                    reply.set_state(self.halting(t).unwrap_or(State::Go));
+                    t.comm.send_bytes(from, &reply.encode_to_vec());
+                }
                 Some(Kind::Leave(leave)) => {
                     if leave.done {
                         self.done.insert(from);
@@ -144,24 +149,26 @@ impl Server {
         Ok(())
     }
 
+    /// Server 0: whether the workers are to pause or end now. After the
+    /// ticket reaching a checkpoint's step (or time), the workers pause; no
+    /// new ticket past num_steps or, once a batch has trained (as the
+    /// synchronous loop looks after its first step), the stop signal.
+    fn halting(&mut self, t: &Trainer) -> Option<State> {
+        if self.halt.is_none() {
+            let trained = self.completed > self.started;
+            if self.target.is_some_and(|target| self.issued >= target) || trained && self.signal.found(self.completed) {
+                self.halt = Some(State::End);
+            } else if self.issued > self.saved_at && t.plan.train.checkpoints.due(self.issued, self.last_save) {
+                self.halt = Some(State::Pause);
+            }
+        }
+        self.halt
+    }
+
     fn pull(&mut self, t: &Trainer, pull: &wire::Pull) -> wire::PullReply {
         let mut reply = wire::PullReply::default();
         if self.rank == 0 {
-            if self.halt.is_none() {
-                // After the ticket reaching a checkpoint's step (or time),
-                // the workers pause; no new ticket past num_steps or, once
-                // a batch has trained (as the synchronous loop looks after
-                // its first step), the stop signal.
-                let trained = self.completed > self.started;
-                if self.target.is_some_and(|target| self.issued >= target)
-                    || trained && self.signal.found(self.completed)
-                {
-                    self.halt = Some(State::End);
-                } else if self.issued > self.saved_at && t.plan.train.checkpoints.due(self.issued, self.last_save) {
-                    self.halt = Some(State::Pause);
-                }
-            }
-            if let Some(state) = self.halt {
+            if let Some(state) = self.halting(t) {
                 reply.set_state(state);
                 return reply;
             }

@@ -8,19 +8,19 @@ use prost::Message;
 
 use super::wire::{self, pull_reply::State, request::Kind};
 use super::Roles;
-use crate::data::Prefetch;
 use crate::embedding::{FetchedRows, RowGrads};
 use crate::features::Batch;
 use crate::model::graph::update_bn_buffers;
 use crate::train::dense::Exchange;
+use crate::train::stream::{Fed, TrainStream};
 use crate::train::Trainer;
 
 pub(super) struct Worker {
     pub(super) index: usize,
     roles: Roles,
-    stream: Prefetch<Batch>,
+    stream: TrainStream,
     /// A batch read before a pause, trained after it.
-    pending: Option<Batch>,
+    pending: Option<Fed>,
     /// The rows of the batch being trained, from its pull.
     fetched: Vec<FetchedRows>,
     done: bool,
@@ -44,17 +44,10 @@ impl Worker {
     pub(super) fn new(t: &Trainer, roles: &Roles, index: usize) -> anyhow::Result<Self> {
         // A resumed job's global step counts every worker's batches.
         let skip = t.step / roles.workers as u64;
-        if let Some(k) = &t.plan.data.train_kafka {
-            anyhow::bail!(
-                "{}: asynchronous training (train_config.sync_replicas: false) does not read Kafka yet; \
-                 train synchronously (sync_replicas: true), where each worker reads its partitions",
-                k.field
-            );
-        }
         Ok(Worker {
             index,
             roles: roles.clone(),
-            stream: t.stream(&t.plan.data.train_paths, true, skip)?,
+            stream: t.train_stream(skip)?,
             pending: None,
             fetched: Vec::new(),
             done: false,
@@ -66,23 +59,37 @@ impl Worker {
     /// runs out; returns whether this worker is done for good.
     pub(super) fn work(&mut self, t: &mut Trainer) -> anyhow::Result<bool> {
         while !self.done {
-            let batch = match self.pending.take() {
-                Some(b) => b,
+            let fed = match self.pending.take() {
+                Some(f) => f,
                 None => match self.stream.next() {
-                    Some(b) => b.context("reading training data")?,
+                    Some(f) => f.context("reading training data")?,
                     None => {
                         self.leave(t, true);
                         break;
                     }
                 },
             };
+            let Some(batch) = fed.batch.as_ref() else {
+                // The topic is quiet: server 0 says whether to pause or end.
+                match self.idle(t)? {
+                    State::Go => continue,
+                    State::Pause => {
+                        self.leave(t, false);
+                        return Ok(false);
+                    }
+                    State::End => {
+                        self.leave(t, true);
+                        break;
+                    }
+                }
+            };
             if batch.examples() == 0 {
                 continue;
             }
-            match self.pull(t, &batch)? {
+            match self.pull(t, batch)? {
                 State::Go => {}
                 State::Pause => {
-                    self.pending = Some(batch);
+                    self.pending = Some(fed);
                     self.leave(t, false);
                     return Ok(false);
                 }
@@ -91,12 +98,22 @@ impl Worker {
                     break;
                 }
             }
-            let computed = self.compute(t, &batch);
+            let computed = self.compute(t, batch);
             self.push(t, computed, batch.examples() as u64)?;
             self.samples += batch.size as u64;
+            t.fed(&fed)?;
             t.straggle(self.index);
         }
         Ok(true)
+    }
+
+    /// Tells server 0 this worker's topic is quiet; its answer says
+    /// whether to go on waiting, pause or end.
+    fn idle(&mut self, t: &mut Trainer) -> anyhow::Result<State> {
+        t.comm.send_bytes(0, &request(Kind::Idle(wire::Idle {})));
+        let (_, bytes) = t.comm.receive_bytes(Some(0));
+        let reply = wire::PullReply::decode(bytes.as_slice()).context("a malformed reply from server 0")?;
+        Ok(reply.state())
     }
 
     fn leave(&mut self, t: &Trainer, done: bool) {
