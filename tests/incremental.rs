@@ -144,7 +144,14 @@ fn check_updates(model_dir: &Path, key_value: bool) {
         "sparse_update_20",
     ] {
         assert!(incr.join(f).is_file(), "{f}");
-        assert_eq!(std::fs::read_to_string(incr.join(format!("{f}.done"))).unwrap(), f);
+        // The flag describes the update.
+        let info: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(incr.join(format!("{f}.done"))).unwrap()).unwrap();
+        assert_eq!(info["update"], f);
+        assert_eq!(info["format"], "rustrec-incremental-update/1");
+        let step: u64 = f.rsplit('_').next().unwrap().parse().unwrap();
+        assert_eq!(info["global_step"], step);
+        assert_eq!(info["bytes"], std::fs::metadata(incr.join(f)).unwrap().len());
     }
     let dense_names = names(&model_dir.join("DENSE_UPDATE_VARIABLES"));
     let table_names = names(&model_dir.join("SPARSE_UPDATE_VARIABLES"));

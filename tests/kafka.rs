@@ -233,6 +233,22 @@ fn every_row_is_trained_across_a_kill_and_a_resume_on_another_world_size() {
     let last = rustrec::checkpoint::latest(&dir).unwrap().unwrap();
     let end = StreamOffsets::of(&last).unwrap().unwrap();
     assert!(end.offsets.values().all(|o| *o == per_partition), "{end:?}");
+    // Each incremental update's flag names the stream offsets it covers.
+    let flags: Vec<serde_json::Value> = std::fs::read_dir(dir.join("incr_save"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "done"))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect();
+    assert!(!flags.is_empty());
+    for f in &flags {
+        assert_eq!(f["stream"]["kafka_topic"], topic.as_str(), "{f}");
+        assert_eq!(
+            f["stream"]["next_offsets"].as_object().unwrap().len(),
+            partitions,
+            "{f}"
+        );
+    }
 }
 
 #[test]

@@ -311,7 +311,8 @@ pub struct StreamOffsets {
 }
 
 impl StreamOffsets {
-    fn to_json(&self) -> Value {
+    /// The form checkpoints and incremental updates record.
+    pub fn to_json(&self) -> Value {
         let offsets: serde_json::Map<String, Value> =
             self.offsets.iter().map(|(p, o)| (p.to_string(), json!(o))).collect();
         json!({"kafka_topic": self.topic, "next_offsets": offsets})

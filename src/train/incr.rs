@@ -50,6 +50,13 @@ pub const KAFKA_PART_BYTES: usize = 512 << 10;
 /// The header that numbers an update's parts in Kafka: `<index>/<count>`.
 pub const KAFKA_PART_HEADER: &str = "rustrec-update-part";
 
+/// The header holding an update's description (what its `.done` flag holds
+/// in a folder): JSON `{update, format, global_step, bytes, stream}`.
+pub const KAFKA_INFO_HEADER: &str = "rustrec-update-info";
+
+/// The version of that description; the update's bytes are EasyRec's layout.
+pub const INFO_FORMAT: &str = "rustrec-incremental-update/1";
+
 /// The update variable maps, sent to the topic before the first update
 /// (a consumer on another machine needs them), keyed by these names.
 pub const KAFKA_MAP_KEYS: [&str; 2] = ["DENSE_UPDATE_VARIABLES", "SPARSE_UPDATE_VARIABLES"];
@@ -61,6 +68,10 @@ pub struct IncrUpdates {
     dir: Option<PathBuf>,
     /// Rank 0's writer thread.
     writer: Option<Writer>,
+    /// The stream offsets (checkpoint manifest form) the updates being
+    /// written cover: the next offset of every partition after the rows
+    /// they hold.
+    stream: Option<serde_json::Value>,
     /// Per table, this rank's rows trained since the last sparse update.
     touched: Vec<Touched>,
     last_sparse: (u64, Instant),
@@ -74,6 +85,7 @@ impl IncrUpdates {
             config,
             dir,
             writer: None,
+            stream: None,
             touched: (0..tables).map(|_| Touched::default()).collect(),
             last_sparse: (step, Instant::now()),
             last_dense: (step, Instant::now()),
@@ -91,9 +103,17 @@ impl IncrUpdates {
 
     /// Hands update `name` to the writer thread (rank 0); fails if an
     /// earlier one could not be written.
-    fn publish(&self, name: String, bytes: Vec<u8>) -> anyhow::Result<()> {
+    fn publish(&self, name: String, step: u64, bytes: Vec<u8>) -> anyhow::Result<()> {
+        let info = serde_json::json!({
+            "update": name,
+            "format": INFO_FORMAT,
+            "global_step": step,
+            "bytes": bytes.len(),
+            "stream": self.stream,
+        })
+        .to_string();
         match &self.writer {
-            Some(w) => w.publish(name, bytes),
+            Some(w) => w.publish(name, bytes, info),
             None => Ok(()),
         }
     }
@@ -272,6 +292,11 @@ impl Trainer {
             }
             self.comm.all_reduce_sum(&mut due);
         }
+        if due[0] > 0.0 || due[1] > 0.0 {
+            // The stream offsets the updates cover (a collective).
+            let stream = self.stream_offsets().map(|s| s.to_json());
+            self.incr.as_mut().expect("started").stream = stream;
+        }
         if due[0] > 0.0 {
             self.write_sparse_update(step)?;
         }
@@ -296,7 +321,7 @@ impl Trainer {
         for v in &vars {
             bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
         }
-        incr.publish(format!("dense_update_{step}"), bytes)
+        incr.publish(format!("dense_update_{step}"), step, bytes)
     }
 
     fn write_sparse_update(&mut self, step: u64) -> anyhow::Result<()> {
@@ -352,7 +377,7 @@ impl Trainer {
             for &t in &gone {
                 bytes.extend(evicted[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             }
-            incr.publish(format!("sparse_evict_{step}"), bytes)?;
+            incr.publish(format!("sparse_evict_{step}"), step, bytes)?;
         }
         let present: Vec<usize> = (0..ids.len()).filter(|&t| !ids[t].is_empty()).collect();
         if present.is_empty() {
@@ -364,7 +389,7 @@ impl Trainer {
             bytes.extend(ids[t].iter().flat_map(|k| (*k as i64).to_le_bytes()));
             bytes.extend(values[t].iter().flat_map(|x| x.to_le_bytes()));
         }
-        incr.publish(format!("sparse_update_{step}"), bytes)
+        incr.publish(format!("sparse_update_{step}"), step, bytes)
     }
 }
 
@@ -386,21 +411,21 @@ fn header(kind: i32, step: u64, entries: impl ExactSizeIterator<Item = (usize, u
 /// the files' writes and syncs and the sends to Kafka overlap training (at
 /// most two updates wait: their bytes are held).
 struct Writer {
-    tx: Option<std::sync::mpsc::SyncSender<(String, Vec<u8>)>>,
+    tx: Option<std::sync::mpsc::SyncSender<(String, Vec<u8>, String)>>,
     handle: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
     failed: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Writer {
     fn spawn(sink: Sink) -> anyhow::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>)>(2);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>, String)>(2);
         let failed = std::sync::Arc::new(std::sync::Mutex::new(None));
         let seen = failed.clone();
         let handle = std::thread::Builder::new()
             .name("incr-writer".into())
             .spawn(move || {
-                for (name, bytes) in rx {
-                    if let Err(e) = sink.publish(&name, &bytes) {
+                for (name, bytes, info) in rx {
+                    if let Err(e) = sink.publish(&name, &bytes, &info) {
                         *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{e:#}"));
                         return Err(e);
                     }
@@ -415,13 +440,13 @@ impl Writer {
         })
     }
 
-    fn publish(&self, name: String, bytes: Vec<u8>) -> anyhow::Result<()> {
+    fn publish(&self, name: String, bytes: Vec<u8>, info: String) -> anyhow::Result<()> {
         let failure = || self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(e) = failure() {
             anyhow::bail!("an incremental update could not be written: {e}");
         }
         let tx = self.tx.as_ref().expect("a writer not finished");
-        if tx.send((name, bytes)).is_err() {
+        if tx.send((name, bytes, info)).is_err() {
             // The thread ended on an error: its message says which.
             anyhow::bail!(
                 "an incremental update could not be written: {}",
@@ -450,18 +475,18 @@ impl Drop for Writer {
 }
 
 impl Sink {
-    /// Writes update `name` into the folder (then its `.done` flag, each
-    /// atomically) and sends it to the topic.
-    fn publish(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    /// Writes update `name` into the folder (then its `.done` flag holding
+    /// `info`, each atomically) and sends it to the topic.
+    fn publish(&self, name: &str, bytes: &[u8], info: &str) -> anyhow::Result<()> {
         if let Some(dir) = &self.dir {
             let path = dir.join(name);
             write_atomic(&path, bytes).with_context(|| format!("writing incremental update {}", path.display()))?;
-            write_atomic(&dir.join(format!("{name}.done")), name.as_bytes())
+            write_atomic(&dir.join(format!("{name}.done")), info.as_bytes())
                 .with_context(|| format!("writing the flag of incremental update {}", path.display()))?;
             log::info!("incremental update {} ({} bytes)", path.display(), bytes.len());
         }
         if let Some(t) = &self.kafka {
-            send_update(t, name, bytes)?;
+            send_parts(t, name, bytes, Some(info))?;
             log::info!("incremental update {name} ({} bytes) sent to Kafka", bytes.len());
         }
         Ok(())
@@ -472,6 +497,11 @@ impl Sink {
 /// parts of at most KAFKA_PART_BYTES numbered by KAFKA_PART_HEADER; a
 /// consumer takes an update once it has all its parts.
 pub fn send_update(topic: &crate::data::kafka::Topic, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    send_parts(topic, name, bytes, None)
+}
+
+/// `send_update`, each part also carrying `info` in KAFKA_INFO_HEADER.
+fn send_parts(topic: &crate::data::kafka::Topic, name: &str, bytes: &[u8], info: Option<&str>) -> anyhow::Result<()> {
     let parts: Vec<&[u8]> = if bytes.is_empty() {
         vec![bytes]
     } else {
@@ -487,7 +517,9 @@ pub fn send_update(topic: &crate::data::kafka::Topic, name: &str, bytes: &[u8]) 
                 KAFKA_PART_HEADER.to_string(),
                 format!("{i}/{}", parts.len()).into_bytes(),
             )]
-            .into(),
+            .into_iter()
+            .chain(info.map(|j| (KAFKA_INFO_HEADER.to_string(), j.as_bytes().to_vec())))
+            .collect(),
             offset: 0,
         };
         topic
