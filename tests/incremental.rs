@@ -433,6 +433,11 @@ fn updates_sent_to_kafka_keep_an_export_current() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (export, source) = export_of_step_10(&cfg, &model_dir, dir.path());
     assert!(source.dir().is_none(), "the export follows the topic: {source:?}");
+    // A consumer on another machine has the export and the topic, not
+    // model_dir: the variable maps come from the topic.
+    for map in ["DENSE_UPDATE_VARIABLES", "SPARSE_UPDATE_VARIABLES"] {
+        std::fs::rename(model_dir.join(map), dir.path().join(map)).unwrap();
+    }
     let mut live = LiveModel::load(&export, source).unwrap();
     let pending = live.pending().unwrap();
     let names: Vec<&str> = pending.iter().map(|p| p.name.as_str()).collect();

@@ -162,11 +162,22 @@ struct KafkaUpdates {
     topic: crate::data::kafka::Topic,
     name: String,
     next: i64,
+    start: i64,
     /// Parts received so far of the updates not yet whole.
     parts: HashMap<String, Vec<Option<Vec<u8>>>>,
+    /// Updates made whole and not yet taken.
+    ready: Vec<Pending>,
+    /// The variable maps the job sent (train::incr::KAFKA_MAP_KEYS), the
+    /// last of each.
+    maps: HashMap<String, Vec<u8>>,
 }
 
 impl KafkaUpdates {
+    /// Where reading began.
+    fn topic_start(&self) -> i64 {
+        self.start
+    }
+
     fn connect(k: &crate::config::train_plan::IncrKafka) -> anyhow::Result<Self> {
         let mut input = crate::train::incr::updates_topic(k);
         if !k
@@ -180,14 +191,16 @@ impl KafkaUpdates {
             topic: crate::data::kafka::Topic::connect(&input)?,
             name: k.topic.clone(),
             next: k.consumer_offset,
+            start: k.consumer_offset,
             parts: HashMap::new(),
+            ready: Vec::new(),
+            maps: HashMap::new(),
         })
     }
 
-    /// The updates made whole since the last call, in the order they were
-    /// sent.
-    fn poll(&mut self) -> anyhow::Result<Vec<Pending>> {
-        let mut out = Vec::new();
+    /// Reads the topic to its end: updates made whole go to `ready` (in
+    /// the order they were sent), variable maps to `maps`.
+    fn poll(&mut self) -> anyhow::Result<()> {
         loop {
             let (messages, high) = self.topic.fetch(0, self.next)?;
             let got = !messages.is_empty();
@@ -198,8 +211,10 @@ impl KafkaUpdates {
                     log::warn!("{origin}: a message without a name; skipped");
                     continue;
                 };
-                let Some((_, step)) = kind_and_step(name) else {
-                    continue; // the variable maps, or another tool's message
+                let step = match kind_and_step(name) {
+                    Some((_, step)) => Some(step),
+                    None if crate::train::incr::KAFKA_MAP_KEYS.contains(&name) => None,
+                    None => continue, // another tool's message
                 };
                 let part = m.headers.get(crate::train::incr::KAFKA_PART_HEADER);
                 let (i, n) = match part
@@ -219,7 +234,7 @@ impl KafkaUpdates {
                 }
                 slots[i] = Some(m.value);
                 if slots.iter().all(Option::is_some) {
-                    let bytes = self
+                    let bytes: Vec<u8> = self
                         .parts
                         .remove(name)
                         .unwrap_or_default()
@@ -227,16 +242,21 @@ impl KafkaUpdates {
                         .flatten()
                         .flatten()
                         .collect();
-                    out.push(Pending {
-                        step,
-                        name: name.to_string(),
-                        origin,
-                        bytes,
-                    });
+                    match step {
+                        Some(step) => self.ready.push(Pending {
+                            step,
+                            name: name.to_string(),
+                            origin,
+                            bytes,
+                        }),
+                        None => {
+                            self.maps.insert(name.to_string(), bytes);
+                        }
+                    }
                 }
             }
             if !got || self.next >= high {
-                return Ok(out);
+                return Ok(());
             }
         }
     }
@@ -245,20 +265,46 @@ impl KafkaUpdates {
 /// `name -> id` maps of the update variables, by id.
 fn variable_names(path: &Path) -> anyhow::Result<HashMap<usize, String>> {
     let text = crate::bounded::read_text(path, crate::bounded::CONFIG_BYTES)?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    parse_names(&text, &path.display().to_string())
+}
+
+/// A `name -> id` map's text, read from `origin`.
+fn parse_names(text: &str, origin: &str) -> anyhow::Result<HashMap<usize, String>> {
+    let v: serde_json::Value = serde_json::from_str(text).with_context(|| format!("{origin} is not valid JSON"))?;
     let map = v
         .as_object()
-        .with_context(|| format!("{} is not a JSON object", path.display()))?;
+        .with_context(|| format!("{origin} is not a JSON object"))?;
     map.iter()
         .map(|(k, id)| {
             let id = id
                 .as_u64()
                 .and_then(|i| usize::try_from(i).ok())
-                .with_context(|| format!("{}: `{k}` has no integer id", path.display()))?;
+                .with_context(|| format!("{origin}: `{k}` has no integer id"))?;
             Ok((id, k.clone()))
         })
         .collect()
+}
+
+/// The variable map `key` at `path` or, where that file is not (a
+/// consumer on another machine than the job), the last one the job sent
+/// to its topic.
+fn names_of(path: &Path, key: &str, kafka: Option<&mut KafkaUpdates>) -> anyhow::Result<HashMap<usize, String>> {
+    let Some(k) = kafka.filter(|_| !path.exists()) else {
+        return variable_names(path);
+    };
+    if !k.maps.contains_key(key) {
+        k.poll()?;
+    }
+    let bytes = k.maps.get(key).with_context(|| {
+        format!(
+            "{} does not exist, and Kafka topic `{}` holds no {key} from offset {} on",
+            path.display(),
+            k.name,
+            k.topic_start()
+        )
+    })?;
+    let text = std::str::from_utf8(bytes).with_context(|| format!("{key} in Kafka topic `{}` is not text", k.name))?;
+    parse_names(text, &format!("{key} in Kafka topic `{}`", k.name))
 }
 
 /// One parsed update: its step, its kind (0 dense, 1 sparse rows, 2
@@ -378,16 +424,18 @@ impl LiveModel {
         let proto = tract_onnx::onnx()
             .proto_model_for_read(&mut bytes.as_slice())
             .with_context(|| format!("cannot parse {}", path.display()))?;
+        let mut kafka = match &source.location {
+            UpdateLocation::Kafka(k) => Some(KafkaUpdates::connect(k)?),
+            UpdateLocation::Dir(_) => None,
+        };
+        let [dense_key, sparse_key] = crate::train::incr::KAFKA_MAP_KEYS;
         Ok(LiveModel {
             dir: export_dir.to_path_buf(),
-            dense_names: variable_names(&source.dense_variables)?,
-            sparse_names: variable_names(&source.sparse_variables)?,
+            dense_names: names_of(&source.dense_variables, dense_key, kafka.as_mut())?,
+            sparse_names: names_of(&source.sparse_variables, sparse_key, kafka.as_mut())?,
             step: source.export_step,
             applied: Vec::new(),
-            kafka: match &source.location {
-                UpdateLocation::Kafka(k) => Some(KafkaUpdates::connect(k)?),
-                UpdateLocation::Dir(_) => None,
-            },
+            kafka,
             proto,
             source,
         })
@@ -483,7 +531,10 @@ impl LiveModel {
     /// folder, or those the topic made whole since the last call.
     pub fn pending(&mut self) -> anyhow::Result<Vec<Pending>> {
         let mut all = match &mut self.kafka {
-            Some(k) => k.poll()?,
+            Some(k) => {
+                k.poll()?;
+                std::mem::take(&mut k.ready)
+            }
             None => {
                 let mut out = Vec::new();
                 // The step applied last may have more updates to come (the
