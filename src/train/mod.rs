@@ -424,7 +424,14 @@ impl Trainer {
         if st.first().is_some_and(|e| e.preds.is_empty()) {
             return Err(crate::data::DataError::Empty {
                 purpose: "evaluation",
-                paths: paths.to_vec(),
+                paths: match &self.plan.data.eval_kafka {
+                    Some(k) if paths.is_empty() => vec![format!(
+                        "Kafka topic `{}` at {}, from its start offsets to its end",
+                        k.topic,
+                        k.servers.join(",")
+                    )],
+                    _ => paths.to_vec(),
+                },
             }
             .into());
         }
