@@ -94,6 +94,41 @@ fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Every (partition, offset) of `rows` rows dealt over `partitions`.
+fn all_rows(partitions: usize, rows: usize) -> BTreeSet<(i32, i64)> {
+    let per_partition = (rows / partitions) as i64;
+    (0..partitions as i32)
+        .flat_map(|p| (0..per_partition).map(move |o| (p, o)))
+        .collect()
+}
+
+/// Runs one train_eval with `args` (its rows traced into `traces.1`),
+/// calls `meanwhile`, waits until the traces together hold `all`, then ends
+/// the job with the stop signal (its model_dir is `args`' --model_dir).
+fn train_until_every_row_is_traced(
+    args: &[String],
+    traces: (&Path, &Path),
+    all: &BTreeSet<(i32, i64)>,
+    meanwhile: impl FnOnce(),
+) {
+    let job = Command::new(env!("CARGO_BIN_EXE_train_eval"))
+        .current_dir(ROOT)
+        .args(args)
+        .env("RUSTREC_TRACE_TRAINED_ROWS", traces.1)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    meanwhile();
+    wait_for("every row to be trained", 120, || {
+        let seen: BTreeSet<_> = traced(traces.0).into_iter().chain(traced(traces.1)).collect();
+        seen.is_superset(all)
+    });
+    let at = args.iter().position(|a| a == "--model_dir").unwrap();
+    std::fs::write(Path::new(&args[at + 1]).join("OSS_STOP_SIGNAL"), "").unwrap();
+    ok(&job.wait_with_output().unwrap(), "the job going on from the checkpoint");
+}
+
 fn ok(out: &std::process::Output, what: &str) {
     assert!(
         out.status.success(),
@@ -174,26 +209,11 @@ fn every_row_is_trained_across_a_kill_and_a_resume_on_another_world_size() {
     // was trained; then the stop signal ends it.
     let mut args = train_args(&topic, &dir, edits);
     args.push("--continue_train".into());
-    let job = Command::new(env!("CARGO_BIN_EXE_train_eval"))
-        .current_dir(ROOT)
-        .args(&args)
-        .env("RUSTREC_TRACE_TRAINED_ROWS", &trace2)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(producer.wait().unwrap().success());
     let per_partition = (rows / partitions) as i64;
-    let all: BTreeSet<(i32, i64)> = (0..partitions as i32)
-        .flat_map(|p| (0..per_partition).map(move |o| (p, o)))
-        .collect();
-    wait_for("every row to be trained", 120, || {
-        let seen: BTreeSet<_> = traced(&trace1).into_iter().chain(traced(&trace2)).collect();
-        seen.is_superset(&all)
+    let all = all_rows(partitions, rows);
+    train_until_every_row_is_traced(&args, (&trace1, &trace2), &all, || {
+        assert!(producer.wait().unwrap().success());
     });
-    std::fs::write(dir.join("OSS_STOP_SIGNAL"), "").unwrap();
-    let out = job.wait_with_output().unwrap();
-    ok(&out, "the resumed job");
 
     let (first, second) = (traced(&trace1), traced(&trace2));
     let mut count: BTreeMap<(i32, i64), usize> = BTreeMap::new();
@@ -394,24 +414,8 @@ fn asynchronous_workers_read_their_partitions_and_a_synchronous_job_goes_on() {
     );
     args[1] = cfg.to_str().unwrap().into();
     args.push("--continue_train".into());
-    let job = Command::new(env!("CARGO_BIN_EXE_train_eval"))
-        .current_dir(ROOT)
-        .args(&args)
-        .env("RUSTREC_TRACE_TRAINED_ROWS", &trace2)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let per_partition = (rows / partitions) as i64;
-    let all: BTreeSet<(i32, i64)> = (0..partitions as i32)
-        .flat_map(|p| (0..per_partition).map(move |o| (p, o)))
-        .collect();
-    wait_for("every row to be trained", 120, || {
-        let seen: BTreeSet<_> = traced(&trace1).into_iter().chain(traced(&trace2)).collect();
-        seen.is_superset(&all)
-    });
-    std::fs::write(dir.join("OSS_STOP_SIGNAL"), "").unwrap();
-    ok(&job.wait_with_output().unwrap(), "the synchronous job");
+    let all = all_rows(partitions, rows);
+    train_until_every_row_is_traced(&args, (&trace1, &trace2), &all, || {});
     let mut count: BTreeMap<(i32, i64), usize> = BTreeMap::new();
     for r in first.iter().chain(&traced(&trace2)) {
         *count.entry(*r).or_default() += 1;
