@@ -2037,3 +2037,73 @@ model_config {"#,
         assert_eq!(now == then, *frozen, "{}", s.name);
     }
 }
+
+/// EasyRec's ExprFeature (its `multi_tower_on_taobao_for_expr` kind of
+/// expressions) in a deep group: each row's value is what EasyRec's
+/// TensorFlow expression computes, and the model trains, evaluates and
+/// exports with it.
+#[test]
+fn expression_features_compute_easyrecs_values_and_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = common::shared_dir().join("data/real/ml-100k");
+    rustrec::datagen::prepare_movielens(&src, tmp.path(), 0.2, 1).unwrap();
+    let sample =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/wide_and_deep_ml100k.config"))
+            .unwrap();
+    let text = sample
+        .replace(
+            "\nmodel_config {",
+            "feature_configs { input_names: \"age\" input_names: \"year\" feature_type: ExprFeature \
+             feature_name: \"old_fan\" expression: \"(age>=30) & (year<(1990-5))\" }\n\
+             feature_configs { input_names: \"age\" feature_type: ExprFeature feature_name: \"age_tens\" \
+             expression: \"age/10-1\" }\n\nmodel_config {",
+        )
+        .replace(
+            "\"year\", \"genres\"] wide_deep: DEEP",
+            "\"year\", \"genres\", \"old_fan\", \"age_tens\"] wide_deep: DEEP",
+        );
+    assert!(text.contains("ExprFeature") && text.contains("\"age_tens\"] wide_deep: DEEP"));
+    let cfg = tmp.path().join("expr.config");
+    std::fs::write(&cfg, text).unwrap();
+
+    // The values, row by row.
+    let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+    let plan = TrainingPlan::from_config(&loaded.config).unwrap();
+    let enc = rustrec::features::Encoder::for_inference(&plan).unwrap();
+    let fields: Vec<String> = plan.data.fields.iter().map(|f| f.name.clone()).collect();
+    let rows = "0,1,2,35,M,x,1,1980,Drama,0,\n0,1,2,35,M,x,1,1987,Drama,0,\n0,1,2,20,M,x,1,1970,Drama,0,\n0,1,2,,M,x,1,,Drama,0,\n";
+    let raw = rustrec::data::csv::CsvChunks::from_text("rows", rows.into(), ",", &fields, &enc.projection, 16)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let batch = enc.encode(&raw).unwrap();
+    let names = plan.features.names();
+    let values = |name: &str| match &batch.features[names.iter().position(|n| n == name).unwrap()] {
+        Encoded::Dense { dim: 1, values } => values.clone(),
+        other => panic!("{name}: {other:?}"),
+    };
+    // Empty cells are the fields' default_val (age 30, year 1990).
+    assert_eq!(values("old_fan"), [1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(values("age_tens"), [2.5, 2.5, 1.0, 2.0]);
+
+    let model_dir = tmp.path().join("model");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_train_eval"))
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", model_dir.to_str().unwrap()])
+        .args(["--train_input_path", tmp.path().join("train.csv").to_str().unwrap()])
+        .args(["--eval_input_path", tmp.path().join("eval.csv").to_str().unwrap()])
+        .args(["--train_config.num_steps=30"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spec = std::fs::read_dir(model_dir.join("export/final"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("assets/feature_spec.json");
+    let spec = std::fs::read_to_string(spec).unwrap();
+    assert!(spec.contains("(age>=30) & (year<(1990-5))"), "{spec}");
+}

@@ -168,6 +168,9 @@ pub enum FeatureKind {
         /// Splits a value of `raw_input_dim` > 1 (EasyRec's feature
         /// `separator`, "|" unless set).
         separator: String,
+        /// EasyRec's ExprFeature: the value is this expression over the
+        /// feature's inputs (one value per row).
+        expr: Option<super::expr::Expression>,
     },
     /// EasyRec's ComboFeature: the cross of its inputs' values (each input
     /// split by its `combo_input_seps` entry, if any), hashed as
@@ -519,6 +522,34 @@ fn feature(
                 min_max,
                 boundaries: f.boundaries.clone(),
                 separator: f.separator().to_string(),
+                expr: None,
+            }
+        }
+        FeatureType::ExprFeature => {
+            let text = f.expression.clone().unwrap_or_default();
+            if text.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{path}.expression"),
+                    format!("ExprFeature `{name}` needs an expression over its input_names"),
+                ));
+            }
+            let expr = super::expr::Expression::parse(&text, &f.input_names)
+                .map_err(|e| ConfigError::invalid(format!("{path}.expression"), format!("`{text}` {e}")))?;
+            // EasyRec's parse_expr_feature makes a plain numeric column.
+            for (set, field) in [
+                (f.min_val.is_some() || f.max_val.is_some(), "min_val/max_val"),
+                (!f.boundaries.is_empty(), "boundaries"),
+            ] {
+                if set {
+                    log::warn!("{path}: ExprFeature `{name}` ignores {field}, as EasyRec's does");
+                }
+            }
+            FeatureKind::Raw {
+                dim: 1,
+                min_max: None,
+                boundaries: Vec::new(),
+                separator: f.separator().to_string(),
+                expr: Some(expr),
             }
         }
         FeatureType::ComboFeature => {
@@ -598,12 +629,18 @@ fn feature(
         Some(n) if !n.is_empty() => n.clone(),
         _ => name.clone(),
     };
+    // An ExprFeature is a plain number (EasyRec's numeric column), never
+    // embedded.
+    let is_expr = matches!(&kind, FeatureKind::Raw { expr: Some(_), .. });
+    if is_expr && f.embedding_dim() > 0 {
+        log::warn!("{path}: ExprFeature `{name}` ignores embedding_dim, as EasyRec's does (a numeric column)");
+    }
     Ok(FeatureSpec {
         name,
         inputs: f.input_names.clone(),
         kind,
         table,
-        embedding_dim: f.embedding_dim(),
+        embedding_dim: if is_expr { 0 } else { f.embedding_dim() },
         mean_combiner: f.combiner() == "mean",
         init: embedding_init(f, path)?,
         key_value,

@@ -5,6 +5,7 @@ pub mod data_plan;
 pub mod edit;
 pub mod eval_plan;
 pub mod export_plan;
+pub mod expr;
 pub mod feature_plan;
 pub mod kafka_plan;
 pub mod loader;

@@ -58,6 +58,19 @@ fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell
             _ => Cell::Int(rng.below(2) as i64),
         };
     }
+    // An ExprFeature reads its inputs as numbers, whatever else reads them.
+    let in_expr = plan
+        .features
+        .iter()
+        .any(|f| matches!(f.kind, FeatureKind::Raw { expr: Some(_), .. }) && f.inputs.iter().any(|i| i == field));
+    if in_expr {
+        let v = rng.below(10);
+        return match ty {
+            ColumnType::Float => Cell::Float(v as f64),
+            ColumnType::Str => Cell::Str(v.to_string()),
+            _ => Cell::Int(v as i64),
+        };
+    }
     let feature = plan.features.iter().find(|f| f.inputs.iter().any(|i| i == field));
     let text = match feature.map(|f| &f.kind) {
         Some(FeatureKind::Tag {

@@ -152,6 +152,16 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
             let f = &plan.features[fi.feature];
             let mut v = json!({ "name": f.name, "columns": f.inputs });
             let (graph_inputs, transform) = match (&fi.kind, &f.kind) {
+                (InputKind::Dense { .. }, FeatureKind::Raw { expr: Some(e), .. }) => (
+                    vec![f.name.clone()],
+                    json!({
+                        "type": "expression",
+                        "expression": e.text,
+                        "value": "EasyRec's ExprFeature: the columns read as float64; + - * / with their usual precedence; \
+                                  > >= < <= == (1 or 0), & and | (1 where both / either is not 0) from left to right; \
+                                  parentheses group",
+                    }),
+                ),
                 (
                     InputKind::Dense { dim },
                     FeatureKind::Raw {

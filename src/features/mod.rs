@@ -213,6 +213,13 @@ impl Buckets {
 
 #[derive(Debug, Clone)]
 enum Enc {
+    /// An ExprFeature: one number per row from its input columns.
+    Expr {
+        cols: Vec<usize>,
+        expr: crate::config::expr::Expression,
+        name: String,
+        inputs: Vec<String>,
+    },
     /// `FeatureKind::Lookup`.
     Lookup {
         key_col: usize,
@@ -354,11 +361,22 @@ impl Encoder {
                 .first()
                 .with_context(|| format!("feature `{}` has no input_names", f.name))?;
             let enc = match &f.kind {
+                FeatureKind::Raw { expr: Some(expr), .. } => Enc::Expr {
+                    cols: f
+                        .inputs
+                        .iter()
+                        .map(|i| col(&mut projection, i, false))
+                        .collect::<anyhow::Result<_>>()?,
+                    expr: expr.clone(),
+                    name: f.name.clone(),
+                    inputs: f.inputs.clone(),
+                },
                 FeatureKind::Raw {
                     dim,
                     min_max,
                     boundaries,
                     separator,
+                    expr: None,
                 } => {
                     let c = col(&mut projection, first, false)?;
                     if !boundaries.is_empty() {
@@ -523,7 +541,7 @@ impl Encoder {
     /// Embedding rows a sparse feature addresses; `None` for dense features.
     pub fn table_rows(&self, feature: usize) -> Option<u64> {
         match &self.encs[feature] {
-            Enc::Dense { .. } => None,
+            Enc::Dense { .. } | Enc::Expr { .. } => None,
             Enc::Bucketized { boundaries, .. } => Some(boundaries.len() as u64 + 1),
             Enc::Projected { dim, .. } => Some(*dim as u64),
             Enc::RawPositions { dim, .. } => Some(*dim as u64),
@@ -536,6 +554,7 @@ impl Encoder {
     pub fn dense_dim(&self, feature: usize) -> Option<usize> {
         match &self.encs[feature] {
             Enc::Dense { dim, .. } => Some(*dim),
+            Enc::Expr { .. } => Some(1),
             _ => None,
         }
     }
@@ -801,6 +820,32 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
     };
     j.offsets.push(0);
     match e {
+        Enc::Expr {
+            cols,
+            expr,
+            name,
+            inputs: input_names,
+        } => {
+            let mut inputs = vec![0.0; cols.len()];
+            let mut values = Vec::with_capacity(n);
+            for r in 0..n {
+                for ((x, &c), input) in inputs.iter_mut().zip(cols).zip(input_names) {
+                    // EasyRec reads each input as float64 (strings with
+                    // string_to_number); an empty cell is its default_val.
+                    let mut got = None;
+                    for_each_value(&raw.columns[c], r, None, &mut |v| {
+                        got.get_or_insert(
+                            v.number()
+                                .with_context(|| format!("ExprFeature `{name}`: row {r}: input `{input}`"))?,
+                        );
+                        Ok(())
+                    })?;
+                    *x = got.unwrap_or(0.0);
+                }
+                values.push(expr.eval(&inputs) as f32);
+            }
+            return Ok(Encoded::Dense { dim: 1, values });
+        }
         Enc::Dense {
             col,
             dim,
