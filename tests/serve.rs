@@ -641,8 +641,9 @@ fn multi_value_inputs_take_a_list_per_row() {
 
 /// An export whose training job writes incremental updates: `serve` applies
 /// them as they arrive while clients keep asking, reports the step it
-/// serves, and then answers as `predict` does with the checkpoint of that
-/// step; a damaged update is refused and the last good state keeps serving.
+/// serves, and after the updates of each step with a checkpoint (20, 30)
+/// answers as `predict` does with that checkpoint (1e-6); a damaged update
+/// is refused and the last good state keeps serving.
 #[test]
 fn serve_follows_the_training_jobs_incremental_updates() {
     follow_updates(false);
@@ -754,21 +755,55 @@ fn follow_updates(kafka: bool) {
         .collect();
     // A damaged update first: refused, logged, counted.
     deliver("sparse_update_11", b"\x01\x00\x00\x00garbage");
+    // predict's scores with the checkpoint of `step`.
+    let predict_at = |step: u64| -> Vec<f64> {
+        let out = dir.path().join(format!("ckpt{step}.csv"));
+        let mut p = bin("predict");
+        p.arg("--pipeline_config_path")
+            .arg(&cfg)
+            .arg("--checkpoint_path")
+            .arg(model_dir.join(format!("model.ckpt-{step}")))
+            .arg("--input_path")
+            .arg(dir.path().join("data.csv"))
+            .arg("--output_path")
+            .arg(&out);
+        run_ok(p);
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .take(20)
+            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+            .collect()
+    };
     for s in [15u64, 20, 25, 30] {
         for kind in ["dense", "sparse"] {
             let name = format!("{kind}_update_{s}");
             deliver(&name, &std::fs::read(held.join(&name)).unwrap());
         }
-        std::thread::sleep(Duration::from_millis(150));
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while step(&server) != 30 {
-        assert!(
-            Instant::now() < deadline,
-            "serve did not reach step 30: {}",
-            std::fs::read_to_string(&server.log).unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while step(&server) != s {
+            assert!(
+                Instant::now() < deadline,
+                "serve did not reach step {s}: {}",
+                std::fs::read_to_string(&server.log).unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Once a step's updates (dense and sparse: serve may take them in
+        // two polls) are applied, serve answers as predict does with the
+        // checkpoint of that step.
+        if model_dir.join(format!("model.ckpt-{s}")).exists() {
+            let want = predict_at(s);
+            let close = |got: &[f64]| got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut got = infer(&Server::agent(), &server.base, &body).unwrap().1;
+            while !close(&got) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+                got = infer(&Server::agent(), &server.base, &body).unwrap().1;
+            }
+            assert_close(&format!("after the updates of step {s}"), &got, &want);
+        }
     }
     stop.store(true, Ordering::Relaxed);
     let answered: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
@@ -778,27 +813,7 @@ fn follow_updates(kafka: bool) {
     let (_, metrics) = server.get("/metrics");
     assert!(metrics.contains("rustrec_serve_model_global_step 30"), "{metrics}");
 
-    // Scores equal predict with the checkpoint of step 30.
-    let out = dir.path().join("ckpt30.csv");
-    let mut p = bin("predict");
-    p.arg("--pipeline_config_path")
-        .arg(&cfg)
-        .arg("--checkpoint_path")
-        .arg(model_dir.join("model.ckpt-30"))
-        .arg("--input_path")
-        .arg(dir.path().join("data.csv"))
-        .arg("--output_path")
-        .arg(&out);
-    run_ok(p);
-    let want: Vec<f64> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .take(20)
-        .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
-        .collect();
-    let (_, got) = infer(&Server::agent(), &server.base, &body).unwrap();
-    assert_close("after the updates", &got, &want);
+    assert!(model_dir.join("model.ckpt-20").exists() && model_dir.join("model.ckpt-30").exists());
 }
 
 /// TF Serving's version policy: a version copied in file by file (as `cp
