@@ -276,13 +276,14 @@ fn movielens_100k_esmm_learns_click_and_conversion() {
     );
 }
 
-#[test]
-fn criteo_shaped_data_dlrm_and_wide_and_deep_approach_the_planted_auc() {
-    let data = tempfile::tempdir().unwrap();
-    let (train_pq, eval_pq) = (data.path().join("train.parquet"), data.path().join("eval.parquet"));
+/// Criteo-shaped train (512,000 rows) and eval (100,000) Parquet files in
+/// `dir`, ids up to `cap` a column, from one planted model; with that
+/// model's AUC on the eval rows.
+fn criteo_shaped(dir: &Path, cap: u64) -> (std::path::PathBuf, std::path::PathBuf, f64) {
+    let (train_pq, eval_pq) = (dir.join("train.parquet"), dir.join("eval.parquet"));
     let spec = |rows, seed| rustrec::datagen::GenSpec {
         rows,
-        cap: 10_000,
+        cap,
         seed,
         model_seed: 7,
         row_group_rows: 65_536,
@@ -291,6 +292,13 @@ fn criteo_shaped_data_dlrm_and_wide_and_deep_approach_the_planted_auc() {
     let planted = rustrec::datagen::generate(&eval_pq, &spec(100_000, 2))
         .unwrap()
         .planted_auc;
+    (train_pq, eval_pq, planted)
+}
+
+#[test]
+fn criteo_shaped_data_dlrm_and_wide_and_deep_approach_the_planted_auc() {
+    let data = tempfile::tempdir().unwrap();
+    let (train_pq, eval_pq, planted) = criteo_shaped(data.path(), 10_000);
     // Both land within 0.01 of the planted model after one epoch.
     for config in [
         "samples/dlrm_synthetic.config",
@@ -383,18 +391,7 @@ fn movielens_100k_key_value_tables_against_hashed_tables_of_the_same_memory() {
 #[test]
 fn criteo_shaped_key_value_tables_against_hashed_tables_of_the_same_memory() {
     let data = tempfile::tempdir().unwrap();
-    let (train_pq, eval_pq) = (data.path().join("train.parquet"), data.path().join("eval.parquet"));
-    let spec = |rows, seed| rustrec::datagen::GenSpec {
-        rows,
-        cap: 200_000,
-        seed,
-        model_seed: 7,
-        row_group_rows: 65_536,
-    };
-    rustrec::datagen::generate(&train_pq, &spec(512_000, 1)).unwrap();
-    let planted = rustrec::datagen::generate(&eval_pq, &spec(100_000, 2))
-        .unwrap()
-        .planted_auc;
+    let (train_pq, eval_pq, planted) = criteo_shaped(data.path(), 200_000);
     let sample =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/wide_and_deep_synthetic.config"))
             .unwrap();

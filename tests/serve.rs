@@ -687,14 +687,7 @@ fn follow_updates(kafka: bool) {
             .unwrap()
             .as_nanos();
         let name = format!("test_serve_updates_{}_{nanos}", std::process::id());
-        let input = rustrec::config::kafka_plan::KafkaInput {
-            field: "test",
-            servers: vec![server.clone()],
-            topic: name.clone(),
-            group: String::new(),
-            start: rustrec::config::kafka_plan::KafkaStart::Beginning,
-            client: Default::default(),
-        };
+        let input = rustrec::config::kafka_plan::KafkaInput::of_topic("test", vec![server.clone()], &name);
         let t = rustrec::data::kafka::Topic::connect(&input).unwrap();
         t.create(1).unwrap();
         (t, server, name)

@@ -342,14 +342,7 @@ fn kafka_topic(plan: &TrainingPlan, dir: &Path, rows: usize) -> anyhow::Result<S
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
     let topic = format!("zoo_{}_{nanos}", std::process::id());
-    let input = rustrec::config::kafka_plan::KafkaInput {
-        field: "zoo",
-        servers: vec![common::kafka_server()],
-        topic: topic.clone(),
-        group: String::new(),
-        start: rustrec::config::kafka_plan::KafkaStart::Beginning,
-        client: Default::default(),
-    };
+    let input = rustrec::config::kafka_plan::KafkaInput::of_topic("zoo", vec![common::kafka_server()], &topic);
     let t = rustrec::data::kafka::Topic::connect(&input)?;
     let parts = t.create(2)?;
     let now = chrono::Utc::now().timestamp_millis();

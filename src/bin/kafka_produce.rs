@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use rustrec::config::kafka_plan::{brokers, ClientProps, KafkaInput, KafkaStart};
+use rustrec::config::kafka_plan::{brokers, KafkaInput};
 use rustrec::data::kafka::{Message, Topic};
 
 #[derive(Debug, Parser)]
@@ -57,14 +57,7 @@ struct Args {
 
 fn run(args: Vec<OsString>) -> anyhow::Result<()> {
     let a = Args::try_parse_from(args)?;
-    let input = KafkaInput {
-        field: "--server",
-        servers: brokers("--server", &a.server)?,
-        topic: a.topic.clone(),
-        group: String::new(),
-        start: KafkaStart::Beginning,
-        client: ClientProps::default(),
-    };
+    let input = KafkaInput::of_topic("--server", brokers("--server", &a.server)?, &a.topic);
     let topic = Topic::connect(&input)?;
     let parts = topic.create(a.partitions.max(1))?;
     anyhow::ensure!(!parts.is_empty(), "topic `{}` has no partitions", a.topic);

@@ -165,7 +165,6 @@ impl Parser<'_> {
     }
 
     fn error(&self, at: usize, message: String) -> ExprError {
-        let _ = self.text;
         ExprError { at, message }
     }
 

@@ -164,6 +164,20 @@ pub struct KafkaInput {
 }
 
 impl KafkaInput {
+    /// Topic `topic` at `servers`, read from the beginning with the default
+    /// client properties (tools, tests, the updates' topic); `field` names
+    /// it in messages.
+    pub fn of_topic(field: &'static str, servers: Vec<String>, topic: &str) -> Self {
+        KafkaInput {
+            field,
+            servers,
+            topic: topic.to_string(),
+            group: String::new(),
+            start: KafkaStart::Beginning,
+            client: ClientProps::default(),
+        }
+    }
+
     pub fn from_proto(k: &proto::KafkaServer, field: &'static str) -> Result<Self, ConfigError> {
         let servers = brokers(&format!("{field}.server"), &k.server)?;
         if k.topic.is_empty() {

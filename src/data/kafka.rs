@@ -95,6 +95,9 @@ pub struct Topic {
     rt: tokio::runtime::Runtime,
     client: Client,
     input: KafkaInput,
+    /// Each partition's client, opened once (opening asks the brokers for
+    /// metadata).
+    partitions: std::sync::Mutex<std::collections::HashMap<i32, Arc<PartitionClient>>>,
 }
 
 impl Topic {
@@ -127,6 +130,7 @@ impl Topic {
                 source: Box::new(source),
             })?;
         Ok(Topic {
+            partitions: Default::default(),
             rt,
             client,
             input: input.clone(),
@@ -171,12 +175,36 @@ impl Topic {
         }
     }
 
-    fn partition(&self, p: i32) -> Result<PartitionClient, KafkaError> {
-        self.call(
-            || format!("opening partition {p} of `{}`", self.input.topic),
-            self.client
-                .partition_client(self.input.topic.clone(), p, UnknownTopicHandling::Error),
-        )
+    fn partition(&self, p: i32) -> Result<Arc<PartitionClient>, KafkaError> {
+        let opened = self
+            .partitions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&p)
+            .cloned();
+        if let Some(pc) = opened {
+            return Ok(pc);
+        }
+        let pc = Arc::new(
+            self.call(
+                || format!("opening partition {p} of `{}`", self.input.topic),
+                self.client
+                    .partition_client(self.input.topic.clone(), p, UnknownTopicHandling::Error),
+            )?,
+        );
+        self.partitions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p, pc.clone());
+        Ok(pc)
+    }
+
+    /// The bytes a fetch of one partition asks for: fetch.min.bytes up to
+    /// min(max.partition.fetch.bytes, fetch.max.bytes).
+    fn fetch_bytes(&self) -> std::ops::Range<i32> {
+        let c = &self.input.client;
+        let max_bytes = c.max_partition_fetch_bytes.min(c.fetch_max_bytes.max(1)).max(2);
+        c.fetch_min_bytes.min(max_bytes - 1)..max_bytes
     }
 
     fn offset(&self, pc: &PartitionClient, at: OffsetAt) -> Result<i64, KafkaError> {
@@ -219,7 +247,7 @@ impl Topic {
     pub fn ends(&self, partitions: &[i32]) -> Result<Position, KafkaError> {
         partitions
             .iter()
-            .map(|&p| Ok((p, self.offset(&self.partition(p)?, OffsetAt::Latest)?)))
+            .map(|&p| Ok((p, self.offset(&*self.partition(p)?, OffsetAt::Latest)?)))
             .collect()
     }
 
@@ -233,7 +261,7 @@ impl Topic {
     pub fn read(&self, from: Position, opts: &ReadOpts, mut emit: impl FnMut(Chunk) -> bool) -> Result<(), KafkaError> {
         let clients: Vec<(i32, Arc<PartitionClient>)> = from
             .keys()
-            .map(|&p| Ok((p, Arc::new(self.partition(p)?))))
+            .map(|&p| Ok((p, self.partition(p)?)))
             .collect::<Result<_, KafkaError>>()?;
         let mut position = from;
         let mut rows_out = 0u64;
@@ -241,8 +269,7 @@ impl Topic {
         let mut pending: std::collections::VecDeque<(i32, i64, Vec<u8>)> = Default::default();
         let mut rng = opts.shuffle.map(|(_, seed)| crate::util::Rng::new(seed));
         let c = &self.input.client;
-        let max_bytes = c.max_partition_fetch_bytes.min(c.fetch_max_bytes.max(1)).max(2);
-        let min_bytes = c.fetch_min_bytes.min(max_bytes - 1);
+        let bytes = self.fetch_bytes();
         let at_end = |p: &i32, o: i64| {
             opts.until
                 .as_ref()
@@ -255,9 +282,9 @@ impl Topic {
             if !finished {
                 let mut round = tokio::task::JoinSet::new();
                 for (p, pc) in clients.iter().filter(|(p, _)| !at_end(p, position[p])) {
-                    let (p, pc, at, wait) = (*p, pc.clone(), position[p], c.fetch_wait_max_ms);
+                    let (p, pc, at, wait, bytes) = (*p, pc.clone(), position[p], c.fetch_wait_max_ms, bytes.clone());
                     round.spawn_on(
-                        async move { (p, at, pc.fetch_records(at, min_bytes..max_bytes, wait).await) },
+                        async move { (p, at, pc.fetch_records(at, bytes, wait).await) },
                         self.rt.handle(),
                     );
                 }
@@ -434,8 +461,6 @@ impl Topic {
     /// partition's end.
     pub fn fetch(&self, partition: i32, from: i64) -> Result<(Vec<Message>, i64), KafkaError> {
         let pc = self.partition(partition)?;
-        let c = &self.input.client;
-        let max_bytes = c.max_partition_fetch_bytes.min(c.fetch_max_bytes.max(1)).max(2);
         let (records, high) = self.call(
             || {
                 format!(
@@ -443,7 +468,7 @@ impl Topic {
                     self.input.topic
                 )
             },
-            pc.fetch_records(from, 1..max_bytes, c.fetch_wait_max_ms),
+            pc.fetch_records(from, self.fetch_bytes(), self.input.client.fetch_wait_max_ms),
         )?;
         let messages = records
             .into_iter()

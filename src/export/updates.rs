@@ -173,13 +173,8 @@ struct KafkaUpdates {
 }
 
 impl KafkaUpdates {
-    /// Where reading began.
-    fn topic_start(&self) -> i64 {
-        self.start
-    }
-
     fn connect(k: &crate::config::train_plan::IncrKafka) -> anyhow::Result<Self> {
-        let mut input = crate::train::incr::updates_topic(k);
+        let mut input = crate::train::incr::updates_topic(k)?;
         if !k
             .consumer_props
             .iter()
@@ -300,7 +295,7 @@ fn names_of(path: &Path, key: &str, kafka: Option<&mut KafkaUpdates>) -> anyhow:
             "{} does not exist, and Kafka topic `{}` holds no {key} from offset {} on",
             path.display(),
             k.name,
-            k.topic_start()
+            k.start
         )
     })?;
     let text = std::str::from_utf8(bytes).with_context(|| format!("{key} in Kafka topic `{}` is not text", k.name))?;

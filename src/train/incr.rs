@@ -237,7 +237,7 @@ impl Trainer {
         // Rank 0 writes every update.
         let topic = match config.kafka.as_ref().filter(|_| lead) {
             Some(k) => {
-                let t = crate::data::kafka::Topic::connect(&updates_topic(k))?;
+                let t = crate::data::kafka::Topic::connect(&updates_topic(k)?)?;
                 t.create(1)?;
                 Some(t)
             }
@@ -530,16 +530,14 @@ fn send_parts(topic: &crate::data::kafka::Topic, name: &str, bytes: &[u8], info:
 }
 
 /// The topic of `incr_save_config.kafka` as a client connects to it.
-pub fn updates_topic(k: &crate::config::train_plan::IncrKafka) -> crate::config::kafka_plan::KafkaInput {
-    let mut client = crate::config::kafka_plan::ClientProps::default();
-    // Checked when the config was read.
-    let _ = client.read("incr_save_config.kafka.consumer", &k.consumer_props);
-    crate::config::kafka_plan::KafkaInput {
-        field: "train_config.incr_save_config.kafka",
-        servers: k.servers.clone(),
-        topic: k.topic.clone(),
-        group: String::new(),
-        start: crate::config::kafka_plan::KafkaStart::Offsets([(0, k.consumer_offset)].into()),
-        client,
-    }
+pub fn updates_topic(
+    k: &crate::config::train_plan::IncrKafka,
+) -> Result<crate::config::kafka_plan::KafkaInput, crate::config::ConfigError> {
+    let field = "train_config.incr_save_config.kafka";
+    let mut input = crate::config::kafka_plan::KafkaInput::of_topic(field, k.servers.clone(), &k.topic);
+    input.start = crate::config::kafka_plan::KafkaStart::Offsets([(0, k.consumer_offset)].into());
+    input
+        .client
+        .read("train_config.incr_save_config.kafka.consumer", &k.consumer_props)?;
+    Ok(input)
 }

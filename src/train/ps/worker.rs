@@ -69,27 +69,19 @@ impl Worker {
                     }
                 },
             };
-            let Some(batch) = fed.batch.as_ref() else {
-                // The topic is quiet: server 0 says whether to pause or end.
-                match self.idle(t)? {
-                    State::Go => continue,
-                    State::Pause => {
-                        self.leave(t, false);
-                        return Ok(false);
-                    }
-                    State::End => {
-                        self.leave(t, true);
-                        break;
-                    }
-                }
+            // A batch asks the servers for its rows; a quiet topic (no
+            // batch) asks server 0 only whether to go on waiting.
+            let state = match fed.batch.as_ref() {
+                None => self.idle(t)?,
+                Some(b) if b.examples() == 0 => continue,
+                Some(b) => self.pull(t, b)?,
             };
-            if batch.examples() == 0 {
-                continue;
-            }
-            match self.pull(t, batch)? {
+            match state {
                 State::Go => {}
                 State::Pause => {
-                    self.pending = Some(fed);
+                    if fed.batch.is_some() {
+                        self.pending = Some(fed);
+                    }
                     self.leave(t, false);
                     return Ok(false);
                 }
@@ -98,6 +90,9 @@ impl Worker {
                     break;
                 }
             }
+            let Some(batch) = fed.batch.as_ref() else {
+                continue;
+            };
             let computed = self.compute(t, batch);
             self.push(t, computed, batch.examples() as u64)?;
             self.samples += batch.size as u64;
