@@ -3,7 +3,8 @@
 //! descriptor set so the config loader can reflect over the same schema.
 //! The ONNX schema is compiled the same way, for the exporter, and the
 //! entries of TensorFlow's checkpoint index, for reading EasyRec's checkpoints,
-//! and the parameter-server messages of asynchronous training.
+//! the parameter-server messages of asynchronous training, and the gRPC
+//! services of `serve` (TF Serving's and KServe v2's, with tonic).
 
 use std::path::PathBuf;
 
@@ -29,15 +30,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     prost_build::Config::new().out_dir(&out_dir).compile_fds(onnx)?;
 
     // TensorFlow's checkpoint index entries, to read EasyRec's checkpoints,
-    // and tf.Example, to read TFRecord input (one package, one module).
+    // tf.Example, to read TFRecord input, and TF Serving's gRPC API with the
+    // tensors it carries, for `serve` (one package, one module, compiled
+    // together so that neither half overwrites the other's module).
     let tensorflow = protox::compile(
         [
             proto_dir.join("tensorflow/tensor_bundle.proto"),
             proto_dir.join("tensorflow/example.proto"),
+            proto_dir.join("tensorflow/tensor.proto"),
+            proto_dir.join("tensorflow/meta_graph.proto"),
+            proto_dir.join("tensorflow_serving/apis.proto"),
         ],
         [&proto_dir],
     )?;
-    prost_build::Config::new().out_dir(&out_dir).compile_fds(tensorflow)?;
+    tonic_prost_build::configure()
+        .out_dir(&out_dir)
+        .emit_rerun_if_changed(false)
+        .compile_fds(tensorflow)?;
+
+    // KServe's v2 gRPC protocol with Triton's extensions, for `serve`.
+    let kserve = protox::compile([proto_dir.join("inference/grpc_service.proto")], [&proto_dir])?;
+    tonic_prost_build::configure()
+        .out_dir(&out_dir)
+        .emit_rerun_if_changed(false)
+        .compile_fds(kserve)?;
 
     // The messages between workers and servers of asynchronous training.
     let ps = protox::compile([proto_dir.join("rustrec/ps.proto")], [&proto_dir])?;

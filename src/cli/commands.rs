@@ -377,6 +377,13 @@ pub fn serve(args: Vec<OsString>) -> anyhow::Result<()> {
     if args.enable_batching && args.max_batch_size == 0 {
         return Err(UserError("--max_batch_size must be at least 1 with --enable_batching".into()).into());
     }
+    if args.num_versions == 0 {
+        return Err(UserError("--num_versions must be at least 1".into()).into());
+    }
+    let labels = match &args.version_labels {
+        Some(text) => parse_version_labels(text)?,
+        None => Default::default(),
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let opts = ServeOptions {
         model_dir: args.model_dir.clone(),
@@ -389,14 +396,42 @@ pub fn serve(args: Vec<OsString>) -> anyhow::Result<()> {
         },
         poll: std::time::Duration::from_secs_f64(args.file_system_poll_wait_seconds),
         max_request_bytes: args.max_request_bytes,
+        num_versions: args.num_versions,
+        labels,
+        grpc_addr: args.grpc_port.map(|p| std::net::SocketAddr::new(args.host, p)),
     };
-    crate::serve::run(opts, |addr| {
+    crate::serve::run(opts, |protocol, addr| {
         use std::io::Write;
-        // One line on stdout for scripts (and tests) that asked for port 0.
+        // A line on stdout for scripts (and tests) that asked for port 0:
+        // `listening on ADDR` (HTTP), then `grpc listening on ADDR`.
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "listening on {addr}");
+        let _ = match protocol {
+            "http" => writeln!(out, "listening on {addr}"),
+            other => writeln!(out, "{other} listening on {addr}"),
+        };
         let _ = out.flush();
     })
+}
+
+/// `--version_labels`: `label=version` pairs separated by commas.
+fn parse_version_labels(text: &str) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let mut labels = std::collections::BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parsed = pair
+            .split_once('=')
+            .and_then(|(l, v)| Some((l.trim(), v.trim().parse::<u64>().ok()?)))
+            .filter(|(l, _)| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)));
+        let Some((label, version)) = parsed else {
+            return Err(UserError(format!(
+                "--version_labels: `{pair}` is not LABEL=VERSION (a name of letters, digits, `_`, `-` or `.`, and a version number)"
+            ))
+            .into());
+        };
+        if labels.insert(label.to_string(), version).is_some() {
+            return Err(UserError(format!("--version_labels names `{label}` twice")).into());
+        }
+    }
+    Ok(labels)
 }
 
 pub fn inspect_checkpoint(args: Vec<OsString>) -> anyhow::Result<()> {

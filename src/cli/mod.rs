@@ -252,6 +252,20 @@ pub struct ServeArgs {
     /// Request bodies larger than this are refused (413).
     #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
     pub max_request_bytes: usize,
+    /// The gRPC port (TF Serving's PredictionService and ModelService,
+    /// KServe v2's GRPCInferenceService; 0: any free port, printed when
+    /// listening). No gRPC unless given; TF Serving's convention is 8500.
+    #[arg(long, value_name = "PORT")]
+    pub grpc_port: Option<u16>,
+    /// How many of the newest loadable versions are served at once (TF
+    /// Serving's `latest { num_versions }` version policy).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub num_versions: usize,
+    /// Names for versions, as TF Serving's `version_labels`:
+    /// `stable=1700000000,canary=1700000500`; asked for with
+    /// /v1/models/NAME/labels/LABEL or a gRPC `version_label`.
+    #[arg(long, value_name = "LABEL=VERSION,...")]
+    pub version_labels: Option<String>,
 }
 
 #[derive(Debug, Parser)]

@@ -60,7 +60,8 @@ pub fn parse(body: &[u8], header_len: usize) -> Result<Value, BadRequest> {
     Ok(v)
 }
 
-fn decode(name: &str, datatype: &str, data: &[u8]) -> Result<Vec<Value>, BadRequest> {
+/// One input's raw data as JSON values, by its v2 datatype.
+pub fn decode(name: &str, datatype: &str, data: &[u8]) -> Result<Vec<Value>, BadRequest> {
     let fixed = |width: usize| -> Result<std::slice::ChunksExact<'_, u8>, BadRequest> {
         if !data.len().is_multiple_of(width) {
             return Err(BadRequest(format!(

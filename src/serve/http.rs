@@ -14,24 +14,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use serde_json::{json, Map, Value};
-use tokio::sync::oneshot;
 
-use super::batcher::{Job, Scheduler, ScoreError};
-use super::metrics::Metrics;
+pub use super::app::App;
+use super::app::{output_columns, output_names, ApiError, Selector};
 use super::request::{self, BadRequest, Form};
-use super::{Registry, Served, VersionState};
+use super::{Served, VersionState};
 use crate::config::data_plan::ColumnType;
-use crate::data::RawBatch;
-use crate::model::{score_columns, TaskScores};
-
-pub struct App {
-    pub name: String,
-    pub registry: Arc<Registry>,
-    pub scheduler: Scheduler,
-    pub metrics: Arc<Metrics>,
-    /// The largest request body read (`--max_request_bytes`).
-    pub max_request_bytes: usize,
-}
 
 /// How far past `max_request_bytes` a refused body is still read (and
 /// dropped), so that its client finishes sending and reads the 413 rather
@@ -54,16 +42,6 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// A refusal: its status code and message.
-#[derive(Debug)]
-struct ApiError(StatusCode, String);
-
-impl From<BadRequest> for ApiError {
-    fn from(e: BadRequest) -> Self {
-        ApiError(StatusCode::BAD_REQUEST, e.0)
-    }
-}
-
 fn json_response(code: StatusCode, body: &Value) -> Response {
     (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
@@ -82,41 +60,6 @@ impl App {
         };
         self.metrics.request(endpoint, code.as_u16(), start.elapsed());
         json_response(code, &body)
-    }
-
-    /// The served version, if it is the one asked for (any when `None`).
-    fn model(&self, name: &str, version: Option<&str>) -> Result<Arc<Served>, ApiError> {
-        if name != self.name {
-            return Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!("model `{name}` is not served here (this server serves `{}`)", self.name),
-            ));
-        }
-        let served = self.registry.current();
-        match version {
-            Some(v) if v != served.version.to_string() => Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "version {v} of `{name}` is not available: version {} is served",
-                    served.version
-                ),
-            )),
-            _ => Ok(served),
-        }
-    }
-
-    async fn score(&self, model: Arc<Served>, raw: RawBatch) -> Result<Vec<TaskScores>, ApiError> {
-        let (reply, rx) = oneshot::channel();
-        self.scheduler.submit(Job { model, raw, reply });
-        match rx.await {
-            Ok(Ok(scores)) => Ok(scores),
-            Ok(Err(ScoreError::Input(msg))) => Err(ApiError(StatusCode::BAD_REQUEST, msg)),
-            Ok(Err(ScoreError::Internal(msg))) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, msg)),
-            Err(_) => Err(ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the scoring thread dropped the request (a bug in rustrec)".into(),
-            )),
-        }
     }
 }
 
@@ -166,30 +109,25 @@ async fn read_body(mut body: Body, max: usize) -> Result<Vec<u8>, ApiError> {
     Ok(data)
 }
 
-/// `name`, `name/versions/v` (with an optional suffix after it, such as
-/// `metadata` or `ready`): the name, the version and the suffix.
-fn model_path(rest: &str) -> Option<(&str, Option<&str>, Option<&str>)> {
+/// `name`, `name/versions/v` or `name/labels/l`, with an optional suffix
+/// (`metadata`, `ready`, ...): the name, the version asked for and the
+/// suffix.
+fn model_path(rest: &str) -> Option<(&str, Selector<'_>, Option<&str>)> {
     let parts: Vec<&str> = rest.split('/').collect();
     match parts[..] {
-        [name] if !name.is_empty() => Some((name, None, None)),
-        [name, "versions", v] => Some((name, Some(v), None)),
-        [name, suffix] => Some((name, None, Some(suffix))),
-        [name, "versions", v, suffix] => Some((name, Some(v), Some(suffix))),
+        [""] | ["", ..] => None,
+        [name] => Some((name, Selector::Latest, None)),
+        [name, "versions", v] => Some((name, Selector::Version(v), None)),
+        [name, "labels", l] => Some((name, Selector::Label(l), None)),
+        [name, suffix] => Some((name, Selector::Latest, Some(suffix))),
+        [name, "versions", v, suffix] => Some((name, Selector::Version(v), Some(suffix))),
+        [name, "labels", l, suffix] => Some((name, Selector::Label(l), Some(suffix))),
         _ => None,
     }
 }
 
 fn unknown_path(path: &str) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, format!("no such endpoint: {path}"))
-}
-
-/// Output names in the graph's order: per task its logits, then its scores.
-fn output_names(served: &Served) -> Vec<String> {
-    served.model.plan.model.tasks.iter().flat_map(score_columns).collect()
-}
-
-fn output_columns(scores: &[TaskScores]) -> Vec<Vec<f32>> {
-    scores.iter().flat_map(TaskScores::columns).collect()
 }
 
 /// A score as JSON, written with the digits that identify the f32 (0.4455813
@@ -211,10 +149,12 @@ fn f32_list(xs: &[f32]) -> Value {
 async fn v1_get(State(app): Shared, Path(rest): Path<String>) -> Response {
     let start = Instant::now();
     let (endpoint, result) = match model_path(&rest) {
-        Some((name, version, None)) => ("status", app.model(name, version).map(|s| tf_status(&app, &s, version))),
-        Some((name, version, Some("metadata"))) => {
-            ("metadata", app.model(name, version).map(|s| tf_metadata(&app, &s)))
-        }
+        Some((name, which, None)) => (
+            "status",
+            app.model(name, which)
+                .map(|s| tf_status(&app, &s, !matches!(which, Selector::Latest))),
+        ),
+        Some((name, which, Some("metadata"))) => ("metadata", app.model(name, which).map(|s| tf_metadata(&app, &s))),
         _ => ("other", Err(unknown_path(&format!("GET /v1/models/{rest}")))),
     };
     app.finish(endpoint, start, result)
@@ -226,7 +166,7 @@ async fn v1_post(State(app): Shared, Path(rest): Path<String>, body: Body) -> Re
         return app.finish("other", start, Err(unknown_path(&format!("POST /v1/models/{rest}"))));
     };
     let result = match (model_path(target), method) {
-        (Some((name, version, None)), "predict") => tf_predict(&app, name, version, body).await,
+        (Some((name, which, None)), "predict") => tf_predict(&app, name, which, body).await,
         (Some(_), "classify" | "regress") => Err(ApiError(
             StatusCode::BAD_REQUEST,
             format!(":{method} takes tf.Example protos, which this server does not read: use :predict"),
@@ -236,8 +176,8 @@ async fn v1_post(State(app): Shared, Path(rest): Path<String>, body: Body) -> Re
     app.finish("predict", start, result)
 }
 
-async fn tf_predict(app: &App, name: &str, version: Option<&str>, body: Body) -> Result<Value, ApiError> {
-    let served = app.model(name, version)?;
+async fn tf_predict(app: &App, name: &str, which: Selector<'_>, body: Body) -> Result<Value, ApiError> {
+    let served = app.model(name, which)?;
     let body = parse_body(body, app.max_request_bytes).await?;
     let (raw, form) = request::tf_serving(&body, &served.model)?;
     let rows = raw.num_rows;
@@ -268,12 +208,12 @@ async fn tf_predict(app: &App, name: &str, version: Option<&str>, body: Body) ->
 
 /// TF Serving's status: the version asked for, or every version seen
 /// (newest first) with its load state and, for a failed load, its error.
-fn tf_status(app: &App, served: &Served, asked: Option<&str>) -> Value {
+fn tf_status(app: &App, served: &Served, asked: bool) -> Value {
     let list: Vec<Value> = app
         .registry
         .states()
         .into_iter()
-        .filter(|(v, _)| asked.is_none() || *v == served.version)
+        .filter(|(v, _)| !asked || *v == served.version)
         .map(|(v, st)| {
             let (state, code, message) = match st {
                 VersionState::Loading => ("LOADING", "OK", String::new()),
@@ -340,20 +280,66 @@ async fn health(State(app): Shared) -> Response {
     app.finish("health", Instant::now(), Ok(json!({})))
 }
 
+/// The KServe v2 / Triton extensions this server answers.
+pub const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+];
+
 async fn v2_server(State(app): Shared) -> Response {
     let body = json!({
         "name": "rustrec",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+        "extensions": EXTENSIONS
     });
     app.finish("metadata", Instant::now(), Ok(body))
 }
 
-/// Triton's repository index: the model, its served version, READY.
-async fn v2_index(State(app): Shared) -> Response {
-    let served = app.registry.current();
-    let body = json!([{ "name": app.name, "version": served.version.to_string(), "state": "READY", "reason": "" }]);
-    app.finish("metadata", Instant::now(), Ok(body))
+/// Triton's repository index: every version seen with its state (READY
+/// when served), or only the served ones when the body asks `ready`.
+async fn v2_index(State(app): Shared, body: Body) -> Response {
+    let start = Instant::now();
+    let result = parse_body_or_empty(body, app.max_request_bytes).await.map(|req| {
+        let ready_only = req.get("ready").and_then(Value::as_bool).unwrap_or(false);
+        let list: Vec<Value> = repository_index(&app, ready_only)
+            .into_iter()
+            .map(|(version, state, reason)| json!({ "name": app.name, "version": version, "state": state, "reason": reason }))
+            .collect();
+        Value::Array(list)
+    });
+    app.finish("metadata", start, result)
+}
+
+/// The repository index's entries: version, state, reason.
+pub fn repository_index(app: &App, ready_only: bool) -> Vec<(String, &'static str, String)> {
+    app.registry
+        .states()
+        .into_iter()
+        .map(|(v, st)| match st {
+            VersionState::Available => (v, "READY", String::new()),
+            VersionState::Loading => (v, "LOADING", String::new()),
+            VersionState::End(None) => (v, "UNAVAILABLE", "unloaded".to_string()),
+            VersionState::End(Some(e)) => (v, "UNAVAILABLE", e),
+        })
+        .filter(|(_, state, _)| !ready_only || *state == "READY")
+        .map(|(v, state, reason)| (v.to_string(), state, reason))
+        .collect()
+}
+
+/// A body that may be empty (an empty object then).
+async fn parse_body_or_empty(body: Body, max: usize) -> Result<Value, ApiError> {
+    let data = read_body(body, max).await?;
+    if data.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(&data).map_err(|e| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not valid JSON: {e}"),
+        )
+    })
 }
 
 /// Triton's statistics of every model (this server's one).
@@ -408,7 +394,7 @@ fn v2_config(app: &App, served: &Served) -> Value {
         "name": app.name,
         "platform": "onnxruntime_onnx",
         "backend": "rustrec",
-        "version_policy": { "latest": { "num_versions": 1 } },
+        "version_policy": { "latest": { "num_versions": app.num_versions } },
         "max_batch_size": 0,
         "input": inputs,
         "output": outputs,
@@ -419,10 +405,10 @@ fn v2_config(app: &App, served: &Served) -> Value {
 async fn v2_get(State(app): Shared, Path(rest): Path<String>) -> Response {
     let start = Instant::now();
     let (endpoint, result) = match model_path(&rest) {
-        Some((name, version, None)) => ("metadata", app.model(name, version).map(|s| v2_metadata(&app, &s))),
-        Some((name, version, Some("ready"))) => ("health", app.model(name, version).map(|_| json!({}))),
-        Some((name, version, Some("config"))) => ("metadata", app.model(name, version).map(|s| v2_config(&app, &s))),
-        Some((name, version, Some("stats"))) => ("metadata", app.model(name, version).map(|s| v2_stats(&app, &s))),
+        Some((name, which, None)) => ("metadata", app.model(name, which).map(|s| v2_metadata(&app, &s))),
+        Some((name, which, Some("ready"))) => ("health", app.model(name, which).map(|_| json!({}))),
+        Some((name, which, Some("config"))) => ("metadata", app.model(name, which).map(|s| v2_config(&app, &s))),
+        Some((name, which, Some("stats"))) => ("metadata", app.model(name, which).map(|s| v2_stats(&app, &s))),
         _ => ("other", Err(unknown_path(&format!("GET /v2/models/{rest}")))),
     };
     app.finish(endpoint, start, result)
@@ -431,7 +417,7 @@ async fn v2_get(State(app): Shared, Path(rest): Path<String>) -> Response {
 async fn v2_post(State(app): Shared, Path(rest): Path<String>, headers: axum::http::HeaderMap, body: Body) -> Response {
     let start = Instant::now();
     let result = match model_path(&rest) {
-        Some((name, version, Some("infer"))) => v2_infer(&app, (name, version), &headers, body).await,
+        Some((name, which, Some("infer"))) => v2_infer(&app, (name, which), &headers, body).await,
         _ => Err(unknown_path(&format!("POST /v2/models/{rest}"))),
     };
     app.metrics.inference(result.is_ok(), start.elapsed());
@@ -464,11 +450,11 @@ async fn v2_post(State(app): Shared, Path(rest): Path<String>, headers: axum::ht
 /// data of the outputs asked for that way.
 async fn v2_infer(
     app: &App,
-    (name, version): (&str, Option<&str>),
+    (name, which): (&str, Selector<'_>),
     headers: &axum::http::HeaderMap,
     body: Body,
 ) -> Result<(Value, Vec<u8>), ApiError> {
-    let served = app.model(name, version)?;
+    let served = app.model(name, which)?;
     let binary_header = headers
         .get(super::binary::HEADER)
         .map(|h| {
@@ -485,42 +471,24 @@ async fn v2_infer(
     if !body.is_object() {
         return Err(BadRequest("the request body must be a JSON object".into()).into());
     }
-    let names = output_names(&served);
-    // The outputs asked for, by name; all when the request names none.
-    let wanted: Vec<String> = match body.get("outputs") {
-        None | Some(Value::Null) => names.clone(),
-        Some(Value::Array(list)) => list
-            .iter()
-            .map(|o| match o.get("name").and_then(Value::as_str) {
-                Some(n) if names.iter().any(|m| m == n) => Ok(n.to_string()),
-                Some(n) => Err(BadRequest(format!(
-                    "output `{n}` is not an output of this model ({})",
-                    names.join(", ")
-                ))),
-                None => Err(BadRequest("each of `outputs` needs a `name` string".into())),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(BadRequest("`outputs` must be a list of {\"name\": ...} objects".into()).into()),
-    };
-    let raw = request::kserve_v2(&body, &served.model)?;
-    let rows = raw.num_rows;
-    let scores = app.score(served.clone(), raw).await?;
-    let cols = output_columns(&scores);
+    let answer = app.infer_v2(served, &body).await?;
     let mut binary = Vec::new();
-    let outputs: Vec<Value> = wanted
+    let outputs: Vec<Value> = answer
+        .outputs
         .iter()
-        .map(|w| {
-            let i = names.iter().position(|n| n == w).expect("checked above");
-            if super::binary::wants_binary(&body, w) {
+        .map(|(name, values)| {
+            let rows = answer.rows;
+            if super::binary::wants_binary(&body, name) {
                 let before = binary.len();
-                binary.extend(cols[i].iter().flat_map(|x| x.to_le_bytes()));
+                binary.extend(values.iter().flat_map(|x| x.to_le_bytes()));
                 let size = binary.len() - before;
-                json!({ "name": w, "datatype": "FP32", "shape": [rows], "parameters": { "binary_data_size": size } })
+                json!({ "name": name, "datatype": "FP32", "shape": [rows], "parameters": { "binary_data_size": size } })
             } else {
-                json!({ "name": w, "datatype": "FP32", "shape": [rows], "data": f32_list(&cols[i]) })
+                json!({ "name": name, "datatype": "FP32", "shape": [rows], "data": f32_list(values) })
             }
         })
         .collect();
+    let served = answer.served;
     let mut answer = json!({
         "model_name": app.name,
         "model_version": served.version.to_string(),
@@ -532,7 +500,7 @@ async fn v2_infer(
     Ok((answer, binary))
 }
 
-fn v2_datatype(ty: ColumnType) -> &'static str {
+pub fn v2_datatype(ty: ColumnType) -> &'static str {
     match ty {
         ColumnType::Int => "INT64",
         ColumnType::Float => "FP64",
@@ -552,7 +520,7 @@ fn v2_metadata(app: &App, served: &Served) -> Value {
         .collect();
     json!({
         "name": app.name,
-        "versions": [served.version.to_string()],
+        "versions": app.registry.versions().iter().map(u64::to_string).collect::<Vec<_>>(),
         "platform": "onnx",
         "parameters": { "global_step": served.step },
         "inputs": inputs,

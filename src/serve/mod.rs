@@ -7,12 +7,15 @@
 //! in the background and swaps them in; a version that fails to load is
 //! logged and the old one keeps serving.
 
+pub mod app;
 pub mod batcher;
 pub mod binary;
+pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod request;
 
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -84,20 +87,23 @@ pub enum VersionState {
     End(Option<String>),
 }
 
-/// The version being served, swapped whole when a new one is loaded:
-/// requests hold the `Arc` they started with until they are answered. Also
-/// the load state of every version seen.
+/// The versions being served, each swapped whole when it is replaced
+/// (requests hold the `Arc` they started with until they are answered),
+/// the load state of every version seen, and the version labels. Never
+/// empty: the newest served version answers requests that name none.
 pub struct Registry {
-    current: RwLock<Arc<Served>>,
-    states: RwLock<std::collections::BTreeMap<u64, VersionState>>,
+    served: RwLock<BTreeMap<u64, Arc<Served>>>,
+    states: RwLock<BTreeMap<u64, VersionState>>,
+    labels: BTreeMap<String, u64>,
 }
 
 impl Registry {
-    pub fn new(first: Served) -> Self {
-        let states = std::collections::BTreeMap::from([(first.version, VersionState::Available)]);
+    pub fn new(first: Served, labels: BTreeMap<String, u64>) -> Self {
+        let states = BTreeMap::from([(first.version, VersionState::Available)]);
         Registry {
-            current: RwLock::new(Arc::new(first)),
+            served: RwLock::new(BTreeMap::from([(first.version, Arc::new(first))])),
             states: RwLock::new(states),
+            labels,
         }
     }
 
@@ -114,12 +120,62 @@ impl Registry {
         s.iter().rev().map(|(v, st)| (*v, st.clone())).collect()
     }
 
+    /// The newest version served.
     pub fn current(&self) -> Arc<Served> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        let served = self.served.read().unwrap_or_else(|e| e.into_inner());
+        served.values().next_back().expect("a registry is never empty").clone()
     }
 
-    fn swap(&self, next: Served) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    /// Version `version`, if it is served.
+    pub fn get(&self, version: u64) -> Option<Arc<Served>> {
+        self.served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&version)
+            .cloned()
+    }
+
+    /// The versions served, newest first.
+    pub fn versions(&self) -> Vec<u64> {
+        let served = self.served.read().unwrap_or_else(|e| e.into_inner());
+        served.keys().rev().copied().collect()
+    }
+
+    /// The version a label (`--version_labels`) names.
+    pub fn label(&self, label: &str) -> Option<u64> {
+        self.labels.get(label).copied()
+    }
+
+    pub fn labels(&self) -> &BTreeMap<String, u64> {
+        &self.labels
+    }
+
+    /// Serves `next` (in place of the same version, if served).
+    fn insert(&self, next: Served) {
+        let version = next.version;
+        self.served
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(version, Arc::new(next));
+        self.set_state(version, VersionState::Available);
+    }
+
+    /// Replaces a served version by its updated self; nothing if it was
+    /// unloaded meanwhile.
+    fn replace(&self, next: Served) {
+        let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = served.get_mut(&next.version) {
+            *slot = Arc::new(next);
+        }
+    }
+
+    /// Stops serving `version`, unless it is the last one served.
+    fn unload(&self, version: u64) {
+        let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
+        if served.len() > 1 && served.remove(&version).is_some() {
+            drop(served);
+            self.set_state(version, VersionState::End(None));
+        }
     }
 }
 
@@ -134,15 +190,20 @@ pub struct ServeOptions {
     /// turns reloading off.
     pub poll: Duration,
     pub max_request_bytes: usize,
+    /// How many of the newest loadable versions are served at once (TF
+    /// Serving's `latest { num_versions }` policy); at least 1.
+    pub num_versions: usize,
+    /// Names for versions (`/labels/NAME`, `version_label`).
+    pub labels: BTreeMap<String, u64>,
+    /// Where gRPC is served, if anywhere.
+    pub grpc_addr: Option<SocketAddr>,
 }
 
-/// Loads the newest version, starts the watcher and the scoring threads and
-/// serves until SIGINT or SIGTERM. `bound` is told the listening address.
-pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
-    let first = Served::load(&opts.model_dir).map_err(|e| ServeError::Load {
-        dir: opts.model_dir.clone(),
-        message: format!("{e:#}"),
-    })?;
+/// Loads the newest loadable version, starts the watcher and the scoring
+/// threads and serves until SIGINT or SIGTERM. `bound` is told the HTTP
+/// address, then the gRPC one (if served).
+pub fn run(opts: ServeOptions, bound: impl Fn(&str, SocketAddr)) -> anyhow::Result<()> {
+    let first = load_first(&opts.model_dir)?;
     log::info!(
         "loaded `{}` version {} from {}",
         opts.model_name,
@@ -156,21 +217,29 @@ pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result
     if let Some(u) = &first.updates {
         log::info!("following the training job's incremental updates in {}", u.describe());
     }
-    let registry = Arc::new(Registry::new(first));
+    let registry = Arc::new(Registry::new(first, opts.labels.clone()));
     if (versioned || follows) && !opts.poll.is_zero() {
-        let (reg, m, root, poll) = (registry.clone(), metrics.clone(), opts.model_dir.clone(), opts.poll);
+        let watcher = Watcher {
+            root: opts.model_dir.clone(),
+            versioned,
+            keep: opts.num_versions.max(1),
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+        };
+        let poll = opts.poll;
         std::thread::Builder::new()
             .name("reload".into())
-            .spawn(move || watch(&root, versioned, &reg, &m, poll))
+            .spawn(move || watcher.run(poll))
             .context("cannot start the reload thread")?;
     }
     let scheduler = batcher::Scheduler::start(opts.batching.clone(), metrics.clone());
-    let app = Arc::new(http::App {
+    let app = Arc::new(app::App {
         name: opts.model_name.clone(),
         registry,
         scheduler,
         metrics,
         max_request_bytes: opts.max_request_bytes,
+        num_versions: opts.num_versions.max(1),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -178,20 +247,61 @@ pub fn run(opts: ServeOptions, bound: impl FnOnce(SocketAddr)) -> anyhow::Result
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(opts.addr)
-            .await
-            .map_err(|source| ServeError::Listen {
-                addr: opts.addr,
-                source,
-            })?;
+        let listen = |addr: SocketAddr| async move {
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Listen { addr, source })
+        };
+        let listener = listen(opts.addr).await?;
         let local = listener.local_addr()?;
         log::info!("serving `{}` on http://{local}", opts.model_name);
-        bound(local);
+        bound("http", local);
+        let grpc = match opts.grpc_addr {
+            Some(addr) => {
+                let listener = listen(addr).await?;
+                let local = listener.local_addr()?;
+                log::info!("serving `{}` over gRPC on {local}", opts.model_name);
+                bound("grpc", local);
+                Some(tokio::spawn(grpc::serve(app.clone(), listener, shutdown())))
+            }
+            None => None,
+        };
         axum::serve(listener, http::router(app))
             .with_graceful_shutdown(shutdown())
             .await
-            .context("the HTTP server failed")
+            .context("the HTTP server failed")?;
+        if let Some(grpc) = grpc {
+            grpc.await.context("the gRPC server stopped")??;
+        }
+        Ok(())
     })
+}
+
+/// The export to serve first: `dir` itself if it is one, else its newest
+/// version that loads (a newer one that does not is logged and tried again
+/// by the watcher).
+fn load_first(dir: &Path) -> Result<Served, ServeError> {
+    let failed = |message: String| ServeError::Load {
+        dir: dir.to_path_buf(),
+        message,
+    };
+    let versions = crate::export::list_exports(dir).map_err(|e| failed(format!("{e:#}")))?;
+    if versions.is_empty() {
+        return Served::load(dir).map_err(|e| failed(format!("{e:#}")));
+    }
+    let mut errors = Vec::new();
+    for v in versions.iter().rev() {
+        match Served::load(v) {
+            Ok(s) => {
+                for e in &errors {
+                    log::error!("{e}");
+                }
+                return Ok(s);
+            }
+            Err(e) => errors.push(format!("version {} failed to load: {e:#}", v.display())),
+        }
+    }
+    Err(failed(errors.join("; ")))
 }
 
 async fn shutdown() {
@@ -248,34 +358,53 @@ fn newest_change(dir: &Path) -> Option<std::time::SystemTime> {
     newest
 }
 
-/// Checks `root` every `poll` for versions newer than the one served, as
-/// TF Serving's version policy does: the newest one that loads is swapped
-/// in; a folder still being written (changed within `QUIET`) waits; a
-/// version that fails to load is logged, marked in the status endpoint and
-/// tried again with a growing wait, or at once when its files change. The
-/// incremental updates of the served export's job are applied (`follow`).
-fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::Metrics, poll: Duration) {
-    let mut failed: std::collections::HashMap<PathBuf, Failure> = std::collections::HashMap::new();
-    let mut live: Option<(u64, LiveModel)> = None;
-    let mut bad_updates: Vec<String> = Vec::new();
-    loop {
-        std::thread::sleep(poll);
-        follow(registry, metrics, &mut live, &mut bad_updates);
-        if !versioned {
-            continue;
-        }
-        let all = match crate::export::list_exports(root) {
-            Ok(all) => all,
-            Err(e) => {
-                log::warn!("cannot list versions under {}: {e:#}", root.display());
+/// What the reload thread watches and where it puts what it loads.
+struct Watcher {
+    root: PathBuf,
+    versioned: bool,
+    /// How many of the newest loadable versions are served.
+    keep: usize,
+    registry: Arc<Registry>,
+    metrics: Arc<metrics::Metrics>,
+}
+
+impl Watcher {
+    /// Every `poll`: applies the newest served export's incremental updates
+    /// (`follow`) and, as TF Serving's latest-N version policy does, serves
+    /// the `keep` newest versions that load. A folder still being written
+    /// (changed within `QUIET`) waits; a version that fails to load is
+    /// logged, marked in the status endpoint and tried again with a growing
+    /// wait, or at once when its files change; a version beyond the newest
+    /// `keep` served ones, or whose folder is gone, is unloaded (the last
+    /// one served never is).
+    fn run(self, poll: Duration) {
+        let mut failed: HashMap<PathBuf, Failure> = HashMap::new();
+        let mut live: Option<(u64, LiveModel)> = None;
+        let mut bad_updates: Vec<String> = Vec::new();
+        loop {
+            std::thread::sleep(poll);
+            follow(&self.registry, &self.metrics, &mut live, &mut bad_updates);
+            if !self.versioned {
                 continue;
             }
-        };
-        let served = registry.current().version;
+            match crate::export::list_exports(&self.root) {
+                Ok(all) => self.reconcile(&all, &mut failed),
+                Err(e) => log::warn!("cannot list versions under {}: {e:#}", self.root.display()),
+            }
+        }
+    }
+
+    fn reconcile(&self, all: &[PathBuf], failed: &mut HashMap<PathBuf, Failure>) {
+        let served = self.registry.versions();
+        let mut keep: Vec<u64> = Vec::new();
         for dir in all.iter().rev() {
-            let Some(version) = version_of(dir) else { continue };
-            if version <= served {
+            if keep.len() == self.keep {
                 break;
+            }
+            let Some(version) = version_of(dir) else { continue };
+            if served.contains(&version) {
+                keep.push(version);
+                continue;
             }
             let changed = newest_change(dir);
             if changed.is_some_and(|t| t.elapsed().unwrap_or_default() < QUIET) {
@@ -286,28 +415,25 @@ fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::M
                     continue;
                 }
             }
-            registry.set_state(version, VersionState::Loading);
+            self.registry.set_state(version, VersionState::Loading);
             match Served::load(dir) {
                 Ok(next) => {
                     log::info!("serving version {version} from {}", dir.display());
-                    metrics.serving(version, next.step);
-                    registry.set_state(version, VersionState::Available);
-                    registry.set_state(served, VersionState::End(None));
-                    registry.swap(next);
+                    self.registry.insert(next);
                     failed.remove(dir);
-                    live = None;
-                    break;
+                    keep.push(version);
                 }
                 Err(e) => {
                     let wait = failed.get(dir).map_or(RETRY_FIRST, |f| (f.wait * 2).min(RETRY_MAX));
                     log::error!(
-                        "version {version} ({}) failed to load and is not served (tried again in {}s, or when its files \
-                         change); version {served} stays: {e:#}",
+                        "version {version} ({}) failed to load and is not served (tried again in {}s, or when its \
+                         files change): {e:#}",
                         dir.display(),
                         wait.as_secs()
                     );
-                    metrics.load_failed();
-                    registry.set_state(version, VersionState::End(Some(format!("{e:#}"))));
+                    self.metrics.load_failed();
+                    self.registry
+                        .set_state(version, VersionState::End(Some(format!("{e:#}"))));
                     failed.insert(
                         dir.clone(),
                         Failure {
@@ -319,6 +445,17 @@ fn watch(root: &Path, versioned: bool, registry: &Registry, metrics: &metrics::M
                 }
             }
         }
+        if keep.is_empty() {
+            return; // nothing loadable: what is served stays
+        }
+        for v in self.registry.versions() {
+            if !keep.contains(&v) {
+                log::info!("version {v} is no longer served");
+                self.registry.unload(v);
+            }
+        }
+        let newest = self.registry.current();
+        self.metrics.serving(newest.version, newest.step);
     }
 }
 
@@ -376,7 +513,7 @@ fn follow(registry: &Registry, metrics: &metrics::Metrics, live: &mut Option<(u6
             };
             log::info!("applied {applied} incremental update(s): serving step {}", model.step);
             metrics.serving(next.version, next.step);
-            registry.swap(next);
+            registry.replace(next);
         }
         Err(e) => {
             log::error!(

@@ -146,12 +146,13 @@ fn inputs(cols: &Value, model: &ExportedModel) -> Result<RawBatch, BadRequest> {
         }
     };
     let lists: Vec<(&str, &Value)> = obj.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    columns_of(&lists, model, "`inputs`")
+    named_columns(&lists, model, "`inputs`")
 }
 
 /// Columns given as one list per input, in any order; extra inputs are
-/// ignored, as the model does not read them.
-fn columns_of(lists: &[(&str, &Value)], model: &ExportedModel, what: &str) -> Result<RawBatch, BadRequest> {
+/// ignored, as the model does not read them; an absent one is its
+/// field's default_val on every row. `what` names the lists in refusals.
+pub fn named_columns(lists: &[(&str, &Value)], model: &ExportedModel, what: &str) -> Result<RawBatch, BadRequest> {
     let mut rows: Option<(usize, &str)> = None;
     for (name, v) in lists {
         let Some(list) = v.as_array() else {
@@ -277,7 +278,7 @@ pub fn kserve_v2(body: &Value, model: &ExportedModel) -> Result<RawBatch, BadReq
         flat.push((name.to_string(), Value::Array(data)));
     }
     let lists: Vec<(&str, &Value)> = flat.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    columns_of(&lists, model, "inputs")
+    named_columns(&lists, model, "inputs")
 }
 
 const V2_TYPES: &[&str] = &[
