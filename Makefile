@@ -34,10 +34,28 @@ build: deps
 # tests, stopped after them whatever their outcome.
 KAFKA_RUN := $(CURDIR)/.kafka-run
 
-test: deps
+# The serving tests' official clients, each in its own virtual environment
+# (their protobuf versions disagree): tritonclient (HTTP and gRPC), and
+# grpcio with TF Serving's protos (tensorflow-serving-api, whose messages
+# import TensorFlow's own; the TensorFlow it was released with).
+CLIENTS_VENV := .venv-triton
+TFSERVING_VENV := .venv-tfserving
+$(CLIENTS_VENV)/installed:
+	python3 -m venv $(CLIENTS_VENV) || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-venv && python3 -m venv $(CLIENTS_VENV); }
+	$(CLIENTS_VENV)/bin/pip install --quiet "tritonclient[http,grpc]==2.73.0" "numpy<3"
+	$(CLIENTS_VENV)/bin/python -c "import tritonclient.grpc, tritonclient.http" && touch $@
+$(TFSERVING_VENV)/installed:
+	python3 -m venv $(TFSERVING_VENV) || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-venv && python3 -m venv $(TFSERVING_VENV); }
+	$(TFSERVING_VENV)/bin/pip install --quiet "tensorflow-cpu==2.12.1"
+	$(TFSERVING_VENV)/bin/pip install --quiet --no-deps "tensorflow-serving-api==2.12.1"
+	PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python $(TFSERVING_VENV)/bin/python -c "from tensorflow_serving.apis import prediction_service_pb2_grpc" && touch $@
+
+test: deps $(CLIENTS_VENV)/installed $(TFSERVING_VENV)/installed
 	scripts/kafka-broker start $(KAFKA_RUN)
 	trap 'scripts/kafka-broker stop $(KAFKA_RUN)' EXIT; \
-	  RUSTREC_KAFKA=127.0.0.1:$$(cat $(KAFKA_RUN)/port) $(CARGO) test --locked
+	  RUSTREC_KAFKA=127.0.0.1:$$(cat $(KAFKA_RUN)/port) \
+	  RUSTREC_TRITON_PYTHON=$(CURDIR)/$(CLIENTS_VENV)/bin/python RUSTREC_TFSERVING_PYTHON=$(CURDIR)/$(TFSERVING_VENV)/bin/python \
+	  $(CARGO) test --locked
 
 # Criteo-shaped synthetic data with a planted model (gen_data prints its AUC).
 data/synthetic/train.parquet: | build

@@ -73,6 +73,8 @@ fn predicted(root: &Path, data: &Path, out: &Path) -> Vec<(String, Vec<f64>)> {
 struct Server {
     child: Child,
     base: String,
+    /// The gRPC address, when started with `--grpc_port`.
+    grpc: Option<String>,
     log: PathBuf,
 }
 
@@ -94,18 +96,21 @@ impl Server {
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
         let mut child = c.spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("serve printed {line:?}: {}", std::fs::read_to_string(&log).unwrap()))
-            .to_string();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut addr = |prefix: &str| {
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            line.trim()
+                .strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("serve printed {line:?}: {}", std::fs::read_to_string(&log).unwrap()))
+                .to_string()
+        };
+        let http = addr("listening on ");
+        let grpc = extra.contains(&"--grpc_port").then(|| addr("grpc listening on "));
         Server {
             child,
-            base: format!("http://{addr}"),
+            base: format!("http://{http}"),
+            grpc,
             log,
         }
     }
@@ -1044,4 +1049,177 @@ fn binary_tensor_data_and_tritons_model_endpoints() {
     assert_eq!(code, 200);
     assert_eq!(index[0]["name"], "model");
     assert_eq!(index[0]["state"], "READY");
+}
+
+/// The ecosystem's own clients, unchanged, against `serve`: tritonclient
+/// over HTTP (binary tensors) and gRPC (raw_input_contents), and grpcio
+/// with TF Serving's protos (tensorflow-serving-api), each in the virtual
+/// environment `make test` prepares (`RUSTREC_TRITON_PYTHON`,
+/// `RUSTREC_TFSERVING_PYTHON`). Their scores equal `predict`'s, for a
+/// single-task and a multi-task export.
+fn official_clients_score_like_predict(model: &str) {
+    let need = |var: &str| {
+        std::env::var(var).unwrap_or_else(|e| panic!("{var}: run under make test, which prepares the clients: {e}"))
+    };
+    let (triton, tfserving) = (need("RUSTREC_TRITON_PYTHON"), need("RUSTREC_TFSERVING_PYTHON"));
+    let dir = tempfile::tempdir().unwrap();
+    let (_, root) = trained(dir.path(), model);
+    let data = dir.path().join("data.csv");
+    let want = predicted(&root, &data, &dir.path().join("scores.csv"));
+    let server = Server::start(&root, &["--grpc_port", "0"]);
+    let grpc = server.grpc.clone().unwrap();
+    let http = server.base.trim_start_matches("http://").to_string();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/official_clients.py");
+    let fields = FIELDS.join(",");
+    let run = |python: &str, args: &[&str]| -> Value {
+        let out = std::process::Command::new(python)
+            .arg(&script)
+            .args(args)
+            .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+        assert!(
+            out.status.success(),
+            "{model}: {} {args:?} failed: {}\nserve's log: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&server.log).unwrap()
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let data = data.to_str().unwrap();
+    let mut answers = run(&triton, &["triton", &http, &grpc, data, &fields]);
+    let tf = run(&tfserving, &["tfserving", &grpc, data, &fields]);
+    answers["tfserving_grpc"] = tf["tfserving_grpc"].clone();
+    for client in ["triton_grpc", "triton_http", "tfserving_grpc"] {
+        for (name, col) in &want {
+            let got: Vec<f64> = answers[client][name]
+                .as_array()
+                .unwrap_or_else(|| panic!("{model}: {client} has no output {name}: {answers}"))
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            assert_eq!(got.len(), col.len(), "{model} {client} {name}");
+            assert_close(&format!("{model} {client} {name}"), &got, col);
+        }
+    }
+}
+
+#[test]
+fn official_clients_score_a_single_task_export_like_predict() {
+    official_clients_score_like_predict("DLRM");
+}
+
+#[test]
+fn official_clients_score_a_multi_task_export_like_predict() {
+    official_clients_score_like_predict("MMoE");
+}
+
+/// TF Serving's latest-N policy and version labels: with `--num_versions 2`
+/// both exports answer on their versioned paths and by label; a third one
+/// appearing is served and the oldest unloaded (404, END in the status).
+#[test]
+fn the_newest_versions_are_served_side_by_side_and_by_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DLRM", "");
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&cfg);
+    run_ok(t);
+    let root = dir.path().join("export");
+    export(
+        &cfg,
+        &root,
+        Some(dir.path().join("model/model.ckpt-10").to_str().unwrap()),
+    );
+    export(&cfg, &root, None);
+    let versions: Vec<u64> = {
+        let mut v: Vec<u64> = std::fs::read_dir(&root)
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().into_string().unwrap().parse().ok())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(versions.len(), 2, "{versions:?}");
+    let (old, new) = (versions[0], versions[1]);
+    let labels = format!("stable={old},canary={new}");
+    let server = Server::start(
+        &root,
+        &[
+            "--num_versions",
+            "2",
+            "--version_labels",
+            &labels,
+            "--file_system_poll_wait_seconds",
+            "0.05",
+        ],
+    );
+    let rows = rows_of(&dir.path().join("data.csv"));
+    let body = instances(&rows, 0..20).to_string();
+    let probs = |path: &str| -> Result<Vec<f64>, (u16, Value)> {
+        let (code, v) = server.post(&format!("/v1/models/model{path}:predict"), &body);
+        if code != 200 {
+            return Err((code, v));
+        }
+        Ok(v["predictions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["probs"].as_f64().unwrap())
+            .collect())
+    };
+    // The older version is loaded beside the newest within a poll or two.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let old_scores = loop {
+        match probs(&format!("/versions/{old}")) {
+            Ok(p) => break p,
+            Err(e) => assert!(Instant::now() < deadline, "version {old} was not loaded: {e:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let new_scores = probs(&format!("/versions/{new}")).unwrap();
+    assert_ne!(old_scores, new_scores, "steps 10 and 30 score alike");
+    assert_eq!(probs("").unwrap(), new_scores, "no version named: the newest");
+    assert_eq!(probs("/labels/stable").unwrap(), old_scores);
+    assert_eq!(probs("/labels/canary").unwrap(), new_scores);
+    let (code, v) = probs("/labels/beta").unwrap_err();
+    assert_eq!(code, 404, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("canary, stable"), "{v}");
+    let (code, meta) = server.get("/v2/models/model");
+    assert_eq!(code, 200);
+    assert!(
+        meta.contains(&old.to_string()) && meta.contains(&new.to_string()),
+        "{meta}"
+    );
+
+    // A third version: it and the second are served, the first unloaded.
+    let third = new + 100;
+    copy_dir(&root.join(new.to_string()), &root.join(third.to_string()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while probs(&format!("/versions/{third}")).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "version {third} was not served: {}",
+            std::fs::read_to_string(&server.log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, v) = probs(&format!("/versions/{old}")).unwrap_err();
+    assert_eq!(code, 404, "{v}");
+    let (code, v) = probs("/labels/stable").unwrap_err();
+    assert_eq!(code, 404, "a label of an unloaded version: {v}");
+    assert_eq!(probs(&format!("/versions/{new}")).unwrap(), new_scores);
+    let (_, status) = server.get("/v1/models/model");
+    let status: Value = serde_json::from_str(&status).unwrap();
+    let state = |v: u64| {
+        status["model_version_status"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["version"].as_str() == Some(v.to_string().as_str()))
+            .map(|s| s["state"].as_str().unwrap().to_string())
+    };
+    assert_eq!(state(old).as_deref(), Some("END"), "{status}");
+    assert_eq!(state(new).as_deref(), Some("AVAILABLE"), "{status}");
+    assert_eq!(state(third).as_deref(), Some("AVAILABLE"), "{status}");
 }
