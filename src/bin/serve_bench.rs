@@ -3,7 +3,10 @@
 //! server (`bench/serve_baseline.py`, given ids already encoded); sends each
 //! requests of `--rows_per_request` rows from `--concurrency` clients for
 //! `--seconds`, alternating the two, and prints requests/s, p50 and p99
-//! latency and the ratios. Then times the graph alone per row at batch 64
+//! latency and the ratios, for `serve` over each protocol: TF Serving's
+//! REST (JSON columns), KServe v2 REST (JSON tensors), KServe v2 gRPC
+//! (typed raw tensors, as tritonclient sends them) and TF Serving's gRPC
+//! Predict (TensorProtos). Then times the graph alone per row at batch 64
 //! and 2048, in tract and in onnxruntime (one thread each). Loopback only;
 //! it stops by itself.
 
@@ -19,6 +22,8 @@ use serde_json::{json, Map, Value};
 use rustrec::data::csv::CsvChunks;
 use rustrec::data::RawBatch;
 use rustrec::export::runtime::ExportedModel;
+use rustrec::serve::grpc::inference;
+use rustrec::tf_proto::serving;
 use tract_onnx::prelude::{DatumType, Tensor};
 
 #[derive(Debug, Parser)]
@@ -64,20 +69,27 @@ impl Drop for Proc {
     }
 }
 
-/// Starts a server that prints `listening on ADDR`; returns it and ADDR.
-fn start(mut cmd: Command) -> anyhow::Result<(Proc, String)> {
+/// Starts a server that prints `listening on ADDR` (and, with `grpc`,
+/// `grpc listening on ADDR` after it); returns it and the addresses.
+fn start(mut cmd: Command, grpc: bool) -> anyhow::Result<(Proc, String, Option<String>)> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("cannot start {cmd:?}"))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
     let proc = Proc(child);
-    match line.trim().strip_prefix("listening on ") {
-        Some(addr) => Ok((proc, addr.to_string())),
-        None => bail!("{cmd:?} did not start: it printed {line:?}"),
-    }
+    let mut addr = |prefix: &str| -> anyhow::Result<String> {
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        match line.trim().strip_prefix(prefix) {
+            Some(addr) => Ok(addr.to_string()),
+            None => bail!("{cmd:?} did not start: it printed {line:?}"),
+        }
+    };
+    let http = addr("listening on ")?;
+    let grpc = if grpc { Some(addr("grpc listening on ")?) } else { None };
+    Ok((proc, http, grpc))
 }
 
 struct Load {
@@ -119,14 +131,141 @@ fn load(url: &str, bodies: &[String], clients: usize, seconds: f64) -> anyhow::R
     for t in threads {
         all.extend(t.join().expect("a client thread panicked")?);
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    all.sort_by(f64::total_cmp);
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-    Ok(Load {
-        rps: all.len() as f64 / elapsed,
+    Ok(summary(all, start.elapsed().as_secs_f64()))
+}
+
+fn summary(mut took_ms: Vec<f64>, elapsed: f64) -> Load {
+    took_ms.sort_by(f64::total_cmp);
+    let pct = |p: f64| took_ms[((took_ms.len() as f64 * p) as usize).min(took_ms.len() - 1)];
+    Load {
+        rps: took_ms.len() as f64 / elapsed,
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
+    }
+}
+
+/// One gRPC request body of each kind.
+#[derive(Clone)]
+enum GrpcBody {
+    Kserve(inference::ModelInferRequest),
+    TfServing(serving::PredictRequest),
+}
+
+/// `clients` tasks, each over its own connection, send the requests in
+/// turn to the gRPC server at `addr` for `seconds`.
+fn load_grpc(addr: &str, bodies: &[GrpcBody], clients: usize, seconds: f64) -> anyhow::Result<Load> {
+    use inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use serving::prediction_service_client::PredictionServiceClient;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let url = format!("http://{addr}");
+    runtime.block_on(async move {
+        let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let channel = tonic::transport::Endpoint::from_shared(url.clone())?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .with_context(|| format!("cannot connect to {url}"))?;
+            let bodies = bodies.to_vec();
+            tasks.push(tokio::spawn(async move {
+                let mut kserve = GrpcInferenceServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20);
+                let mut tf = PredictionServiceClient::new(channel).max_decoding_message_size(64 << 20);
+                let mut took = Vec::new();
+                let mut i = c;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    match &bodies[i % bodies.len()] {
+                        GrpcBody::Kserve(r) => drop(kserve.model_infer(r.clone()).await?),
+                        GrpcBody::TfServing(r) => drop(tf.predict(r.clone()).await?),
+                    }
+                    took.push(t.elapsed().as_secs_f64() * 1e3);
+                    i += 1;
+                }
+                anyhow::Ok(took)
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.context("a client task panicked")??);
+        }
+        Ok(summary(all, start.elapsed().as_secs_f64()))
     })
+}
+
+/// The rows' cells as KServe v2 gRPC and TF Serving gRPC requests, typed
+/// by the input's column type: strings, INT64, FP64 (an empty cell NaN,
+/// which `serve` reads as missing) or BOOL.
+fn grpc_bodies(model: &ExportedModel, cols: &[(String, Vec<&str>)]) -> anyhow::Result<(GrpcBody, GrpcBody)> {
+    use rustrec::config::data_plan::ColumnType;
+    use rustrec::tf_proto::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
+    let types: std::collections::HashMap<&str, ColumnType> =
+        model.enc.projection.columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
+    let mut v2 = inference::ModelInferRequest {
+        model_name: "model".into(),
+        ..Default::default()
+    };
+    let mut tf = serving::PredictRequest {
+        model_spec: Some(serving::ModelSpec {
+            name: "model".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    for (name, cells) in cols {
+        let rows = cells.len();
+        let float = |c: &&str| c.parse::<f64>().unwrap_or(f64::NAN);
+        let int = |c: &&str| c.parse::<i64>().unwrap_or(0);
+        let mut t = TensorProto {
+            tensor_shape: Some(TensorShapeProto {
+                dim: vec![tensor_shape_proto::Dim {
+                    size: rows as i64,
+                    name: String::new(),
+                }],
+                unknown_rank: false,
+            }),
+            ..Default::default()
+        };
+        let (datatype, raw): (&str, Vec<u8>) = match types.get(name.as_str()).context("not an input")? {
+            ColumnType::Str => {
+                t.dtype = DataType::DtString as i32;
+                t.string_val = cells.iter().map(|c| c.as_bytes().to_vec()).collect();
+                let raw = cells
+                    .iter()
+                    .flat_map(|c| (c.len() as u32).to_le_bytes().into_iter().chain(c.bytes()))
+                    .collect();
+                ("BYTES", raw)
+            }
+            ColumnType::Int => {
+                t.dtype = DataType::DtInt64 as i32;
+                t.int64_val = cells.iter().map(int).collect();
+                ("INT64", cells.iter().flat_map(|c| int(c).to_le_bytes()).collect())
+            }
+            ColumnType::Float => {
+                t.dtype = DataType::DtDouble as i32;
+                t.double_val = cells.iter().map(float).collect();
+                ("FP64", cells.iter().flat_map(|c| float(c).to_le_bytes()).collect())
+            }
+            ColumnType::Bool => {
+                t.dtype = DataType::DtBool as i32;
+                t.bool_val = cells.iter().map(|c| *c == "1" || c.eq_ignore_ascii_case("true")).collect();
+                ("BOOL", t.bool_val.iter().map(|&b| b as u8).collect())
+            }
+        };
+        tf.inputs.insert(name.clone(), t);
+        v2.inputs.push(inference::model_infer_request::InferInputTensor {
+            name: name.clone(),
+            datatype: datatype.into(),
+            shape: vec![rows as i64],
+            ..Default::default()
+        });
+        v2.raw_input_contents.push(raw);
+    }
+    Ok((GrpcBody::Kserve(v2), GrpcBody::TfServing(tf)))
 }
 
 /// The graph's inputs for `raw` as the baseline takes them.
@@ -178,17 +317,29 @@ fn run(a: &Args) -> anyhow::Result<()> {
     let col_of = |name: &str| header.iter().position(|h| *h == name);
     let n = a.rows_per_request;
     let mut ours = Vec::new();
+    let mut ours_v2 = Vec::new();
+    let mut ours_grpc = Vec::new();
+    let mut ours_tf_grpc = Vec::new();
     let mut theirs = Vec::new();
     for k in 0..8 {
         // Each body its own window of the rows, the same for both servers.
         let window: Vec<&str> = (0..n).map(|i| lines[(k * 37 + i) % lines.len()]).collect();
         let rows: Vec<Vec<&str>> = window.iter().map(|l| l.split(',').collect()).collect();
         let mut cols = Map::new();
+        let mut cells = Vec::new();
+        let mut tensors = Vec::new();
         for name in &inputs {
             let c = col_of(name).with_context(|| format!("the data file has no column `{name}`"))?;
-            cols.insert(name.clone(), json!(rows.iter().map(|r| r[c]).collect::<Vec<_>>()));
+            let column: Vec<&str> = rows.iter().map(|r| r[c]).collect();
+            cols.insert(name.clone(), json!(column));
+            tensors.push(json!({ "name": name, "datatype": "BYTES", "shape": [n], "data": column }));
+            cells.push((name.clone(), column));
         }
         ours.push(json!({ "inputs": cols }).to_string());
+        ours_v2.push(json!({ "inputs": tensors }).to_string());
+        let (v2, tf) = grpc_bodies(&model, &cells)?;
+        ours_grpc.push(v2);
+        ours_tf_grpc.push(tf);
         let raw = raw_rows(&model, &window, n)?;
         theirs.push(json!({ "inputs": encoded_inputs(&model, &raw)? }).to_string());
     }
@@ -197,30 +348,43 @@ fn run(a: &Args) -> anyhow::Result<()> {
     serve
         .arg("--model_dir")
         .arg(&a.export)
-        .args(["--port", "0", "--host", "127.0.0.1"])
+        .args(["--port", "0", "--grpc_port", "0", "--host", "127.0.0.1"])
         .args(a.serve_flags.split_whitespace());
-    let (_ours_proc, ours_addr) = start(serve)?;
+    let (_ours_proc, ours_addr, grpc_addr) = start(serve, true)?;
+    let grpc_addr = grpc_addr.expect("asked for");
     let mut py = Command::new(&a.python);
     py.arg(&a.baseline)
         .arg("serve")
         .arg("--model")
         .arg(model.dir.join("model.onnx"));
-    let (_py_proc, py_addr) = start(py)?;
+    let (_py_proc, py_addr, _) = start(py, false)?;
     let ours_url = format!("http://{ours_addr}/v1/models/model:predict");
+    let v2_url = format!("http://{ours_addr}/v2/models/model/infer");
     let py_url = format!("http://{py_addr}/predict");
+    // One request of each form first: they must be answered.
     load(&ours_url, &ours, 1, 0.3)?;
+    load(&v2_url, &ours_v2, 1, 0.3)?;
+    load_grpc(&grpc_addr, &ours_grpc, 1, 0.3)?;
+    load_grpc(&grpc_addr, &ours_tf_grpc, 1, 0.3)?;
     load(&py_url, &theirs, 1, 0.3)?;
+    let protocols: [(&str, &dyn Fn(usize) -> anyhow::Result<Load>); 4] = [
+        ("TF REST", &|c| load(&ours_url, &ours, c, a.seconds)),
+        ("v2 REST", &|c| load(&v2_url, &ours_v2, c, a.seconds)),
+        ("v2 gRPC", &|c| load_grpc(&grpc_addr, &ours_grpc, c, a.seconds)),
+        ("TF gRPC", &|c| load_grpc(&grpc_addr, &ours_tf_grpc, c, a.seconds)),
+    ];
 
     println!(
         "== serving {n} rows per request for {}s per level: `serve {}` vs onnxruntime in Python (sent encoded ids)",
         a.seconds, a.serve_flags
     );
     println!(
-        "{:>11} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>9}",
-        "concurrency", "serve r/s", "p50 ms", "p99 ms", "ort r/s", "p50 ms", "p99 ms", "r/s ratio"
+        "{:>11} {:>8} | {:>9} {:>8} {:>8} | {:>9} {:>8} {:>8} | {:>9}",
+        "concurrency", "protocol", "serve r/s", "p50 ms", "p99 ms", "ort r/s", "p50 ms", "p99 ms", "r/s ratio"
     );
     let mut results = Vec::new();
-    // (requests/s, concurrency) of each server's best level within the p99 bound.
+    // (requests/s, concurrency) of each server's best level within the p99
+    // bound; serve's over any protocol.
     let mut best_ours: Option<(f64, usize)> = None;
     let mut best_theirs: Option<(f64, usize)> = None;
     let better = |best: &mut Option<(f64, usize)>, l: &Load, c: usize, bound: f64| {
@@ -229,23 +393,30 @@ fn run(a: &Args) -> anyhow::Result<()> {
         }
     };
     for &c in &a.concurrency {
-        let o = load(&ours_url, &ours, c, a.seconds)?;
         let t = load(&py_url, &theirs, c, a.seconds)?;
-        println!(
-            "{c:>11} | {:>9.1} {:>8.2} {:>8.2} | {:>9.1} {:>8.2} {:>8.2} | {:>8.2}x",
-            o.rps,
-            o.p50_ms,
-            o.p99_ms,
-            t.rps,
-            t.p50_ms,
-            t.p99_ms,
-            o.rps / t.rps
-        );
-        better(&mut best_ours, &o, c, a.p99_bound_ms);
         better(&mut best_theirs, &t, c, a.p99_bound_ms);
+        let mut per_protocol = Map::new();
+        for (protocol, run) in &protocols {
+            let o = run(c)?;
+            println!(
+                "{c:>11} {protocol:>8} | {:>9.1} {:>8.2} {:>8.2} | {:>9.1} {:>8.2} {:>8.2} | {:>8.2}x",
+                o.rps,
+                o.p50_ms,
+                o.p99_ms,
+                t.rps,
+                t.p50_ms,
+                t.p99_ms,
+                o.rps / t.rps
+            );
+            better(&mut best_ours, &o, c, a.p99_bound_ms);
+            per_protocol.insert(
+                protocol.to_string(),
+                json!({ "rps": o.rps, "p50_ms": o.p50_ms, "p99_ms": o.p99_ms }),
+            );
+        }
         results.push(json!({
             "concurrency": c,
-            "serve": { "rps": o.rps, "p50_ms": o.p50_ms, "p99_ms": o.p99_ms },
+            "serve": per_protocol,
             "onnxruntime": { "rps": t.rps, "p50_ms": t.p50_ms, "p99_ms": t.p99_ms },
         }));
     }

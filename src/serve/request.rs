@@ -285,11 +285,19 @@ const V2_TYPES: &[&str] = &[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES",
 ];
 
-/// v2 data may be nested row-major lists; scalars are taken in order.
+/// v2 data may be nested row-major lists; scalars are taken in order. A
+/// null value (as a NaN of binary FP32/FP64 data reads) is a missing value,
+/// its field's default_val, as an empty CSV cell; absent data holds none.
 fn flatten(v: &Value, out: &mut Vec<Value>) {
     match v {
-        Value::Array(a) => a.iter().for_each(|x| flatten(x, out)),
         Value::Null => {}
+        v => flatten_into(v, out),
+    }
+}
+
+fn flatten_into(v: &Value, out: &mut Vec<Value>) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| flatten_into(x, out)),
         other => out.push(other.clone()),
     }
 }
