@@ -3,7 +3,11 @@
 //! `max_batch_size` rows or until `batch_timeout` has passed since the first,
 //! scores them in one run and hands each job its rows' scores. Requests
 //! keep the version they were decoded for, so a reload never mixes versions.
+//! A run of many rows while other scoring threads are idle is split among
+//! them (`split`): one client's request then uses the cores a busy server
+//! would give to other requests, and its latency drops by as much.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
@@ -46,11 +50,12 @@ impl Scheduler {
     pub fn start(batching: Batching, metrics: Arc<Metrics>) -> Self {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
+        let busy = Arc::new(AtomicUsize::new(0));
         for i in 0..batching.threads.max(1) {
-            let (rx, b, m) = (rx.clone(), batching.clone(), metrics.clone());
+            let (rx, b, m, busy) = (rx.clone(), batching.clone(), metrics.clone(), busy.clone());
             std::thread::Builder::new()
                 .name(format!("score-{i}"))
-                .spawn(move || worker(&rx, &b, &m))
+                .spawn(move || worker(&rx, &b, &m, &busy))
                 .expect("cannot start a scoring thread");
         }
         Scheduler { tx }
@@ -71,7 +76,7 @@ impl Scheduler {
 /// already holds a job it cannot run yet: a job carried over from the last
 /// batch (another version's, or too many rows) gathers more only when the
 /// lock is free, and is otherwise run alone.
-fn worker(rx: &Mutex<Receiver<Job>>, b: &Batching, metrics: &Metrics) {
+fn worker(rx: &Mutex<Receiver<Job>>, b: &Batching, metrics: &Metrics, busy: &AtomicUsize) {
     let mut carry: Option<Job> = None;
     loop {
         let jobs = match carry.take() {
@@ -89,7 +94,11 @@ fn worker(rx: &Mutex<Receiver<Job>>, b: &Batching, metrics: &Metrics) {
             }
         };
         metrics.batch(jobs.iter().map(|j| j.raw.num_rows).sum());
-        run(jobs);
+        let now_busy = busy.fetch_add(1, Ordering::SeqCst) + 1;
+        // The threads idle now, and so the parts a run may be split into.
+        let parts = b.threads.max(1).saturating_sub(now_busy) + 1;
+        run(jobs, parts);
+        busy.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -119,10 +128,10 @@ fn gather(rx: &Receiver<Job>, first: Job, b: &Batching, carry: &mut Option<Job>)
 
 /// Scores the jobs in one run and answers each; when the merged rows fail to
 /// encode, each job is scored alone so the error reaches only its sender.
-fn run(jobs: Vec<Job>) {
+fn run(jobs: Vec<Job>, parts: usize) {
     if jobs.len() == 1 {
         let job = jobs.into_iter().next().expect("one job");
-        let scores = score(&job.model, &job.raw);
+        let scores = split(&job.model, &job.raw, parts);
         let _ = job.reply.send(scores);
         return;
     }
@@ -131,7 +140,7 @@ fn run(jobs: Vec<Job>) {
         let all: Vec<usize> = (0..j.raw.num_rows).collect();
         merged.extend_from(&j.raw, &all);
     }
-    match score(&jobs[0].model, &merged) {
+    match split(&jobs[0].model, &merged, parts) {
         Ok(scores) => {
             let mut start = 0;
             for j in jobs {
@@ -148,6 +157,52 @@ fn run(jobs: Vec<Job>) {
             }
         }
     }
+}
+
+/// Rows per part below which a run is not split: a part's fixed cost
+/// (feature encoding's and the graph's set-up) would outweigh the gain.
+const MIN_PART_ROWS: usize = 32;
+
+/// Scores `raw` in up to `parts` runs of consecutive rows side by side on
+/// their own threads (scoped: they end before this returns), answering as
+/// one run would (each row is scored alone by the graph).
+fn split(served: &Served, raw: &RawBatch, parts: usize) -> Result<Vec<TaskScores>, ScoreError> {
+    let parts = parts.min(raw.num_rows / MIN_PART_ROWS).max(1);
+    if parts == 1 {
+        return score(served, raw);
+    }
+    let per = raw.num_rows.div_ceil(parts);
+    let pieces: Vec<RawBatch> = (0..raw.num_rows)
+        .step_by(per)
+        .map(|start| {
+            let rows: Vec<usize> = (start..(start + per).min(raw.num_rows)).collect();
+            let mut piece = raw.empty_like();
+            piece.extend_from(raw, &rows);
+            piece
+        })
+        .collect();
+    let results: Vec<Result<Vec<TaskScores>, ScoreError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = pieces[1..].iter().map(|p| s.spawn(|| score(served, p))).collect();
+        let first = score(served, &pieces[0]);
+        std::iter::once(first)
+            .chain(handles.into_iter().map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ScoreError::Internal(
+                        "a scoring thread panicked (a bug in rustrec)".into(),
+                    ))
+                })
+            }))
+            .collect()
+    });
+    let mut all: Option<Vec<TaskScores>> = None;
+    for r in results {
+        let part = r?;
+        match all.as_mut() {
+            None => all = Some(part),
+            Some(acc) => acc.iter_mut().zip(part).for_each(|(a, p)| a.append(p)),
+        }
+    }
+    Ok(all.unwrap_or_default())
 }
 
 /// One model run; a panic in it is reported as an internal error and the

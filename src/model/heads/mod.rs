@@ -351,6 +351,15 @@ impl TaskScores {
     }
 
     /// Rows `start..end` alone.
+    /// Appends the rows of `next` (the same task's scores of later rows).
+    pub fn append(&mut self, next: TaskScores) {
+        self.logits.extend(next.logits);
+        self.scores.extend(next.scores);
+        if let (Some(v), Some(n)) = (self.values.as_mut(), next.values) {
+            v.extend(n);
+        }
+    }
+
     pub fn rows_in(&self, start: usize, end: usize) -> TaskScores {
         let (l, s) = (self.logit_width, self.score_width);
         TaskScores {
