@@ -173,17 +173,27 @@ impl CsvChunks {
             declared_by,
         } = layout;
         let mut line_no = 0;
+        let sep = if separator.is_empty() { "," } else { separator };
+        // With a header, as EasyRec's CSVInput: the fields are found by the
+        // header's names (in any order, with other columns beside them) and
+        // a row has as many fields as the header.
+        let mut header: Option<Vec<String>> = None;
         if with_header {
             line_no += 1;
             if let Some(h) = lines.next() {
-                h.map_err(|e| DataError::io(path, e))?;
+                let h = h.map_err(|e| DataError::io(path, e))?;
+                header = Some(h.trim().split(sep).map(|n| n.trim().to_string()).collect());
             }
         }
+        let (names, declared_by) = match &header {
+            Some(h) => (&h[..], "the header line"),
+            None => (field_names, declared_by),
+        };
         let positions = projection
             .columns
             .iter()
             .map(|c| {
-                field_names
+                names
                     .iter()
                     .position(|f| *f == c.name)
                     .ok_or_else(|| DataError::MissingColumn {
@@ -192,17 +202,14 @@ impl CsvChunks {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let num_fields = names.len();
         Ok(CsvChunks {
             path: path.to_path_buf(),
             lines,
             line_no,
-            separator: if separator.is_empty() {
-                ",".into()
-            } else {
-                separator.into()
-            },
+            separator: sep.into(),
             rtp: None,
-            num_fields: field_names.len(),
+            num_fields,
             declared_by,
             projection: projection.clone(),
             positions,
@@ -308,6 +315,7 @@ impl Iterator for CsvChunks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::{Column, ProjColumn};
 
     #[test]
     fn lines_end_at_breaks_and_past_the_bound_are_refused() {
@@ -319,5 +327,44 @@ mod tests {
         let endless = std::io::BufReader::new(std::io::repeat(b'x'));
         let err = bounded_lines(endless).next().unwrap().unwrap_err();
         assert!(err.to_string().contains("longer than"), "{err}");
+    }
+
+    fn column(name: &str, ty: crate::config::data_plan::ColumnType) -> ProjColumn {
+        ProjColumn {
+            name: name.into(),
+            ty,
+            default_val: String::new(),
+            required: false,
+        }
+    }
+
+    /// As EasyRec's CSVInput: with a header, fields are found by its names,
+    /// in any order and beside columns the config does not declare.
+    #[test]
+    fn a_header_line_places_the_fields_by_name() {
+        use crate::config::data_plan::ColumnType;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.csv");
+        std::fs::write(&path, "b,extra,a\nx,1,7\ny,2,8\n").unwrap();
+        let fields = ["a".to_string(), "b".to_string()];
+        let projection = Projection {
+            columns: vec![column("a", ColumnType::Int), column("b", ColumnType::Str)],
+        };
+        let mut chunks = CsvChunks::open(&path, ",", true, &fields, &projection, 10).unwrap();
+        let batch = chunks.next().unwrap().unwrap();
+        assert_eq!(batch.num_rows, 2);
+        match (&batch.columns[0], &batch.columns[1]) {
+            (Column::Int(a), Column::Str(b)) => {
+                assert_eq!(a, &[7, 8]);
+                assert_eq!((b.get(0), b.get(1)), ("x", "y"));
+            }
+            other => panic!("unexpected columns {other:?}"),
+        }
+        // A declared field the header lacks is named.
+        std::fs::write(&path, "b,extra\nx,1\n").unwrap();
+        let err = CsvChunks::open(&path, ",", true, &fields, &projection, 10)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("column `a` is missing"), "{err}");
     }
 }
