@@ -167,6 +167,10 @@ pub fn from_tensorflow(
         let var = renames.iter().find(|(m, _)| *m == name).map_or(&name, |(_, c)| c);
         match read_variable(ckpt, var, &mut used)? {
             None => missing.push(format!("{var} {shape:?}")),
+            Some(l) if leading_rows(var, &l.shape, &shape).is_some() => {
+                let n = leading_rows(var, &l.shape, &shape).expect("checked");
+                out.insert(name, Loaded::f32(shape, l.data[..n].to_vec()));
+            }
             Some(l) if squeezed(&l.shape) != squeezed(&shape) => {
                 return Err(Unusable(format!(
                     "TensorFlow checkpoint {}: `{var}` has shape {:?}, the model needs {shape:?}",
@@ -196,6 +200,20 @@ pub fn from_tensorflow(
     Ok((out, unused))
 }
 
+/// A position table (`.../position_embedding/...`) holds
+/// `max_position_embeddings` rows in EasyRec, of which its
+/// `embedding_postprocessor` reads the first as many as the sequence has
+/// positions; the model holds only those. When `have` is such a table with
+/// at least `want`'s rows of `want`'s width, the number of values to take
+/// from its start.
+pub fn leading_rows(name: &str, have: &[usize], want: &[usize]) -> Option<usize> {
+    let position_table = name.starts_with("position_embedding/") || name.contains("/position_embedding/");
+    match (have, want) {
+        ([hr, hw], [wr, ww]) if position_table && hw == ww && hr > wr => Some(wr * ww),
+        _ => None,
+    }
+}
+
 /// Refuses a checkpoint with weights the model has no place for: it is
 /// another model's, and using part of it would be silently wrong.
 pub fn refuse_unused(ckpt: &TfCheckpoint, unused: &[String]) -> Result<(), Unusable> {
@@ -208,4 +226,31 @@ pub fn refuse_unused(ckpt: &TfCheckpoint, unused: &[String]) -> Result<(), Unusa
         unused.len(),
         unused.join(", ")
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leading_rows;
+
+    #[test]
+    fn only_a_longer_position_table_of_the_same_width_is_read_from_its_start() {
+        let name = "cmbf/position_embedding/position_embeddings_0";
+        assert_eq!(leading_rows(name, &[20, 8], &[6, 8]), Some(48));
+        assert_eq!(
+            leading_rows("position_embedding/img_position_embeddings", &[5, 4], &[3, 4]),
+            Some(12)
+        );
+        assert_eq!(leading_rows(name, &[20, 8], &[6, 4]), None, "another width");
+        assert_eq!(leading_rows(name, &[4, 8], &[6, 8]), None, "fewer rows");
+        assert_eq!(
+            leading_rows(name, &[6, 8], &[6, 8]),
+            None,
+            "the same shape needs no cut"
+        );
+        assert_eq!(
+            leading_rows("dnn/dense/kernel", &[20, 8], &[6, 8]),
+            None,
+            "not a position table"
+        );
+    }
 }

@@ -208,7 +208,10 @@ impl Trainer {
                 missing += 1;
                 continue;
             }
-            let l = ckpt.read_f32(&name)?;
+            let mut l = ckpt.read_f32(&name)?;
+            if let Some(n) = names::leading_rows(&name, &l.shape, &shape) {
+                l.data.truncate(n);
+            }
             if l.data.len() != shape.iter().product::<usize>() {
                 bail!(checkpoint::Unusable(format!(
                     "TensorFlow checkpoint {}: optimizer slot `{name}` has shape {:?}, which does not fit its variable",

@@ -13,10 +13,11 @@
 //! (`uniter`). As a model, either tower goes on through `final_dnn` and
 //! `output`; DBMTL takes it as its shared bottom.
 //!
-//! Variables are named as EasyRec's scopes name them, except the position
-//! tables, which hold as many positions as the sequence keeps
-//! (`max_seq_len`) where EasyRec's hold `max_position_embeddings` of which
-//! the model reads as many.
+//! Variables are named as EasyRec's scopes name them. The position tables
+//! hold as many positions as the sequence keeps (`max_seq_len`) where
+//! EasyRec's hold `max_position_embeddings` of which the model reads as
+//! many: an EasyRec checkpoint's table is read from its first rows
+//! (`names::leading_rows`).
 
 use anyhow::bail;
 
