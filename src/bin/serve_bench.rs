@@ -92,6 +92,9 @@ fn start(mut cmd: Command, grpc: bool) -> anyhow::Result<(Proc, String, Option<S
     Ok((proc, http, grpc))
 }
 
+/// A load run at a concurrency.
+type LoadAt<'a> = dyn Fn(usize) -> anyhow::Result<Load> + 'a;
+
 struct Load {
     rps: f64,
     p50_ms: f64,
@@ -203,8 +206,13 @@ fn load_grpc(addr: &str, bodies: &[GrpcBody], clients: usize, seconds: f64) -> a
 fn grpc_bodies(model: &ExportedModel, cols: &[(String, Vec<&str>)]) -> anyhow::Result<(GrpcBody, GrpcBody)> {
     use rustrec::config::data_plan::ColumnType;
     use rustrec::tf_proto::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
-    let types: std::collections::HashMap<&str, ColumnType> =
-        model.enc.projection.columns.iter().map(|c| (c.name.as_str(), c.ty)).collect();
+    let types: std::collections::HashMap<&str, ColumnType> = model
+        .enc
+        .projection
+        .columns
+        .iter()
+        .map(|c| (c.name.as_str(), c.ty))
+        .collect();
     let mut v2 = inference::ModelInferRequest {
         model_name: "model".into(),
         ..Default::default()
@@ -252,7 +260,10 @@ fn grpc_bodies(model: &ExportedModel, cols: &[(String, Vec<&str>)]) -> anyhow::R
             }
             ColumnType::Bool => {
                 t.dtype = DataType::DtBool as i32;
-                t.bool_val = cells.iter().map(|c| *c == "1" || c.eq_ignore_ascii_case("true")).collect();
+                t.bool_val = cells
+                    .iter()
+                    .map(|c| *c == "1" || c.eq_ignore_ascii_case("true"))
+                    .collect();
                 ("BOOL", t.bool_val.iter().map(|&b| b as u8).collect())
             }
         };
@@ -367,7 +378,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     load_grpc(&grpc_addr, &ours_grpc, 1, 0.3)?;
     load_grpc(&grpc_addr, &ours_tf_grpc, 1, 0.3)?;
     load(&py_url, &theirs, 1, 0.3)?;
-    let protocols: [(&str, &dyn Fn(usize) -> anyhow::Result<Load>); 4] = [
+    let protocols: [(&str, &LoadAt); 4] = [
         ("TF REST", &|c| load(&ours_url, &ours, c, a.seconds)),
         ("v2 REST", &|c| load(&v2_url, &ours_v2, c, a.seconds)),
         ("v2 gRPC", &|c| load_grpc(&grpc_addr, &ours_grpc, c, a.seconds)),
