@@ -281,6 +281,45 @@ model_config {
         assert_eq!(a.model.groups, b.model.groups);
     }
 
+    /// A list-wise DSSM with `simi_func: COSINE` normalises its towers'
+    /// outputs only when the config sets `temperature` (later EasyRec);
+    /// without it, as EasyRec 0.7.1, it compares their raw outputs. A
+    /// point-wise one normalises either way.
+    #[test]
+    fn dssm_normalises_for_the_cosine_as_the_config_s_easyrec_does() {
+        use crate::config::model::Arch;
+        let dssm = |extra: &str, loss: &str| {
+            let model = format!(
+                r#"model_config {{
+  model_class: "DSSM"
+  feature_groups {{ group_name: "user" feature_names: ["user"] }}
+  feature_groups {{ group_name: "item" feature_names: ["price"] }}
+  dssm {{ user_tower {{ id: "user" dnn {{ hidden_units: [8, 4] }} }}
+          item_tower {{ id: "price" dnn {{ hidden_units: [4] }} }}
+          simi_func: COSINE {extra} }}
+  loss_type: {loss}
+}}"#
+            );
+            let metric = if loss == "CLASSIFICATION" {
+                "auc {}"
+            } else {
+                "recall_at_topk { topk: 5 }"
+            };
+            let text = PIPELINE
+                .replace("label_fields: [\"clk\", \"buy\"]", "label_fields: [\"clk\"]")
+                .replace("metrics_set { auc {} }", &format!("metrics_set {{ {metric} }}"));
+            let at = text.find("model_config {").unwrap();
+            let plan = TrainingPlan::from_config(&config(&format!("{}{model}", &text[..at]))).unwrap();
+            match plan.model.arch {
+                Arch::Dssm { sim, .. } => (sim.cosine, sim.temperature),
+                other => panic!("not a DSSM: {other:?}"),
+            }
+        };
+        assert_eq!(dssm("", "SOFTMAX_CROSS_ENTROPY"), (false, 1.0));
+        assert_eq!(dssm("temperature: 0.5", "SOFTMAX_CROSS_ENTROPY"), (true, 0.5));
+        assert_eq!(dssm("", "CLASSIFICATION"), (true, 1.0));
+    }
+
     fn path_of(e: ConfigError) -> String {
         match e {
             ConfigError::Invalid { path, .. } | ConfigError::Unsupported { path, .. } => path,

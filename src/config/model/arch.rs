@@ -505,7 +505,10 @@ fn single_task_arch(
         Some(M::ModelParams(p)) if model.model_class == "MatchModel" => match_backbone(p, model)?,
         Some(M::DssmSenet(d)) => dssm_senet(d)?,
         Some(M::Dat(d)) => dat(d, model, &format!("{m}.dat"))?,
-        Some(M::Dssm(d)) => dssm(d, &format!("{m}.dssm"))?,
+        Some(M::Dssm(d)) => {
+            let classification = model.loss_type() == proto::LossType::Classification;
+            dssm(d, &format!("{m}.dssm"), Normalise::ReleaseRule { classification })?
+        }
         Some(M::Mind(d)) => {
             let (mind, l2) = super::mind::mind(d, model, &format!("{m}.mind"))?;
             (Arch::Mind(Box::new(mind)), l2)
@@ -687,7 +690,7 @@ fn dssm_variant(
     path: &str,
     (senet, amm): (Option<SenetParams>, Option<[f32; 2]>),
 ) -> Result<(Arch, f32), ConfigError> {
-    let (arch, l2) = dssm(plain, path)?;
+    let (arch, l2) = dssm(plain, path, Normalise::Always)?;
     let Arch::Dssm { user, item, sim, .. } = arch else {
         unreachable!("dssm builds a DSSM")
     };
@@ -703,12 +706,37 @@ fn dssm_variant(
     ))
 }
 
+/// When DSSM's `simi_func: COSINE` normalises the towers' outputs.
+#[derive(Debug, Clone, Copy)]
+enum Normalise {
+    /// Later EasyRec (and its DSSM variants, DSSM_SENet and DAT, which
+    /// the release lacks): always, the similarity then divided by
+    /// `temperature`.
+    Always,
+    /// EasyRec 0.7.1, the release on PyPI, whose DSSM has no
+    /// `temperature`: only for a CLASSIFICATION loss; a list-wise DSSM
+    /// (SOFTMAX_CROSS_ENTROPY) compares the towers' raw outputs. Followed
+    /// unless the config sets `temperature`, which only later EasyRec
+    /// reads.
+    ReleaseRule { classification: bool },
+}
+
 /// DSSM's towers and similarity (`path`: where `d` sits in the config).
-fn dssm(d: &proto::Dssm, path: &str) -> Result<(Arch, f32), ConfigError> {
+fn dssm(d: &proto::Dssm, path: &str, normalise: Normalise) -> Result<(Arch, f32), ConfigError> {
     let user = embedding_dnn(&d.user_tower.dnn, &format!("{path}.user_tower.dnn"))?;
     let item = embedding_dnn(&d.item_tower.dnn, &format!("{path}.item_tower.dnn"))?;
     comparable(&user, &item, &format!("{path}.item_tower.dnn.hidden_units"))?;
-    let cosine = d.simi_func() == proto::Similarity::Cosine;
+    let mut cosine = d.simi_func() == proto::Similarity::Cosine;
+    if let Normalise::ReleaseRule { classification: false } = normalise {
+        if cosine && d.temperature.is_none() {
+            log::warn!(
+                "{path}.simi_func: COSINE without `temperature` on a list-wise DSSM compares the towers' raw \
+                 outputs, as EasyRec 0.7.1 (the PyPI release) does; set `temperature` (later EasyRec's field) \
+                 to normalise them"
+            );
+            cosine = false;
+        }
+    }
     let sim = Similarity {
         cosine,
         temperature: similarity_temperature(cosine, d.temperature(), path)?,
