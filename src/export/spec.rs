@@ -243,7 +243,9 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                             "type": "sequence",
                             "separator": separator,
                             "max_len": max_len,
-                            "ids": "the row's values in order, the first max_len kept; lens at most max_len",
+                            "ids": "the row's values in order, the first max_len kept; lens at most max_len; with \
+                                    hashed or listed ids an empty part keeps its place as the id of \"\" and an \
+                                    empty text is one such part (EasyRec's tf.strings.split)",
                             "each": buckets(b),
                         }),
                         FeatureKind::Lookup {
@@ -307,8 +309,9 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
         "ids_layout": "per feature: `<name>/ids` int64 holds every row's ids back to back, `<name>/lens` int64 [batch] how many belong to each row",
         "empty_values": "an input a row leaves out, null or an empty string is its field's default_val, as EasyRec \
                          fills it; a text still empty then gives an id feature no id (lens 0: the row pools nothing, \
-                         zeros) and is never hashed; empty parts of a tag or sequence split by its separator are \
-                         dropped; an empty number is 0 when its field has no default_val",
+                         zeros) and is never hashed; empty parts of a tag split by its separator are dropped, those \
+                         of a sequence of hashed or listed ids are the id of \"\" (see its `ids`); an empty number \
+                         is 0 when its field has no default_val",
         "features": features,
         "serving_input": serving_input(plan),
     })

@@ -1110,8 +1110,24 @@ fn encode_tags(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::Res
         unreachable!("encode_tags of another encoding")
     };
     let mut weights = kv_separator.as_ref().map(|_| Vec::with_capacity(n));
+    // A sequence of hashed or listed ids splits its text as EasyRec's
+    // `tf.strings.split` does: empty parts keep their place as the id of
+    // "", and an empty text is one such part (tags, split by
+    // `tf.string_split`, drop them). Integer ids cannot be empty (TensorFlow
+    // refuses to read "" as a number): those parts are dropped.
+    let keeps_empty = max_len.is_some() && matches!(buckets, Buckets::Hash(_) | Buckets::Vocab(_));
     for r in 0..n {
         let start = j.ids.len();
+        if let (true, Column::Str(s)) = (keeps_empty && !separator.is_empty(), &raw.columns[*col]) {
+            for part in s.get(r).split(separator.as_str()) {
+                j.ids.push(buckets.of_str(part, "")?);
+            }
+            if let Some(l) = max_len {
+                j.ids.truncate(j.ids.len().min(start + l));
+            }
+            j.offsets.push(j.ids.len() as u32);
+            continue;
+        }
         for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
             match (kv_separator, &mut weights, v) {
                 (Some(kv), Some(w), Value::Str(s)) => {

@@ -37,29 +37,52 @@ pub fn table_variables(
     tables: &[TableSpec],
 ) -> Vec<String> {
     let order = builders::input_layer_order(arch, groups);
+    let unpooled = builders::unpooled_groups(arch, groups);
+    // Each group's input-layer scope: one per call of TensorFlow's
+    // input_layer, which a group read unpooled (`is_combine=False`) makes
+    // only for its plain features.
+    let mut scopes = Vec::with_capacity(order.len());
+    let mut calls = 0;
+    for &gi in &order {
+        scopes.push(calls);
+        if !unpooled.contains(&gi) || !groups[gi].parts.is_empty() {
+            calls += 1;
+        }
+    }
     (0..tables.len())
         .map(|t| {
-            let found = order.iter().enumerate().find_map(|(k, &gi)| {
+            let found = order.iter().zip(&scopes).find_map(|(&gi, &k)| {
                 let g = &groups[gi];
-                let plain = g.parts.iter().find(|p| p.table == Some(t)).map(|p| p.feature);
+                let plain = g
+                    .parts
+                    .iter()
+                    .find(|p| p.table == Some(t))
+                    .map(|p| (k, p.feature, false));
                 let seq = || {
                     g.seq_parts
                         .iter()
                         .find(|p| p.kind.table() == Some(t))
-                        .map(|p| p.feature)
+                        .map(|p| (k, p.feature, unpooled.contains(&gi)))
                 };
-                plain.or_else(seq).map(|f| (k, f))
+                plain.or_else(seq)
             });
             match found {
-                Some((k, fi)) => {
+                Some((k, fi, unpooled)) => {
                     let f = &features[fi];
                     // A shared table (embedding_name) is a variable of its own name.
-                    let column = if f.table != f.name {
-                        f.table.clone()
+                    if f.table != f.name {
+                        format!(
+                            "{}/{}/embedding_weights",
+                            if unpooled { scope(0) } else { scope(k) },
+                            f.table
+                        )
+                    } else if unpooled {
+                        // EasyRec's get_sequence_feature: the scope
+                        // `input_layer/<categorical column>`.
+                        format!("{}/{}/embedding_weights", scope(0), f.name)
                     } else {
-                        f.easyrec_column()
-                    };
-                    format!("{}/{column}/embedding_weights", scope(k))
+                        format!("{}/{}/embedding_weights", scope(k), f.easyrec_column())
+                    }
                 }
                 None => format!("{}/embedding_weights", tables[t].name),
             }

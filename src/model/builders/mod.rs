@@ -161,6 +161,20 @@ pub fn build(
 /// each call opens a variable scope, `input_layer`, `input_layer_1`, ...,
 /// that holds the tables of that group. Groups the model does not read
 /// come last.
+/// The groups EasyRec reads with `input_layer(..., is_combine=False)`:
+/// their sequences unpooled, each table's variable in the scope
+/// `input_layer/<column>` rather than that of an input-layer call (the
+/// multi-modal models' `text` group).
+pub fn unpooled_groups(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
+    match arch {
+        Arch::Multimodal { .. }
+        | Arch::Dbmtl {
+            multimodal: Some(_), ..
+        } => named_group(groups, "text").into_iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
 pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
     let named = |names: &[&str]| -> Vec<usize> { names.iter().filter_map(|n| named_group(groups, n)).collect() };
     let mut order: Vec<usize> = match arch {
