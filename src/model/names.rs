@@ -69,17 +69,14 @@ pub fn table_variables(
             match found {
                 Some((k, fi, unpooled)) => {
                     let f = &features[fi];
-                    // A shared table (embedding_name) is a variable of its own name.
-                    if f.table != f.name {
-                        format!(
-                            "{}/{}/embedding_weights",
-                            if unpooled { scope(0) } else { scope(k) },
-                            f.table
-                        )
-                    } else if unpooled {
+                    if unpooled {
                         // EasyRec's get_sequence_feature: the scope
-                        // `input_layer/<categorical column>`.
+                        // `input_layer/<categorical column>`, where a shared
+                        // table is made too when this is its first reader.
                         format!("{}/{}/embedding_weights", scope(0), f.name)
+                    } else if f.table != f.name {
+                        // A shared table (embedding_name) is a variable of its own name.
+                        format!("{}/{}/embedding_weights", scope(k), f.table)
                     } else {
                         format!("{}/{}/embedding_weights", scope(k), f.easyrec_column())
                     }

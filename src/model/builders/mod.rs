@@ -164,13 +164,14 @@ pub fn build(
 /// The groups EasyRec reads with `input_layer(..., is_combine=False)`:
 /// their sequences unpooled, each table's variable in the scope
 /// `input_layer/<column>` rather than that of an input-layer call (the
-/// multi-modal models' `text` group).
+/// multi-modal models' `text` group, MIND's `hist`).
 pub fn unpooled_groups(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
     match arch {
         Arch::Multimodal { .. }
         | Arch::Dbmtl {
             multimodal: Some(_), ..
         } => named_group(groups, "text").into_iter().collect(),
+        Arch::Mind(_) => named_group(groups, "hist").into_iter().collect(),
         _ => Vec::new(),
     }
 }
