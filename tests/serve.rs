@@ -814,6 +814,18 @@ fn follow_updates(kafka: bool) {
     assert!(model_dir.join("model.ckpt-20").exists() && model_dir.join("model.ckpt-30").exists());
 }
 
+/// DLRM trained under `dir` and exported from its step-10 checkpoint;
+/// returns the config and the export root.
+fn trained_with_step_10_export(dir: &Path) -> (PathBuf, PathBuf) {
+    let cfg = setup(dir, "DLRM", "");
+    let mut t = bin("train_eval");
+    t.arg("--pipeline_config_path").arg(&cfg);
+    run_ok(t);
+    let root = dir.join("export");
+    export(&cfg, &root, Some(dir.join("model/model.ckpt-10").to_str().unwrap()));
+    (cfg, root)
+}
+
 /// TF Serving's version policy: a version copied in file by file (as `cp
 /// -r` or rsync write it) is served once complete, a broken one is
 /// reported in the status with its error and served once fixed in place,
@@ -821,16 +833,7 @@ fn follow_updates(kafka: bool) {
 #[test]
 fn a_version_copied_in_file_by_file_or_fixed_in_place_is_served() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = setup(dir.path(), "DLRM", "");
-    let mut t = bin("train_eval");
-    t.arg("--pipeline_config_path").arg(&cfg);
-    run_ok(t);
-    let root = dir.path().join("export");
-    export(
-        &cfg,
-        &root,
-        Some(dir.path().join("model/model.ckpt-10").to_str().unwrap()),
-    );
+    let (cfg, root) = trained_with_step_10_export(dir.path());
     let staging = dir.path().join("staging");
     export(&cfg, &staging, None);
     let fresh = std::fs::read_dir(&staging).unwrap().next().unwrap().unwrap().path();
@@ -1121,16 +1124,7 @@ fn official_clients_score_a_multi_task_export_like_predict() {
 #[test]
 fn the_newest_versions_are_served_side_by_side_and_by_label() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = setup(dir.path(), "DLRM", "");
-    let mut t = bin("train_eval");
-    t.arg("--pipeline_config_path").arg(&cfg);
-    run_ok(t);
-    let root = dir.path().join("export");
-    export(
-        &cfg,
-        &root,
-        Some(dir.path().join("model/model.ckpt-10").to_str().unwrap()),
-    );
+    let (cfg, root) = trained_with_step_10_export(dir.path());
     export(&cfg, &root, None);
     let versions: Vec<u64> = {
         let mut v: Vec<u64> = std::fs::read_dir(&root)
