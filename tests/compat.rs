@@ -442,3 +442,47 @@ fn partitioned_tensorflow_variables_are_put_together() {
     let ones = ckpt.read_f32("dense/kernel").unwrap();
     assert_eq!((ones.shape, ones.data), (vec![4, 2], vec![1.0; 8]));
 }
+
+/// EasyRec checkpoints of sequence models this project made (see their
+/// READMEs): CMBF's `predict` equals EasyRec's SavedModel on every row,
+/// empty histories included; MIND's `eval` gives EasyRec's own eval
+/// figures on the same rows.
+#[test]
+fn easyrec_sequence_checkpoints_score_as_easyrec() {
+    let (_tmp, dir) = fixture("seq_cmbf");
+    let o = run(
+        env!("CARGO_BIN_EXE_predict"),
+        &dir,
+        &predict_args("model/model.ckpt-300"),
+    );
+    assert!(o.status.success(), "CMBF: {}", String::from_utf8_lossy(&o.stderr));
+    let want = column(&dir.join("easyrec_predictions.csv"), "probs");
+    let got = column(&dir.join("ours.csv"), "probs");
+    assert_eq!(got.len(), want.len(), "CMBF: rows");
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+    assert!(
+        worst < 1e-5,
+        "CMBF: probabilities differ from EasyRec's by up to {worst}"
+    );
+
+    let (_tmp, dir) = fixture("seq_mind");
+    let o = run(
+        env!("CARGO_BIN_EXE_eval"),
+        &dir,
+        &[
+            "--pipeline_config_path",
+            "pipeline.config",
+            "--checkpoint_path",
+            "model/model.ckpt-300",
+        ],
+    );
+    assert!(o.status.success(), "MIND: {}", String::from_utf8_lossy(&o.stderr));
+    let ours: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model/eval_result.txt")).unwrap()).unwrap();
+    let easyrec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("easyrec_eval.json")).unwrap()).unwrap();
+    for m in ["loss", "interest_similarity", "capsule_similarity"] {
+        let (a, b) = (ours[m].as_f64().unwrap(), easyrec[m].as_f64().unwrap());
+        assert!((a - b).abs() < 2e-6, "MIND {m}: ours {a}, EasyRec's {b}");
+    }
+}
