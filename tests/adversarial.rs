@@ -306,7 +306,7 @@ fn a_byte_order_mark_is_read_and_a_short_row_is_named() {
     let short = Case::with_data("label,user,item,price\n1,u1,i1,1.5\n0,u2\n");
     let msg = user_error(
         &short.train(&[]),
-        &["data.csv: line 3: 2 fields, but data_config.input_fields declares 4"],
+        &["data.csv: line 3: 2 fields, but the header line declares 4"],
     );
     assert!(!msg.contains("column ``"), "{msg}");
 }

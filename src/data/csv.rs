@@ -182,6 +182,8 @@ impl CsvChunks {
             line_no += 1;
             if let Some(h) = lines.next() {
                 let h = h.map_err(|e| DataError::io(path, e))?;
+                // A byte order mark before the first name is not part of it.
+                let h = h.trim_start_matches('\u{feff}');
                 header = Some(h.trim().split(sep).map(|n| n.trim().to_string()).collect());
             }
         }
