@@ -198,10 +198,14 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                             "min_max": min_max.map(|(lo, hi)| json!({ "min": lo, "max": hi, "value": "(x - min) / (max - min)" })),
                             "ids": "the k-th value weights row k of the table; values not above 0 are dropped",
                         }),
-                        FeatureKind::Raw { boundaries, .. } => json!({
+                        FeatureKind::Raw {
+                            boundaries, min_max, ..
+                        } => json!({
                             "type": "boundaries",
                             "boundaries": boundaries,
-                            "id": "number of boundaries <= value",
+                            "min_max": min_max,
+                            "id": "number of boundaries <= value, in float32; the value first scaled to \
+                                   (value - min) / (max - min) when min_max is set and max > min",
                         }),
                         FeatureKind::Id { buckets: b } => buckets(b),
                         FeatureKind::Tag {

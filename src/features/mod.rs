@@ -235,9 +235,14 @@ enum Enc {
         min_max: Option<(f64, f64)>,
         separator: String,
     },
+    /// A RawFeature with boundaries, bucketized as EasyRec does it: the
+    /// value as float32, scaled by min_val / max_val when set (EasyRec's
+    /// input scales before the bucketized column reads it), against the
+    /// boundaries as float32.
     Bucketized {
         col: usize,
         boundaries: Vec<f64>,
+        min_max: Option<(f64, f64)>,
     },
     /// A RawFeature with embedding_dim and no boundaries, as EasyRec builds
     /// it: value `k` of the row weights row `k` of a `[dim, embedding_dim]`
@@ -386,6 +391,7 @@ impl Encoder {
                         Enc::Bucketized {
                             col: c,
                             boundaries: boundaries.clone(),
+                            min_max: *min_max,
                         }
                     } else if f.embedding_dim > 0 {
                         Enc::Projected {
@@ -786,12 +792,25 @@ impl Value<'_> {
     }
 }
 
-/// A raw value mapped to [0, 1] by its feature's min_val / max_val, when set.
+/// The value a bucketized RawFeature compares with its boundaries, in
+/// float32 as EasyRec's graph computes it: `to_float(x)`, then
+/// `(x - min_val) / (max_val - min_val)` when max_val > min_val.
+fn bucketized_value(x: f64, min_max: Option<(f64, f64)>) -> f32 {
+    let x = x as f32;
+    match min_max {
+        Some((lo, hi)) if hi > lo => (x - lo as f32) / (hi as f32 - lo as f32),
+        _ => x,
+    }
+}
+
+/// A raw value mapped to [0, 1] by its feature's min_val / max_val, when
+/// max_val > min_val.
 fn scaled(x: f64, min_max: Option<(f64, f64)>) -> f64 {
     match min_max {
         Some((lo, hi)) if hi > lo => (x - lo) / (hi - lo),
-        Some(_) => 0.0,
-        None => x,
+        // EasyRec scales only when max_val > min_val (one of them set
+        // alone may leave it so), else reads the value as it is.
+        _ => x,
     }
 }
 
@@ -869,11 +888,16 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             }
             return Ok(Encoded::Dense { dim: *dim, values });
         }
-        Enc::Bucketized { col, boundaries } => {
+        Enc::Bucketized {
+            col,
+            boundaries,
+            min_max,
+        } => {
+            let bounds: Vec<f32> = boundaries.iter().map(|&b| b as f32).collect();
             for r in 0..n {
                 for_each_value(&raw.columns[*col], r, None, &mut |v| {
-                    let x = v.number()?;
-                    j.ids.push(boundaries.partition_point(|b| *b <= x) as u64);
+                    let x = bucketized_value(v.number()?, *min_max);
+                    j.ids.push(bounds.partition_point(|b| *b <= x) as u64);
                     Ok(())
                 })?;
                 j.offsets.push(j.ids.len() as u32);
@@ -1197,4 +1221,21 @@ fn encode_lookup(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::R
         j.offsets.push(j.ids.len() as u32);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bucketized_value, scaled};
+
+    /// As EasyRec: a bucketized raw value is scaled by min_val / max_val
+    /// first, in float32; a scale whose max is not above its min leaves
+    /// the value as it is.
+    #[test]
+    fn raw_values_are_scaled_as_easyrec_scales_them() {
+        assert_eq!(bucketized_value(50.0, Some((0.0, 100.0))), 0.5);
+        assert_eq!(bucketized_value(50.0, None), 50.0);
+        assert_eq!(bucketized_value(0.1, None), 0.1f32);
+        assert_eq!(scaled(7.0, Some((5.0, 0.0))), 7.0);
+        assert_eq!(scaled(7.0, Some((-3.0, 0.0))), 10.0 / 3.0);
+    }
 }
