@@ -12,7 +12,8 @@ use tokio::sync::oneshot;
 use super::batcher::{Job, Scheduler, ScoreError};
 use super::metrics::Metrics;
 use super::request::{self, BadRequest};
-use super::{Registry, Served};
+use super::{Registry, Served, VersionState};
+use crate::config::data_plan::ColumnType;
 use crate::data::RawBatch;
 use crate::model::{score_columns, TaskScores};
 
@@ -145,22 +146,16 @@ impl App {
         let raw = request::kserve_v2(body, &served.model)?;
         let rows = raw.num_rows;
         let scores = self.score(served.clone(), raw).await?;
-        let mut cols: Vec<Option<Vec<f32>>> = output_columns(&scores).into_iter().map(Some).collect();
+        let cols = output_columns(&scores);
         let outputs = wanted
             .into_iter()
             .map(|w| {
                 let i = names.iter().position(|n| *n == w).expect("checked above");
-                let values = cols[i].take().unwrap_or_else(|| cols_again(&scores, i));
-                (w, values)
+                (w, cols[i].clone())
             })
             .collect();
         Ok(V2Answer { served, rows, outputs })
     }
-}
-
-/// An output asked for twice gets its values twice.
-fn cols_again(scores: &[TaskScores], i: usize) -> Vec<f32> {
-    output_columns(scores).swap_remove(i)
 }
 
 /// `name`, if it is one of `names`.
@@ -182,4 +177,52 @@ pub fn output_names(served: &Served) -> Vec<String> {
 
 pub fn output_columns(scores: &[TaskScores]) -> Vec<Vec<f32>> {
     scores.iter().flat_map(TaskScores::columns).collect()
+}
+
+// ---- what both protocols call an input's type and a version's state -----
+
+/// TF Serving's type of an input column (`as_str_name` gives REST's).
+pub fn tf_dtype(ty: ColumnType) -> crate::tf_proto::DataType {
+    use crate::tf_proto::DataType;
+    match ty {
+        ColumnType::Int => DataType::DtInt64,
+        ColumnType::Float => DataType::DtDouble,
+        ColumnType::Str => DataType::DtString,
+        ColumnType::Bool => DataType::DtBool,
+    }
+}
+
+/// KServe v2's datatype of an input column.
+pub fn v2_datatype(ty: ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Int => "INT64",
+        ColumnType::Float => "FP64",
+        ColumnType::Str => "BYTES",
+        ColumnType::Bool => "BOOL",
+    }
+}
+
+/// Triton's model-configuration type of an input column (`as_str_name`
+/// gives REST's).
+pub fn triton_type(ty: ColumnType) -> super::grpc::inference::DataType {
+    use super::grpc::inference::DataType;
+    match ty {
+        ColumnType::Int => DataType::TypeInt64,
+        ColumnType::Float => DataType::TypeFp64,
+        ColumnType::Str => DataType::TypeString,
+        ColumnType::Bool => DataType::TypeBool,
+    }
+}
+
+/// TF Serving's load state of a version, and its error: a failed load
+/// ends with one (reported as tensorflow.error.UNKNOWN, as TF Serving does).
+pub fn tf_version_state(
+    state: VersionState,
+) -> (crate::tf_proto::serving::model_version_status::State, Option<String>) {
+    use crate::tf_proto::serving::model_version_status::State;
+    match state {
+        VersionState::Loading => (State::Loading, None),
+        VersionState::Available => (State::Available, None),
+        VersionState::End(error) => (State::End, error),
+    }
 }

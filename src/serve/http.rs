@@ -16,10 +16,11 @@ use axum::Router;
 use serde_json::{json, Map, Value};
 
 pub use super::app::App;
-use super::app::{output_columns, output_names, ApiError, Selector};
+use super::app::{
+    output_columns, output_names, tf_dtype, tf_version_state, triton_type, v2_datatype, ApiError, Selector,
+};
 use super::request::{self, BadRequest, Form};
 use super::{Served, VersionState};
-use crate::config::data_plan::ColumnType;
 
 /// How far past `max_request_bytes` a refused body is still read (and
 /// dropped), so that its client finishes sending and reads the 413 rather
@@ -66,8 +67,11 @@ impl App {
 /// The body as JSON, or the refusal: too large (413, the body read on to
 /// `DRAIN_FACTOR` times the limit and dropped), unreadable, not JSON.
 async fn parse_body(body: Body, max: usize) -> Result<Value, ApiError> {
-    let data = read_body(body, max).await?;
-    serde_json::from_slice(&data).map_err(|e| {
+    json_of(&read_body(body, max).await?)
+}
+
+fn json_of(data: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(data).map_err(|e| {
         ApiError(
             StatusCode::BAD_REQUEST,
             format!("the request body is not valid JSON: {e}"),
@@ -215,29 +219,16 @@ fn tf_status(app: &App, served: &Served, asked: bool) -> Value {
         .into_iter()
         .filter(|(v, _)| !asked || *v == served.version)
         .map(|(v, st)| {
-            let (state, code, message) = match st {
-                VersionState::Loading => ("LOADING", "OK", String::new()),
-                VersionState::Available => ("AVAILABLE", "OK", String::new()),
-                VersionState::End(None) => ("END", "OK", String::new()),
-                VersionState::End(Some(e)) => ("END", "UNKNOWN", e),
-            };
+            let (state, error) = tf_version_state(st);
+            let code = if error.is_some() { "UNKNOWN" } else { "OK" };
             json!({
                 "version": v.to_string(),
-                "state": state,
-                "status": { "error_code": code, "error_message": message }
+                "state": state.as_str_name(),
+                "status": { "error_code": code, "error_message": error.unwrap_or_default() }
             })
         })
         .collect();
     json!({ "model_version_status": list })
-}
-
-fn tf_dtype(ty: ColumnType) -> &'static str {
-    match ty {
-        ColumnType::Int => "DT_INT64",
-        ColumnType::Float => "DT_DOUBLE",
-        ColumnType::Str => "DT_STRING",
-        ColumnType::Bool => "DT_BOOL",
-    }
 }
 
 fn tf_tensor(name: &str, dtype: &str) -> Value {
@@ -252,14 +243,14 @@ fn tf_metadata(app: &App, served: &Served) -> Value {
     let inputs: Map<String, Value> = request::request_inputs(&served.model)
         .into_iter()
         .map(|(n, ty)| {
-            let t = tf_tensor(&n, tf_dtype(ty));
+            let t = tf_tensor(&n, tf_dtype(ty).as_str_name());
             (n, t)
         })
         .collect();
     let outputs: Map<String, Value> = output_names(served)
         .into_iter()
         .map(|n| {
-            let t = tf_tensor(&n, "DT_FLOAT");
+            let t = tf_tensor(&n, crate::tf_proto::DataType::DtFloat.as_str_name());
             (n, t)
         })
         .collect();
@@ -334,12 +325,7 @@ async fn parse_body_or_empty(body: Body, max: usize) -> Result<Value, ApiError> 
     if data.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
-    serde_json::from_slice(&data).map_err(|e| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("the request body is not valid JSON: {e}"),
-        )
-    })
+    json_of(&data)
 }
 
 /// Triton's statistics of every model (this server's one).
@@ -376,15 +362,9 @@ fn v2_stats(app: &App, served: &Served) -> Value {
 /// Triton's model configuration of the served export: its inputs as raw
 /// values (strings, integers or floats by `input_fields`), its outputs.
 fn v2_config(app: &App, served: &Served) -> Value {
-    let triton_type = |ty: ColumnType| match ty {
-        ColumnType::Int => "TYPE_INT64",
-        ColumnType::Float => "TYPE_FP64",
-        ColumnType::Str => "TYPE_STRING",
-        ColumnType::Bool => "TYPE_BOOL",
-    };
     let inputs: Vec<Value> = request::request_inputs(&served.model)
         .into_iter()
-        .map(|(n, ty)| json!({ "name": n, "data_type": triton_type(ty), "dims": [-1] }))
+        .map(|(n, ty)| json!({ "name": n, "data_type": triton_type(ty).as_str_name(), "dims": [-1] }))
         .collect();
     let outputs: Vec<Value> = output_names(served)
         .into_iter()
@@ -498,15 +478,6 @@ async fn v2_infer(
         answer["id"] = id.clone();
     }
     Ok((answer, binary))
-}
-
-pub fn v2_datatype(ty: ColumnType) -> &'static str {
-    match ty {
-        ColumnType::Int => "INT64",
-        ColumnType::Float => "FP64",
-        ColumnType::Str => "BYTES",
-        ColumnType::Bool => "BOOL",
-    }
 }
 
 fn v2_metadata(app: &App, served: &Served) -> Value {

@@ -152,7 +152,7 @@ fn inputs(cols: &Value, model: &ExportedModel) -> Result<RawBatch, BadRequest> {
 /// Columns given as one list per input, in any order; extra inputs are
 /// ignored, as the model does not read them; an absent one is its
 /// field's default_val on every row. `what` names the lists in refusals.
-pub fn named_columns(lists: &[(&str, &Value)], model: &ExportedModel, what: &str) -> Result<RawBatch, BadRequest> {
+fn named_columns(lists: &[(&str, &Value)], model: &ExportedModel, what: &str) -> Result<RawBatch, BadRequest> {
     let mut rows: Option<(usize, &str)> = None;
     for (name, v) in lists {
         let Some(list) = v.as_array() else {

@@ -24,8 +24,7 @@ use super::inference::{
     ServerReadyRequest, ServerReadyResponse, StatisticDuration,
 };
 use super::{bad, finish};
-use crate::config::data_plan::ColumnType;
-use crate::serve::app::{output_names, ApiError, App, Selector};
+use crate::serve::app::{output_names, triton_type, v2_datatype, ApiError, App, Selector};
 use crate::serve::{binary, http, request, Served};
 
 pub struct Inference(pub Arc<App>);
@@ -89,7 +88,7 @@ impl GrpcInferenceService for Inference {
                 platform: "onnx".into(),
                 inputs: request::request_inputs(&served.model)
                     .into_iter()
-                    .map(|(n, ty)| tensor(n, http::v2_datatype(ty)))
+                    .map(|(n, ty)| tensor(n, v2_datatype(ty)))
                     .collect(),
                 outputs: output_names(&served).into_iter().map(|n| tensor(n, "FP32")).collect(),
             }
@@ -240,15 +239,6 @@ fn contents(t: &InferInputTensor) -> Result<Vec<Value>, ApiError> {
             ))
         }
     })
-}
-
-fn triton_type(ty: ColumnType) -> DataType {
-    match ty {
-        ColumnType::Int => DataType::TypeInt64,
-        ColumnType::Float => DataType::TypeFp64,
-        ColumnType::Str => DataType::TypeString,
-        ColumnType::Bool => DataType::TypeBool,
-    }
 }
 
 /// Triton's model configuration of an export (as the REST `config` says).

@@ -7,20 +7,21 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tonic::{Request, Response, Status};
 
 use super::{bad, finish};
-use crate::serve::app::{known_output, output_columns, output_names, ApiError, App, Selector};
+use crate::serve::app::{
+    known_output, output_columns, output_names, tf_dtype, tf_version_state, ApiError, App, Selector,
+};
 use crate::serve::request::{self, SIGNATURE};
-use crate::serve::{Served, VersionState};
+use crate::serve::Served;
 use crate::tf_proto::serving::model_service_server::ModelService;
 use crate::tf_proto::serving::model_spec::VersionChoice;
 use crate::tf_proto::serving::prediction_service_server::PredictionService;
 use crate::tf_proto::serving::{
-    model_version_status, GetModelMetadataRequest, GetModelMetadataResponse, GetModelStatusRequest,
-    GetModelStatusResponse, ModelSpec, ModelVersionStatus, PredictRequest, PredictResponse, SignatureDefMap,
-    StatusProto,
+    GetModelMetadataRequest, GetModelMetadataResponse, GetModelStatusRequest, GetModelStatusResponse, ModelSpec,
+    ModelVersionStatus, PredictRequest, PredictResponse, SignatureDefMap, StatusProto,
 };
 use crate::tf_proto::{tensor_shape_proto, DataType, SignatureDef, TensorInfo, TensorProto, TensorShapeProto};
 
@@ -98,14 +99,23 @@ async fn predict(app: &App, req: PredictRequest) -> Result<PredictResponse, ApiE
     if req.inputs.is_empty() {
         return bad("the request has no inputs");
     }
-    let multi = &served.model.multi_value;
-    let lists: Vec<(String, Value)> = req
+    // Each tensor as a KServe v2 one, so that one reader checks shapes
+    // (`[rows]`, `[rows, 1]`, a multi-value input's `[rows, values]`) and
+    // values for both protocols; a scalar is one row.
+    let tensors: Vec<Value> = req
         .inputs
         .iter()
-        .map(|(name, t)| Ok((name.clone(), tensor_rows(name, t, multi.contains_key(name))?)))
+        .map(|(name, t)| {
+            let data = tensor_values(name, t)?;
+            let dims: Vec<i64> = t
+                .tensor_shape
+                .as_ref()
+                .map_or_else(Vec::new, |s| s.dim.iter().map(|d| d.size).collect());
+            let shape = if dims.is_empty() { vec![1] } else { dims };
+            Ok(json!({ "name": name, "datatype": v2_name(t.dtype), "shape": shape, "data": data }))
+        })
         .collect::<Result<_, ApiError>>()?;
-    let named: Vec<(&str, &Value)> = lists.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let raw = request::named_columns(&named, &served.model, "inputs")?;
+    let raw = request::kserve_v2(&json!({ "inputs": tensors }), &served.model)?;
     let rows = raw.num_rows;
     let names = output_names(&served);
     for f in &req.output_filter {
@@ -145,42 +155,15 @@ fn shape(dims: &[i64]) -> TensorShapeProto {
     }
 }
 
-/// A tensor as one JSON value per row: shape `[rows]`, `[rows, 1]` or a
-/// scalar (one row); `[rows, values]` for a multi-value input, each row a
-/// list.
-fn tensor_rows(name: &str, t: &TensorProto, multi: bool) -> Result<Value, ApiError> {
-    let values = tensor_values(name, t)?;
-    let dims: Vec<i64> = t
-        .tensor_shape
-        .as_ref()
-        .map_or_else(Vec::new, |s| s.dim.iter().map(|d| d.size).collect());
-    if dims.iter().any(|&d| d < 0) {
-        return bad(format!("input `{name}`: shape {dims:?} has a negative size"));
-    }
-    let count: i64 = dims.iter().product();
-    if count as usize != values.len() {
-        return bad(format!(
-            "input `{name}`: tensor_shape {dims:?} says {count} values, the tensor holds {}",
-            values.len()
-        ));
-    }
-    match dims[..] {
-        [] | [_] => Ok(Value::Array(values)),
-        [_, 1] if !multi => Ok(Value::Array(values)),
-        [_, k] if multi && k > 0 => Ok(Value::Array(
-            values
-                .chunks(k as usize)
-                .map(|row| Value::Array(row.to_vec()))
-                .collect(),
-        )),
-        _ => bad(format!(
-            "input `{name}`: shape {dims:?} is not [rows] or [rows, 1]{}",
-            if multi {
-                " or [rows, values]"
-            } else {
-                ": each input holds one value per row"
-            }
-        )),
+/// The KServe v2 datatype of a TensorProto's type that `tensor_values`
+/// reads (integers of any width read as INT64 values).
+fn v2_name(dtype: i32) -> &'static str {
+    match DataType::try_from(dtype) {
+        Ok(DataType::DtString) => "BYTES",
+        Ok(DataType::DtFloat) => "FP32",
+        Ok(DataType::DtDouble) => "FP64",
+        Ok(DataType::DtBool) => "BOOL",
+        _ => "INT64",
     }
 }
 
@@ -289,16 +272,6 @@ fn metadata(app: &App, req: GetModelMetadataRequest) -> Result<GetModelMetadataR
     })
 }
 
-fn tf_dtype(ty: crate::config::data_plan::ColumnType) -> DataType {
-    use crate::config::data_plan::ColumnType;
-    match ty {
-        ColumnType::Int => DataType::DtInt64,
-        ColumnType::Float => DataType::DtDouble,
-        ColumnType::Str => DataType::DtString,
-        ColumnType::Bool => DataType::DtBool,
-    }
-}
-
 /// Every version seen with its state, or the one asked for (by version or
 /// label, served or not).
 fn model_status(app: &App, req: GetModelStatusRequest) -> Result<GetModelStatusResponse, ApiError> {
@@ -317,20 +290,14 @@ fn model_status(app: &App, req: GetModelStatusRequest) -> Result<GetModelStatusR
         .into_iter()
         .filter(|(v, _)| asked.is_none_or(|a| a == *v as i64))
         .map(|(v, st)| {
-            use model_version_status::State;
-            let (state, code, message) = match st {
-                VersionState::Loading => (State::Loading, 0, String::new()),
-                VersionState::Available => (State::Available, 0, String::new()),
-                VersionState::End(None) => (State::End, 0, String::new()),
-                // tensorflow.error.UNKNOWN, as TF Serving reports a failed load.
-                VersionState::End(Some(e)) => (State::End, 2, e),
-            };
+            let (state, error) = tf_version_state(st);
             ModelVersionStatus {
                 version: v as i64,
                 state: state as i32,
                 status: Some(StatusProto {
-                    error_code: code,
-                    error_message: message,
+                    // tensorflow.error.Code: OK, or UNKNOWN for a failed load.
+                    error_code: if error.is_some() { 2 } else { 0 },
+                    error_message: error.unwrap_or_default(),
                 }),
             }
         })
