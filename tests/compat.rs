@@ -215,24 +215,43 @@ fn predict_args(ckpt: &str) -> [&str; 8] {
 fn predict_on_easyrec_checkpoints_reproduces_easyrec() {
     for name in FIXTURES {
         let (_tmp, dir) = fixture(name);
-        let o = run(
-            env!("CARGO_BIN_EXE_predict"),
-            &dir,
-            &predict_args("model/model.ckpt-100"),
-        );
-        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
-        let theirs = dir.join("easyrec_predictions.csv");
-        for t in tasks(&theirs) {
-            let want = column(&theirs, &format!("probs{t}"));
-            let got = column(&dir.join("ours.csv"), &format!("probs{t}"));
-            assert_eq!(got.len(), want.len(), "{name}{t}: rows");
-            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
-            assert!(
-                worst < 1e-5,
-                "{name}{t}: probabilities differ from EasyRec's by up to {worst}"
-            );
-        }
+        assert_predicts_like_easyrec(name, &dir, "model/model.ckpt-100");
     }
+}
+
+/// Runs `predict` in fixture `dir` with checkpoint `ckpt` and asserts each
+/// task's probabilities equal those of `easyrec_predictions.csv` (1e-5).
+fn assert_predicts_like_easyrec(name: &str, dir: &Path, ckpt: &str) {
+    let o = run(env!("CARGO_BIN_EXE_predict"), dir, &predict_args(ckpt));
+    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    let theirs = dir.join("easyrec_predictions.csv");
+    for t in tasks(&theirs) {
+        let want = column(&theirs, &format!("probs{t}"));
+        let got = column(&dir.join("ours.csv"), &format!("probs{t}"));
+        assert_eq!(got.len(), want.len(), "{name}{t}: rows");
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+        assert!(
+            worst < 1e-5,
+            "{name}{t}: probabilities differ from EasyRec's by up to {worst}"
+        );
+    }
+}
+
+/// Runs `eval` in fixture `dir` with checkpoint `ckpt`: its results and
+/// the fixture's `easyrec_eval.json`.
+fn eval_beside_easyrec(name: &str, dir: &Path, ckpt: &str) -> (serde_json::Value, serde_json::Value) {
+    let o = run(
+        env!("CARGO_BIN_EXE_eval"),
+        dir,
+        &["--pipeline_config_path", "pipeline.config", "--checkpoint_path", ckpt],
+    );
+    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    let read =
+        |p: PathBuf| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+    (
+        read(dir.join("model/eval_result.txt")),
+        read(dir.join("easyrec_eval.json")),
+    )
 }
 
 /// `eval` on EasyRec's checkpoint gives the exact AUC of EasyRec's own
@@ -241,23 +260,9 @@ fn predict_on_easyrec_checkpoints_reproduces_easyrec() {
 fn eval_on_easyrec_checkpoints_gives_easyrec_auc() {
     for name in FIXTURES {
         let (_tmp, dir) = fixture(name);
-        let o = run(
-            env!("CARGO_BIN_EXE_eval"),
-            &dir,
-            &[
-                "--pipeline_config_path",
-                "pipeline.config",
-                "--checkpoint_path",
-                "model/model.ckpt-100",
-            ],
-        );
-        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
-        let result: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("model/eval_result.txt")).unwrap()).unwrap();
+        let (result, easyrec) = eval_beside_easyrec(name, &dir, "model/model.ckpt-100");
         assert_eq!(result["global_step"], 100, "{name}");
         // EasyRec's eval loss: the mean of the 32-row batches' mean losses.
-        let easyrec: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("easyrec_eval.json")).unwrap()).unwrap();
         let (got, want) = (
             result["loss"].as_f64().unwrap(),
             easyrec["metrics"]["loss"].as_f64().unwrap(),
@@ -450,37 +455,10 @@ fn partitioned_tensorflow_variables_are_put_together() {
 #[test]
 fn easyrec_sequence_checkpoints_score_as_easyrec() {
     let (_tmp, dir) = fixture("seq_cmbf");
-    let o = run(
-        env!("CARGO_BIN_EXE_predict"),
-        &dir,
-        &predict_args("model/model.ckpt-300"),
-    );
-    assert!(o.status.success(), "CMBF: {}", String::from_utf8_lossy(&o.stderr));
-    let want = column(&dir.join("easyrec_predictions.csv"), "probs");
-    let got = column(&dir.join("ours.csv"), "probs");
-    assert_eq!(got.len(), want.len(), "CMBF: rows");
-    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
-    assert!(
-        worst < 1e-5,
-        "CMBF: probabilities differ from EasyRec's by up to {worst}"
-    );
+    assert_predicts_like_easyrec("CMBF", &dir, "model/model.ckpt-300");
 
     let (_tmp, dir) = fixture("seq_mind");
-    let o = run(
-        env!("CARGO_BIN_EXE_eval"),
-        &dir,
-        &[
-            "--pipeline_config_path",
-            "pipeline.config",
-            "--checkpoint_path",
-            "model/model.ckpt-300",
-        ],
-    );
-    assert!(o.status.success(), "MIND: {}", String::from_utf8_lossy(&o.stderr));
-    let ours: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("model/eval_result.txt")).unwrap()).unwrap();
-    let easyrec: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("easyrec_eval.json")).unwrap()).unwrap();
+    let (ours, easyrec) = eval_beside_easyrec("MIND", &dir, "model/model.ckpt-300");
     for m in ["loss", "interest_similarity", "capsule_similarity"] {
         let (a, b) = (ours[m].as_f64().unwrap(), easyrec[m].as_f64().unwrap());
         assert!((a - b).abs() < 2e-6, "MIND {m}: ours {a}, EasyRec's {b}");

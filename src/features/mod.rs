@@ -241,7 +241,7 @@ enum Enc {
     /// boundaries as float32.
     Bucketized {
         col: usize,
-        boundaries: Vec<f64>,
+        boundaries: Vec<f32>,
         min_max: Option<(f64, f64)>,
     },
     /// A RawFeature with embedding_dim and no boundaries, as EasyRec builds
@@ -390,7 +390,7 @@ impl Encoder {
                         }
                         Enc::Bucketized {
                             col: c,
-                            boundaries: boundaries.clone(),
+                            boundaries: boundaries.iter().map(|&b| b as f32).collect(),
                             min_max: *min_max,
                         }
                     } else if f.embedding_dim > 0 {
@@ -893,11 +893,10 @@ fn encode_one(e: &Enc, raw: &RawBatch, n: usize) -> anyhow::Result<Encoded> {
             boundaries,
             min_max,
         } => {
-            let bounds: Vec<f32> = boundaries.iter().map(|&b| b as f32).collect();
             for r in 0..n {
                 for_each_value(&raw.columns[*col], r, None, &mut |v| {
                     let x = bucketized_value(v.number()?, *min_max);
-                    j.ids.push(bounds.partition_point(|b| *b <= x) as u64);
+                    j.ids.push(boundaries.partition_point(|b| *b <= x) as u64);
                     Ok(())
                 })?;
                 j.offsets.push(j.ids.len() as u32);
@@ -1142,35 +1141,32 @@ fn encode_tags(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::Res
     let keeps_empty = max_len.is_some() && matches!(buckets, Buckets::Hash(_) | Buckets::Vocab(_));
     for r in 0..n {
         let start = j.ids.len();
-        if let (true, Column::Str(s)) = (keeps_empty && !separator.is_empty(), &raw.columns[*col]) {
-            for part in s.get(r).split(separator.as_str()) {
-                j.ids.push(buckets.of_str(part, "")?);
-            }
-            if let Some(l) = max_len {
-                j.ids.truncate(j.ids.len().min(start + l));
-            }
-            j.offsets.push(j.ids.len() as u32);
-            continue;
-        }
-        for_each_value(&raw.columns[*col], r, Some(separator), &mut |v| {
-            match (kv_separator, &mut weights, v) {
-                (Some(kv), Some(w), Value::Str(s)) => {
-                    let (k, wt) = s.split_once(kv.as_str()).unwrap_or((s, "1"));
-                    let wt: f32 = wt
-                        .trim()
-                        .parse()
-                        .with_context(|| format!("weight `{wt}` of tag `{k}` is not a number"))?;
-                    push_weighted(&mut j.ids, w, wt, || buckets.of_str(k, ""))?;
+        match &raw.columns[*col] {
+            Column::Str(s) if keeps_empty && !separator.is_empty() => {
+                for part in s.get(r).split(separator.as_str()) {
+                    j.ids.push(buckets.of_str(part, "")?);
                 }
-                (_, w, v) => {
-                    j.ids.push(v.bucket(buckets, "")?);
-                    if let Some(w) = w {
-                        w.push(1.0);
+            }
+            other => for_each_value(other, r, Some(separator), &mut |v| {
+                match (kv_separator, &mut weights, v) {
+                    (Some(kv), Some(w), Value::Str(s)) => {
+                        let (k, wt) = s.split_once(kv.as_str()).unwrap_or((s, "1"));
+                        let wt: f32 = wt
+                            .trim()
+                            .parse()
+                            .with_context(|| format!("weight `{wt}` of tag `{k}` is not a number"))?;
+                        push_weighted(&mut j.ids, w, wt, || buckets.of_str(k, ""))?;
+                    }
+                    (_, w, v) => {
+                        j.ids.push(v.bucket(buckets, "")?);
+                        if let Some(w) = w {
+                            w.push(1.0);
+                        }
                     }
                 }
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?,
+        }
         if let Some(l) = max_len {
             // A sequence's first `l` values (sequences have no weights).
             j.ids.truncate(j.ids.len().min(start + l));

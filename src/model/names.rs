@@ -185,23 +185,20 @@ pub fn from_tensorflow(
     let mut out = BTreeMap::new();
     for (name, shape) in wanted {
         let var = renames.iter().find(|(m, _)| *m == name).map_or(&name, |(_, c)| c);
-        match read_variable(ckpt, var, &mut used)? {
-            None => missing.push(format!("{var} {shape:?}")),
-            Some(l) if leading_rows(var, &l.shape, &shape).is_some() => {
-                let n = leading_rows(var, &l.shape, &shape).expect("checked");
-                out.insert(name, Loaded::f32(shape, l.data[..n].to_vec()));
-            }
-            Some(l) if squeezed(&l.shape) != squeezed(&shape) => {
-                return Err(Unusable(format!(
-                    "TensorFlow checkpoint {}: `{var}` has shape {:?}, the model needs {shape:?}",
-                    ckpt.prefix().display(),
-                    l.shape
-                )))
-            }
-            Some(l) => {
-                out.insert(name, Loaded::f32(shape, l.data));
-            }
+        let Some(mut l) = read_variable(ckpt, var, &mut used)? else {
+            missing.push(format!("{var} {shape:?}"));
+            continue;
+        };
+        if let Some(n) = leading_rows(var, &l.shape, &shape) {
+            l.data.truncate(n);
+        } else if squeezed(&l.shape) != squeezed(&shape) {
+            return Err(Unusable(format!(
+                "TensorFlow checkpoint {}: `{var}` has shape {:?}, the model needs {shape:?}",
+                ckpt.prefix().display(),
+                l.shape
+            )));
         }
+        out.insert(name, Loaded::f32(shape, l.data));
     }
     if !missing.is_empty() && !partial {
         return Err(Unusable(format!(
