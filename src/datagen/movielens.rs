@@ -108,13 +108,7 @@ pub fn prepare_movielens(dir: &Path, out: &Path, eval_fraction: f64, seed: u64) 
     Rng::new(seed).shuffle(&mut rows);
     let n_eval = ((rows.len() as f64) * eval_fraction).round() as usize;
     let (eval, train) = rows.split_at(n_eval);
-    write_split(out, train, eval)?;
-    Ok(MovieLensReport {
-        train_rows: train.len(),
-        eval_rows: eval.len(),
-        positive_rate: positives as f64 / rows.len().max(1) as f64,
-        split_time: None,
-    })
+    write_split(out, (train, eval), positives, None)
 }
 
 /// `prepare_movielens` in time order: train.csv holds the ratings before
@@ -128,16 +122,17 @@ pub fn prepare_movielens_by_time(dir: &Path, out: &Path, eval_fraction: f64) -> 
     let split_time = rows.get(n_train).map(|r| r.0 .0);
     let lines: Vec<String> = rows.into_iter().map(|(_, r)| r).collect();
     let (train, eval) = lines.split_at(n_train);
-    write_split(out, train, eval)?;
-    Ok(MovieLensReport {
-        train_rows: train.len(),
-        eval_rows: eval.len(),
-        positive_rate: positives as f64 / lines.len().max(1) as f64,
-        split_time,
-    })
+    write_split(out, (train, eval), positives, split_time)
 }
 
-fn write_split(out: &Path, train: &[String], eval: &[String]) -> anyhow::Result<()> {
+/// Writes the two files of a split and reports them (`positives` among all
+/// their rows).
+fn write_split(
+    out: &Path,
+    (train, eval): (&[String], &[String]),
+    positives: usize,
+    split_time: Option<i64>,
+) -> anyhow::Result<MovieLensReport> {
     fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     for (name, part) in [("train.csv", train), ("eval.csv", eval)] {
         let path = out.join(name);
@@ -149,7 +144,12 @@ fn write_split(out: &Path, train: &[String], eval: &[String]) -> anyhow::Result<
         }
         w.flush().with_context(|| format!("cannot write {}", path.display()))?;
     }
-    Ok(())
+    Ok(MovieLensReport {
+        train_rows: train.len(),
+        eval_rows: eval.len(),
+        positive_rate: positives as f64 / (train.len() + eval.len()).max(1) as f64,
+        split_time,
+    })
 }
 
 /// A rating's (timestamp, user, item), for ordering, and its row of COLUMNS.
