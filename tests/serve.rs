@@ -623,6 +623,10 @@ fn multi_value_inputs_take_a_list_per_row() {
         .0,
     );
     assert_eq!(score(kserve_v2(&v2, &model).unwrap()), both);
+    // A [rows, values] shape whose product overflows is refused, not a panic.
+    let huge = json!({"inputs": [tensor("c3", "BYTES", json!([1u64 << 40, 1u64 << 40]), json!(["t1"]))]});
+    let err = kserve_v2(&huge, &model).unwrap_err();
+    assert!(err.0.contains("more values than any request"), "{}", err.0);
     // A list for an input that takes one value is still refused.
     let err = tf_serving(
         &json!({"instances": [{"d1": 0.5, "d2": 0.25, "c1": ["u3"], "c2": "4", "c3": "t1", "c4": "w1:0.5"}]}),

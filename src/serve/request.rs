@@ -261,10 +261,16 @@ pub fn kserve_v2(body: &Value, model: &ExportedModel) -> Result<RawBatch, BadReq
         let per_row = dims.get(1).copied().unwrap_or(1).max(1);
         let mut data = Vec::new();
         flatten(t.get("data").unwrap_or(&Value::Null), &mut data);
-        if data.len() as u64 != dims[0] * per_row {
+        // The shape is the client's: its product may not fit a number.
+        let Some(values) = dims[0].checked_mul(per_row) else {
             return bad(format!(
-                "input `{name}`: shape says {} values, data holds {}",
-                dims[0] * per_row,
+                "input `{name}`: shape {} holds more values than any request",
+                Value::Array(shape.clone())
+            ));
+        };
+        if data.len() as u64 != values {
+            return bad(format!(
+                "input `{name}`: shape says {values} values, data holds {}",
                 data.len()
             ));
         }
