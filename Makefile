@@ -116,8 +116,10 @@ $(VENV)/ort-installed: $(VENV)/torch-installed
 	$(VENV)/bin/python -c "import onnxruntime" && touch $@
 
 # Training throughput (optimised build, 2 threads): DLRM and WideAndDeep on
-# the Criteo Kaggle shape with tables capped at 1M rows against the PyTorch
-# baseline, a scaling table, then sharded on 2 ranks. Then serving: the
+# the Criteo Kaggle shape with tables capped at 1M rows, each step's
+# per-phase account against the machine's GEMM peak, the PyTorch
+# baseline beside them (with the CPU's ISA), a scaling table, then sharded
+# on 2 ranks. Then serving: the
 # DLRM sample's export behind `serve` against onnxruntime behind a Python
 # server (loopback, 100-row requests at 1, 8 and 64 clients), and the
 # exported graph's time per row at batch 64 and 2048. Last, a straggler
@@ -127,6 +129,8 @@ SERVE_BENCH := experiments/serve_bench
 bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	$(CARGO) build --locked --release --bin bench
 	$(CARGO_TARGET_DIR)/release/bench --threads 2
+	@echo "== where each model's step goes, against the machine's GEMM peak"
+	$(CARGO_TARGET_DIR)/release/bench --threads 2 --profile
 	$(VENV)/bin/python bench/compare.py --bench $(CARGO_TARGET_DIR)/release/bench --python $(VENV)/bin/python
 	@echo "== the same global batch on 2 MPI ranks with 1 thread each (tables sharded)"
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

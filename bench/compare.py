@@ -45,7 +45,8 @@ def main():
     p.add_argument("--models", default="DLRM,WideAndDeep,DeepFM,DCN,MMoE")
     a = p.parse_args()
 
-    print(f"== rustrec vs PyTorch: {a.threads} threads, batch {a.batch_size}, tables capped at {a.cap} rows, "
+    isa = ours(a, a.models.split(",")[0], batch=64).get("isa", "unknown ISA")
+    print(f"== rustrec vs PyTorch on {isa}: {a.threads} threads, batch {a.batch_size}, tables capped at {a.cap} rows, "
           f"{a.steps} timed steps, {a.reps} repetitions (median)")
     print(f"{'model':<12} {'rustrec samp/s':>15} {'pytorch samp/s':>15} {'ratio':>7} {'rustrec MB':>11} {'pytorch MB':>11}")
     for model in a.models.split(","):
@@ -57,7 +58,7 @@ def main():
         med = lambda runs, k: statistics.median(x[k] for x in runs)
         print(f"{model:<12} {med(r, 'samples_per_sec'):>15.0f} {med(t, 'samples_per_sec'):>15.0f} "
               f"{statistics.median(ratios):>6.2f}x {med(r, 'peak_mb'):>11.0f} {med(t, 'peak_mb'):>11.0f}"
-              f"   (per-repetition ratios {', '.join(f'{x:.2f}' for x in ratios)}; {t[0]['stack']})")
+              f"   ({isa}; per-repetition ratios {', '.join(f'{x:.2f}' for x in ratios)}; {t[0]['stack']})")
 
     if a.no_scaling:
         return

@@ -23,6 +23,7 @@ pub mod model;
 pub mod optim;
 pub mod output;
 pub mod predict;
+pub mod profile;
 pub mod serve;
 pub mod summary;
 pub mod tf_proto;

@@ -12,6 +12,11 @@
 //! Next to each model it times the input pipeline alone (Parquet reading and
 //! feature encoding, already overlapped with training by a background thread)
 //! so the ratio shows how much of a step the model itself costs.
+//!
+//! `--profile` gives each model's step phase by phase (every matrix
+//! product's time and GFLOP/s, every other phase's time and GB/s, their
+//! shares of the step) beside the machine's measured fp32 GEMM peak, and
+//! how far the step is from its matrix work done at that peak.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,7 +31,9 @@ use rustrec::config::typed::TrainingPlan;
 use rustrec::config::{load_pipeline, Overrides};
 use rustrec::datagen::{generate, GenSpec};
 use rustrec::dist::Communicator;
+use rustrec::profile::{cpu_isa, cpu_model, report, timed, Level, Profile};
 use rustrec::train::Trainer;
+use std::sync::Arc;
 
 #[derive(Debug, Parser)]
 #[command(name = "bench", rename_all = "snake_case", about = "Training throughput benchmark")]
@@ -74,6 +81,10 @@ struct Args {
     growth_keys: u64,
     #[arg(long, default_value_t = 2_000_000)]
     growth_capacity: u64,
+    /// Where each model's step goes, phase by phase, against the machine's
+    /// measured GEMM peak.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Peak resident memory of this process in MiB (Linux), 0 when unknown.
@@ -185,6 +196,8 @@ data_config {{ input_type: ParquetInputV2 batch_size: {batch} num_epochs: 100 au
 
 struct Measured {
     train: f64,
+    /// Seconds a timed step took.
+    step_secs: f64,
     input: f64,
     table_rows: usize,
     /// Bytes per row held after the timed steps (values, optimizer slots
@@ -193,16 +206,21 @@ struct Measured {
 }
 
 fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
-    measure_config(model, &config(model, data, args.batch_size, args.cap), args)
+    measure_config(model, &config(model, data, args.batch_size, args.cap), args, None)
 }
 
-fn measure_config(model: &str, text: &str, args: &Args) -> anyhow::Result<Measured> {
+/// Trains `model` from config `text`, its timed steps recorded in
+/// `profile` when given (the input's wait included).
+fn measure_config(model: &str, text: &str, args: &Args, profile: Option<&Arc<Profile>>) -> anyhow::Result<Measured> {
     let path = args.data_dir.join(format!("{model}.config"));
     std::fs::write(&path, text)?;
     let loaded = load_pipeline(&path, &Overrides::default())?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
     let mut trainer = Trainer::new(plan)?;
     trainer.start_incr_updates()?;
+    if let Some(p) = profile {
+        trainer.set_profile(p.clone());
+    }
     let table_rows = trainer.embeddings.tables.iter().map(|t| t.rows).sum();
     let paths = trainer.plan.data.train_paths.clone();
 
@@ -225,15 +243,25 @@ fn measure_config(model: &str, text: &str, args: &Args) -> anyhow::Result<Measur
         let b = stream.next().context("data ran out")??;
         trainer.train_step(&b)?;
     }
+    if let Some(p) = profile {
+        p.clear();
+    }
     let t = Instant::now();
     let mut n = 0usize;
     for _ in 0..args.steps {
-        let b = stream.next().context("data ran out")??;
+        let b = timed(
+            profile.map(|p| &**p),
+            (Level::Step, || "input (waiting for the prefetched batch)".to_string()),
+            |_| None,
+            || stream.next(),
+        )
+        .context("data ran out")??;
         trainer.train_step(&b)?;
         trainer.incr_after_step()?;
         n += b.size;
     }
-    let train = n as f64 / t.elapsed().as_secs_f64();
+    let secs = t.elapsed().as_secs_f64();
+    let train = n as f64 / secs;
     let (rows, bytes) = trainer
         .embeddings
         .tables
@@ -242,6 +270,7 @@ fn measure_config(model: &str, text: &str, args: &Args) -> anyhow::Result<Measur
         .fold((0, 0), |(r, b), (tr, tb)| (r + tr, b + tb));
     Ok(Measured {
         train,
+        step_secs: secs / args.steps.max(1) as f64,
         input,
         table_rows,
         bytes_per_row: bytes as f64 / rows.max(1) as f64,
@@ -274,7 +303,7 @@ fn incremental_versus_none(data: &Path, args: &Args) -> anyhow::Result<()> {
                 ),
                 1,
             );
-        let incr = measure_config(model, &text, args)?;
+        let incr = measure_config(model, &text, args, None)?;
         let written = std::fs::read_dir(dir.join("incr_save"))?.count() / 2;
         println!(
             "{model:<12} {:>14.0} {:>14.0} {:>8.3}   ({written} updates written)",
@@ -298,7 +327,12 @@ fn key_value_versus_arrays(data: &Path, args: &Args) -> anyhow::Result<()> {
     );
     for model in &args.models {
         let array = measure(model, data, args)?;
-        let kv = measure_config(model, &key_value_config(model, data, args.batch_size, args.cap), args)?;
+        let kv = measure_config(
+            model,
+            &key_value_config(model, data, args.batch_size, args.cap),
+            args,
+            None,
+        )?;
         println!(
             "{model:<12} {:>14.0} {:>14.0} {:>8.3} {:>12.0} {:>12.0}",
             array.train,
@@ -388,6 +422,74 @@ fn key_value_growth(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The side of the square products `gemm_peak` times.
+const PEAK_N: usize = 1024;
+
+/// The machine's fp32 matrix-product peak in GFLOP/s on the compute
+/// pool's threads: the best of several square products through the
+/// executor's own kernel (gemm, which picks its kernels by CPU feature).
+fn gemm_peak() -> f64 {
+    use rustrec::model::exec::cpu::kernels::matmul;
+    let n = PEAK_N;
+    let mut rng = rustrec::util::Rng::new(5);
+    let a: Vec<f32> = (0..n * n).map(|_| rng.uniform() as f32).collect();
+    let b: Vec<f32> = (0..n * n).map(|_| rng.uniform() as f32).collect();
+    let mut c = vec![0.0f32; n * n];
+    matmul(&mut c, &a, false, &b, false, (n, n, n), false);
+    let best = (0..10)
+        .map(|_| {
+            let t = Instant::now();
+            matmul(&mut c, &a, false, &b, false, (n, n, n), false);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    2.0 * (n * n * n) as f64 / best / 1e9
+}
+
+/// Each model's step, phase by phase, against the machine's GEMM peak.
+/// The peak is measured before and after the models (the best of both:
+/// a machine's noise only ever lowers it), so the reports follow them.
+fn profile_models(data: &Path, args: &Args) -> anyhow::Result<()> {
+    let before = gemm_peak();
+    let mut measured = Vec::new();
+    for model in &args.models {
+        let profile = Arc::new(Profile::default());
+        let text = config(model, data, args.batch_size, args.cap);
+        let m = measure_config(model, &text, args, Some(&profile))?;
+        measured.push((model, m, profile.entries()));
+    }
+    let after = gemm_peak();
+    let peak = before.max(after);
+    println!(
+        "per-phase account: {} ({}), {} threads, batch {}, {} timed steps; fp32 GEMM peak {peak:.1} GFLOP/s \
+         (the best {n}x{n} product on all threads; {before:.1} before the models, {after:.1} after)",
+        cpu_model(),
+        cpu_isa(),
+        args.threads,
+        args.batch_size,
+        args.steps,
+        n = PEAK_N
+    );
+    for (model, m, entries) in measured {
+        println!(
+            "\n{model}: {:.1} ms a step, {:.0} samples/s",
+            m.step_secs * 1e3,
+            m.train
+        );
+        print!("{}", report(&entries, args.steps as u64, m.step_secs, peak));
+        // The prefetch thread's work overlaps the step but shares its cores.
+        let input_secs = args.batch_size as f64 / m.input;
+        println!(
+            "  input pipeline alone (reading, encoding): {:.1} ms a batch on its own thread, overlapped with the \
+             step: {:.0}% of one of the {} cores while it trains",
+            input_secs * 1e3,
+            100.0 * input_secs / m.step_secs,
+            args.threads
+        );
+    }
+    Ok(())
+}
+
 /// Global samples/s and bytes sent per sample (summed over ranks) of
 /// sharded training on every rank of `comm`.
 fn measure_distributed(
@@ -463,6 +565,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
     if args.incremental {
         return incremental_versus_none(&data, args);
     }
+    if args.profile {
+        return profile_models(&data, args);
+    }
     if args.key_value {
         key_value_versus_arrays(&data, args)?;
         return key_value_growth(args);
@@ -479,14 +584,20 @@ fn run(args: &Args) -> anyhow::Result<()> {
                     "input_samples_per_sec": m.input,
                     "table_rows": m.table_rows,
                     "peak_mb": peak_mb(),
+                    "isa": cpu_isa(),
                 })
             );
         }
         return Ok(());
     }
     println!(
-        "threads {}, batch {}, {} timed steps, tables capped at {} rows",
-        args.threads, args.batch_size, args.steps, args.cap
+        "{} ({}): threads {}, batch {}, {} timed steps, tables capped at {} rows",
+        cpu_model(),
+        cpu_isa(),
+        args.threads,
+        args.batch_size,
+        args.steps,
+        args.cap
     );
     println!(
         "{:<12} {:>12} {:>14} {:>16} {:>12}",

@@ -283,21 +283,22 @@ impl Collection {
 
     /// The name of a table whose rows touched in `grads` hold a non-finite
     /// value (this rank's rows).
-    pub fn non_finite_table(&self, grads: &[RowGrads]) -> Option<usize> {
-        self.tables
-            .par_iter()
-            .zip(grads)
-            .position_any(|(t, rg)| rg.rows.iter().any(|&r| !t.row(r).iter().all(|v| v.is_finite())))
-    }
-
     /// Applies each table's optimizer at global step `step` to its touched
-    /// rows, gradients scaled by `scale` (clipping).
-    pub fn apply(&mut self, grads: &[RowGrads], optimizers: &[OptimizerSpec], step: u64, scale: f32) {
-        self.tables.par_iter_mut().zip(grads).for_each(|(table, rg)| {
-            let spec = &optimizers[table.optimizer];
-            let mut rule = Rule::at(spec, step);
-            rule.lr *= spec.embedding_lr_multiplier.unwrap_or(1.0);
-            apply_rows(table, rg, &rule, scale);
-        });
+    /// rows, gradients scaled by `scale` (clipping). Returns a table with
+    /// a row that is not finite after the update, if any.
+    #[must_use = "a table that is no longer finite stops training"]
+    pub fn apply(&mut self, grads: &[RowGrads], optimizers: &[OptimizerSpec], step: u64, scale: f32) -> Option<usize> {
+        self.tables
+            .par_iter_mut()
+            .zip(grads)
+            .map(|(table, rg)| {
+                let spec = &optimizers[table.optimizer];
+                let mut rule = Rule::at(spec, step);
+                rule.lr *= spec.embedding_lr_multiplier.unwrap_or(1.0);
+                apply_rows(table, rg, &rule, scale)
+            })
+            .collect::<Vec<bool>>()
+            .iter()
+            .position(|finite| !finite)
     }
 }

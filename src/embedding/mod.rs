@@ -514,9 +514,14 @@ pub fn scatter_grad(j: &Jagged, mean: bool, grad: &[f32], stride: usize, col: us
 
 /// Applies `rule` to the touched rows of `table` (rows scaled by `scale`
 /// first, for gradient clipping).
-pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) {
+///
+/// Returns whether every updated row is finite, checked as it is updated
+/// (while it is in cache: a pass over the rows afterwards costs as much
+/// as the update).
+pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) -> bool {
     let dim = table.dim;
     let mut g = vec![0.0f32; dim];
+    let mut finite = true;
     // Rows this far ahead are asked for while this one is updated (see
     // `prefetch`): its weights and its optimizer slots.
     const AHEAD: usize = 8;
@@ -536,8 +541,10 @@ pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) 
         for (d, s) in g.iter_mut().zip(&grads.grads[k * dim..(k + 1) * dim]) {
             *d = s * scale;
         }
-        rule.apply_at(&mut table.weights[range.clone()], &g, &mut table.state, range);
+        rule.apply_at(&mut table.weights[range.clone()], &g, &mut table.state, range.clone());
+        finite &= table.weights[range].iter().fold(true, |ok, v| ok & v.is_finite());
     }
+    finite
 }
 
 #[cfg(test)]

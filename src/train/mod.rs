@@ -75,6 +75,8 @@ pub struct Trainer {
     pub resumed_stream: Option<crate::checkpoint::StreamOffsets>,
     /// Where trained rows are traced (see `stream::RowTrace`).
     trace: Option<stream::RowTrace>,
+    /// Where each step's phases are timed (`set_profile`), when anywhere.
+    profile: Option<std::sync::Arc<crate::profile::Profile>>,
 }
 
 impl Trainer {
@@ -199,7 +201,19 @@ impl Trainer {
             stream_position: None,
             resumed_stream: None,
             trace,
+            profile: None,
         })
+    }
+
+    /// Times each training step's phases into `profile` from now on, and
+    /// the model's ops too when it runs on the CPU executor (another
+    /// executor's ops are timed as one phase).
+    pub fn set_profile(&mut self, profile: std::sync::Arc<crate::profile::Profile>) {
+        if self.model.exec.name() == "cpu" {
+            let exec = crate::model::exec::cpu::Cpu::profiled(profile.clone());
+            self.model.exec = std::sync::Arc::new(exec);
+        }
+        self.profile = Some(profile);
     }
 
     /// A stream of this rank's encoded batches over `paths`; batch_size is

@@ -11,7 +11,18 @@ use crate::embedding::RowGrads;
 use crate::features::Batch;
 use crate::model::graph::{update_bn_buffers, BnStats};
 use crate::model::{Executor, TaskScores};
+use crate::profile::{timed, Level, Work, MODEL_PASS};
 use crate::util::Rng;
+
+/// Bytes of `n` f32 values.
+fn f32_bytes(n: usize) -> f64 {
+    (n * std::mem::size_of::<f32>()) as f64
+}
+
+/// Values held in a batch's row gradients.
+fn row_values(rows: &[RowGrads]) -> usize {
+    rows.iter().map(|r| r.grads.len()).sum()
+}
 
 /// Loss and gradients of one batch (see `Trainer::loss_and_grads`).
 pub struct Grads {
@@ -81,7 +92,7 @@ pub(super) fn non_finite_gradient(norm: f32, reg: f64) -> Option<String> {
 impl Trainer {
     /// The name of a dense parameter, or of a table with a touched row,
     /// that holds a non-finite value.
-    fn non_finite_parameter(&self, row_grads: &[RowGrads]) -> Option<String> {
+    fn non_finite_parameter(&self, non_finite_table: Option<usize>) -> Option<String> {
         let p = &self.model.params;
         // A fold per block rather than a short-circuiting `all`, which
         // stays scalar: blocks of 16k values keep the early exit coarse.
@@ -93,8 +104,7 @@ impl Trainer {
                 .find(|s| !p.values[s.range()].iter().all(|v| v.is_finite()))?;
             return Some(s.name.clone());
         }
-        let t = self.embeddings.non_finite_table(row_grads)?;
-        self.model.table_variables.get(t).cloned()
+        self.model.table_variables.get(non_finite_table?).cloned()
     }
 
     /// Group input matrices (row-major `[batch, width]`) for a batch, from
@@ -160,13 +170,15 @@ impl Trainer {
     pub(super) fn gradients(&self, batch: &Batch, inputs: &[Vec<f32>], ex: Exchange) -> Result<StepGrads, String> {
         let b = batch.examples();
         let groups = &self.model.groups;
+        let prof = self.profile.as_deref();
+        let step = |name: &'static str| (Level::Step, move || name.to_string());
         let Grads {
             loss: local_loss,
             dense: mut dense_grad,
             inputs: mut input_grads,
             bn_stats,
         } = if b > 0 {
-            self.loss_and_grads(batch, inputs)
+            timed(prof, step(MODEL_PASS), |_| None, || self.loss_and_grads(batch, inputs))
         } else {
             Grads {
                 loss: 0.0,
@@ -183,19 +195,33 @@ impl Trainer {
         let loss = (totals[1] / global_mass) as f32;
         if ex.ranks() > 1 {
             let share = (mass / global_mass) as f32;
-            dense_grad.iter_mut().for_each(|g| *g *= share);
-            ex.sum_f32(&mut dense_grad);
-            for gin in &mut input_grads {
-                gin.iter_mut().for_each(|g| *g *= share);
-            }
+            let n = dense_grad.len();
+            timed(
+                prof,
+                step("dense gradient all-reduce"),
+                |_| Some(Work::Bytes(f32_bytes(2 * n))),
+                || {
+                    dense_grad.iter_mut().for_each(|g| *g *= share);
+                    ex.sum_f32(&mut dense_grad);
+                    for gin in &mut input_grads {
+                        gin.iter_mut().for_each(|g| *g *= share);
+                    }
+                },
+            );
         }
         if !loss.is_finite() {
             return Err(format!("the loss is {loss}"));
         }
         // Identical on every rank: the dense gradient is summed already.
-        let mut reg = self
-            .dense
-            .regularize(&self.model, &self.plan.model, &mut dense_grad, global_rows);
+        let mut reg = timed(
+            prof,
+            step("dense regularizers"),
+            |_| None,
+            || {
+                self.dense
+                    .regularize(&self.model, &self.plan.model, &mut dense_grad, global_rows)
+            },
+        );
 
         // Embedding backward: d loss / d group input, scattered to rows
         // and delivered to the ranks that update them.
@@ -204,16 +230,30 @@ impl Trainer {
         if emb_reg > 0.0 {
             emb_reg_loss[0] = self.embeddings.regularize(groups, inputs, &mut input_grads, emb_reg);
         }
-        let mut rows = ex.rows(&self.embeddings, (groups, batch), &input_grads);
+        let input_values: usize = input_grads.iter().map(Vec::len).sum();
+        let mut rows = timed(
+            prof,
+            step("row gradients (inputs' gradients scattered to rows)"),
+            // The inputs' gradients read, the rows' written.
+            |rows: &Vec<RowGrads>| Some(Work::Bytes(f32_bytes(input_values + row_values(rows)))),
+            || ex.rows(&self.embeddings, (groups, batch), &input_grads),
+        );
         if self.frozen.any() {
             self.frozen.clear(&self.model.params.specs, &mut dense_grad, &mut rows);
         }
 
         // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
-        let table_sq = ex.rows_squared_norm(&self.embeddings, &rows);
-        ex.sum(&mut emb_reg_loss);
+        let norm = timed(
+            prof,
+            step("gradient norm"),
+            |_| Some(Work::Bytes(f32_bytes(dense_grad.len() + row_values(&rows)))),
+            || {
+                let table_sq = ex.rows_squared_norm(&self.embeddings, &rows);
+                ex.sum(&mut emb_reg_loss);
+                (squared_norm(&dense_grad) + table_sq).sqrt() as f32
+            },
+        );
         reg += emb_reg_loss[0];
-        let norm = (squared_norm(&dense_grad) + table_sq).sqrt() as f32;
         if let Some(what) = non_finite_gradient(norm, reg) {
             return Err(what);
         }
@@ -235,22 +275,57 @@ impl Trainer {
     /// Trains on one batch at the current global step, then advances it.
     /// A collective on several ranks (`gradients`).
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
-        self.embeddings.admit(&self.model.groups, batch, self.step, &*self.comm);
-        let inputs = self.group_inputs(batch);
+        let profile = self.profile.clone();
+        let prof = profile.as_deref();
+        let step = |name: &'static str| (Level::Step, move || name.to_string());
+        timed(
+            prof,
+            step("embedding admission"),
+            |_| None,
+            || self.embeddings.admit(&self.model.groups, batch, self.step, &*self.comm),
+        );
+        // Each pooled value written, and (one id a slot) a row's value read.
+        let inputs = timed(
+            prof,
+            step("embedding lookup and pooling"),
+            |x: &Vec<Vec<f32>>| Some(Work::Bytes(2.0 * f32_bytes(x.iter().map(Vec::len).sum()))),
+            || self.group_inputs(batch),
+        );
         let g = match self.gradients(batch, &inputs, Exchange::Collective(&*self.comm)) {
             Ok(g) => g,
             Err(what) => return self.skip_or_stop(what),
         };
         let n = self.model.params.values.len();
         let optimizers = &self.plan.train.optimizers;
-        self.dense.apply(
-            &mut self.model.params,
-            (&g.dense, 0..n),
-            optimizers,
-            (self.step, &self.frozen),
+        // A gradient read, a parameter and two slots read and written.
+        timed(
+            prof,
+            step("dense update"),
+            |_| Some(Work::Bytes(f32_bytes(7 * n))),
+            || {
+                self.dense.apply(
+                    &mut self.model.params,
+                    (&g.dense, 0..n),
+                    optimizers,
+                    (self.step, &self.frozen),
+                )
+            },
         );
-        self.embeddings.apply(&g.rows, optimizers, self.step, g.scale);
-        self.check_updated(&g.rows, self.step)?;
+        // A gradient read, a row's value and slot read and written (and
+        // checked finite).
+        let touched = row_values(&g.rows);
+        let table = timed(
+            prof,
+            step("table update"),
+            |_| Some(Work::Bytes(f32_bytes(5 * touched))),
+            || self.embeddings.apply(&g.rows, optimizers, self.step, g.scale),
+        );
+        timed(
+            prof,
+            step("finite check of dense parameters"),
+            |_| Some(Work::Bytes(f32_bytes(n))),
+            || self.check_updated(table, self.step),
+        )?;
         if let Some(incr) = &mut self.incr {
             incr.touch(&g.rows);
         }
@@ -322,10 +397,11 @@ impl Trainer {
         Ok(())
     }
 
-    /// The run diverged when a dense parameter, or a row `row_grads`
-    /// touched, is no longer finite after the update of step `step`.
-    pub(super) fn check_updated(&self, row_grads: &[RowGrads], step: u64) -> Result<(), Diverged> {
-        match self.non_finite_parameter(row_grads) {
+    /// The run diverged when a dense parameter, or table
+    /// `non_finite_table` (what `Collection::apply` found), is no longer
+    /// finite after the update of step `step`.
+    pub(super) fn check_updated(&self, non_finite_table: Option<usize>, step: u64) -> Result<(), Diverged> {
+        match self.non_finite_parameter(non_finite_table) {
             Some(name) => Err(Diverged {
                 step,
                 what: format!("parameter `{name}` is not finite after the update"),

@@ -336,7 +336,7 @@ mod tests {
             rows[k * width + n * d] = *len;
         }
         let inputs = [rows.clone()];
-        let t = Cpu.forward(&g, (&params, &buffers), &inputs, b, Mode::Infer);
+        let t = Cpu::default().forward(&g, (&params, &buffers), &inputs, b, Mode::Infer);
         (t.value(out).to_vec(), rows, params)
     }
 

@@ -134,7 +134,7 @@ mod tests {
         let xs = vec![-3.0f32, -0.5, 0.0, 0.7, 2.5];
         let (p, b) = (ParamStore::default(), ParamStore::default());
         let inputs = [xs.clone()];
-        let tape = Cpu.forward(&g, (&p, &b), &inputs, 1, Mode::Infer);
+        let tape = Cpu::default().forward(&g, (&p, &b), &inputs, 1, Mode::Infer);
         for (got, x) in tape.value(y).iter().zip(&xs) {
             let x = *x as f64;
             let want = 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());

@@ -94,7 +94,7 @@ pub enum ExecutorKind {
 impl ExecutorKind {
     pub fn executor(self) -> Arc<dyn Executor> {
         match self {
-            ExecutorKind::Cpu => Arc::new(cpu::Cpu),
+            ExecutorKind::Cpu => Arc::new(cpu::Cpu::default()),
             ExecutorKind::Burn => Arc::new(burn::Burn::reference()),
         }
     }

@@ -371,7 +371,7 @@ fn objective(c: &Case, params: &ParamStore, x: &[Vec<f32>], r: &[f32]) -> f64 {
         stats: &mut stats,
         examples: EXAMPLES,
     };
-    let t = Cpu.forward(&c.graph, (params, &c.buffers), x, B, mode);
+    let t = Cpu::default().forward(&c.graph, (params, &c.buffers), x, B, mode);
     let out = NodeId(c.graph.nodes.len() - 1);
     t.value(out).iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
 }
@@ -404,8 +404,30 @@ fn every_op_matches_burn_and_finite_differences() {
             let dx = tape.backward(&c.params, vec![(out, r.clone())], &needs, &mut dense);
             (tape.value(out).to_vec(), dense, dx, stats)
         };
-        let (y, dense, dx, stats) = run(&Cpu);
+        let (y, dense, dx, stats) = run(&Cpu::default());
         let (yr, dense_r, dx_r, stats_r) = run(&Burn::reference());
+        // Timing its ops changes nothing the executor computes, and every
+        // matrix product is counted at 2·m·k·n FLOPs.
+        let profile = std::sync::Arc::new(crate::profile::Profile::default());
+        let (yp, dense_p, dx_p, _) = run(&Cpu::profiled(profile.clone()));
+        assert!(yp == y && dense_p == dense && dx_p == dx, "{}: profiled", c.name);
+        let timed = profile.entries();
+        assert!(!timed.is_empty(), "{}: nothing timed", c.name);
+        if c.name == "linear no bias" {
+            // x[1] (width 6) to 3 columns, and backward its dW.
+            let fwd: f64 = timed
+                .iter()
+                .filter(|e| e.name.starts_with("fwd x·W"))
+                .map(|e| e.flops)
+                .sum();
+            assert_eq!(fwd, 2.0 * (B * 6 * 3) as f64, "{}: {timed:?}", c.name);
+            let dw: f64 = timed
+                .iter()
+                .filter(|e| e.name.starts_with("bwd dW"))
+                .map(|e| e.flops)
+                .sum();
+            assert_eq!(dw, fwd, "{}: {timed:?}", c.name);
+        }
         assert_eq!(stats_r.len(), stats.len(), "{}: batch norms", c.name);
         for (a, b) in y.iter().zip(&yr) {
             assert!(near(*a, *b, 1e-5), "{}: value cpu {a} vs reference {b}", c.name);

@@ -250,8 +250,8 @@ impl Server {
             keys.sort_unstable();
             table.admit(&keys, step);
         }
-        t.embeddings.apply(&row_grads, &t.plan.train.optimizers, step, 1.0);
-        Ok(t.check_updated(&row_grads, step)?)
+        let table = t.embeddings.apply(&row_grads, &t.plan.train.optimizers, step, 1.0);
+        Ok(t.check_updated(table, step)?)
     }
 
     /// Server 0's log lines and summaries, every log_step_count_steps and

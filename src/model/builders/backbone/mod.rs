@@ -339,7 +339,7 @@ mod tests {
             .iter()
             .map(|w| (0..b * w).map(|_| r.normal() as f32).collect())
             .collect();
-        let tape = Cpu.forward(&g, (&params, &buffers), &xs, b, Mode::Infer);
+        let tape = Cpu::default().forward(&g, (&params, &buffers), &xs, b, Mode::Infer);
         let got = tape.value(out);
         let p = |name: &str| {
             let s = params.specs.iter().find(|s| s.name == name).unwrap();

@@ -8,6 +8,7 @@ use super::kernels::{self};
 use super::{accumulate, capsule, narrow, split_columns, Saved, Tape};
 use crate::model::graph::params::ParamStore;
 use crate::model::graph::{NodeId, Op, L2_EPS};
+use crate::profile::{Level, Work};
 
 impl Tape<'_> {
     /// Backward from the gradients of some nodes (`seeds`): accumulates
@@ -29,6 +30,11 @@ impl Tape<'_> {
         }
         for i in (0..g.nodes.len()).rev() {
             let Some(mut dy) = grads[i].take() else { continue };
+            // A product's parts are timed apart, below.
+            let started = match &g.nodes[i].op {
+                Op::Linear { .. } => None,
+                _ => self.profile.as_ref().map(|_| std::time::Instant::now()),
+            };
             let width = g.nodes[i].width;
             // This node's rows.
             let b = self.b * g.nodes[i].rows;
@@ -41,20 +47,22 @@ impl Tape<'_> {
                 }
                 Op::Linear { x, w, b: bias, act } => {
                     let k = g.width(*x);
-                    match bias {
+                    self.sweep("bwd activation slope, bias gradient", 12 * b * width, || match bias {
                         Some(bi) => {
                             let db = &mut dense[p.specs[*bi].range()];
                             kernels::slope_col_sums(*act, &mut dy, &self.vals[i], width, db);
                         }
                         None => kernels::mul_slope(*act, &mut dy, &self.vals[i], width),
-                    }
+                    });
                     let xv = self.value(*x);
                     let dw = &mut dense[p.specs[*w].range()];
-                    if narrow(k, width) {
-                        kernels::narrow_weight_grad(dw, xv, &dy, (k, width));
-                    } else {
-                        kernels::matmul(dw, xv, true, &dy, false, (k, b, width), true);
-                    }
+                    self.product("bwd dW = xᵀ·dy", (k, b, width), || {
+                        if narrow(k, width) {
+                            kernels::narrow_weight_grad(dw, xv, &dy, (k, width));
+                        } else {
+                            kernels::matmul(dw, xv, true, &dy, false, (k, b, width), true);
+                        }
+                    });
                     if needs[x.0] {
                         // Into the input's gradient so far, when another
                         // reader of it already gave one (MMoE's experts and
@@ -64,11 +72,13 @@ impl Tape<'_> {
                             None => (vec![0.0f32; b * k], false),
                         };
                         let mut dx = dx;
-                        if narrow(k, width) {
-                            kernels::narrow_input_grad(&mut dx, &dy, p.slice(*w), (k, width), acc);
-                        } else {
-                            kernels::matmul(&mut dx, &dy, false, p.slice(*w), true, (b, width, k), acc);
-                        }
+                        self.product("bwd dx = dy·Wᵀ", (b, width, k), || {
+                            if narrow(k, width) {
+                                kernels::narrow_input_grad(&mut dx, &dy, p.slice(*w), (k, width), acc);
+                            } else {
+                                kernels::matmul(&mut dx, &dy, false, p.slice(*w), true, (b, width, k), acc);
+                            }
+                        });
                         grads[x.0] = Some(dx);
                     }
                 }
@@ -631,6 +641,11 @@ impl Tape<'_> {
                         accumulate(&mut grads, needs, *x, dy);
                     }
                 }
+            }
+            if let (Some(t), Some(p)) = (started, self.profile.as_deref()) {
+                let name = format!("bwd {}", super::op_kind(&g.nodes[i].op));
+                let bytes = self.bytes_moved(NodeId(i)) * 2.0;
+                p.record(Level::Op, name, t.elapsed().as_secs_f64(), Some(Work::Bytes(bytes)));
             }
         }
         // Every group input gets a gradient, zeros where none flowed.

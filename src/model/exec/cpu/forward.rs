@@ -25,12 +25,16 @@ impl Tape<'_> {
             Op::Linear { x, w, b: bias, act } => {
                 let mut y = vec![0.0f32; b * width];
                 let k = w_of(x);
-                if narrow(k, width) {
-                    kernels::narrow_matmul(&mut y, self.value(*x), p.slice(*w), (k, width));
-                } else {
-                    kernels::matmul(&mut y, self.value(*x), false, p.slice(*w), false, (b, k, width), false);
-                }
-                kernels::bias_act(&mut y, width, bias.map(|i| p.slice(i)), *act);
+                self.product("fwd x·W", (b, k, width), || {
+                    if narrow(k, width) {
+                        kernels::narrow_matmul(&mut y, self.value(*x), p.slice(*w), (k, width));
+                    } else {
+                        kernels::matmul(&mut y, self.value(*x), false, p.slice(*w), false, (b, k, width), false);
+                    }
+                });
+                self.sweep("fwd bias+activation", 8 * b * width, || {
+                    kernels::bias_act(&mut y, width, bias.map(|i| p.slice(i)), *act)
+                });
                 (y, Saved::None)
             }
             Op::BatchNorm {
@@ -118,12 +122,12 @@ impl Tape<'_> {
             }
             Op::Slice { x, start } => {
                 let w = w_of(x);
-                let y = self
-                    .value(*x)
-                    .chunks_exact(w)
-                    .flat_map(|row| &row[*start..start + width])
-                    .copied()
-                    .collect();
+                let mut y = vec![0.0f32; b * width];
+                if width > 0 {
+                    y.par_chunks_mut(width)
+                        .zip(self.value(*x).par_chunks(w))
+                        .for_each(|(o, row)| o.copy_from_slice(&row[*start..start + width]));
+                }
                 (y, Saved::None)
             }
             Op::Add(xs) => {

@@ -14,13 +14,26 @@ pub mod kernels;
 
 use kernels::{Interact, LANES, ROWS};
 
+use std::sync::Arc;
+
 use super::{Executor, Mode};
 use crate::model::graph::params::ParamStore;
 use crate::model::graph::{BnStats, Graph, NodeId, Op};
+use crate::profile::{timed, Level, Profile, Work};
 
-/// The CPU executor.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Cpu;
+/// The CPU executor. With a profile (`Cpu::profiled`) it records each op's
+/// time and work: a matrix product's FLOPs, the bytes of the rest.
+#[derive(Debug, Clone, Default)]
+pub struct Cpu {
+    profile: Option<Arc<Profile>>,
+}
+
+impl Cpu {
+    /// An executor recording into `profile`.
+    pub fn profiled(profile: Arc<Profile>) -> Self {
+        Cpu { profile: Some(profile) }
+    }
+}
 
 impl Executor for Cpu {
     fn name(&self) -> &'static str {
@@ -35,7 +48,7 @@ impl Executor for Cpu {
         rows: usize,
         mode: Mode,
     ) -> Box<dyn super::Tape + 'a> {
-        Box::new(Tape::forward(graph, state, inputs, rows, mode))
+        Box::new(Tape::forward(graph, state, inputs, rows, mode, self.profile.clone()))
     }
 }
 
@@ -98,6 +111,7 @@ pub struct Tape<'a> {
     pub b: usize,
     /// The leading batch rows that are examples (`Mode::Train`'s).
     examples: usize,
+    profile: Option<Arc<Profile>>,
 }
 
 impl<'a> Tape<'a> {
@@ -116,6 +130,7 @@ impl<'a> Tape<'a> {
         inputs: &'a [Vec<f32>],
         b: usize,
         mut mode: Mode,
+        profile: Option<Arc<Profile>>,
     ) -> Self {
         let examples = match mode {
             Mode::Train { examples, .. } => examples,
@@ -128,13 +143,58 @@ impl<'a> Tape<'a> {
             saved: Vec::with_capacity(graph.nodes.len()),
             b,
             examples,
+            profile,
         };
-        for node in &graph.nodes {
-            let (v, s) = t.run(&node.op, (node.width, node.rows), (params, buffers), &mut mode);
+        for (i, node) in graph.nodes.iter().enumerate() {
+            let run = |mode: &mut Mode| t.run(&node.op, (node.width, node.rows), (params, buffers), mode);
+            // A product's parts are timed apart, inside `run`.
+            let (v, s) = match &node.op {
+                Op::Linear { .. } => run(&mut mode),
+                op => timed(
+                    t.profile.as_deref(),
+                    (Level::Op, || format!("fwd {}", op_kind(op))),
+                    |_| Some(Work::Bytes(t.bytes_moved(NodeId(i)))),
+                    || run(&mut mode),
+                ),
+            };
             t.vals.push(v);
             t.saved.push(s);
         }
         t
+    }
+
+    /// The bytes an op over node `n` reads from its operands and writes.
+    fn bytes_moved(&self, n: NodeId) -> f64 {
+        let g = self.graph;
+        let node = &g.nodes[n.0];
+        let values: usize = node
+            .op
+            .operands()
+            .iter()
+            .map(|x| g.width(*x) * g.rows(*x))
+            .sum::<usize>()
+            + node.width * node.rows;
+        (values * self.b * std::mem::size_of::<f32>()) as f64
+    }
+
+    /// Runs matrix product `f` of `(m, k, n)`, timed as `what` when profiled.
+    fn product<T>(&self, what: &str, (m, k, n): (usize, usize, usize), f: impl FnOnce() -> T) -> T {
+        timed(
+            self.profile.as_deref(),
+            (Level::Op, || format!("{what} [{m}x{k}]·[{k}x{n}]")),
+            |_| Some(Work::Flops(2.0 * (m * k * n) as f64)),
+            f,
+        )
+    }
+
+    /// Runs element-wise sweep `f` over `bytes`, timed as `what` when profiled.
+    fn sweep<T>(&self, what: &str, bytes: usize, f: impl FnOnce() -> T) -> T {
+        timed(
+            self.profile.as_deref(),
+            (Level::Op, || what.to_string()),
+            |_| Some(Work::Bytes(bytes as f64)),
+            f,
+        )
     }
 
     /// The operands of a dot op as `(values, width)`.
@@ -200,6 +260,13 @@ impl<'a> Tape<'a> {
         }
         split_columns(&dall, total, &widths)
     }
+}
+
+/// An op's kind, for profiles: its variant's name.
+fn op_kind(op: &Op) -> String {
+    let s = format!("{op:?}");
+    let end = s.find([' ', '(', '{']).unwrap_or(s.len());
+    s[..end].to_string()
 }
 
 /// A normalization's column mean and variance: of the rows `z` in
