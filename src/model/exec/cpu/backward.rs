@@ -208,6 +208,7 @@ impl Tape<'_> {
                         let mut dx = vec![0.0f32; b * n * width];
                         dx.par_chunks_mut(n * width)
                             .zip(dy.par_chunks(width))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|(row, d)| {
                                 row.chunks_exact_mut(width).for_each(|blk| blk.copy_from_slice(d));
                             });
@@ -221,6 +222,7 @@ impl Tape<'_> {
                         dx.par_chunks_mut(n * width)
                             .zip(xv.par_chunks(n * width))
                             .zip(yv.par_chunks(width).zip(dy.par_chunks(width)))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|((out, row), (y, d))| {
                                 for c in 0..width {
                                     let ties = (0..*n).filter(|k| row[k * width + c] == y[c]).count();
@@ -241,6 +243,7 @@ impl Tape<'_> {
                         dx.par_chunks_mut(n * d)
                             .zip(xv.par_chunks(n * d))
                             .zip(dy.par_chunks(d))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|((out, row), g)| {
                                 for c in 0..d {
                                     let s: f32 = (0..*n).map(|k| row[k * d + c]).sum();
@@ -342,6 +345,7 @@ impl Tape<'_> {
                             .par_chunks_mut(k * BLOCK)
                             .zip(dy.par_chunks(width * BLOCK))
                             .enumerate()
+                            .with_min_len(kernels::ROWS)
                             .for_each(|(blk, (out, d))| {
                                 for (r, (o, g)) in out.chunks_exact_mut(k).zip(d.chunks_exact(width)).enumerate() {
                                     let at = (blk * BLOCK + r) * width;
@@ -358,6 +362,7 @@ impl Tape<'_> {
                             dx.par_chunks_mut(width * BLOCK)
                                 .zip(dy.par_chunks(width * BLOCK))
                                 .enumerate()
+                                .with_min_len(kernels::ROWS)
                                 .for_each(|(blk, (o, d))| {
                                     for (r, (o, d)) in o.chunks_exact_mut(width).zip(d.chunks_exact(width)).enumerate()
                                     {
@@ -380,6 +385,7 @@ impl Tape<'_> {
                     dx.par_chunks_mut(wx.max(1))
                         .zip(self.value(*x).par_chunks(wx.max(1)))
                         .zip(self.value(*caps).par_iter().zip(dy.par_chunks(2)))
+                        .with_min_len(kernels::ROWS)
                         .for_each(|((o, row), (c, d))| {
                             let (_, grad) = capsule::interest_similarity(row, wx / max_k, *c);
                             o.copy_from_slice(&grad(d[0]));
@@ -391,6 +397,7 @@ impl Tape<'_> {
                     dx.par_chunks_mut(width.max(1))
                         .zip(self.value(*x).par_chunks(width.max(1)))
                         .zip(dy.par_chunks(width.max(1)))
+                        .with_min_len(kernels::ROWS)
                         .for_each(|((o, xr), d)| o.copy_from_slice(&capsule::squash_grad(xr, d, *pow, *ratio)));
                     accumulate(&mut grads, needs, *x, dx);
                 }
@@ -409,6 +416,7 @@ impl Tape<'_> {
                             .zip(self.vals[i].par_chunks(width.max(1)))
                             .zip(self.value(*x).par_chunks(width.max(1)))
                             .zip(inv.par_iter())
+                            .with_min_len(kernels::ROWS)
                             .for_each(|(((d, y), xr), iv)| {
                                 let floored = xr.iter().map(|v| v * v).sum::<f32>() <= L2_EPS;
                                 let yd: f32 = if floored {
@@ -462,6 +470,7 @@ impl Tape<'_> {
                     dx.par_chunks_mut(width / 2)
                         .zip(self.value(*x).par_chunks(width / 2))
                         .zip(dy.par_chunks(width))
+                        .with_min_len(kernels::ROWS)
                         .for_each(|((o, row), d)| {
                             for ((o, blk), d) in o
                                 .chunks_exact_mut(e)
@@ -490,6 +499,7 @@ impl Tape<'_> {
                         da.par_chunks_mut(wa.max(1))
                             .zip(dy.par_chunks(width.max(1)))
                             .zip(cv.par_chunks(wc.max(1)))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|((o, d), cr)| {
                                 for (o, blk) in o.iter_mut().zip(d.chunks_exact(wc)) {
                                     *o = blk.iter().zip(cr).map(|(g, y)| g * y).sum();
@@ -502,6 +512,7 @@ impl Tape<'_> {
                         dc.par_chunks_mut(wc.max(1))
                             .zip(dy.par_chunks(width.max(1)))
                             .zip(av.par_chunks(wa.max(1)))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|((o, d), ar)| {
                                 for (blk, x) in d.chunks_exact(wc).zip(ar) {
                                     o.iter_mut().zip(blk).for_each(|(o, g)| *o += g * x);
@@ -549,6 +560,7 @@ impl Tape<'_> {
                         let mut dx = vec![0.0f32; b / n * width];
                         dx.par_chunks_mut(width.max(1))
                             .zip(dy.par_chunks(n * width.max(1)))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|(o, copies)| {
                                 for c in copies.chunks_exact(width) {
                                     o.iter_mut().zip(c).for_each(|(o, v)| *o += v);
@@ -577,6 +589,7 @@ impl Tape<'_> {
                         .zip(probs.par_chunks((heads * f * t).max(1)))
                         .zip(dy.par_chunks(f * width))
                         .enumerate()
+                        .with_min_len(kernels::ROWS)
                         .for_each(|(e, ((((dq, dk), dv), p), d))| {
                             let qkv = (
                                 &self.value(*q)[e * f * wq..][..f * wq],
@@ -597,6 +610,7 @@ impl Tape<'_> {
                         dw.par_chunks_mut(n)
                             .zip(xv.par_chunks(n * width))
                             .zip(dy.par_chunks(width))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|((o, xr), d)| {
                                 for (o, blk) in o.iter_mut().zip(xr.chunks_exact(width)) {
                                     *o = blk.iter().zip(d).map(|(a, b)| a * b).sum();
@@ -609,6 +623,7 @@ impl Tape<'_> {
                         dx.par_chunks_mut(n * width)
                             .zip(wv.par_chunks(n))
                             .zip(dy.par_chunks(width))
+                            .with_min_len(kernels::ROWS)
                             .for_each(|((o, wr), d)| {
                                 for (blk, wk) in o.chunks_exact_mut(width).zip(wr) {
                                     blk.iter_mut().zip(d).for_each(|(o, v)| *o = wk * v);
@@ -629,6 +644,7 @@ impl Tape<'_> {
                         dy.par_chunks_mut(width)
                             .zip(xhat.par_chunks(width))
                             .zip(inv.par_iter())
+                            .with_min_len(kernels::ROWS)
                             .for_each(|((d, h), iv)| {
                                 let n = width as f32;
                                 d.iter_mut().zip(gm).for_each(|(d, g)| *d *= g);

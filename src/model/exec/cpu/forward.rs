@@ -97,6 +97,7 @@ impl Tape<'_> {
                 let mut y = self.value(*x).to_vec();
                 y.par_chunks_mut(width)
                     .zip(keep.par_chunks(n))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(row, k)| row.iter_mut().zip(index).for_each(|(v, j)| *v *= k[*j]));
                 let saved = match mode {
                     Mode::Train { .. } => Saved::Keep { keep, dkeep },
@@ -115,6 +116,7 @@ impl Tape<'_> {
                     let v = self.value(*x);
                     y.par_chunks_mut(width)
                         .zip(v.par_chunks(w))
+                        .with_min_len(kernels::ROWS)
                         .for_each(|(row, src)| row[col..col + w].copy_from_slice(&src[..w]));
                     col += w;
                 }
@@ -126,6 +128,7 @@ impl Tape<'_> {
                 if width > 0 {
                     y.par_chunks_mut(width)
                         .zip(self.value(*x).par_chunks(w))
+                        .with_min_len(kernels::ROWS)
                         .for_each(|(o, row)| o.copy_from_slice(&row[*start..start + width]));
                 }
                 (y, Saved::None)
@@ -146,6 +149,7 @@ impl Tape<'_> {
                 let mut y = vec![0.0f32; b * d];
                 y.par_chunks_mut(d)
                     .zip(self.value(*x).par_chunks(n * d))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(out, row)| {
                         for blk in row.chunks_exact(d) {
                             out.iter_mut().zip(blk).for_each(|(o, v)| *o += v);
@@ -158,6 +162,7 @@ impl Tape<'_> {
                 let mut y = vec![0.0f32; b * d];
                 y.par_chunks_mut(d)
                     .zip(self.value(*x).par_chunks(n * d))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(out, row)| {
                         out.copy_from_slice(&row[..d]);
                         for blk in row.chunks_exact(d).skip(1) {
@@ -171,6 +176,7 @@ impl Tape<'_> {
                 let mut y = vec![0.0f32; b * d];
                 y.par_chunks_mut(d)
                     .zip(self.value(*x).par_chunks(n * d))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(out, row)| {
                         for c in 0..d {
                             let (mut s, mut sq) = (0.0f32, 0.0f32);
@@ -232,6 +238,7 @@ impl Tape<'_> {
                 let bias = p.slice(*bias);
                 let mut y = self.value(*x).to_vec();
                 y.par_chunks_mut(width)
+                    .with_min_len(kernels::ROWS)
                     .for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
                 (y, Saved::None)
             }
@@ -241,6 +248,7 @@ impl Tape<'_> {
                 let mut inv = vec![0.0f32; b];
                 xhat.par_chunks_mut(width)
                     .zip(inv.par_iter_mut())
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(row, iv)| {
                         let n = row.len() as f32;
                         let m = row.iter().sum::<f32>() / n;
@@ -280,6 +288,7 @@ impl Tape<'_> {
                 let mut inv = vec![0.0f32; b];
                 y.par_chunks_mut(width.max(1))
                     .zip(inv.par_iter_mut())
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(row, iv)| {
                         *iv = kernels::l2_inv(row);
                         row.iter_mut().for_each(|v| *v *= *iv);
@@ -312,6 +321,7 @@ impl Tape<'_> {
                     .zip(self.value(*x).par_chunks((n * e).max(1)))
                     .zip(self.value(*len).par_iter().zip(self.value(*caps)))
                     .zip(starts)
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(((out, xr), (l, c)), start)| {
                         let live = (kernels::live(*l, n), kernels::live(*c, *max_k));
                         capsule::route(xr, e, live, start, r, out);
@@ -348,6 +358,7 @@ impl Tape<'_> {
                 let mut y = vec![0.0f32; b * width];
                 y.par_chunks_mut(width)
                     .zip(self.value(*x).par_chunks(din))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(out, row)| kernels::grouped_linear_row(row, wv, bv, *n, out));
                 (y, Saved::None)
             }
@@ -356,6 +367,7 @@ impl Tape<'_> {
                 let mut y = vec![0.0f32; b * width];
                 y.par_chunks_mut(width)
                     .zip(self.value(*x).par_chunks(width / 2))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(out, row)| {
                         for (o, blk) in out.chunks_exact_mut(2 * e).zip(row.chunks_exact(e)) {
                             let (s, c) = o.split_at_mut(e);
@@ -372,6 +384,7 @@ impl Tape<'_> {
                 y.par_chunks_mut(width.max(1))
                     .zip(self.value(*a).par_chunks(wa.max(1)))
                     .zip(self.value(*c).par_chunks(wc.max(1)))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|((out, ar), cr)| {
                         for (blk, x) in out.chunks_exact_mut(wc).zip(ar) {
                             blk.iter_mut().zip(cr).for_each(|(o, y)| *o = x * y);
@@ -426,6 +439,7 @@ impl Tape<'_> {
                     .zip(self.value(*k).par_chunks(t * wq))
                     .zip(self.value(*v).par_chunks(t * wv))
                     .zip(row_keys)
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(((((o, p), q), k), v), keys)| {
                         kernels::attention_fwd((q, k, v), (*heads, *scale, keys), (f, t), o, p)
                     });
@@ -435,6 +449,7 @@ impl Tape<'_> {
                 let mut y = vec![0.0f32; b * n];
                 y.par_chunks_mut((*n).max(1))
                     .zip(self.value(*len))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(row, l)| {
                         row[..kernels::live(*l, *n)].fill(1.0);
                     });
@@ -446,6 +461,7 @@ impl Tape<'_> {
                 y.par_chunks_mut(width)
                     .zip(self.value(*w).par_chunks(n))
                     .zip(self.value(*x).par_chunks(n * width))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|((out, wr), xr)| {
                         for (wk, blk) in wr.iter().zip(xr.chunks_exact(width)) {
                             out.iter_mut().zip(blk).for_each(|(o, v)| *o += wk * v);

@@ -322,6 +322,7 @@ fn split_columns(x: &[f32], total: usize, widths: &[usize]) -> Vec<Vec<f32>> {
             if w > 0 {
                 out.par_chunks_mut(w)
                     .zip(x.par_chunks(total))
+                    .with_min_len(kernels::ROWS)
                     .for_each(|(o, row)| o.copy_from_slice(&row[col..col + w]));
             }
             col += w;
