@@ -67,17 +67,22 @@ impl Tape<'_> {
                         // Into the input's gradient so far, when another
                         // reader of it already gave one (MMoE's experts and
                         // gates), rather than a new matrix added to it.
-                        let (dx, acc) = match grads[x.0].take() {
-                            Some(d) => (d, true),
-                            None => (vec![0.0f32; b * k], false),
-                        };
-                        let mut dx = dx;
-                        self.product("bwd dx = dy·Wᵀ", (b, width, k), || {
-                            if narrow(k, width) {
-                                kernels::narrow_input_grad(&mut dx, &dy, p.slice(*w), (k, width), acc);
-                            } else {
-                                kernels::matmul(&mut dx, &dy, false, p.slice(*w), true, (b, width, k), acc);
+                        let before = grads[x.0].take();
+                        let dx = self.product("bwd dx = dy·Wᵀ", (b, width, k), || match before {
+                            Some(mut dx) => {
+                                if narrow(k, width) {
+                                    kernels::narrow_input_grad(&mut dx, &dy, p.slice(*w), (k, width), true);
+                                } else {
+                                    kernels::matmul(&mut dx, &dy, false, p.slice(*w), true, (b, width, k), true);
+                                }
+                                dx
                             }
+                            None if narrow(k, width) => {
+                                let mut dx = vec![0.0f32; b * k];
+                                kernels::narrow_input_grad(&mut dx, &dy, p.slice(*w), (k, width), false);
+                                dx
+                            }
+                            None => kernels::matmul_new(&dy, false, p.slice(*w), true, (b, width, k)),
                         });
                         grads[x.0] = Some(dx);
                     }

@@ -23,13 +23,14 @@ impl Tape<'_> {
         match op {
             Op::Input { .. } => (Vec::new(), Saved::None),
             Op::Linear { x, w, b: bias, act } => {
-                let mut y = vec![0.0f32; b * width];
                 let k = w_of(x);
-                self.product("fwd x·W", (b, k, width), || {
+                let mut y = self.product("fwd x·W", (b, k, width), || {
                     if narrow(k, width) {
+                        let mut y = vec![0.0f32; b * width];
                         kernels::narrow_matmul(&mut y, self.value(*x), p.slice(*w), (k, width));
+                        y
                     } else {
-                        kernels::matmul(&mut y, self.value(*x), false, p.slice(*w), false, (b, k, width), false);
+                        kernels::matmul_new(self.value(*x), false, p.slice(*w), false, (b, k, width))
                     }
                 });
                 self.sweep("fwd bias+activation", 8 * b * width, || {

@@ -29,16 +29,56 @@ pub fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n)
         }
         return;
     }
+    // SAFETY: `c` holds the m x n destination (asserted), and does not
+    // alias `a` or `b` (borrow rules).
+    unsafe { gemm_into(c.as_mut_ptr(), (a, ta), (b, tb), (m, k, n), acc) }
+}
+
+/// `op(a)[m, k] · op(b)[k, n]` as a new matrix, written once by gemm: no
+/// pass zeroing it first (a `vec![0.0; m * n]` memsets every output of
+/// every layer, forward and backward, a few ms a step on wide models).
+pub fn matmul_new(a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n): (usize, usize, usize)) -> Vec<f32> {
+    assert!(a.len() == m * k && b.len() == k * n, "matmul shapes");
+    if m == 0 || n == 0 || k == 0 {
+        return vec![0.0; m * n];
+    }
+    let mut c: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: the capacity holds the m x n destination; gemm with
+    // `read_dst` false writes every one of its elements (row stride n,
+    // column stride 1) and reads none, so all are written before
+    // `set_len` makes them part of the vector.
+    unsafe {
+        gemm_into(c.as_mut_ptr(), (a, ta), (b, tb), (m, k, n), false);
+        c.set_len(m * n);
+    }
+    c
+}
+
+/// gemm of `op(a) · op(b)` into the row-major `[m, n]` matrix at `c`,
+/// added to what is there when `acc`.
+///
+/// # Safety
+/// `c` must be valid for writes (and reads when `acc`) of `m * n` values
+/// that alias neither `a` nor `b`; `a` and `b` must hold `m * k` and
+/// `k * n` values, and `m`, `k`, `n` be non-zero.
+unsafe fn gemm_into(
+    c: *mut f32,
+    (a, ta): (&[f32], bool),
+    (b, tb): (&[f32], bool),
+    (m, k, n): (usize, usize, usize),
+    acc: bool,
+) {
+    debug_assert!(a.len() == m * k && b.len() == k * n);
     let (a_rs, a_cs) = if ta { (1, m as isize) } else { (k as isize, 1) };
     let (b_rs, b_cs) = if tb { (1, k as isize) } else { (n as isize, 1) };
-    // SAFETY: the asserted lengths bound every index gemm forms from these
-    // shapes and strides, and `c` does not alias `a` or `b` (borrow rules).
+    // SAFETY: the caller's contract bounds every index gemm forms from
+    // these shapes and strides.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             n as isize,
             acc,
@@ -58,7 +98,6 @@ pub fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n)
     }
 }
 
-/// Softmax of `row` in place (an empty row stays empty).
 pub fn softmax_in_place(row: &mut [f32]) {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut s = 0.0;
