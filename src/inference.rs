@@ -45,14 +45,16 @@ fn easyrec_tensors(
 impl Bundle {
     /// The weights of checkpoint `dir` (optimizer slots are not read into
     /// the model; tables saved by any number of ranks come back whole).
-    pub fn restore(plan: TrainingPlan, dir: &Path) -> anyhow::Result<Self> {
+    pub fn restore(mut plan: TrainingPlan, dir: &Path) -> anyhow::Result<Self> {
         plan.memory.check_here(1)?;
+        crate::model::names::follow_checkpoint_release(&mut plan.model.arch, dir)?;
+        let tf_prefix = checkpoint::tensorflow::find(dir);
         let enc = Encoder::for_inference(&plan).map_err(crate::config::ConfigError::unbuildable)?;
         let sampled = plan.data.negative_sampling.is_some();
         let seed = plan.train.seed;
         let mut model = Model::new(&plan.model, &plan.features, sampled, &enc, seed)
             .map_err(crate::config::ConfigError::unbuildable)?;
-        let (step, mut tensors) = match checkpoint::tensorflow::find(dir) {
+        let (step, mut tensors) = match tf_prefix {
             Some(prefix) => easyrec_tensors(&model, &prefix)?,
             None => checkpoint::load(dir)?,
         };

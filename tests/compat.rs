@@ -449,13 +449,17 @@ fn partitioned_tensorflow_variables_are_put_together() {
 }
 
 /// EasyRec checkpoints of sequence models this project made (see their
-/// READMEs): CMBF's `predict` equals EasyRec's SavedModel on every row,
-/// empty histories included; MIND's `eval` gives EasyRec's own eval
-/// figures on the same rows.
+/// READMEs): CMBF's and the DIN backbone's `predict` equal EasyRec's
+/// SavedModel on every row, empty histories included; MIND's `eval` gives
+/// EasyRec's own eval figures on the same rows.
 #[test]
 fn easyrec_sequence_checkpoints_score_as_easyrec() {
     let (_tmp, dir) = fixture("seq_cmbf");
     assert_predicts_like_easyrec("CMBF", &dir, "model/model.ckpt-300");
+
+    // EasyRec 0.7.1's backbone: its names, its MLPs' biases, its block order.
+    let (_tmp, dir) = fixture("backbone_din");
+    assert_predicts_like_easyrec("the DIN backbone", &dir, "model/model.ckpt-300");
 
     let (_tmp, dir) = fixture("seq_mind");
     let (ours, easyrec) = eval_beside_easyrec("MIND", &dir, "model/model.ckpt-300");

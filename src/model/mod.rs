@@ -82,6 +82,7 @@ impl Model {
             params: &mut params,
             buffers: &mut buffers,
             rng: &mut rng,
+            release: plan.arch.backbone().map_or_else(Default::default, |b| b.release),
         };
         let dropout: Vec<Option<GroupDropout>> = groups
             .iter()

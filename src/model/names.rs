@@ -16,6 +16,7 @@ use super::{builders, GroupLayout, Model, ParamSpec, TableSpec};
 use crate::checkpoint::tensorflow::TfCheckpoint;
 use crate::checkpoint::{Loaded, Unusable};
 use crate::config::feature_plan::FeatureSpec;
+use crate::config::model::backbone::Release;
 use crate::config::model::Arch;
 use crate::config::train_plan::OptimizerKind;
 use crate::optim::{slot_names, tf_slot_names};
@@ -66,6 +67,11 @@ pub fn table_variables(
                 };
                 plain.or_else(seq)
             });
+            // EasyRec 0.7.1 makes a backbone's input layers under its scope.
+            let scope = |k: usize| match arch.backbone().map(|b| b.release) {
+                Some(Release::V071) => format!("backbone/{}", scope(k)),
+                _ => scope(k),
+            };
             match found {
                 Some((k, fi, unpooled)) => {
                     let f = &features[fi];
@@ -85,6 +91,24 @@ pub fn table_variables(
             }
         })
         .collect()
+}
+
+/// Names a backbone's variables after the EasyRec release that wrote the
+/// TensorFlow checkpoint in `dir` (see `backbone::Release`), when there is
+/// one and the model has a backbone; otherwise leaves `arch` as it is.
+pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> Result<(), Unusable> {
+    let (Some(b), Some(prefix)) = (arch.backbone_mut(), crate::checkpoint::tensorflow::find(dir)) else {
+        return Ok(());
+    };
+    let ckpt = TfCheckpoint::open(&prefix)?;
+    b.release = Release::detect(ckpt.entries.keys().map(String::as_str));
+    if b.release == Release::V071 {
+        log::info!(
+            "{}: a backbone written by EasyRec 0.7.1, read by that release's names",
+            prefix.display()
+        );
+    }
+    Ok(())
 }
 
 /// The shape TensorFlow gives a dense parameter: kernels are matrices,

@@ -94,10 +94,20 @@ impl Trainer {
     /// `with_comm`, with the command line's choices for asynchronous
     /// training.
     pub fn with_roles(
-        plan: TrainingPlan,
+        mut plan: TrainingPlan,
         comm: Rc<dyn Communicator>,
         ps_options: &ps::PsOptions,
     ) -> anyhow::Result<Self> {
+        // An EasyRec checkpoint the run resumes from or fine-tunes from
+        // decides whose names a backbone's variables carry.
+        let fine_tune = plan
+            .train
+            .fine_tune
+            .as_ref()
+            .and_then(|f| crate::checkpoint::resolve(&f.checkpoint).ok());
+        for dir in [Some(plan.model_dir.clone()), fine_tune].into_iter().flatten() {
+            crate::model::names::follow_checkpoint_release(&mut plan.model.arch, &dir)?;
+        }
         let mut roles = None;
         let sharding = match (plan.train.strategy, comm.size()) {
             (_, 1) => Sharding::Replicated,

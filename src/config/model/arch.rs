@@ -154,6 +154,28 @@ pub enum Arch {
     },
 }
 
+impl Arch {
+    /// The backbone of a RankModel, MultiTaskModel or MatchModel.
+    pub fn backbone_mut(&mut self) -> Option<&mut super::backbone::Backbone> {
+        match self {
+            Arch::Backbone(b)
+            | Arch::MultiTaskBackbone { backbone: b, .. }
+            | Arch::MatchBackbone { backbone: b, .. } => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The backbone of a RankModel, MultiTaskModel or MatchModel.
+    pub fn backbone(&self) -> Option<&super::backbone::Backbone> {
+        match self {
+            Arch::Backbone(b)
+            | Arch::MultiTaskBackbone { backbone: b, .. }
+            | Arch::MatchBackbone { backbone: b, .. } => Some(b),
+            _ => None,
+        }
+    }
+}
+
 /// The architecture block, its l2_regularization and, for multi-task
 /// models, their tasks.
 pub fn arch(

@@ -184,6 +184,9 @@ pub struct Mlp {
 pub struct MlpLayer {
     pub units: usize,
     pub use_bias: bool,
+    /// Whether EasyRec 0.7.1 gives the layer a bias: its MLP has no
+    /// `use_final_bias` and defaults `use_bias` to true.
+    pub use_bias_071: bool,
     pub use_bn: bool,
     /// Batch norm after the activation rather than before it.
     pub bn_after_activation: bool,
@@ -241,6 +244,7 @@ pub fn mlp(m: &proto::Mlp, path: &str) -> Result<Mlp, ConfigError> {
                 MlpLayer {
                     units: units as usize,
                     use_bias: if last { m.use_final_bias() } else { m.use_bias() },
+                    use_bias_071: m.use_bias.unwrap_or(true),
                     use_bn: if last { m.use_final_bn() } else { m.use_bn() },
                     bn_after_activation: m.use_bn_after_activation(),
                     activation: if last { final_act } else { act },

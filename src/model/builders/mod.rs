@@ -203,7 +203,16 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
             named(&groups.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
         }
         Arch::Esmm { .. } => named(&["all"]),
-        Arch::Backbone(_) | Arch::MultiTaskBackbone { .. } | Arch::MatchBackbone { .. } => Vec::new(),
+        // The groups in the order their input-layer blocks run.
+        Arch::Backbone(b) | Arch::MultiTaskBackbone { backbone: b, .. } | Arch::MatchBackbone { backbone: b, .. } => b
+            .blocks
+            .iter()
+            .filter(|blk| blk.input_layer().is_some())
+            .filter_map(|blk| match &blk.inputs.first()?.source {
+                crate::config::model::backbone::Source::Group(n) => named_group(groups, n),
+                crate::config::model::backbone::Source::Block(_) => None,
+            })
+            .collect(),
         Arch::Dssm { .. } => named(&["user", "item"]),
         Arch::Mind(_) => named(&["hist", "user", "item"]),
         Arch::DropoutNet { .. } => named(&["user_content", "user_preference", "item_content", "item_preference"]),

@@ -321,6 +321,7 @@ mod tests {
             params: &mut params,
             buffers: &mut buffers,
             rng: &mut rng,
+            release: Default::default(),
         };
         let mut g = Graph::default();
         let x = g.input(0, width);

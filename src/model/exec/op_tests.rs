@@ -35,6 +35,7 @@ fn case(name: &'static str, smooth: bool, build: impl FnOnce(&mut Graph, &mut Sc
         params: &mut params,
         buffers: &mut buffers,
         rng: &mut rng,
+        release: Default::default(),
     };
     let out = build(&mut g, &mut s, x);
     assert_eq!(out.0, g.nodes.len() - 1, "{name}: the op under test comes last");

@@ -4,6 +4,7 @@
 
 use super::params::{Init, ParamStore};
 use super::{Graph, NodeId, Op, LN_EPS};
+use crate::config::model::backbone::Release;
 use crate::config::model::{Activation, DnnSpec};
 use crate::util::Rng;
 
@@ -39,6 +40,9 @@ pub struct Scope<'a> {
     pub params: &'a mut ParamStore,
     pub buffers: &'a mut ParamStore,
     pub rng: &'a mut Rng,
+    /// Whose defaults a backbone's layers follow where EasyRec's releases
+    /// differ (`Release`).
+    pub release: Release,
 }
 
 impl Scope<'_> {

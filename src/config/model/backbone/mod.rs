@@ -21,6 +21,37 @@ pub struct Backbone {
     pub top_mlp: Option<Mlp>,
     /// The wide groups' embedding width (`input_layer.wide_output_dim`).
     pub wide_output_dim: Option<usize>,
+    /// Whose variable names and defaults the backbone follows: later
+    /// EasyRec's unless a checkpoint of EasyRec 0.7.1 is to be read
+    /// (`Release::detect`).
+    pub release: Release,
+}
+
+/// The EasyRec release a backbone's variables are named after. EasyRec
+/// 0.7.1 (the release on PyPI) builds the backbone under the variable
+/// scope `backbone` (`backbone/input_layer/...`, `backbone/<block>/...`),
+/// names an MLP's layers `<block>/dnn_<i>` with a bias unless `use_bias`
+/// is false, and DIN's scoring DNN with `dnn.DNN`, whose Dice keeps its
+/// `alpha_<layer>/act` and a `batch_normalization[_k]` of its own; later
+/// EasyRec names them `<block>/layer_<i>/dense` without a bias by default,
+/// and Dice `<layer>/bn/dice/...`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Release {
+    #[default]
+    Current,
+    V071,
+}
+
+impl Release {
+    /// The release whose backbone wrote a checkpoint holding `names`:
+    /// 0.7.1 where they are under the scope `backbone/`.
+    pub fn detect<'a>(mut names: impl Iterator<Item = &'a str>) -> Release {
+        if names.any(|n| n.starts_with("backbone/")) {
+            Release::V071
+        } else {
+            Release::Current
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -465,14 +496,16 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
             "there must be at least one block besides input layers",
         ));
     }
-    implicit.extend(blocks);
-    let blocks = topological(implicit, path)?;
+    // EasyRec's DAG holds the config's blocks, then the implicit ones in
+    // the order they were first read.
+    blocks.extend(implicit);
     let (output, output_as_list) = if !b.output_blocks.is_empty() {
         (b.output_blocks.clone(), true)
     } else if !b.concat_blocks.is_empty() {
         (b.concat_blocks.clone(), false)
     } else {
-        // EasyRec concatenates the leaves: blocks no other block reads.
+        // EasyRec concatenates the leaves, blocks no other block reads, in
+        // the DAG's order (`DAG.all_leaves`).
         let read: Vec<&str> = blocks
             .iter()
             .flat_map(|b| b.inputs.iter())
@@ -488,6 +521,7 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
             .collect();
         (leaves, false)
     };
+    let blocks = topological(blocks, path)?;
     if let Some(o) = output.iter().find(|o| !blocks.iter().any(|b| &b.name == *o)) {
         return Err(ConfigError::invalid(
             format!("{path}.concat_blocks"),
@@ -504,45 +538,53 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
             .map(|m| mlp(m, &format!("{path}.top_mlp")))
             .transpose()?,
         wide_output_dim,
+        release: Release::Current,
     })
 }
 
-/// Blocks ordered so each follows the blocks it reads, otherwise in the
-/// order written; a cycle is an error.
+/// The blocks in the order EasyRec runs them (`DAG.topological_sort`):
+/// blocks no other feeds are stacked in order, and the last stacked runs
+/// first; a block is stacked once the last block it reads has run. The
+/// order decides which input layer is `input_layer`, `input_layer_1`, ...
+/// (and so the tables' variable names). EasyRec keeps a block's readers in
+/// a Python set, whose order varies between processes; where a block feeds
+/// several, they are taken here in the order the config lists them.
 fn topological(blocks: Vec<Block>, path: &str) -> Result<Vec<Block>, ConfigError> {
     let index: HashMap<String, usize> = blocks.iter().enumerate().map(|(i, b)| (b.name.clone(), i)).collect();
-    let deps: Vec<Vec<usize>> = blocks
-        .iter()
-        .map(|b| {
-            b.inputs
-                .iter()
-                .filter_map(|i| match &i.source {
-                    Source::Block(n) => index.get(n).copied(),
-                    Source::Group(_) => None,
-                })
-                .collect()
-        })
-        .collect();
-    let mut done = vec![false; blocks.len()];
-    let mut order = Vec::with_capacity(blocks.len());
-    while order.len() < blocks.len() {
-        let next = (0..blocks.len()).find(|&i| !done[i] && deps[i].iter().all(|&d| done[d]));
-        match next {
-            Some(i) => {
-                done[i] = true;
-                order.push(i);
-            }
-            None => {
-                let stuck: Vec<&str> = (0..blocks.len())
-                    .filter(|&i| !done[i])
-                    .map(|i| blocks[i].name.as_str())
-                    .collect();
-                return Err(ConfigError::invalid(
-                    format!("{path}.blocks"),
-                    format!("blocks read each other in a cycle: {}", stuck.join(", ")),
-                ));
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); blocks.len()];
+    let mut waiting = vec![0usize; blocks.len()];
+    for (i, b) in blocks.iter().enumerate() {
+        for inp in &b.inputs {
+            if let Source::Block(n) = &inp.source {
+                if let Some(&d) = index.get(n) {
+                    if !readers[d].contains(&i) {
+                        readers[d].push(i);
+                        waiting[i] += 1;
+                    }
+                }
             }
         }
+    }
+    let mut ready: Vec<usize> = (0..blocks.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut order = Vec::with_capacity(blocks.len());
+    while let Some(u) = ready.pop() {
+        order.push(u);
+        for &v in &readers[u] {
+            waiting[v] -= 1;
+            if waiting[v] == 0 {
+                ready.push(v);
+            }
+        }
+    }
+    if order.len() < blocks.len() {
+        let stuck: Vec<&str> = (0..blocks.len())
+            .filter(|i| !order.contains(i))
+            .map(|i| blocks[i].name.as_str())
+            .collect();
+        return Err(ConfigError::invalid(
+            format!("{path}.blocks"),
+            format!("blocks read each other in a cycle: {}", stuck.join(", ")),
+        ));
     }
     let mut slots: Vec<Option<Block>> = blocks.into_iter().map(Some).collect();
     Ok(order
@@ -605,6 +647,52 @@ fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, Conf
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn block(name: &str, reads: &[&str]) -> Block {
+        Block {
+            name: name.into(),
+            inputs: reads
+                .iter()
+                .map(|r| BlockInput {
+                    source: Source::Block(r.to_string()),
+                    slice: None,
+                    input_fn: None,
+                })
+                .collect(),
+            concat_axis: -1,
+            into_list: false,
+            extra_input_fn: None,
+            layers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn blocks_run_in_the_order_of_easyrecs_dag() {
+        // The DIN backbone sample: config blocks, then the implicit input
+        // blocks in the order first read. EasyRec stacks the blocks no
+        // other feeds (seq, user, item) and runs the last stacked first.
+        let blocks = vec![
+            block("user_mlp", &["user"]),
+            block("item_mlp", &["item"]),
+            block("seq", &[]),
+            block("din", &["seq"]),
+            block("user", &[]),
+            block("item", &[]),
+        ];
+        let order: Vec<String> = topological(blocks, "p").unwrap().into_iter().map(|b| b.name).collect();
+        assert_eq!(order, ["item", "item_mlp", "user", "user_mlp", "seq", "din"]);
+        let cycle = vec![block("a", &["b"]), block("b", &["a"]), block("c", &[])];
+        let e = topological(cycle, "p").unwrap_err().to_string();
+        assert!(e.contains("a cycle: a, b"), "{e}");
+    }
+
+    #[test]
+    fn a_checkpoint_under_the_backbone_scope_is_easyrec_071s() {
+        let names = ["backbone/user_mlp/dnn_0/kernel", "output/kernel"];
+        assert_eq!(Release::detect(names.into_iter()), Release::V071);
+        let names = ["user_mlp/layer_0/dense/kernel", "output/kernel"];
+        assert_eq!(Release::detect(names.into_iter()), Release::Current);
+    }
 
     #[test]
     fn expressions_of_easyrec_configs() {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
-use crate::config::model::backbone::{Backbone, Block, InputLayer, InputMode, KerasLayer, Layer, Source};
+use crate::config::model::backbone::{Backbone, Block, InputLayer, InputMode, KerasLayer, Layer, Release, Source};
 use crate::config::model::Activation;
 use crate::model::graph::{Graph, NodeId, Scope};
 use crate::model::layout::GroupLayout;
@@ -100,11 +100,13 @@ pub fn towers(
 
 /// The backbone's output: its output blocks and top MLP.
 fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
+    let first = (s.params.specs.len(), s.buffers.specs.len());
     let mut outs: HashMap<&str, Val> = HashMap::new();
     for blk in &b.blocks {
         let v = block(blk, &outs, groups, xs, g, s).with_context(|| format!("backbone block `{}`", blk.name))?;
         outs.insert(blk.name.as_str(), v);
     }
+    let blocks_end = (s.params.specs.len(), s.buffers.specs.len());
     let picked: Vec<Val> = b.output.iter().map(|o| outs[o.as_str()].clone()).collect();
     let mut out = if b.output_as_list {
         match picked.as_slice() {
@@ -123,7 +125,53 @@ fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &
         let x = tensor(&x, g).context("backbone top_mlp")?;
         out = Val::T(mlp(x, m, "backbone_top_mlp", g, s));
     }
+    if s.release == Release::V071 {
+        let end = (s.params.specs.len(), s.buffers.specs.len());
+        let mut dice = 0;
+        for (store, (from, to, last)) in [
+            (&mut *s.params, (first.0, blocks_end.0, end.0)),
+            (&mut *s.buffers, (first.1, blocks_end.1, end.1)),
+        ] {
+            for (i, spec) in store.specs.iter_mut().enumerate().take(last).skip(from) {
+                spec.name = name_071(&spec.name, i < to, &mut dice);
+            }
+        }
+    }
     Ok(out)
+}
+
+/// EasyRec 0.7.1's name of a backbone variable this builder named as later
+/// EasyRec does (see `Release`): under `backbone/` when a block's
+/// (`in_blocks`; the top MLP's are not), an MLP's `<x>/layer_<i>/dense/`
+/// as `<x>/dnn_<i>/`, its batch norm `<x>/dnn_<i>/bn/`, and a Dice's alpha
+/// as `alpha_<x>/dnn_<i>/act` and its statistics as the `dice`-th
+/// unnamed `batch_normalization` (counted in the order made).
+fn name_071(name: &str, in_blocks: bool, dice: &mut usize) -> String {
+    let scope = if in_blocks { "backbone/" } else { "" };
+    let layer = name.find("/layer_").and_then(|at| {
+        let (x, rest) = (&name[..at], &name[at + "/layer_".len()..]);
+        let (i, rest) = rest.split_once('/')?;
+        i.parse::<usize>().ok().map(|i| (x, i, rest))
+    });
+    let Some((x, i, rest)) = layer else {
+        return format!("{scope}{name}");
+    };
+    let unnamed_bn = |k: usize| match k {
+        0 => "batch_normalization".to_string(),
+        k => format!("batch_normalization_{k}"),
+    };
+    match rest {
+        "bn/dice/alpha" | "dense/dice/alpha" => format!("{scope}alpha_{x}/dnn_{i}/act"),
+        "bn/dice/moving_mean" | "dense/dice/moving_mean" => format!("{scope}{}/moving_mean", unnamed_bn(*dice)),
+        "bn/dice/moving_variance" | "dense/dice/moving_variance" => {
+            *dice += 1;
+            format!("{scope}{}/moving_variance", unnamed_bn(*dice - 1))
+        }
+        _ => match rest.strip_prefix("dense/") {
+            Some(var) => format!("{scope}{x}/dnn_{i}/{var}"),
+            None => format!("{scope}{x}/dnn_{i}/{rest}"),
+        },
+    }
 }
 
 fn block(
@@ -312,6 +360,39 @@ mod tests {
     use crate::model::graph::LN_EPS;
     use crate::util::Rng;
 
+    #[test]
+    fn easyrec_071_names_of_a_backbones_variables() {
+        let mut dice = 0;
+        let mut n = |name: &str, in_blocks: bool| name_071(name, in_blocks, &mut dice);
+        assert_eq!(
+            n("user_mlp/layer_0/dense/kernel", true),
+            "backbone/user_mlp/dnn_0/kernel"
+        );
+        assert_eq!(n("user_mlp/layer_1/dense/bias", true), "backbone/user_mlp/dnn_1/bias");
+        assert_eq!(n("user_mlp/layer_1/bn/gamma", true), "backbone/user_mlp/dnn_1/bn/gamma");
+        assert_eq!(
+            n("backbone_top_mlp/layer_0/bn/moving_mean", false),
+            "backbone_top_mlp/dnn_0/bn/moving_mean"
+        );
+        assert_eq!(
+            n("din/din_attention/layer_1/bn/dice/alpha", true),
+            "backbone/alpha_din/din_attention/dnn_1/act"
+        );
+        // Each Dice's statistics: the next unnamed batch normalization.
+        for k in ["batch_normalization", "batch_normalization_1"] {
+            assert_eq!(
+                n("din/din_attention/layer_0/bn/dice/moving_mean", true),
+                format!("backbone/{k}/moving_mean")
+            );
+            assert_eq!(
+                n("din/din_attention/layer_0/bn/dice/moving_variance", true),
+                format!("backbone/{k}/moving_variance")
+            );
+        }
+        assert_eq!(n("fibinet/senet/W1/kernel", true), "backbone/fibinet/senet/W1/kernel");
+        assert_eq!(n("x/layer_a/dense/kernel", true), "backbone/x/layer_a/dense/kernel");
+    }
+
     /// SENet against a direct computation: squeeze each field's groups to
     /// their max and mean (field by field, max before mean), W1 with relu,
     /// W2, reweight, skip, layer norm.
@@ -323,6 +404,7 @@ mod tests {
             params: &mut params,
             buffers: &mut buffers,
             rng: &mut rng,
+            release: Default::default(),
         };
         let mut g = Graph::default();
         let inputs: Vec<NodeId> = widths.iter().enumerate().map(|(i, w)| g.input(i, *w)).collect();

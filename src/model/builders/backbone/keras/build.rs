@@ -5,7 +5,7 @@ use anyhow::{bail, Context};
 
 use super::super::value::*;
 use super::parse::{Aggregation, Bilinear, BilinearKind, BstLayer, GateNet, Keras, MaskBlock, NumericOut, SeNetParams};
-use crate::config::model::backbone::Expr;
+use crate::config::model::backbone::{Expr, Release};
 use crate::config::model::layers::{Mlp, MlpLayer};
 use crate::config::model::Activation;
 use crate::model::graph::params::Init;
@@ -759,7 +759,10 @@ fn mlp_layer(x: NodeId, l: &MlpLayer, lname: &str, g: &mut Graph, s: &mut Scope)
     let k = Kernel {
         init: Init::HeUniform,
         l2: true,
-        bias: l.use_bias,
+        bias: match s.release {
+            Release::Current => l.use_bias,
+            Release::V071 => l.use_bias_071,
+        },
     };
     let dense = format!("{lname}/dense");
     let x = if l.use_bn && !l.bn_after_activation {

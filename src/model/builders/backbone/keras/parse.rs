@@ -679,8 +679,13 @@ pub fn parse(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                     "DIN scores each position with the MLP's last layer: it has 1 unit",
                 ));
             }
+            let mut scorer = mlp(&m, &format!("{path}.attention_dnn"))?;
+            // EasyRec 0.7.1 scores with its `dnn.DNN`: a bias in every layer.
+            for l in &mut scorer.layers {
+                l.use_bias_071 = true;
+            }
             Keras::Din {
-                mlp: mlp(&m, &format!("{path}.attention_dnn"))?,
+                mlp: scorer,
                 need_target: d.need_target_feature,
             }
         }
