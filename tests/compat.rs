@@ -448,6 +448,18 @@ fn partitioned_tensorflow_variables_are_put_together() {
     assert_eq!((ones.shape, ones.data), (vec![4, 2], vec![1.0; 8]));
 }
 
+/// EasyRec checkpoints this project made in the held-out data layout (see
+/// their READMEs): a header, digit ids typed STRING and INT64, missing
+/// values with defaults, weighted tags, bucketized and scaled raw values,
+/// and raw projections of negative values.
+#[test]
+fn easyrec_checkpoints_of_the_held_out_layout_predict_as_easyrec() {
+    for (name, model) in [("heldout_wide_and_deep", "WideAndDeep"), ("heldout_deepfm", "DeepFM")] {
+        let (_tmp, dir) = fixture(name);
+        assert_predicts_like_easyrec(model, &dir, "model/model.ckpt-100");
+    }
+}
+
 /// EasyRec checkpoints of sequence models this project made (see their
 /// READMEs): CMBF's and the DIN backbone's `predict` equal EasyRec's
 /// SavedModel on every row, empty histories included; MIND's `eval` gives

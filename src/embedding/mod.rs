@@ -343,6 +343,20 @@ pub fn prefetch(row: &[f32]) {
     let _ = row;
 }
 
+/// The weight id `i` of `j` is pooled with: its own, or 1 without weights.
+/// A mean (any combiner but sum) leaves out ids of weight <= 0, as
+/// TensorFlow's `safe_embedding_lookup_sparse` prunes them for EasyRec's
+/// embedding columns (a raw feature's projection of a negative value, a
+/// tag of weight 0): their weight is 0, and a row left with none is zeros.
+fn pooled_weight(j: &Jagged, i: usize, mean: bool) -> f32 {
+    let w = j.weights.as_ref().map_or(1.0, |w| w[i]);
+    if mean {
+        w.max(0.0)
+    } else {
+        w
+    }
+}
+
 /// `pool_into` for the batch rows `first..` that `out` holds.
 pub fn pool_rows(
     table: &dyn RowSource,
@@ -366,7 +380,7 @@ pub fn pool_rows(
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
         let mut wsum = 0.0f32;
         for i in s..e {
-            let w = j.weights.as_ref().map_or(1.0, |w| w[i]);
+            let w = pooled_weight(j, i, mean);
             wsum += w;
             for (d, x) in dst.iter_mut().zip(table.row(j.ids[i])) {
                 *d += w * x;
@@ -499,12 +513,12 @@ pub fn scatter_grad(j: &Jagged, mean: bool, grad: &[f32], stride: usize, col: us
         }
         let g = &grad[b * stride + col..b * stride + col + dim];
         let wsum: f32 = if mean {
-            (s..e).map(|i| j.weights.as_ref().map_or(1.0, |w| w[i])).sum()
+            (s..e).map(|i| pooled_weight(j, i, mean)).sum()
         } else {
             1.0
         };
         for i in s..e {
-            let w = j.weights.as_ref().map_or(1.0, |w| w[i]) / if wsum > 0.0 { wsum } else { 1.0 };
+            let w = pooled_weight(j, i, mean) / if wsum > 0.0 { wsum } else { 1.0 };
             for (a, x) in acc.slot(j.ids[i], dim).iter_mut().zip(g) {
                 *a += w * x;
             }
@@ -557,6 +571,38 @@ mod tests {
             offsets: offsets.to_vec(),
             weights: None,
             positions: None,
+        }
+    }
+
+    /// TensorFlow's safe embedding lookup: a sum keeps entries of weight
+    /// <= 0, a mean leaves them out (a row left with none is zeros); the
+    /// gradients follow.
+    #[test]
+    fn a_mean_leaves_out_weights_that_are_not_positive_and_a_sum_keeps_them() {
+        let kind = OptimizerKind::Momentum { momentum: 0.0 };
+        let mut t = Table::new(
+            ("t", 3, 1),
+            &EmbeddingInit::Default,
+            1,
+            (0, &kind),
+            Sharding::Replicated,
+        );
+        t.weights = vec![1., 10., 100.];
+        // Row 0: ids 0 (weight -2), 1 (weight 3); row 1: id 2 (weight 0).
+        let mut j = jagged(&[0, 1, 2], &[0, 2, 3]);
+        j.weights = Some(vec![-2.0, 3.0, 0.0]);
+        let mut out = vec![9.0f32; 2];
+        pool_rows(&t, &j, false, &mut out, 1, 0, 0);
+        assert_eq!(out, vec![-2.0 + 30.0, 0.0]);
+        pool_rows(&t, &j, true, &mut out, 1, 0, 0);
+        assert_eq!(out, vec![10.0, 0.0]);
+        for (mean, want) in [(false, [-2.0, 3.0, 0.0]), (true, [0.0, 1.0, 0.0])] {
+            let mut acc = RowGrads::default();
+            scatter_grad(&j, mean, &[1.0, 1.0], 1, 0, 1, &mut acc);
+            for (id, w) in want.iter().enumerate() {
+                let at = acc.rows.iter().position(|r| *r == id as u64).unwrap();
+                assert_eq!(acc.grads[at], *w, "mean {mean}, id {id}");
+            }
         }
     }
 

@@ -814,19 +814,19 @@ fn scaled(x: f64, min_max: Option<(f64, f64)>) -> f64 {
     }
 }
 
-/// Appends an id (computed only then) and its weight, unless the weight is
-/// not positive: TensorFlow's safe embedding lookup drops such entries, so
-/// they add nothing.
+/// Appends an id and its weight, whatever its sign: whether an entry of
+/// weight <= 0 counts is the pooling's to say (TensorFlow's safe embedding
+/// lookup leaves it out of a mean, and keeps it in a sum, EasyRec's default
+/// combiner: a raw feature's projection of a negative value is that value
+/// times its row; `embedding::pool_rows`).
 fn push_weighted(
     ids: &mut Vec<u64>,
     weights: &mut Vec<f32>,
     weight: f32,
     id: impl FnOnce() -> anyhow::Result<u64>,
 ) -> anyhow::Result<()> {
-    if weight > 0.0 {
-        ids.push(id()?);
-        weights.push(weight);
-    }
+    ids.push(id()?);
+    weights.push(weight);
     Ok(())
 }
 

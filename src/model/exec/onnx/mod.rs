@@ -402,12 +402,22 @@ impl Builder<'_> {
         )
     }
 
-    /// `[batch, dim]`: each row's rows of `table`, summed (or their weighted mean).
+    /// `[batch, dim]`: each row's rows of `table`, summed (or their weighted
+    /// mean, which leaves out ids of weight <= 0 as `embedding::pool_rows`
+    /// does: their weight becomes 0).
     fn pool(&mut self, m: &Segments, table: &str, dim: usize, mean: bool) -> String {
+        let (weights, sums) = match (&m.weights, mean) {
+            (Some(w), true) => {
+                let kept = self.g.op("Relu", &[w]);
+                let sums = self.scatter_add(&m.zero_col, &m.rows, &kept);
+                (Some(kept), sums)
+            }
+            _ => (m.weights.clone(), m.sums.clone()),
+        };
         let mut looked_up = self
             .g
             .node("Gather", &[table, &m.ids], vec![("axis", Attr::Int(0))], None);
-        if let Some(w) = &m.weights {
+        if let Some(w) = &weights {
             looked_up = self.g.op("Mul", &[&looked_up, w]);
         }
         // Zeros `[batch, dim]`, shaped by the batch without a shape op.
@@ -418,8 +428,8 @@ impl Builder<'_> {
             return pooled;
         }
         let zero = self.scalar_f32(0.0);
-        let positive = self.g.op("Greater", &[&m.sums, &zero]);
-        let divided = self.g.op("Div", &[&pooled, &m.sums]);
+        let positive = self.g.op("Greater", &[&sums, &zero]);
+        let divided = self.g.op("Div", &[&pooled, &sums]);
         self.g.op("Where", &[&positive, &divided, &pooled])
     }
 
