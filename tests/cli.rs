@@ -412,9 +412,11 @@ fn a_diverging_run_stops_with_exit_1_and_saves_nothing() {
     }
 }
 
-/// A user's data problem is a user error: an id outside num_buckets, a
-/// label that is not a number, or a classification label outside [0, 1]
-/// exits 1 and names the feature or column.
+/// A user's data problem is a user error: an id that is not an integer
+/// where num_buckets reads ids as they are, a label that is not a number,
+/// or a classification label outside [0, 1] exits 1 and names the feature
+/// or column. (An integer id outside num_buckets is read as 0 with a
+/// warning, as EasyRec's identity column does.)
 #[test]
 fn bad_values_in_the_data_exit_1_naming_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -440,8 +442,8 @@ model_config {{ model_class: "MultiTower"
         (
             "id",
             "INT32",
-            "1,3\n0,12\n1,4\n0,5\n",
-            "id 12 is outside [0, num_buckets = 10)",
+            "1,3\n0,x2\n1,4\n0,5\n",
+            "`x2` is not an integer id (num_buckets is set)",
         ),
         ("label", "STRING", "1,3\nyes,2\n1,4\n0,5\n", "label column `label`"),
         (

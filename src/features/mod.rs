@@ -104,7 +104,12 @@ pub fn hash_bucket_i64(value: i64, buckets: u64) -> u64 {
 #[derive(Debug, Clone)]
 enum Buckets {
     Hash(u64),
-    Identity(u64),
+    /// `num_buckets` ids; one outside them is read as 0 (EasyRec's identity
+    /// column has `default_value=0`), warned of once (`warned`).
+    Identity {
+        n: u64,
+        warned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    },
     /// Known values -> index; anything else -> row 0, as EasyRec's
     /// vocabulary columns do (`default_value=0`, no out-of-vocabulary row).
     Vocab(HashMap<String, u64>),
@@ -123,7 +128,10 @@ impl Buckets {
     fn new(b: &Bucketing, feature: &str) -> anyhow::Result<Self> {
         Ok(match b {
             Bucketing::Hash(n) => Buckets::Hash(*n),
-            Bucketing::Identity(n) => Buckets::Identity(*n),
+            Bucketing::Identity(n) => Buckets::Identity {
+                n: *n,
+                warned: Default::default(),
+            },
             Bucketing::Vocab(v) => Buckets::Vocab(v.iter().enumerate().map(|(i, s)| (s.clone(), i as u64)).collect()),
             Bucketing::Boundaries(b) => Buckets::Boundaries(b.clone()),
             Bucketing::RawPositions { .. } => unreachable!("projected raw sequences have their own encoding"),
@@ -149,7 +157,7 @@ impl Buckets {
 
     fn rows(&self) -> u64 {
         match self {
-            Buckets::Hash(n) | Buckets::Identity(n) => *n,
+            Buckets::Hash(n) | Buckets::Identity { n, .. } => *n,
             Buckets::Vocab(m) => (m.len() as u64).max(1),
             Buckets::Boundaries(b) => b.len() as u64 + 1,
             Buckets::Scaled { bounds, .. } => bounds.len() as u64 + 1,
@@ -159,12 +167,12 @@ impl Buckets {
     fn of_str(&self, s: &str, feature: &str) -> anyhow::Result<u64> {
         Ok(match self {
             Buckets::Hash(n) => hash_bucket_str(s, *n),
-            Buckets::Identity(n) => {
+            Buckets::Identity { .. } => {
                 let v: i64 = s
                     .trim()
                     .parse()
                     .with_context(|| format!("feature `{feature}`: `{s}` is not an integer id (num_buckets is set)"))?;
-                self.identity(v, *n, feature)?
+                self.identity(v, feature)
             }
             Buckets::Vocab(m) => m.get(s).copied().unwrap_or(0),
             Buckets::Boundaries(b) => {
@@ -196,18 +204,28 @@ impl Buckets {
     fn of_int(&self, v: i64, feature: &str) -> anyhow::Result<u64> {
         Ok(match self {
             Buckets::Hash(n) => hash_bucket_i64(v, *n),
-            Buckets::Identity(n) => self.identity(v, *n, feature)?,
+            Buckets::Identity { .. } => self.identity(v, feature),
             Buckets::Vocab(m) => m.get(&v.to_string()).copied().unwrap_or(0),
             Buckets::Boundaries(b) => b.partition_point(|x| *x <= v as f64) as u64,
             Buckets::Scaled { .. } => self.scaled(v as f64),
         })
     }
 
-    fn identity(&self, v: i64, n: u64, feature: &str) -> anyhow::Result<u64> {
-        if v < 0 || v as u64 >= n {
-            bail!("feature `{feature}`: id {v} is outside [0, num_buckets = {n})");
+    /// Id `v` of an identity column: itself within [0, num_buckets), else 0.
+    fn identity(&self, v: i64, feature: &str) -> u64 {
+        let Buckets::Identity { n, warned } = self else {
+            unreachable!("only identity buckets read ids as they are")
+        };
+        if v >= 0 && (v as u64) < *n {
+            return v as u64;
         }
-        Ok(v as u64)
+        if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            log::warn!(
+                "feature `{feature}`: id {v} is outside [0, num_buckets = {n}): read as id 0, as EasyRec's identity \
+                 column does (default_value 0); further ids outside it are read so without a warning"
+            );
+        }
+        0
     }
 }
 
@@ -1221,7 +1239,21 @@ fn encode_lookup(e: &Enc, raw: &RawBatch, n: usize, j: &mut Jagged) -> anyhow::R
 
 #[cfg(test)]
 mod tests {
-    use super::{bucketized_value, scaled};
+    use super::{bucketized_value, scaled, Bucketing, Buckets};
+
+    /// As EasyRec's `categorical_column_with_identity(default_value=0)`:
+    /// an id outside [0, num_buckets) is read as 0; one that is not an
+    /// integer is an error.
+    #[test]
+    fn identity_ids_outside_num_buckets_are_read_as_0() {
+        let b = Buckets::new(&Bucketing::Identity(10), "c").unwrap();
+        assert_eq!(b.of_int(3, "c").unwrap(), 3);
+        assert_eq!(b.of_int(12, "c").unwrap(), 0);
+        assert_eq!(b.of_int(-1, "c").unwrap(), 0);
+        assert_eq!(b.of_str(" 9", "c").unwrap(), 9);
+        assert_eq!(b.of_str("10", "c").unwrap(), 0);
+        assert!(b.of_str("x2", "c").is_err());
+    }
 
     /// As EasyRec: a bucketized raw value is scaled by min_val / max_val
     /// first, in float32; a scale whose max is not above its min leaves
