@@ -574,20 +574,27 @@ mod tests {
         }
     }
 
-    /// TensorFlow's safe embedding lookup: a sum keeps entries of weight
-    /// <= 0, a mean leaves them out (a row left with none is zeros); the
-    /// gradients follow.
-    #[test]
-    fn a_mean_leaves_out_weights_that_are_not_positive_and_a_sum_keeps_them() {
+    /// A replicated table of `dim`-wide rows holding `weights`.
+    fn table_of(dim: usize, weights: Vec<f32>) -> Table {
         let kind = OptimizerKind::Momentum { momentum: 0.0 };
+        let rows = weights.len() / dim;
         let mut t = Table::new(
-            ("t", 3, 1),
+            ("t", rows, dim),
             &EmbeddingInit::Default,
             1,
             (0, &kind),
             Sharding::Replicated,
         );
-        t.weights = vec![1., 10., 100.];
+        t.weights = weights;
+        t
+    }
+
+    /// TensorFlow's safe embedding lookup: a sum keeps entries of weight
+    /// <= 0, a mean leaves them out (a row left with none is zeros); the
+    /// gradients follow.
+    #[test]
+    fn a_mean_leaves_out_weights_that_are_not_positive_and_a_sum_keeps_them() {
+        let t = table_of(1, vec![1., 10., 100.]);
         // Row 0: ids 0 (weight -2), 1 (weight 3); row 1: id 2 (weight 0).
         let mut j = jagged(&[0, 1, 2], &[0, 2, 3]);
         j.weights = Some(vec![-2.0, 3.0, 0.0]);
@@ -608,15 +615,7 @@ mod tests {
 
     #[test]
     fn several_ids_of_one_position_add_up_weighted_and_so_do_their_gradients() {
-        let kind = OptimizerKind::Momentum { momentum: 0.0 };
-        let mut t = Table::new(
-            ("t", 4, 2),
-            &EmbeddingInit::Default,
-            1,
-            (0, &kind),
-            Sharding::Replicated,
-        );
-        t.weights = vec![1., 2., 3., 4., 5., 6., 7., 8.];
+        let t = table_of(2, vec![1., 2., 3., 4., 5., 6., 7., 8.]);
         // Row 0: position 0 holds ids {0, 1} (mean), position 1 id 3;
         // row 1: one position without ids, then id 2; row 2: none.
         let mut j = jagged(&[0, 1, 3, 2], &[0, 3, 4, 4]);
