@@ -281,8 +281,6 @@ impl Collection {
         sum[0]
     }
 
-    /// The name of a table whose rows touched in `grads` hold a non-finite
-    /// value (this rank's rows).
     /// Applies each table's optimizer at global step `step` to its touched
     /// rows, gradients scaled by `scale` (clipping). Returns a table with
     /// a row that is not finite after the update, if any.

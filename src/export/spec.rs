@@ -196,7 +196,7 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                             "dim": dim,
                             "separator": separator,
                             "min_max": min_max.map(|(lo, hi)| json!({ "min": lo, "max": hi, "value": "(x - min) / (max - min)" })),
-                            "ids": "the k-th value weights row k of the table; values not above 0 are dropped",
+                            "ids": "the k-th value weights row k of the table, whatever its sign (a mean combiner leaves out weights not above 0)",
                         }),
                         FeatureKind::Raw {
                             boundaries, min_max, ..
@@ -217,7 +217,7 @@ pub fn feature_spec(plan: &TrainingPlan, model: &crate::model::Model, inputs: &[
                             "separator": separator,
                             "kv_separator": kv_separator,
                             "weights_column": f.inputs.get(1),
-                            "weights": "tags whose weight is not above 0 are dropped",
+                            "weights": "each tag weights its row, whatever the sign; a mean combiner leaves out tags whose weight is not above 0",
                             "each": buckets(b),
                         }),
                         FeatureKind::Sequence {

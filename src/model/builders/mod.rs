@@ -157,10 +157,6 @@ pub fn build(
     Ok(g)
 }
 
-/// The groups in the order EasyRec's model calls its input layer on them:
-/// each call opens a variable scope, `input_layer`, `input_layer_1`, ...,
-/// that holds the tables of that group. Groups the model does not read
-/// come last.
 /// The groups EasyRec reads with `input_layer(..., is_combine=False)`:
 /// their sequences unpooled, each table's variable in the scope
 /// `input_layer/<column>` rather than that of an input-layer call (the
@@ -176,6 +172,10 @@ pub fn unpooled_groups(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
     }
 }
 
+/// The groups in the order EasyRec's model calls its input layer on them:
+/// each call opens a variable scope, `input_layer`, `input_layer_1`, ...,
+/// that holds the tables of that group. Groups the model does not read
+/// come last.
 pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
     let named = |names: &[&str]| -> Vec<usize> { names.iter().filter_map(|n| named_group(groups, n)).collect() };
     let mut order: Vec<usize> = match arch {

@@ -350,7 +350,6 @@ impl Tape<'_> {
                             .par_chunks_mut(k * BLOCK)
                             .zip(dy.par_chunks(width * BLOCK))
                             .enumerate()
-                            .with_min_len(kernels::ROWS)
                             .for_each(|(blk, (out, d))| {
                                 for (r, (o, g)) in out.chunks_exact_mut(k).zip(d.chunks_exact(width)).enumerate() {
                                     let at = (blk * BLOCK + r) * width;
@@ -367,7 +366,6 @@ impl Tape<'_> {
                             dx.par_chunks_mut(width * BLOCK)
                                 .zip(dy.par_chunks(width * BLOCK))
                                 .enumerate()
-                                .with_min_len(kernels::ROWS)
                                 .for_each(|(blk, (o, d))| {
                                     for (r, (o, d)) in o.chunks_exact_mut(width).zip(d.chunks_exact(width)).enumerate()
                                     {

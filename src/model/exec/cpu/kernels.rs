@@ -98,6 +98,7 @@ unsafe fn gemm_into(
     }
 }
 
+/// Softmax of `row` in place (an empty row stays empty).
 pub fn softmax_in_place(row: &mut [f32]) {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut s = 0.0;
