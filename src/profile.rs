@@ -91,6 +91,11 @@ impl Profile {
     }
 }
 
+/// The name of step phase `name`, as `timed` takes it.
+pub fn step_phase(name: &'static str) -> (Level, impl FnOnce() -> String) {
+    (Level::Step, move || name.to_string())
+}
+
 /// Runs `f`, recording it as a call of phase `name()` (with `work` of its
 /// result) in `profile` when there is one; without one only `f` runs.
 pub fn timed<T>(

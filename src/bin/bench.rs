@@ -31,7 +31,7 @@ use rustrec::config::typed::TrainingPlan;
 use rustrec::config::{load_pipeline, Overrides};
 use rustrec::datagen::{generate, GenSpec};
 use rustrec::dist::Communicator;
-use rustrec::profile::{cpu_isa, cpu_model, report, timed, Level, Profile};
+use rustrec::profile::{cpu_isa, cpu_model, report, step_phase, timed, Profile};
 use rustrec::train::Trainer;
 use std::sync::Arc;
 
@@ -251,7 +251,7 @@ fn measure_config(model: &str, text: &str, args: &Args, profile: Option<&Arc<Pro
     for _ in 0..args.steps {
         let b = timed(
             profile.map(|p| &**p),
-            (Level::Step, || "input (waiting for the prefetched batch)".to_string()),
+            step_phase("input (waiting for the prefetched batch)"),
             |_| None,
             || stream.next(),
         )

@@ -39,6 +39,11 @@ pub fn table_variables(
 ) -> Vec<String> {
     let order = builders::input_layer_order(arch, groups);
     let unpooled = builders::unpooled_groups(arch, groups);
+    // EasyRec 0.7.1 makes a backbone's input layers under its scope.
+    let within = match arch.backbone().map(|b| b.release) {
+        Some(Release::V071) => "backbone/",
+        _ => "",
+    };
     // Each group's input-layer scope: one per call of TensorFlow's
     // input_layer, which a group read unpooled (`is_combine=False`) makes
     // only for its plain features.
@@ -67,11 +72,6 @@ pub fn table_variables(
                 };
                 plain.or_else(seq)
             });
-            // EasyRec 0.7.1 makes a backbone's input layers under its scope.
-            let scope = |k: usize| match arch.backbone().map(|b| b.release) {
-                Some(Release::V071) => format!("backbone/{}", scope(k)),
-                _ => scope(k),
-            };
             match found {
                 Some((k, fi, unpooled)) => {
                     let f = &features[fi];
@@ -79,12 +79,12 @@ pub fn table_variables(
                         // EasyRec's get_sequence_feature: the scope
                         // `input_layer/<categorical column>`, where a shared
                         // table is made too when this is its first reader.
-                        format!("{}/{}/embedding_weights", scope(0), f.name)
+                        format!("{within}{}/{}/embedding_weights", scope(0), f.name)
                     } else if f.table != f.name {
                         // A shared table (embedding_name) is a variable of its own name.
-                        format!("{}/{}/embedding_weights", scope(k), f.table)
+                        format!("{within}{}/{}/embedding_weights", scope(k), f.table)
                     } else {
-                        format!("{}/{}/embedding_weights", scope(k), f.easyrec_column())
+                        format!("{within}{}/{}/embedding_weights", scope(k), f.easyrec_column())
                     }
                 }
                 None => format!("{}/embedding_weights", tables[t].name),
@@ -97,7 +97,11 @@ pub fn table_variables(
 /// TensorFlow checkpoint in `dir` (see `backbone::Release`), when there is
 /// one and the model has a backbone; otherwise leaves `arch` as it is.
 pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> Result<(), Unusable> {
-    let (Some(b), Some(prefix)) = (arch.backbone_mut(), crate::checkpoint::tensorflow::find(dir)) else {
+    // Only a backbone looks: other models read no checkpoint here.
+    let Some(b) = arch.backbone_mut() else {
+        return Ok(());
+    };
+    let Some(prefix) = crate::checkpoint::tensorflow::find(dir) else {
         return Ok(());
     };
     let ckpt = TfCheckpoint::open(&prefix)?;

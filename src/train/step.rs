@@ -11,7 +11,7 @@ use crate::embedding::RowGrads;
 use crate::features::Batch;
 use crate::model::graph::{update_bn_buffers, BnStats};
 use crate::model::{Executor, TaskScores};
-use crate::profile::{timed, Level, Work, MODEL_PASS};
+use crate::profile::{step_phase as step, timed, Work, MODEL_PASS};
 use crate::util::Rng;
 
 /// Bytes of `n` f32 values.
@@ -171,7 +171,6 @@ impl Trainer {
         let b = batch.examples();
         let groups = &self.model.groups;
         let prof = self.profile.as_deref();
-        let step = |name: &'static str| (Level::Step, move || name.to_string());
         let Grads {
             loss: local_loss,
             dense: mut dense_grad,
@@ -277,7 +276,6 @@ impl Trainer {
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let profile = self.profile.clone();
         let prof = profile.as_deref();
-        let step = |name: &'static str| (Level::Step, move || name.to_string());
         timed(
             prof,
             step("embedding admission"),
