@@ -50,9 +50,15 @@ $(TFSERVING_VENV)/installed:
 	$(TFSERVING_VENV)/bin/pip install --quiet --no-deps "tensorflow-serving-api==2.12.1"
 	PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python $(TFSERVING_VENV)/bin/python -c "from tensorflow_serving.apis import prediction_service_pb2_grpc" && touch $@
 
+# The storage tests' S3-compatible server and HDFS (tests/storage.rs),
+# likewise; their addresses reach the tests through RUN/env.
+STORAGE_RUN := $(CURDIR)/.storage-run
+
 test: deps $(CLIENTS_VENV)/installed $(TFSERVING_VENV)/installed
 	scripts/kafka-broker start $(KAFKA_RUN)
-	trap 'scripts/kafka-broker stop $(KAFKA_RUN)' EXIT; \
+	scripts/storage-servers start $(STORAGE_RUN) || { scripts/kafka-broker stop $(KAFKA_RUN); exit 1; }
+	trap 'scripts/kafka-broker stop $(KAFKA_RUN); scripts/storage-servers stop $(STORAGE_RUN)' EXIT; \
+	  set -a; . $(STORAGE_RUN)/env; set +a; \
 	  RUSTREC_KAFKA=127.0.0.1:$$(cat $(KAFKA_RUN)/port) \
 	  RUSTREC_TRITON_PYTHON=$(CURDIR)/$(CLIENTS_VENV)/bin/python RUSTREC_TFSERVING_PYTHON=$(CURDIR)/$(TFSERVING_VENV)/bin/python \
 	  $(CARGO) test --locked
@@ -144,6 +150,11 @@ bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	$(CARGO_TARGET_DIR)/release/serve_bench --export $(SERVE_BENCH)/export --data data/criteo_sample.csv \
 	  --serve $(CARGO_TARGET_DIR)/release/serve --python $(VENV)/bin/python
 	python3 bench/straggler.py --bin $(CARGO_TARGET_DIR)/release/train_eval
+	@echo "== Parquet read from a local S3-compatible server against the same file on local disk"
+	scripts/storage-servers start $(STORAGE_RUN)-bench
+	trap 'scripts/storage-servers stop $(STORAGE_RUN)-bench' EXIT; set -a; . $(STORAGE_RUN)-bench/env; set +a; \
+	  AWS_ENDPOINT_URL=$$RUSTREC_S3_ENDPOINT AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 \
+	  $(CARGO_TARGET_DIR)/release/bench --threads 2 --models DLRM,WideAndDeep --remote s3://rustrec-test/bench
 	@echo "== incremental updates: their cost to training, and how fresh serve's answers are"
 	$(CARGO_TARGET_DIR)/release/bench --threads 2 --incremental --models DLRM,WideAndDeep --steps 100
 	$(CARGO) build --locked --release --bin kafka_produce --bin prep_movielens

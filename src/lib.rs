@@ -25,6 +25,7 @@ pub mod output;
 pub mod predict;
 pub mod profile;
 pub mod serve;
+pub mod storage;
 pub mod summary;
 pub mod tf_proto;
 pub mod train;

@@ -85,6 +85,12 @@ struct Args {
     /// measured GEMM peak.
     #[arg(long)]
     profile: bool,
+    /// Reading the Parquet data from remote storage (a URL prefix, such as
+    /// `s3://bucket/bench`) against the same file on local disk: the data
+    /// is uploaded there, then each model's input pipeline alone and its
+    /// training are timed from both.
+    #[arg(long, value_name = "URL")]
+    remote: Option<String>,
 }
 
 /// Peak resident memory of this process in MiB (Linux), 0 when unknown.
@@ -275,6 +281,52 @@ fn measure_config(model: &str, text: &str, args: &Args, profile: Option<&Arc<Pro
         table_rows,
         bytes_per_row: bytes as f64 / rows.max(1) as f64,
     })
+}
+
+/// Each model read and trained from a remote copy of the data against the
+/// local file, side by side in one run.
+fn remote_versus_local(data: &Path, url: &str, args: &Args) -> anyhow::Result<()> {
+    let name = data.file_name().context("data file has no name")?.to_string_lossy();
+    let remote = PathBuf::from(format!("{}/{name}", url.trim_end_matches('/')));
+    let object = rustrec::storage::object(&remote)?;
+    let t = Instant::now();
+    object.upload(data)?;
+    let size = std::fs::metadata(data)?.len();
+    println!(
+        "{} ({}): {} uploaded to {} (endpoint {}) in {:.1} s; threads {}, batch {}, {} timed steps",
+        cpu_model(),
+        cpu_isa(),
+        data.display(),
+        remote.display(),
+        object.endpoint(),
+        t.elapsed().as_secs_f64(),
+        args.threads,
+        args.batch_size,
+        args.steps
+    );
+    println!(
+        "{:<12} {:>16} {:>16} {:>8} {:>16} {:>16} {:>8}",
+        "model", "input local/s", "input remote/s", "ratio", "train local/s", "train remote/s", "ratio"
+    );
+    for model in &args.models {
+        let local = measure(model, data, args)?;
+        let far = measure(model, &remote, args)?;
+        println!(
+            "{model:<12} {:>16.0} {:>16.0} {:>8.3} {:>16.0} {:>16.0} {:>8.3}",
+            local.input,
+            far.input,
+            far.input / local.input,
+            local.train,
+            far.train,
+            far.train / local.train
+        );
+    }
+    println!(
+        "(a {:.0} MiB file; ratio = remote / local)",
+        size as f64 / (1 << 20) as f64
+    );
+    object.delete()?;
+    Ok(())
 }
 
 /// Each model trained with and without incremental updates, side by side:
@@ -564,6 +616,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
     }
     if args.incremental {
         return incremental_versus_none(&data, args);
+    }
+    if let Some(url) = &args.remote {
+        return remote_versus_local(&data, url, args);
     }
     if args.profile {
         return profile_models(&data, args);

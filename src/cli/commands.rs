@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use anyhow::Context;
 
@@ -15,6 +16,7 @@ use super::{
 use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
 use crate::dist::{self, Communicator};
+use crate::storage::mirror::Mirror;
 use crate::train::Trainer;
 
 pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
@@ -93,13 +95,42 @@ fn abort_on_error(comm: &dyn Communicator, result: anyhow::Result<()>) -> anyhow
     result
 }
 
+/// A remote model_dir (`s3://`, `oss://`, `hdfs://`) is worked on through a
+/// local copy holding what the job reads (the state file, the config, the
+/// latest checkpoint); the plan's model_dir becomes the copy. None for a
+/// local model_dir.
+fn mirror_model_dir(plan: &mut TrainingPlan) -> anyhow::Result<Option<Arc<Mirror>>> {
+    if !crate::storage::is_remote(&plan.model_dir) {
+        return Ok(None);
+    }
+    let m = Mirror::open(&plan.model_dir)?;
+    let n = m.pull_latest()?;
+    log::info!(
+        "model_dir {}: working on a local copy, {n} files downloaded",
+        plan.model_dir.display()
+    );
+    plan.model_dir = m.local().to_path_buf();
+    Ok(Some(Arc::new(m)))
+}
+
 fn train_on(
     comm: Rc<dyn Communicator>,
-    plan: TrainingPlan,
+    mut plan: TrainingPlan,
     loaded: &LoadedConfig,
     opts: TrainOptions,
 ) -> anyhow::Result<()> {
     let resume = opts.resume;
+    let remote_dir = plan.model_dir.clone();
+    // Rank 0 holds a remote model_dir's lease for the whole job (taken
+    // before anything is read from it).
+    let _lease = if comm.rank() == 0 && crate::storage::is_remote(&remote_dir) {
+        Some(crate::storage::mirror::Lease::take(&remote_dir)?)
+    } else {
+        None
+    };
+    comm.barrier();
+    let mirror = mirror_model_dir(&mut plan)?;
+    let shown_dir = &remote_dir;
     let model_dir = &plan.model_dir.clone();
     agree_on_config(&*comm, loaded)?;
     // Built (and its export options checked) before anyone trains; rank 0 exports.
@@ -109,6 +140,10 @@ fn train_on(
     trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
     trainer.divergence = opts.divergence;
     trainer.straggler = opts.straggler;
+    trainer.mirror = mirror.clone();
+    // The first rank publishes what it wrote besides checkpoints (exports,
+    // eval results, summaries) after each evaluation and at the end.
+    let publisher = mirror.filter(|_| comm.rank() == 0);
     // Rank 0 holds the model_dir's lock for the whole job; under the lock,
     // whatever a dead job left half written can go.
     let _lock = if comm.rank() == 0 {
@@ -124,7 +159,7 @@ fn train_on(
     if model_dir.join("checkpoint").exists() && !resume {
         return Err(UserError(format!(
             "{} already holds checkpoints; pass --continue_train to resume or choose another --model_dir",
-            model_dir.display()
+            shown_dir.display()
         ))
         .into());
     }
@@ -157,8 +192,15 @@ fn train_on(
         {
             log::info!("exported {}", dir.display());
         }
+        if let Some(m) = &publisher {
+            m.push().with_context(|| format!("publishing to {}", m.url()))?;
+        }
         Ok(())
     })?;
+    if let Some(m) = &publisher {
+        let n = m.push().with_context(|| format!("publishing to {}", m.url()))?;
+        log::info!("model_dir {}: published ({n} files at the end)", m.url());
+    }
     log::info!(
         "trained {} steps to global step {}, {:.0} samples/s (the whole job)",
         summary.steps,
@@ -226,11 +268,12 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
         ..args.config.overrides(extend)
     };
     let loaded = load_pipeline(&args.config.pipeline_config_path, &overrides)?;
-    let plan = TrainingPlan::from_config(&loaded.config)?;
+    let mut plan = TrainingPlan::from_config(&loaded.config)?;
     if !plan.data.has_eval() {
         return Err(UserError("no evaluation data: set eval_input_path or pass --eval_input_path".into()).into());
     }
-    let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to evaluate")?;
+    let mirror = mirror_model_dir(&mut plan)?;
+    let (ckpt, _fetched) = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to evaluate")?;
     let model_dir = plan.model_dir.clone();
     let eval_paths = plan.data.eval_paths.clone();
     // Its help says "inside model_dir": checked before anything is read.
@@ -243,6 +286,10 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
         let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(UserFault)?;
         trainer.restore(&ckpt)?;
         trainer.eval_and_report(&eval_paths, &result_path)?;
+        if let Some(m) = mirror.as_ref().filter(|_| comm.rank() == 0) {
+            m.push()
+                .with_context(|| format!("publishing the eval result to {}", m.url()))?;
+        }
         Ok(())
     };
     abort_on_error(&*comm, run())
@@ -251,15 +298,26 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
 pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     let (args, extend) = parse_with_extend_args::<ExportArgs>(args)?;
     let loaded = load_pipeline(&args.config.pipeline_config_path, &args.config.overrides(extend))?;
-    let plan = TrainingPlan::from_config(&loaded.config)?;
+    let mut plan = TrainingPlan::from_config(&loaded.config)?;
     plan.export.check()?;
-    let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to export")?;
+    let _mirror = mirror_model_dir(&mut plan)?;
+    let (ckpt, _fetched) = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to export")?;
+    // A remote export_dir: exported into a local copy, then published
+    // (each version's files, its export_info.json last).
+    let export_mirror = if crate::storage::is_remote(&args.export_dir) {
+        Some(Mirror::open(&args.export_dir)?)
+    } else {
+        None
+    };
+    let export_root = export_mirror
+        .as_ref()
+        .map_or(args.export_dir.clone(), |m| m.local().to_path_buf());
     let mut assets = plan.export.asset_files.clone();
     assets.extend(args.asset_files.iter().cloned());
     let dir = crate::export::export_checkpoint(
         &plan,
         &ckpt,
-        &args.export_dir,
+        &export_root,
         &crate::export::ExportRequest {
             config_text: &loaded.to_text(),
             asset_files: &assets,
@@ -268,6 +326,18 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
             external_min_bytes: crate::export::EXTERNAL_MIN_BYTES,
         },
     )?;
+    let dir = match &export_mirror {
+        Some(m) => {
+            m.push()
+                .with_context(|| format!("publishing the export to {}", m.url()))?;
+            let version = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            crate::storage::join(&args.export_dir, &version)
+        }
+        None => dir,
+    };
     println!("{}", dir.display());
     log::info!("exported {} to {}", ckpt.display(), dir.display());
     Ok(())
@@ -275,10 +345,31 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
 
 /// `--checkpoint_path` (a checkpoint, or a directory: its latest), else the
 /// latest in model_dir; `purpose` completes the error when there is none.
-fn checkpoint_to_use(model_dir: &Path, path: Option<&str>, purpose: &str) -> anyhow::Result<std::path::PathBuf> {
+/// A remote `--checkpoint_path` is downloaded into a local copy of its
+/// directory, returned beside it (the copy lives as long as it).
+fn checkpoint_to_use(
+    model_dir: &Path,
+    path: Option<&str>,
+    purpose: &str,
+) -> anyhow::Result<(std::path::PathBuf, Option<Mirror>)> {
     match path {
-        Some(p) => checkpoint::resolve(Path::new(p)),
+        Some(p) if crate::storage::is_remote(Path::new(p)) => {
+            let p = p.trim_end_matches('/');
+            let (parent, name) = p.rsplit_once('/').unwrap_or((p, ""));
+            let m = Mirror::open(Path::new(parent))?;
+            if m.pull(name)? == 0 {
+                // A directory of checkpoints: its latest.
+                let inner = Mirror::open(Path::new(p))?;
+                inner.pull_latest()?;
+                let ckpt = checkpoint::resolve(inner.local())?;
+                return Ok((ckpt, Some(inner)));
+            }
+            let ckpt = checkpoint::resolve(&m.local().join(name))?;
+            Ok((ckpt, Some(m)))
+        }
+        Some(p) => Ok((checkpoint::resolve(Path::new(p))?, None)),
         None => checkpoint::latest(model_dir)?
+            .map(|c| (c, None))
             .ok_or_else(|| UserError(format!("{} holds no checkpoint {purpose}", model_dir.display())).into()),
     }
 }
@@ -339,7 +430,13 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
                 )
                 .into());
             }
-            let model = crate::export::runtime::ExportedModel::load(dir).map_err(UserFault)?;
+            let model = if crate::storage::is_remote(dir) {
+                let m = Mirror::open(dir)?;
+                m.pull("")?;
+                crate::export::runtime::ExportedModel::load(m.local()).map_err(UserFault)?
+            } else {
+                crate::export::runtime::ExportedModel::load(dir).map_err(UserFault)?
+            };
             Scorer::Export(Box::new(model))
         }
         (None, Some(config)) => {
@@ -350,8 +447,10 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
                 ..Overrides::default()
             };
             let loaded = load_pipeline(config, &overrides)?;
-            let plan = TrainingPlan::from_config(&loaded.config)?;
-            let ckpt = checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to score with")?;
+            let mut plan = TrainingPlan::from_config(&loaded.config)?;
+            let _mirror = mirror_model_dir(&mut plan)?;
+            let (ckpt, _fetched) =
+                checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to score with")?;
             let bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(UserFault)?;
             Scorer::Checkpoint(Box::new(bundle))
         }
@@ -385,8 +484,38 @@ pub fn serve(args: Vec<OsString>) -> anyhow::Result<()> {
         None => Default::default(),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A remote model_dir: its complete versions are downloaded into a local
+    // copy, which the server watches as it watches a local directory.
+    let copy = if crate::storage::is_remote(&args.model_dir) {
+        let m = Arc::new(Mirror::open(&args.model_dir)?);
+        m.pull_versions()?;
+        if !args.file_system_poll_wait_seconds.is_nan() && args.file_system_poll_wait_seconds > 0.0 {
+            let (follower, poll) = (
+                m.clone(),
+                std::time::Duration::from_secs_f64(args.file_system_poll_wait_seconds),
+            );
+            std::thread::Builder::new()
+                .name("remote-versions".into())
+                .spawn(move || loop {
+                    std::thread::sleep(poll);
+                    match follower.pull_versions() {
+                        Ok(v) if !v.is_empty() => {
+                            log::info!("downloaded version(s) {} from {}", v.join(", "), follower.url())
+                        }
+                        Ok(_) => {}
+                        Err(e) => log::warn!("cannot follow {}: {e}", follower.url()),
+                    }
+                })
+                .context("cannot start the thread following the remote model_dir")?;
+        }
+        Some(m)
+    } else {
+        None
+    };
     let opts = ServeOptions {
-        model_dir: args.model_dir.clone(),
+        model_dir: copy
+            .as_ref()
+            .map_or(args.model_dir.clone(), |m| m.local().to_path_buf()),
         model_name: args.model_name.clone(),
         addr: std::net::SocketAddr::new(args.host, args.port),
         batching: Batching {

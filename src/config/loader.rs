@@ -43,7 +43,7 @@ pub fn finish(message: DynamicMessage) -> Result<LoadedConfig, ConfigError> {
 
 /// Parses a config file without overrides or validation.
 pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
-    let text = crate::bounded::read_text(path, crate::bounded::CONFIG_BYTES).map_err(|source| ConfigError::Io {
+    let text = crate::storage::read_text(path, crate::bounded::CONFIG_BYTES).map_err(|source| ConfigError::Io {
         path: path.to_path_buf(),
         source,
     })?;

@@ -5,7 +5,6 @@
 //! split on `separator` (`RtpLayout`). Files named `*.gz` are gzip, as
 //! EasyRec's CSVInput reads them.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader, Cursor};
 use std::path::{Path, PathBuf};
 
@@ -105,7 +104,7 @@ impl CsvChunks {
         projection: &Projection,
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let file = crate::storage::open(path).map_err(|e| DataError::io(path, e))?;
         // EasyRec's CSVInput reads `.gz` files as gzip.
         let lines: Lines = if path.extension().is_some_and(|e| e == "gz") {
             bounded_lines(BufReader::with_capacity(

@@ -60,6 +60,9 @@ pub enum DataError {
     },
     #[error("no input files match `{0}`")]
     NoFiles(String),
+    /// A remote input path that cannot be listed.
+    #[error("{0}")]
+    Remote(String),
     #[error("input path `{pattern}` is not a valid glob pattern: {message}")]
     BadPattern { pattern: String, message: String },
     /// Input files that hold no rows at all.

@@ -25,15 +25,40 @@ use crate::config::data_plan::ColumnType;
 /// every element consumes at least one byte, so the work is bounded by the
 /// file's length.
 struct BoundedFile {
-    file: File,
+    source: Source,
     len: u64,
+}
+
+/// Where a Parquet file's bytes come from: a local file, or ranged reads of
+/// a remote object (the footer, then each projected column chunk of the
+/// row groups read: never the whole object).
+enum Source {
+    Local(File),
+    Remote(crate::storage::Object),
 }
 
 impl BoundedFile {
     fn open(path: &Path) -> Result<Self, DataError> {
+        if crate::storage::is_remote(path) {
+            let io = |e: crate::storage::StorageError| DataError::io(path, e.into());
+            let object = crate::storage::object(path).map_err(io)?;
+            let len = object.size().map_err(io)?.ok_or_else(|| {
+                DataError::io(
+                    path,
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "no such object"),
+                )
+            })?;
+            return Ok(BoundedFile {
+                source: Source::Remote(object),
+                len,
+            });
+        }
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
         let len = file.metadata().map_err(|e| DataError::io(path, e))?.len();
-        Ok(BoundedFile { file, len })
+        Ok(BoundedFile {
+            source: Source::Local(file),
+            len,
+        })
     }
 }
 
@@ -48,9 +73,15 @@ impl ::parquet::file::reader::ChunkReader for BoundedFile {
 
     fn get_read(&self, start: u64) -> ::parquet::errors::Result<Self::T> {
         use std::io::{Seek, SeekFrom};
-        let mut file = self.file.try_clone()?;
-        file.seek(SeekFrom::Start(start))?;
-        Ok(std::io::BufReader::new(EndIsAnError(file)))
+        let inner: Box<dyn std::io::Read + Send> = match &self.source {
+            Source::Local(file) => {
+                let mut file = file.try_clone()?;
+                file.seek(SeekFrom::Start(start))?;
+                Box::new(file)
+            }
+            Source::Remote(o) => Box::new(crate::storage::RemoteRead::new(o.clone(), start, self.len)),
+        };
+        Ok(std::io::BufReader::new(EndIsAnError(inner)))
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> ::parquet::errors::Result<bytes::Bytes> {
@@ -61,13 +92,18 @@ impl ::parquet::file::reader::ChunkReader for BoundedFile {
                 self.len
             )));
         }
-        self.file.get_bytes(start, length)
+        match &self.source {
+            Source::Local(file) => file.get_bytes(start, length),
+            Source::Remote(o) => o
+                .range(start..start + length as u64)
+                .map_err(|e| ::parquet::errors::ParquetError::External(Box::new(e))),
+        }
     }
 }
 
 /// A file whose read at its end fails (`UnexpectedEof`) instead of
 /// returning no bytes; see [`BoundedFile`].
-struct EndIsAnError(File);
+struct EndIsAnError(Box<dyn std::io::Read + Send>);
 
 impl std::io::Read for EndIsAnError {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -100,6 +136,7 @@ pub struct ParquetChunks {
 impl ParquetChunks {
     pub fn open(path: &Path, row_group: usize, projection: &Projection, chunk_rows: usize) -> Result<Self, DataError> {
         let file = BoundedFile::open(path)?;
+        let file_len = file.len;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, None, e))?;
         let schema = builder.schema().clone();
         let mut roots = Vec::with_capacity(projection.columns.len());
@@ -111,7 +148,7 @@ impl ParquetChunks {
             check_type(path, c, schema.field(idx).data_type())?;
             roots.push(idx);
         }
-        check_chunks(path, builder.metadata(), row_group)?;
+        check_chunks(path, builder.metadata(), (row_group, file_len))?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
         let reader = builder
             .with_projection(mask)
@@ -229,7 +266,7 @@ impl ParquetChunks {
 fn check_chunks(
     path: &Path,
     meta: &::parquet::file::metadata::ParquetMetaData,
-    row_group: usize,
+    (row_group, file_len): (usize, u64),
 ) -> Result<(), DataError> {
     let bad = |message: String| DataError::Row {
         file: path.to_path_buf(),
@@ -239,7 +276,6 @@ fn check_chunks(
     if row_group >= meta.num_row_groups() {
         return Err(bad(format!("the file has {} row groups", meta.num_row_groups())));
     }
-    let file_len = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?.len();
     for (i, c) in meta.row_group(row_group).columns().iter().enumerate() {
         let start = c.dictionary_page_offset().unwrap_or_else(|| c.data_page_offset());
         let len = c.compressed_size();

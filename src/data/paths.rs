@@ -25,6 +25,14 @@ pub fn expand_paths(paths: &[String]) -> Result<Vec<PathBuf>, DataError> {
     let mut out = Vec::new();
     for p in paths {
         let path = Path::new(p);
+        if crate::storage::is_remote(path) {
+            let files = crate::storage::glob::expand(p).map_err(|e| DataError::Remote(e.to_string()))?;
+            if files.is_empty() {
+                return Err(DataError::NoFiles(p.clone()));
+            }
+            out.extend(files);
+            continue;
+        }
         if !has_wildcard(p) {
             if path.is_dir() {
                 let mut files: Vec<PathBuf> = std::fs::read_dir(path)

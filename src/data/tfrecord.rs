@@ -6,7 +6,6 @@
 //! BatchTFRecordInput tf.SequenceExample records whose every field is a
 //! list of `n_data_batch_tfrecord` such features, one per row.
 
-use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -138,7 +137,7 @@ impl TfRecordChunks {
         projection: &Projection,
         chunk_rows: usize,
     ) -> Result<Self, DataError> {
-        let f = BufReader::new(File::open(path).map_err(|e| DataError::io(path, e))?);
+        let f = BufReader::new(crate::storage::open(path).map_err(|e| DataError::io(path, e))?);
         let reader: Box<dyn Read + Send> = match compression {
             Compression::None => Box::new(f),
             Compression::Gzip => Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(f))),

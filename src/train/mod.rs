@@ -66,6 +66,9 @@ pub struct Trainer {
     /// or under asynchronous training an index among the workers) down by
     /// sleeping after each of its steps.
     pub straggler: Option<(usize, std::time::Duration)>,
+    /// A remote model_dir's local copy (`plan.model_dir` is the copy):
+    /// each checkpoint is published to it as it is saved.
+    pub mirror: Option<std::sync::Arc<crate::storage::mirror::Mirror>>,
     /// `incr_save_config`'s updates, once the run has started them.
     pub incr: Option<incr::IncrUpdates>,
     /// This rank's place in a Kafka input: the next offset of each of its
@@ -207,6 +210,7 @@ impl Trainer {
             sampler,
             ps: roles,
             straggler: None,
+            mirror: None,
             incr: None,
             stream_position: None,
             resumed_stream: None,

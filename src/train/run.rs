@@ -278,7 +278,14 @@ impl Trainer {
             }
             .into());
         }
-        let last_ckpt = match checkpoint::latest(&p.model_dir)? {
+        // With a remote model_dir only the first rank's copy holds the
+        // checkpoints: every rank decides by the step it saved last.
+        let latest = if self.mirror.is_some() {
+            Some(p.model_dir.join(checkpoint::ckpt_name(saved_step)))
+        } else {
+            checkpoint::latest(&p.model_dir)?
+        };
+        let last_ckpt = match latest {
             Some(c) if saved_step == self.step => c,
             _ => {
                 let path = self.save()?;

@@ -68,7 +68,8 @@ impl Trainer {
         let context = || format!("saving checkpoint {} in {}", self.step, dir.display());
         // Rank 0 stages the directory; any error aborts the job (the caller's
         // error path), so the others never wait on a barrier alone.
-        let tmp = if rank == 0 {
+        // With a remote model_dir every rank has its own local copy to stage in.
+        let tmp = if rank == 0 || self.mirror.is_some() {
             checkpoint::stage(dir, self.step).with_context(context)?
         } else {
             dir.join(format!(".{}.tmp", checkpoint::ckpt_name(self.step)))
@@ -88,6 +89,12 @@ impl Trainer {
                     let mut w =
                         checkpoint::write_part(&tmp, &name, &tables, Some((index, count))).with_context(context)?;
                     w.concat = self.key_value_names();
+                    if let Some(m) = self.mirror.as_ref().filter(|_| rank != 0) {
+                        // The first rank publishes the checkpoint after the
+                        // gather below: this rank's part is there by then.
+                        let rel = format!("{}/{name}", checkpoint::ckpt_name(self.step));
+                        m.upload(&tmp.join(&name), &rel).with_context(context)?;
+                    }
                     vec![w.bytes, w.checksum, index as u64, count as u64]
                 }
                 None => Vec::new(),
@@ -106,6 +113,11 @@ impl Trainer {
         } else {
             "embedding.safetensors".to_string()
         };
+        let shard_names: Vec<String> = parts
+            .iter()
+            .filter(|w| w.shard.is_some())
+            .map(|w| w.name.clone())
+            .collect();
         if rank == 0 {
             // A failed write (a full disk) leaves no half checkpoint behind.
             let written = self.write_rank0_parts(&tmp, parts, (&table_file, stream.as_ref()));
@@ -113,6 +125,23 @@ impl Trainer {
                 std::fs::remove_dir_all(&tmp).ok();
                 return Err(e.context(context()));
             }
+            if let Some(m) = &self.mirror {
+                // The other ranks' shards, published by them before the
+                // gather, complete this copy (an export reads it whole).
+                let own = self
+                    .embeddings
+                    .sharding
+                    .shard()
+                    .map(|(i, n)| checkpoint::shard_file(i, n));
+                let ckpt = checkpoint::ckpt_name(self.step);
+                for name in shard_names.iter().filter(|n| Some(*n) != own.as_ref()) {
+                    m.fetch(&format!("{ckpt}/{name}")).with_context(context)?;
+                }
+                m.push()
+                    .with_context(|| format!("publishing checkpoint {} to {}", self.step, m.url()))?;
+            }
+        } else if self.mirror.is_some() {
+            std::fs::remove_dir_all(&tmp).ok();
         }
         // The others only go on once the checkpoint is complete.
         self.comm.barrier();

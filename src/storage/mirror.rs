@@ -1,0 +1,458 @@
+//! A remote directory (a model_dir, an export root) worked on through a
+//! local copy: what a job needs is downloaded first (the state file, the
+//! config, the latest checkpoint), the job reads and writes the local copy
+//! with the local atomicity rules, and [`Mirror::push`] publishes what
+//! changed in the order readers rely on, as TensorFlow does on object
+//! stores: every data file first, then each checkpoint's `manifest.json`
+//! and each export's `assets/export_info.json` (a reader takes a
+//! checkpoint or version only once that file is there), then the
+//! `checkpoint` state files last. Checkpoints pruned locally are deleted
+//! remotely after the state file no longer names them.
+//!
+//! Hidden names (staged checkpoints `.model.ckpt-N.tmp`, temporaries
+//! `.tmp-*`, the local lock) are never published. The model_dir's remote
+//! lock is a lease object ([`Lease`]): object stores have no rename, so
+//! "create if absent" stands in for the local lock file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{object, Object, StorageError};
+
+/// Files whose presence completes what their directory holds.
+const COMPLETES: [&str; 2] = ["manifest.json", "export_info.json"];
+/// The state file naming the latest checkpoint.
+const STATE_FILE: &str = "checkpoint";
+
+pub struct Mirror {
+    remote: Object,
+    local: PathBuf,
+    /// (size, modified) of every file as last pushed or pulled.
+    known: Mutex<HashMap<String, (u64, SystemTime)>>,
+    /// Checkpoint directories known to exist remotely.
+    remote_checkpoints: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for Mirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mirror({} at {})", self.remote.url(), self.local.display())
+    }
+}
+
+fn stamp(p: &Path) -> Option<(u64, SystemTime)> {
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.len(), m.modified().ok()?))
+}
+
+fn local_error(remote: &Object, what: String, e: impl std::fmt::Display) -> StorageError {
+    remote.error(&what, e)
+}
+
+impl Mirror {
+    /// A fresh local copy of remote directory `url` (empty until pulled),
+    /// under the system's temporary directory; removed when dropped.
+    pub fn open(url: &Path) -> Result<Mirror, StorageError> {
+        let remote = object(url)?;
+        let name: String = remote
+            .url()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let tail = &name[name.len().saturating_sub(80)..];
+        let base = std::env::temp_dir().join(format!("rustrec-mirror-{}", std::process::id()));
+        let mut local = base.join(tail);
+        let mut n = 1;
+        while local.exists() {
+            local = base.join(format!("{tail}-{n}"));
+            n += 1;
+        }
+        std::fs::create_dir_all(&local)
+            .map_err(|e| local_error(&remote, format!("cannot create its local copy {}", local.display()), e))?;
+        Ok(Mirror {
+            remote,
+            local,
+            known: Mutex::new(HashMap::new()),
+            remote_checkpoints: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The local copy the job works on.
+    pub fn local(&self) -> &Path {
+        &self.local
+    }
+
+    pub fn url(&self) -> String {
+        self.remote.url()
+    }
+
+    /// Downloads one file (relative name `rel`) into the copy.
+    pub fn fetch(&self, rel: &str) -> Result<(), StorageError> {
+        self.download(rel)
+    }
+
+    fn download(&self, rel: &str) -> Result<(), StorageError> {
+        let to = self.local.join(rel);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| local_error(&self.remote, format!("cannot create {}", parent.display()), e))?;
+        }
+        self.remote.child(rel).download(&to)?;
+        if let Some(s) = stamp(&to) {
+            self.lock_known().insert(rel.to_string(), s);
+        }
+        Ok(())
+    }
+
+    fn lock_known(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, SystemTime)>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Downloads what a job on this model_dir reads: the files at its top
+    /// (the state file, `pipeline.config`, eval results; not other
+    /// checkpoints' TensorFlow files nor event files) and the checkpoint
+    /// the state file names. Returns how many files came down.
+    pub fn pull_latest(&self) -> Result<usize, StorageError> {
+        let listed = self.remote.list()?;
+        let mut checkpoints: Vec<String> = listed
+            .iter()
+            .filter_map(|l| {
+                let (dir, _) = l.relative.split_once('/')?;
+                dir.starts_with("model.ckpt-").then(|| dir.to_string())
+            })
+            .collect();
+        checkpoints.dedup();
+        *self.remote_checkpoints.lock().unwrap_or_else(|p| p.into_inner()) = checkpoints;
+        let mut n = 0;
+        if listed.iter().any(|l| l.relative == STATE_FILE) {
+            self.download(STATE_FILE)?;
+            n += 1;
+        }
+        let latest = std::fs::read_to_string(self.local.join(STATE_FILE))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.trim().strip_prefix("model_checkpoint_path:").map(str::to_string))
+            })
+            .map(|v| {
+                let v = v.trim().trim_matches('"').to_string();
+                v.rsplit('/').next().unwrap_or(&v).to_string()
+            });
+        for l in &listed {
+            let rel = l.relative.as_str();
+            let top = !rel.contains('/');
+            let name_is_ckpt = rel.starts_with("model.ckpt-");
+            let wanted = match &latest {
+                Some(ckpt) if rel.starts_with(&format!("{ckpt}/")) || rel.starts_with(&format!("{ckpt}.")) => true,
+                _ => top && !name_is_ckpt && !rel.starts_with("events.") && !rel.starts_with('.') && rel != STATE_FILE,
+            };
+            if wanted {
+                self.download(rel)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Downloads every file below `rel` (a checkpoint directory, an
+    /// export version) or, for a TensorFlow checkpoint prefix, the files
+    /// named `<rel>.*`; everything for `""`. Returns how many.
+    pub fn pull(&self, rel: &str) -> Result<usize, StorageError> {
+        let listed = self.remote.list()?;
+        let mut n = 0;
+        for l in &listed {
+            let below = rel.is_empty() || l.relative.starts_with(&format!("{rel}/"));
+            if below || l.relative.starts_with(&format!("{rel}.")) {
+                self.download(&l.relative)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// An export root's complete versions (numbered directories whose
+    /// `assets/export_info.json`, published last, is there) that the copy
+    /// lacks, each downloaded beside and renamed into place whole, so a
+    /// server watching the copy never sees part of one. An export that is
+    /// not versioned (its files at the top) comes down once. Returns the
+    /// versions that came down.
+    pub fn pull_versions(&self) -> Result<Vec<String>, StorageError> {
+        let listed = self.remote.list()?;
+        let marker = "assets/export_info.json";
+        let mut fresh = Vec::new();
+        if listed.iter().any(|l| l.relative == marker) {
+            if !self.local.join(marker).exists() {
+                self.pull("")?;
+                fresh.push(String::new());
+            }
+            return Ok(fresh);
+        }
+        let complete: Vec<&str> = listed
+            .iter()
+            .filter_map(|l| l.relative.strip_suffix(&format!("/{marker}")))
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .collect();
+        for v in complete {
+            let dest = self.local.join(v);
+            if dest.exists() {
+                continue;
+            }
+            let staged = format!(".{v}.download");
+            let _ = std::fs::remove_dir_all(self.local.join(&staged));
+            for l in listed.iter().filter(|l| l.relative.starts_with(&format!("{v}/"))) {
+                let to = self.local.join(&staged).join(&l.relative[v.len() + 1..]);
+                if let Some(parent) = to.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| local_error(&self.remote, format!("cannot create {}", parent.display()), e))?;
+                }
+                self.remote.child(&l.relative).download(&to)?;
+            }
+            std::fs::rename(self.local.join(&staged), &dest)
+                .map_err(|e| local_error(&self.remote, format!("cannot rename into {}", dest.display()), e))?;
+            fresh.push(v.to_string());
+        }
+        Ok(fresh)
+    }
+
+    /// Uploads one local file of the copy (relative name `rel`) now: a
+    /// rank's own part of a checkpoint the first rank completes.
+    pub fn upload(&self, local_file: &Path, rel: &str) -> Result<(), StorageError> {
+        self.remote.child(rel).upload(local_file)
+    }
+
+    /// Publishes what changed in the local copy since the last push or
+    /// pull (see the module's order), then deletes the remote checkpoints
+    /// pruned locally. Returns how many files went up.
+    pub fn push(&self) -> Result<usize, StorageError> {
+        let mut files = Vec::new();
+        collect(&self.local, "", &mut files);
+        let changed: Vec<(String, (u64, SystemTime))> = {
+            let known = self.lock_known();
+            files
+                .into_iter()
+                .filter_map(|rel| {
+                    let s = stamp(&self.local.join(&rel))?;
+                    (known.get(&rel) != Some(&s)).then_some((rel, s))
+                })
+                .collect()
+        };
+        let rank = |rel: &str| {
+            let name = rel.rsplit('/').next().unwrap_or(rel);
+            if name == STATE_FILE {
+                2
+            } else if COMPLETES.contains(&name) {
+                1
+            } else {
+                0
+            }
+        };
+        let mut ordered = changed;
+        ordered.sort_by_key(|(rel, _)| rank(rel));
+        for (rel, s) in &ordered {
+            self.remote.child(rel).upload(&self.local.join(rel))?;
+            self.lock_known().insert(rel.clone(), *s);
+        }
+        // Checkpoints gone locally (pruned by keep_checkpoint_max, or
+        // replaced) go remotely once the state file stopped naming them.
+        let local_ckpts: Vec<String> = std::fs::read_dir(&self.local)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("model.ckpt-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut known_remote = self.remote_checkpoints.lock().unwrap_or_else(|p| p.into_inner());
+        let pushed: Vec<String> = {
+            let known = self.lock_known();
+            known
+                .keys()
+                .filter_map(|k| k.split_once('/').map(|(d, _)| d.to_string()))
+                .filter(|d| d.starts_with("model.ckpt-"))
+                .collect()
+        };
+        for d in pushed {
+            if !known_remote.contains(&d) {
+                known_remote.push(d);
+            }
+        }
+        let doomed: Vec<String> = known_remote
+            .iter()
+            .filter(|d| !local_ckpts.contains(d) && self.lock_known().keys().any(|k| k.starts_with(&format!("{d}/"))))
+            .cloned()
+            .collect();
+        for d in &doomed {
+            for l in self.remote.child(d).list()? {
+                self.remote.child(&format!("{d}/{}", l.relative)).delete()?;
+            }
+            self.lock_known().retain(|k, _| !k.starts_with(&format!("{d}/")));
+        }
+        known_remote.retain(|d| !doomed.contains(d));
+        Ok(ordered.len())
+    }
+}
+
+/// The non-hidden files below `dir`, as relative names.
+fn collect(dir: &Path, prefix: &str, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        let rel = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        match e.file_type() {
+            Ok(t) if t.is_dir() => collect(&e.path(), &rel, out),
+            Ok(t) if t.is_file() => out.push(rel),
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.local);
+        if let Some(parent) = self.local.parent() {
+            // The process's mirror folder, once its last copy is gone.
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+}
+
+/// How long a lease holds without renewal, and how often it is renewed.
+const LEASE: Duration = Duration::from_secs(60);
+const RENEW: Duration = Duration::from_secs(15);
+/// The lease object's name in the model_dir.
+pub const LEASE_NAME: &str = ".rustrec-lease";
+
+/// One job's hold on a remote model_dir: an object created only if absent,
+/// naming its holder and when the hold lapses, renewed while the job runs
+/// and deleted when it ends. A lease that lapsed, or whose holder is a
+/// process of this host that no longer runs (a job killed with -9), is
+/// taken over.
+pub struct Lease {
+    object: Object,
+    stop: Arc<AtomicBool>,
+    renewer: Option<std::thread::JoinHandle<()>>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn lease_text() -> String {
+    format!(
+        "{{\"host\": \"{}\", \"pid\": {}, \"expires\": {}}}",
+        hostname(),
+        std::process::id(),
+        now_secs() + LEASE.as_secs()
+    )
+}
+
+/// Whether lease text `text` no longer holds: lapsed, or its holder is a
+/// dead process of this host.
+fn lapsed(text: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return true;
+    };
+    let expires = v["expires"].as_u64().unwrap_or(0);
+    if expires < now_secs() {
+        return true;
+    }
+    let same_host = v["host"].as_str() == Some(hostname().as_str());
+    let pid = v["pid"].as_u64().unwrap_or(0);
+    same_host && pid > 0 && !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl Lease {
+    pub fn take(model_dir: &Path) -> anyhow::Result<Lease> {
+        let object = object(model_dir)?.child(LEASE_NAME);
+        for _ in 0..2 {
+            if object.put_new(lease_text().into_bytes())? {
+                let stop = Arc::new(AtomicBool::new(false));
+                let (o, s) = (object.clone(), stop.clone());
+                let renewer = std::thread::Builder::new()
+                    .name("lease".into())
+                    .spawn(move || {
+                        let mut waited = Duration::ZERO;
+                        while !s.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(200));
+                            waited += Duration::from_millis(200);
+                            if waited >= RENEW {
+                                waited = Duration::ZERO;
+                                if let Err(e) = o.put(lease_text().into_bytes()) {
+                                    log::warn!("cannot renew the model_dir's lease: {e}");
+                                }
+                            }
+                        }
+                    })
+                    .ok();
+                return Ok(Lease { object, stop, renewer });
+            }
+            let held = String::from_utf8_lossy(&object.read(1 << 16)?).into_owned();
+            if !lapsed(&held) {
+                return Err(crate::cli::UserError(format!(
+                    "{} is in use by another job ({held}); one job per model_dir",
+                    model_dir.display()
+                ))
+                .into());
+            }
+            log::warn!("taking over the lapsed lease of {}: {held}", model_dir.display());
+            object.delete()?;
+        }
+        Err(crate::cli::UserError(format!(
+            "{}: another job took the model_dir's lease first",
+            model_dir.display()
+        ))
+        .into())
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.renewer.take() {
+            let _ = h.join();
+        }
+        if let Err(e) = self.object.delete() {
+            log::warn!("cannot release the model_dir's lease: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_lapse_by_time_or_dead_holder() {
+        let live = lease_text();
+        assert!(!lapsed(&live));
+        let old = format!("{{\"host\": \"h\", \"pid\": 1, \"expires\": {}}}", now_secs() - 1);
+        assert!(lapsed(&old));
+        let dead = format!(
+            "{{\"host\": \"{}\", \"pid\": 4000000000, \"expires\": {}}}",
+            hostname(),
+            now_secs() + 60
+        );
+        assert!(lapsed(&dead));
+        assert!(lapsed("not json"));
+    }
+}

@@ -1,0 +1,387 @@
+//! Inputs, model_dirs and exports on remote storage, against real servers
+//! (`make test` starts them: scripts/storage-servers): an S3-compatible
+//! store and HDFS (Hadoop's MiniDFSCluster). Training reads CSV and Parquet
+//! from them, checkpoints into a remote model_dir, survives kill -9 and
+//! resumes, exports and scores from there, and two MPI ranks share one.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use common::models::{bin, run_ok, setup};
+
+/// The S3 server's endpoint and the HDFS namenode, as `make test` names them.
+fn server(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!(
+            "{var} is not set: run the tests with `make test`, which starts the storage servers \
+             (scripts/storage-servers start DIR; DIR/env names them)"
+        )
+    })
+}
+
+/// The S3 client's settings, for this process (uploads, listings) and the
+/// binaries it runs.
+fn s3_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL", server("RUSTREC_S3_ENDPOINT")),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ]
+}
+
+fn init() {
+    static ONCE: Once = Once::new();
+    // Set before any test of this file reads the environment or starts a
+    // process (every test calls this first).
+    ONCE.call_once(|| {
+        for (k, v) in s3_env() {
+            std::env::set_var(k, v);
+        }
+    });
+}
+
+/// A fresh prefix on backend `kind` ("s3" or "hdfs").
+fn base(kind: &str, what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let name = format!("{what}-{}-{nanos}", std::process::id());
+    match kind {
+        "s3" => format!("s3://rustrec-test/{name}"),
+        _ => format!("{}/{name}", server("RUSTREC_HDFS")),
+    }
+}
+
+fn put(url: &str, from: &Path) {
+    rustrec::storage::object(Path::new(url)).unwrap().upload(from).unwrap();
+}
+
+fn listing(url: &str) -> Vec<String> {
+    rustrec::storage::object(Path::new(url))
+        .unwrap()
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|l| l.relative)
+        .collect()
+}
+
+fn read(url: &str) -> String {
+    String::from_utf8(rustrec::storage::read(Path::new(url), 1 << 20).unwrap()).unwrap()
+}
+
+fn predictions(path: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "probs").unwrap_or(0);
+    lines.map(|l| l.split(',').nth(col).unwrap().parse().unwrap()).collect()
+}
+
+/// CSV data split over two remote files, a remote model_dir: train,
+/// resume, export to a remote export_dir, score from the export and
+/// from the checkpoint (equal), evaluate.
+fn round_trip(kind: &str) {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let remote = base(kind, "round-trip");
+    let cfg = setup(dir.path(), "DeepFM", "");
+    // Two input files under a remote prefix, matched by a glob.
+    let text = std::fs::read_to_string(dir.path().join("data.csv")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let (a, b) = lines.split_at(lines.len() / 2);
+    std::fs::write(dir.path().join("a.csv"), a.join("\n") + "\n").unwrap();
+    std::fs::write(dir.path().join("b.csv"), b.join("\n") + "\n").unwrap();
+    put(&format!("{remote}/data/part-0.csv"), &dir.path().join("a.csv"));
+    put(&format!("{remote}/data/part-1.csv"), &dir.path().join("b.csv"));
+    let model_dir = format!("{remote}/model");
+    let train = |steps: u32, resume: bool| {
+        let mut c = bin("train_eval");
+        c.arg("--pipeline_config_path")
+            .arg(&cfg)
+            .args(["--model_dir", &model_dir])
+            .args(["--train_input_path", &format!("{remote}/data/*.csv")])
+            .args(["--eval_input_path", &format!("{remote}/data")])
+            .arg(format!("--train_config.num_steps={steps}"));
+        if resume {
+            c.arg("--continue_train");
+        }
+        run_ok(c)
+    };
+    train(20, false);
+    let files = listing(&model_dir);
+    for want in [
+        "checkpoint",
+        "pipeline.config",
+        "model.ckpt-20/manifest.json",
+        "model.ckpt-20/dense.safetensors",
+    ] {
+        assert!(files.iter().any(|f| f == want), "{kind}: {want} missing from {files:?}");
+    }
+    assert!(
+        !files.iter().any(|f| f.starts_with('.')),
+        "{kind}: temporaries or the lease left: {files:?}"
+    );
+    assert!(read(&format!("{model_dir}/checkpoint")).contains("model.ckpt-20"));
+    // A fresh run into it is refused; --continue_train goes on.
+    let mut again = bin("train_eval");
+    again
+        .arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args(["--model_dir", &model_dir]);
+    let out = again.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already holds checkpoints"));
+    let log = train(30, true);
+    assert!(log.contains("resumed from"), "{log}");
+    assert!(read(&format!("{model_dir}/checkpoint")).contains("model.ckpt-30"));
+
+    // Export into a remote export_dir; the printed path is the remote version.
+    let export_root = format!("{remote}/export");
+    let mut e = bin("export");
+    e.arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args(["--model_dir", &model_dir, "--export_dir", &export_root]);
+    let out = e.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(version.starts_with(&export_root), "{version}");
+    assert!(listing(&export_root)
+        .iter()
+        .any(|f| f.ends_with("assets/export_info.json")));
+
+    let from_export = dir.path().join("export.csv");
+    let mut p = bin("predict");
+    p.args([
+        "--saved_model_dir",
+        &version,
+        "--input_path",
+        &format!("{remote}/data/part-0.csv"),
+    ])
+    .arg("--output_path")
+    .arg(&from_export);
+    run_ok(p);
+    let from_ckpt = dir.path().join("ckpt.csv");
+    let mut p = bin("predict");
+    p.arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args([
+            "--model_dir",
+            &model_dir,
+            "--input_path",
+            &format!("{remote}/data/part-0.csv"),
+        ])
+        .arg("--output_path")
+        .arg(&from_ckpt);
+    run_ok(p);
+    let (x, y) = (predictions(&from_export), predictions(&from_ckpt));
+    assert_eq!(x.len(), a.len());
+    for (u, v) in x.iter().zip(&y) {
+        assert!((u - v).abs() < 1e-5, "{kind}: export {u} vs checkpoint {v}");
+    }
+
+    // eval writes its result into the remote model_dir.
+    let mut ev = Command::new(env!("CARGO_BIN_EXE_eval"));
+    ev.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args([
+            "--model_dir",
+            &model_dir,
+            "--eval_input_path",
+            &format!("{remote}/data/part-1.csv"),
+        ]);
+    run_ok(ev);
+    assert!(listing(&model_dir).iter().any(|f| f == "eval_result.txt"));
+}
+
+#[test]
+fn s3_round_trip() {
+    round_trip("s3");
+}
+
+#[test]
+fn hdfs_round_trip() {
+    round_trip("hdfs");
+}
+
+/// Parquet from each server (ranged reads of its row groups and columns)
+/// trains as the same files on local disk do: the same checkpoint bytes.
+#[test]
+fn parquet_from_remote_trains_as_local() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("train.parquet");
+    let out = Command::new(env!("CARGO_BIN_EXE_gen_data"))
+        .arg("--output")
+        .arg(&data)
+        .args(["--rows", "3000", "--cap", "500", "--seed", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/wide_and_deep_synthetic.config");
+    let train = |input: &str, model_dir: &str| {
+        let mut c = bin("train_eval");
+        c.arg("--pipeline_config_path")
+            .arg(&config)
+            .args([
+                "--model_dir",
+                model_dir,
+                "--train_input_path",
+                input,
+                "--eval_input_path",
+                input,
+            ])
+            .args(["--train_config.num_steps=12", "--data_config.batch_size=128"])
+            .arg("--train_config.save_checkpoints_steps=12");
+        run_ok(c);
+    };
+    let local_dir = dir.path().join("local");
+    train(data.to_str().unwrap(), local_dir.to_str().unwrap());
+    let local_manifest = std::fs::read_to_string(local_dir.join("model.ckpt-12/manifest.json")).unwrap();
+    let files = |m: &str| serde_json::from_str::<serde_json::Value>(m).unwrap()["files"].clone();
+    for kind in ["s3", "hdfs"] {
+        let remote = base(kind, "parquet");
+        put(&format!("{remote}/train.parquet"), &data);
+        let model_dir = format!("{remote}/model");
+        train(&format!("{remote}/train.parquet"), &model_dir);
+        let manifest = read(&format!("{model_dir}/model.ckpt-12/manifest.json"));
+        assert_eq!(files(&manifest), files(&local_manifest), "{kind}");
+    }
+}
+
+/// kill -9 while training into a remote model_dir, then --continue_train:
+/// the job resumes from the last published checkpoint (the dead job's
+/// lease is taken over) and finishes.
+#[test]
+fn s3_kill_and_continue() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    let model_dir = format!("{}/model", base("s3", "kill"));
+    let args = |resume: bool| {
+        let mut a = vec![
+            "--pipeline_config_path".to_string(),
+            cfg.to_str().unwrap().to_string(),
+            "--model_dir".into(),
+            model_dir.clone(),
+            "--train_config.num_steps=400".into(),
+            "--train_config.save_checkpoints_steps=5".into(),
+            "--data_config.num_epochs=0".into(),
+        ];
+        if resume {
+            a.push("--continue_train".into());
+        }
+        a
+    };
+    let mut child = bin("train_eval")
+        .args(args(false))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let state = format!("{model_dir}/checkpoint");
+    while rustrec::storage::object(Path::new(&state))
+        .unwrap()
+        .size()
+        .unwrap()
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "no checkpoint published");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "training ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let log = run_ok({
+        let mut c = bin("train_eval");
+        c.args(args(true));
+        c
+    });
+    assert!(log.contains("resumed from"), "{log}");
+    assert!(log.contains("lapsed lease"), "{log}");
+    assert!(read(&state).contains("model.ckpt-400"));
+    let files = listing(&model_dir);
+    assert!(!files.iter().any(|f| f.starts_with('.')), "{files:?}");
+}
+
+/// A live job's lease keeps a second job out (exit 1, naming the holder).
+#[test]
+fn s3_lease_keeps_a_second_job_out() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    let model_dir = format!("{}/model", base("s3", "lease"));
+    let lease = rustrec::storage::mirror::Lease::take(Path::new(&model_dir)).unwrap();
+    let mut c = bin("train_eval");
+    c.arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args(["--model_dir", &model_dir]);
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("in use by another job"), "{stderr}");
+    drop(lease);
+    assert!(listing(&model_dir).is_empty());
+}
+
+/// Two MPI ranks with sharded tables share one remote model_dir: each
+/// publishes its shard, the first rank the rest; the checkpoint equals
+/// the one the same job writes to a local model_dir, and one rank
+/// resumes from it.
+#[test]
+fn s3_two_ranks_share_a_model_dir() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    let run = |model_dir: &str| {
+        let out = common::mpirun()
+            .args(["-np", "2"])
+            .arg(env!("CARGO_BIN_EXE_train_eval"))
+            .arg("--pipeline_config_path")
+            .arg(&cfg)
+            .args(["--model_dir", model_dir])
+            .arg("--train_config.train_distribute=EmbeddingParallelStrategy")
+            .arg("--train_config.num_steps=20")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let local: PathBuf = dir.path().join("local");
+    run(local.to_str().unwrap());
+    let model_dir = format!("{}/model", base("s3", "ranks"));
+    run(&model_dir);
+    let files = listing(&model_dir);
+    for shard in [
+        "embedding-00000-of-00002.safetensors",
+        "embedding-00001-of-00002.safetensors",
+    ] {
+        assert!(
+            files.iter().any(|f| f == &format!("model.ckpt-20/{shard}")),
+            "{files:?}"
+        );
+    }
+    let manifest = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap()["files"].clone();
+    let local_manifest = std::fs::read_to_string(local.join("model.ckpt-20/manifest.json")).unwrap();
+    assert_eq!(
+        manifest(&read(&format!("{model_dir}/model.ckpt-20/manifest.json"))),
+        manifest(&local_manifest)
+    );
+    let mut c = bin("train_eval");
+    c.arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args(["--model_dir", &model_dir, "--continue_train"])
+        .arg("--train_config.num_steps=25");
+    let log = run_ok(c);
+    assert!(log.contains("resumed from"), "{log}");
+}
