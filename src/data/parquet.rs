@@ -24,9 +24,17 @@ use crate::config::data_plan::ColumnType;
 /// (`make fuzz` found a 757-byte file taking 20 s). With an error at the end
 /// every element consumes at least one byte, so the work is bounded by the
 /// file's length.
+/// The most of a remote row group's column chunks fetched ahead at once.
+const PREFETCH_MAX_BYTES: u64 = 512 << 20;
+
+#[derive(Clone)]
 struct BoundedFile {
-    source: Source,
+    source: std::sync::Arc<Source>,
     len: u64,
+    /// Byte ranges fetched ahead from a remote object (a row group's
+    /// projected column chunks, in one coalesced request per neighbourhood):
+    /// reads inside them are served from memory. Shared by the clones.
+    fetched: std::sync::Arc<std::sync::Mutex<Vec<(u64, bytes::Bytes)>>>,
 }
 
 /// Where a Parquet file's bytes come from: a local file, or ranged reads of
@@ -49,15 +57,46 @@ impl BoundedFile {
                 )
             })?;
             return Ok(BoundedFile {
-                source: Source::Remote(object),
+                source: std::sync::Arc::new(Source::Remote(object)),
                 len,
+                fetched: Default::default(),
             });
         }
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
         let len = file.metadata().map_err(|e| DataError::io(path, e))?.len();
         Ok(BoundedFile {
-            source: Source::Local(file),
+            source: std::sync::Arc::new(Source::Local(file)),
             len,
+            fetched: Default::default(),
+        })
+    }
+
+    /// Fetches `ranges` of a remote object now, together (the object store
+    /// merges near ones into one request and runs the rest in parallel);
+    /// nothing for a local file. Ranges outside the file are left to the
+    /// reader, which reports them.
+    fn prefetch(&self, ranges: Vec<std::ops::Range<u64>>) -> Result<(), crate::storage::StorageError> {
+        let Source::Remote(o) = &*self.source else {
+            return Ok(());
+        };
+        let ranges: Vec<_> = ranges.into_iter().filter(|r| r.start < r.end && r.end <= self.len).collect();
+        // A row group too large to hold is read on demand instead.
+        if ranges.iter().map(|r| r.end - r.start).sum::<u64>() > PREFETCH_MAX_BYTES {
+            return Ok(());
+        }
+        let got = o.ranges(ranges.clone())?;
+        let mut fetched = self.fetched.lock().unwrap_or_else(|p| p.into_inner());
+        fetched.clear();
+        fetched.extend(ranges.iter().map(|r| r.start).zip(got));
+        Ok(())
+    }
+
+    /// The fetched bytes from `start` to the end of the range holding it.
+    fn fetched_from(&self, start: u64) -> Option<bytes::Bytes> {
+        let fetched = self.fetched.lock().unwrap_or_else(|p| p.into_inner());
+        fetched.iter().find_map(|(at, b)| {
+            let off = usize::try_from(start.checked_sub(*at)?).ok()?;
+            (off < b.len()).then(|| b.slice(off..))
         })
     }
 }
@@ -73,13 +112,21 @@ impl ::parquet::file::reader::ChunkReader for BoundedFile {
 
     fn get_read(&self, start: u64) -> ::parquet::errors::Result<Self::T> {
         use std::io::{Seek, SeekFrom};
-        let inner: Box<dyn std::io::Read + Send> = match &self.source {
+        let inner: Box<dyn std::io::Read + Send> = match &*self.source {
             Source::Local(file) => {
                 let mut file = file.try_clone()?;
                 file.seek(SeekFrom::Start(start))?;
                 Box::new(file)
             }
-            Source::Remote(o) => Box::new(crate::storage::RemoteRead::new(o.clone(), start, self.len)),
+            Source::Remote(o) => match self.fetched_from(start) {
+                // Fetched bytes, then (only if read past them) the object.
+                Some(b) => {
+                    let end = start + b.len() as u64;
+                    let rest = crate::storage::RemoteRead::new(o.clone(), end, self.len);
+                    Box::new(std::io::Read::chain(std::io::Cursor::new(b), rest))
+                }
+                None => Box::new(crate::storage::RemoteRead::new(o.clone(), start, self.len)),
+            },
         };
         Ok(std::io::BufReader::new(EndIsAnError(inner)))
     }
@@ -92,11 +139,14 @@ impl ::parquet::file::reader::ChunkReader for BoundedFile {
                 self.len
             )));
         }
-        match &self.source {
+        match &*self.source {
             Source::Local(file) => file.get_bytes(start, length),
-            Source::Remote(o) => o
-                .range(start..start + length as u64)
-                .map_err(|e| ::parquet::errors::ParquetError::External(Box::new(e))),
+            Source::Remote(o) => match self.fetched_from(start).filter(|b| b.len() >= length) {
+                Some(b) => Ok(b.slice(..length)),
+                None => o
+                    .range(start..start + length as u64)
+                    .map_err(|e| ::parquet::errors::ParquetError::External(Box::new(e))),
+            },
         }
     }
 }
@@ -136,7 +186,7 @@ pub struct ParquetChunks {
 impl ParquetChunks {
     pub fn open(path: &Path, row_group: usize, projection: &Projection, chunk_rows: usize) -> Result<Self, DataError> {
         let file = BoundedFile::open(path)?;
-        let file_len = file.len;
+        let handle = file.clone();
         let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::parquet(path, None, e))?;
         let schema = builder.schema().clone();
         let mut roots = Vec::with_capacity(projection.columns.len());
@@ -148,7 +198,24 @@ impl ParquetChunks {
             check_type(path, c, schema.field(idx).data_type())?;
             roots.push(idx);
         }
-        check_chunks(path, builder.metadata(), (row_group, file_len))?;
+        // The leaf columns read: their chunks of this row group are fetched
+        // at once from remote storage, and their dictionaries checked.
+        let leaves: Vec<usize> = (0..builder.parquet_schema().num_columns())
+            .filter(|&i| roots.contains(&builder.parquet_schema().get_column_root_idx(i)))
+            .collect();
+        if row_group < builder.metadata().num_row_groups() {
+            let rg = builder.metadata().row_group(row_group);
+            let ranges = leaves
+                .iter()
+                .filter_map(|&i| {
+                    let c = rg.column(i);
+                    let start = u64::try_from(c.dictionary_page_offset().unwrap_or_else(|| c.data_page_offset())).ok()?;
+                    Some(start..start.checked_add(u64::try_from(c.compressed_size()).ok()?)?)
+                })
+                .collect();
+            handle.prefetch(ranges).map_err(|e| DataError::io(path, e.into()))?;
+        }
+        check_chunks(path, builder.metadata(), (row_group, &handle), &leaves)?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
         let reader = builder
             .with_projection(mask)
@@ -266,8 +333,10 @@ impl ParquetChunks {
 fn check_chunks(
     path: &Path,
     meta: &::parquet::file::metadata::ParquetMetaData,
-    (row_group, file_len): (usize, u64),
+    (row_group, file): (usize, &BoundedFile),
+    read: &[usize],
 ) -> Result<(), DataError> {
+    let file_len = file.len;
     let bad = |message: String| DataError::Row {
         file: path.to_path_buf(),
         location: format!("row group {row_group}"),
@@ -289,7 +358,9 @@ fn check_chunks(
                 "column chunk {i} claims bytes {start}..+{len} of a file of {file_len}: a damaged or crafted file"
             )));
         }
-        check_dictionary(path, c, meta.row_group(row_group).num_rows()).map_err(bad)?;
+        if read.contains(&i) {
+            check_dictionary(file, c, meta.row_group(row_group).num_rows()).map_err(bad)?;
+        }
     }
     Ok(())
 }
@@ -299,13 +370,15 @@ fn check_chunks(
 /// dictionary by the count before decoding a value, so a 1 KB file claiming
 /// 2^30 INT64 entries made it write 8 GB (found by `make fuzz`). The page
 /// is read here with the crate's own page reader, which does not decode it.
-fn check_dictionary(path: &Path, c: &::parquet::file::metadata::ColumnChunkMetaData, rows: i64) -> Result<(), String> {
+fn check_dictionary(
+    file: &BoundedFile,
+    c: &::parquet::file::metadata::ColumnChunkMetaData,
+    rows: i64,
+) -> Result<(), String> {
     use ::parquet::basic::Type;
     use ::parquet::column::page::{Page, PageReader};
     use ::parquet::file::serialized_reader::SerializedPageReader;
-    let Ok(file) = BoundedFile::open(path) else {
-        return Ok(()); // the reader reports it
-    };
+    let file = file.clone();
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let rows = usize::try_from(rows).unwrap_or(0);
         SerializedPageReader::new(std::sync::Arc::new(file), c, rows, None).and_then(|mut r| r.get_next_page())

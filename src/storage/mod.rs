@@ -305,6 +305,18 @@ impl Object {
             .map_err(|e| self.error(&format!("cannot read bytes {}..{}", range.start, range.end), e))
     }
 
+    /// Several byte ranges at once: the store merges near ones into one
+    /// request and fetches the rest in parallel.
+    pub fn ranges(&self, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>, StorageError> {
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (s, k) = (self.store.inner.clone(), self.key.clone());
+        let n = ranges.len();
+        block(async move { s.get_ranges(&k, &ranges).await })
+            .map_err(|e| self.error(&format!("cannot read {n} byte ranges"), e))
+    }
+
     fn start_range(&self, range: Range<u64>) -> std::sync::mpsc::Receiver<object_store::Result<Bytes>> {
         let (s, k) = (self.store.inner.clone(), self.key.clone());
         start(async move { s.get_range(&k, range).await })
