@@ -186,6 +186,8 @@ fn round_trip(kind: &str) {
         assert!((u - v).abs() < 1e-5, "{kind}: export {u} vs checkpoint {v}");
     }
 
+    serve_follows(&export_root, &version, &cfg, &model_dir, a, &x);
+
     // eval writes its result into the remote model_dir.
     let mut ev = Command::new(env!("CARGO_BIN_EXE_eval"));
     ev.current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -199,6 +201,98 @@ fn round_trip(kind: &str) {
         ]);
     run_ok(ev);
     assert!(listing(&model_dir).iter().any(|f| f == "eval_result.txt"));
+}
+
+/// `serve` on the remote export root answers as predict did, then picks
+/// up a version exported there after it started.
+fn serve_follows(export_root: &str, version: &str, cfg: &Path, model_dir: &str, rows: &[&str], want: &[f64]) {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let mut child = bin("serve")
+        .args(["--model_dir", export_root, "--port", "0", "--host", "127.0.0.1"])
+        .args(["--file_system_poll_wait_seconds", "0.2"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("serve printed {line:?}: {}", std::fs::read_to_string(&log).unwrap()))
+        .to_string();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    let fields = ["label", "d1", "d2", "c1", "c2", "c3", "c4", "label2"];
+    let instances: Vec<serde_json::Value> = rows[..5]
+        .iter()
+        .map(|r| {
+            let obj: serde_json::Map<String, serde_json::Value> = fields
+                .iter()
+                .zip(r.split(','))
+                .filter(|(f, _)| !f.starts_with("label"))
+                .map(|(f, v)| (f.to_string(), serde_json::json!(v)))
+                .collect();
+            serde_json::Value::Object(obj)
+        })
+        .collect();
+    let body = serde_json::json!({ "instances": instances }).to_string();
+    let text = agent
+        .post(&format!("http://{addr}/v1/models/model:predict"))
+        .content_type("application/json")
+        .send(&body)
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let preds = v["predictions"].as_array().unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(preds.len(), 5, "{text}");
+    for (p, w) in preds.iter().zip(want) {
+        let got = p["probs"]
+            .as_f64()
+            .or_else(|| p.as_f64())
+            .unwrap_or_else(|| panic!("{p}"));
+        assert!((got - w).abs() < 1e-5, "served {got}, predict {w}");
+    }
+    // A second export: a new version number, followed by the server.
+    let mut e = bin("export");
+    e.arg("--pipeline_config_path")
+        .arg(cfg)
+        .args(["--model_dir", model_dir, "--export_dir", export_root]);
+    let out = e.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_ne!(second, version);
+    let number = second.rsplit('/').next().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = agent
+            .get(&format!("http://{addr}/v1/models/model"))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap();
+        if status.contains(&format!("\"{number}\"")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "version {number} not served: {status}\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[test]
@@ -384,4 +478,35 @@ fn s3_two_ranks_share_a_model_dir() {
         .arg("--train_config.num_steps=25");
     let log = run_ok(c);
     assert!(log.contains("resumed from"), "{log}");
+}
+
+/// An unreachable endpoint: the requests are retried with backoff, then
+/// the job stops with exit 1 naming the URL and the endpoint.
+#[test]
+fn unreachable_endpoint_names_url_and_endpoint() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let url = "s3://rustrec-test/nowhere/train.csv";
+    let t = Instant::now();
+    let out = bin("train_eval")
+        .arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args(["--train_input_path", url])
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(url) && stderr.contains(&endpoint), "{stderr}");
+    // Retried (with backoff) before giving up, within the retry budget.
+    assert!(stderr.contains("retr"), "{stderr}");
+    assert!(t.elapsed() < Duration::from_secs(150), "{:?}", t.elapsed());
 }

@@ -305,7 +305,9 @@ pub fn export(args: Vec<OsString>) -> anyhow::Result<()> {
     // A remote export_dir: exported into a local copy, then published
     // (each version's files, its export_info.json last).
     let export_mirror = if crate::storage::is_remote(&args.export_dir) {
-        Some(Mirror::open(&args.export_dir)?)
+        let m = Mirror::open(&args.export_dir)?;
+        m.mark_remote_versions()?;
+        Some(m)
     } else {
         None
     };

@@ -79,7 +79,10 @@ impl BoundedFile {
         let Source::Remote(o) = &*self.source else {
             return Ok(());
         };
-        let ranges: Vec<_> = ranges.into_iter().filter(|r| r.start < r.end && r.end <= self.len).collect();
+        let ranges: Vec<_> = ranges
+            .into_iter()
+            .filter(|r| r.start < r.end && r.end <= self.len)
+            .collect();
         // A row group too large to hold is read on demand instead.
         if ranges.iter().map(|r| r.end - r.start).sum::<u64>() > PREFETCH_MAX_BYTES {
             return Ok(());
@@ -209,7 +212,8 @@ impl ParquetChunks {
                 .iter()
                 .filter_map(|&i| {
                     let c = rg.column(i);
-                    let start = u64::try_from(c.dictionary_page_offset().unwrap_or_else(|| c.data_page_offset())).ok()?;
+                    let start =
+                        u64::try_from(c.dictionary_page_offset().unwrap_or_else(|| c.data_page_offset())).ok()?;
                     Some(start..start.checked_add(u64::try_from(c.compressed_size()).ok()?)?)
                 })
                 .collect();

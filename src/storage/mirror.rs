@@ -216,6 +216,25 @@ impl Mirror {
         Ok(fresh)
     }
 
+    /// Makes an empty local folder for each numbered folder at the remote
+    /// top (an export root's versions), so that a new version written
+    /// into the copy takes a number no remote one has.
+    pub fn mark_remote_versions(&self) -> Result<usize, StorageError> {
+        let mut n = 0;
+        for l in self.remote.list()? {
+            let Some((v, _)) = l.relative.split_once('/') else {
+                continue;
+            };
+            let d = self.local.join(v);
+            if v.bytes().all(|b| b.is_ascii_digit()) && !d.exists() {
+                std::fs::create_dir_all(&d)
+                    .map_err(|e| local_error(&self.remote, format!("cannot create {}", d.display()), e))?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Uploads one local file of the copy (relative name `rel`) now: a
     /// rank's own part of a checkpoint the first rank completes.
     pub fn upload(&self, local_file: &Path, rel: &str) -> Result<(), StorageError> {
