@@ -167,19 +167,19 @@ fn round_trip(kind: &str) {
     .arg("--output_path")
     .arg(&from_export);
     run_ok(p);
+    // From the checkpoint, written to a remote output path.
     let from_ckpt = dir.path().join("ckpt.csv");
     let mut p = bin("predict");
-    p.arg("--pipeline_config_path")
-        .arg(&cfg)
-        .args([
-            "--model_dir",
-            &model_dir,
-            "--input_path",
-            &format!("{remote}/data/part-0.csv"),
-        ])
-        .arg("--output_path")
-        .arg(&from_ckpt);
+    p.arg("--pipeline_config_path").arg(&cfg).args([
+        "--model_dir",
+        &model_dir,
+        "--input_path",
+        &format!("{remote}/data/part-0.csv"),
+        "--output_path",
+        &format!("{remote}/scores/ckpt.csv"),
+    ]);
     run_ok(p);
+    std::fs::write(&from_ckpt, read(&format!("{remote}/scores/ckpt.csv"))).unwrap();
     let (x, y) = (predictions(&from_export), predictions(&from_ckpt));
     assert_eq!(x.len(), a.len());
     for (u, v) in x.iter().zip(&y) {
@@ -353,19 +353,18 @@ fn parquet_from_remote_trains_as_local() {
 /// kill -9 while training into a remote model_dir, then --continue_train:
 /// the job resumes from the last published checkpoint (the dead job's
 /// lease is taken over) and finishes.
-#[test]
-fn s3_kill_and_continue() {
+fn kill_and_continue(kind: &str) {
     init();
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), "DeepFM", "");
-    let model_dir = format!("{}/model", base("s3", "kill"));
+    let model_dir = format!("{}/model", base(kind, "kill"));
     let args = |resume: bool| {
         let mut a = vec![
             "--pipeline_config_path".to_string(),
             cfg.to_str().unwrap().to_string(),
             "--model_dir".into(),
             model_dir.clone(),
-            "--train_config.num_steps=400".into(),
+            "--train_config.num_steps=100".into(),
             "--train_config.save_checkpoints_steps=5".into(),
             "--data_config.num_epochs=0".into(),
         ];
@@ -404,18 +403,27 @@ fn s3_kill_and_continue() {
     });
     assert!(log.contains("resumed from"), "{log}");
     assert!(log.contains("lapsed lease"), "{log}");
-    assert!(read(&state).contains("model.ckpt-400"));
+    assert!(read(&state).contains("model.ckpt-100"));
     let files = listing(&model_dir);
     assert!(!files.iter().any(|f| f.starts_with('.')), "{files:?}");
 }
 
 /// A live job's lease keeps a second job out (exit 1, naming the holder).
 #[test]
-fn s3_lease_keeps_a_second_job_out() {
+fn s3_kill_and_continue() {
+    kill_and_continue("s3");
+}
+
+#[test]
+fn hdfs_kill_and_continue() {
+    kill_and_continue("hdfs");
+}
+
+fn lease_keeps_a_second_job_out(kind: &str) {
     init();
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), "DeepFM", "");
-    let model_dir = format!("{}/model", base("s3", "lease"));
+    let model_dir = format!("{}/model", base(kind, "lease"));
     let lease = rustrec::storage::mirror::Lease::take(Path::new(&model_dir)).unwrap();
     let mut c = bin("train_eval");
     c.arg("--pipeline_config_path")
@@ -429,12 +437,31 @@ fn s3_lease_keeps_a_second_job_out() {
     assert!(listing(&model_dir).is_empty());
 }
 
+#[test]
+fn s3_lease_keeps_a_second_job_out() {
+    lease_keeps_a_second_job_out("s3");
+}
+
+#[test]
+fn hdfs_lease_keeps_a_second_job_out() {
+    lease_keeps_a_second_job_out("hdfs");
+}
+
+#[test]
+fn s3_two_ranks_share_a_model_dir() {
+    two_ranks_share_a_model_dir("s3");
+}
+
+#[test]
+fn hdfs_two_ranks_share_a_model_dir() {
+    two_ranks_share_a_model_dir("hdfs");
+}
+
 /// Two MPI ranks with sharded tables share one remote model_dir: each
 /// publishes its shard, the first rank the rest; the checkpoint equals
 /// the one the same job writes to a local model_dir, and one rank
 /// resumes from it.
-#[test]
-fn s3_two_ranks_share_a_model_dir() {
+fn two_ranks_share_a_model_dir(kind: &str) {
     init();
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), "DeepFM", "");
@@ -453,7 +480,7 @@ fn s3_two_ranks_share_a_model_dir() {
     };
     let local: PathBuf = dir.path().join("local");
     run(local.to_str().unwrap());
-    let model_dir = format!("{}/model", base("s3", "ranks"));
+    let model_dir = format!("{}/model", base(kind, "ranks"));
     run(&model_dir);
     let files = listing(&model_dir);
     for shard in [
@@ -509,4 +536,91 @@ fn unreachable_endpoint_names_url_and_endpoint() {
     // Retried (with backoff) before giving up, within the retry budget.
     assert!(stderr.contains("retr"), "{stderr}");
     assert!(t.elapsed() < Duration::from_secs(150), "{:?}", t.elapsed());
+}
+
+/// A store that throttles: an HTTP server answering the first requests
+/// with 503 SlowDown and then serving one object (HEAD and ranged GET).
+/// Training reads the object through the retries; the server counts them.
+#[test]
+fn throttled_requests_are_retried() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    let body = Arc::new(std::fs::read(dir.path().join("data.csv")).unwrap());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let throttled = Arc::new(AtomicUsize::new(0));
+    let (b, t) = (body.clone(), throttled.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (b, t) = (b.clone(), t.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut out = stream;
+                loop {
+                    let mut request = String::new();
+                    if reader.read_line(&mut request).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut range = None;
+                    loop {
+                        let mut h = String::new();
+                        reader.read_line(&mut h).unwrap();
+                        if h.trim().is_empty() {
+                            break;
+                        }
+                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                            let (a, z) = v.trim().split_once('-').unwrap();
+                            range = Some((a.parse::<usize>().unwrap(), z.parse::<usize>().unwrap()));
+                        }
+                    }
+                    let common = "Last-Modified: Thu, 26 Nov 2026 10:00:00 GMT\r\nETag: \"e1\"\r\n";
+                    if t.fetch_add(1, Ordering::SeqCst) < 3 {
+                        let msg =
+                            "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+                        let _ = write!(
+                            out,
+                            "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\n\r\n{msg}",
+                            msg.len()
+                        );
+                        continue;
+                    }
+                    let head = request.starts_with("HEAD");
+                    let (status, part) = match range {
+                        Some((a, z)) => {
+                            let z = z.min(b.len() - 1);
+                            let cr = format!("Content-Range: bytes {a}-{z}/{}\r\n", b.len());
+                            ("206 Partial Content", (b[a..=z].to_vec(), cr))
+                        }
+                        None => ("200 OK", (b.to_vec(), String::new())),
+                    };
+                    let _ = write!(
+                        out,
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{common}{}\r\n",
+                        part.0.len(),
+                        part.1
+                    );
+                    if !head {
+                        let _ = out.write_all(&part.0);
+                    }
+                }
+            });
+        }
+    });
+    let url = "s3://throttled/train.csv";
+    let out = bin("train_eval")
+        .arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args(["--train_input_path", url, "--model_dir"])
+        .arg(dir.path().join("model"))
+        .arg("--train_config.num_steps=5")
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(throttled.load(Ordering::SeqCst) > 3, "{stderr}");
 }

@@ -179,7 +179,14 @@ fn train_on(
     }
     if trainer.step == 0 {
         if let Some(ft) = trainer.plan.train.fine_tune.clone() {
-            let n = trainer.fine_tune(&ft.checkpoint, ft.var_map.as_deref())?;
+            // A remote fine_tune_checkpoint is read from a local copy.
+            let fetched = if crate::storage::is_remote(&ft.checkpoint) {
+                Some(crate::storage::mirror::fetch_checkpoint(&ft.checkpoint)?)
+            } else {
+                None
+            };
+            let path = fetched.as_ref().map_or(ft.checkpoint.clone(), |(_, p)| p.clone());
+            let n = trainer.fine_tune(&path, ft.var_map.as_deref())?;
             log::info!("fine-tuning: {n} variables restored from {}", ft.checkpoint.display());
         }
     }
@@ -356,18 +363,8 @@ fn checkpoint_to_use(
 ) -> anyhow::Result<(std::path::PathBuf, Option<Mirror>)> {
     match path {
         Some(p) if crate::storage::is_remote(Path::new(p)) => {
-            let p = p.trim_end_matches('/');
-            let (parent, name) = p.rsplit_once('/').unwrap_or((p, ""));
-            let m = Mirror::open(Path::new(parent))?;
-            if m.pull(name)? == 0 {
-                // A directory of checkpoints: its latest.
-                let inner = Mirror::open(Path::new(p))?;
-                inner.pull_latest()?;
-                let ckpt = checkpoint::resolve(inner.local())?;
-                return Ok((ckpt, Some(inner)));
-            }
-            let ckpt = checkpoint::resolve(&m.local().join(name))?;
-            Ok((ckpt, Some(m)))
+            let (m, local) = crate::storage::mirror::fetch_checkpoint(Path::new(p))?;
+            Ok((checkpoint::resolve(&local)?, Some(m)))
         }
         Some(p) => Ok((checkpoint::resolve(Path::new(p))?, None)),
         None => checkpoint::latest(model_dir)?
@@ -458,13 +455,38 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
         }
         _ => return Err(UserError("pass exactly one of --saved_model_dir and --pipeline_config_path".into()).into()),
     };
+    // A remote output is written locally (a folder of its own in the
+    // temporary directory), then uploaded whole.
+    let remote_out = crate::storage::is_remote(&args.output_path);
+    let staging = std::env::temp_dir().join(format!("rustrec-predict-{}", std::process::id()));
+    let output = if remote_out {
+        std::fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
+        let name = args
+            .output_path
+            .file_name()
+            .map_or("predictions".into(), |n| n.to_os_string());
+        staging.join(name)
+    } else {
+        args.output_path.clone()
+    };
     let job = PredictJob {
         inputs: args.input_path.clone(),
-        output: args.output_path.clone(),
+        output: output.clone(),
         reserved_cols: args.reserved_cols.clone(),
         batch_size: args.batch_size,
     };
-    let rows = crate::predict::predict(&scorer, &job)?;
+    let predicted = crate::predict::predict(&scorer, &job);
+    if remote_out {
+        let uploaded = predicted
+            .as_ref()
+            .ok()
+            .map(|_| crate::storage::object(&args.output_path).and_then(|o| o.upload(&output)));
+        let _ = std::fs::remove_dir_all(&staging);
+        if let Some(r) = uploaded {
+            r?;
+        }
+    }
+    let rows = predicted?;
     log::info!("wrote {rows} predictions to {}", args.output_path.display());
     Ok(())
 }

@@ -313,6 +313,29 @@ impl Mirror {
     }
 }
 
+/// A checkpoint named by a remote URL, downloaded: our checkpoint folder
+/// (its files), a model_dir (the checkpoint its state file names), or a
+/// TensorFlow checkpoint prefix (`model.ckpt-N`: its `.index` and data
+/// files). Returns the local path to read and the copy holding it.
+pub fn fetch_checkpoint(url: &Path) -> Result<(Mirror, PathBuf), StorageError> {
+    let text = url.to_string_lossy();
+    let text = text.trim_end_matches('/');
+    let whole = object(Path::new(text))?;
+    if whole.child("manifest.json").size()?.is_none() && whole.child(STATE_FILE).size()?.is_some() {
+        let m = Mirror::open(Path::new(text))?;
+        m.pull_latest()?;
+        let local = m.local.clone();
+        return Ok((m, local));
+    }
+    let (parent, name) = text.rsplit_once('/').unwrap_or((text, ""));
+    let m = Mirror::open(Path::new(parent))?;
+    if m.pull(name)? == 0 {
+        return Err(whole.error("cannot read the checkpoint", "no such object or prefix"));
+    }
+    let local = m.local.join(name);
+    Ok((m, local))
+}
+
 /// The non-hidden files below `dir`, as relative names.
 fn collect(dir: &Path, prefix: &str, out: &mut Vec<String>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -405,6 +428,7 @@ impl Lease {
         let object = object(model_dir)?.child(LEASE_NAME);
         for _ in 0..2 {
             if object.put_new(lease_text().into_bytes())? {
+                remove_stale_temporaries(model_dir)?;
                 let stop = Arc::new(AtomicBool::new(false));
                 let (o, s) = (object.clone(), stop.clone());
                 let renewer = std::thread::Builder::new()
@@ -442,6 +466,24 @@ impl Lease {
         ))
         .into())
     }
+}
+
+/// Removes the temporaries a killed job left in remote model_dir: HDFS
+/// writes an object as `.<name>.tmp.<n>` and renames it into place, so a
+/// job killed mid-write leaves one. Only the lease holder calls this.
+fn remove_stale_temporaries(model_dir: &Path) -> Result<usize, StorageError> {
+    let root = object(model_dir)?;
+    let mut removed = 0;
+    for l in root.list()? {
+        let name = l.relative.rsplit('/').next().unwrap_or(&l.relative);
+        let temporary = name.starts_with('.') && (name.contains(".tmp.") || name.contains(".tmp-"));
+        if temporary && name != LEASE_NAME {
+            log::warn!("removing {}, left half written by a stopped job", l.path.display());
+            root.child(&l.relative).delete()?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 impl Drop for Lease {
