@@ -57,6 +57,22 @@ fn ini_section(path: Option<PathBuf>, section: &str) -> HashMap<String, String> 
     out
 }
 
+/// An access key and its secret from two environment variables (both or
+/// neither), else from two keys of a credentials file's section.
+fn key_pair(
+    (id_var, secret_var): (&str, &str),
+    (file, id_key, secret_key): (&HashMap<String, String>, &str, &str),
+) -> Result<Option<(String, String)>, String> {
+    match (env(id_var), env(secret_var)) {
+        (Some(id), Some(secret)) => Ok(Some((id, secret))),
+        (Some(_), None) | (None, Some(_)) => Err(format!("{id_var} and {secret_var} must be set together")),
+        (None, None) => Ok(file
+            .get(id_key)
+            .zip(file.get(secret_key))
+            .map(|(id, secret)| (id.clone(), secret.clone()))),
+    }
+}
+
 /// An endpoint without a scheme is HTTPS.
 fn with_scheme(e: String) -> String {
     if e.contains("://") {
@@ -85,16 +101,10 @@ pub fn s3(_bucket: &str) -> Result<S3Settings, String> {
             .or_else(|| home().map(|h| h.join(".aws/config"))),
         &config_section,
     );
-    let keys = match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
-        (Some(id), Some(secret)) => Some((id, secret)),
-        (Some(_), None) | (None, Some(_)) => {
-            return Err("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together".into())
-        }
-        (None, None) => match (creds.get("aws_access_key_id"), creds.get("aws_secret_access_key")) {
-            (Some(id), Some(secret)) => Some((id.clone(), secret.clone())),
-            _ => None,
-        },
-    };
+    let keys = key_pair(
+        ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+        (&creds, "aws_access_key_id", "aws_secret_access_key"),
+    )?;
     let token = if env("AWS_ACCESS_KEY_ID").is_some() {
         env("AWS_SESSION_TOKEN")
     } else {
@@ -129,16 +139,10 @@ pub fn oss(bucket: &str) -> Result<S3Settings, String> {
         .or_else(|| file.get("endpoint").cloned())
         .map(with_scheme)
         .ok_or("no OSS endpoint: set OSS_ENDPOINT (oss-<region>.aliyuncs.com) or `endpoint` in ~/.ossutilconfig")?;
-    let keys = match (env("OSS_ACCESS_KEY_ID"), env("OSS_ACCESS_KEY_SECRET")) {
-        (Some(id), Some(secret)) => Some((id, secret)),
-        (Some(_), None) | (None, Some(_)) => {
-            return Err("OSS_ACCESS_KEY_ID and OSS_ACCESS_KEY_SECRET must be set together".into())
-        }
-        (None, None) => match (file.get("accesskeyid"), file.get("accesskeysecret")) {
-            (Some(id), Some(secret)) => Some((id.clone(), secret.clone())),
-            _ => None,
-        },
-    };
+    let keys = key_pair(
+        ("OSS_ACCESS_KEY_ID", "OSS_ACCESS_KEY_SECRET"),
+        (&file, "accesskeyid", "accesskeysecret"),
+    )?;
     let token = env("OSS_SESSION_TOKEN").or_else(|| file.get("ststoken").cloned());
     let (scheme, host) = endpoint.split_once("://").unwrap_or(("https", &endpoint));
     let host = host.trim_end_matches('/');

@@ -124,11 +124,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    shared().runtime.spawn(async move {
-        let _ = tx.send(f.await);
-    });
-    rx.recv().expect("a storage task ends with a result")
+    start(f).recv().expect("a storage task ends with a result")
 }
 
 /// Starts `f` on the storage runtime; its result is awaited later.
