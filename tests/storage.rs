@@ -624,3 +624,31 @@ fn throttled_requests_are_retried() {
     assert!(out.status.success(), "{stderr}");
     assert!(throttled.load(Ordering::SeqCst) > 3, "{stderr}");
 }
+
+/// Incremental updates into a folder of a remote model_dir are refused by
+/// name (they would be published only with checkpoints), before training.
+#[test]
+fn incremental_updates_to_a_remote_folder_are_refused() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "save_checkpoints_steps: 10",
+        "save_checkpoints_steps: 10 incr_save_config { fs { } }",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let model_dir = format!("{}/model", base("s3", "incr"));
+    let out = bin("train_eval")
+        .arg("--pipeline_config_path")
+        .arg(&cfg)
+        .args(["--model_dir", &model_dir])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("incr_save_config") && stderr.contains("kafka"),
+        "{stderr}"
+    );
+    assert!(listing(&model_dir).is_empty(), "{:?}", listing(&model_dir));
+}
