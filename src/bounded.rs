@@ -50,7 +50,12 @@ pub fn read(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 
 /// `read` as UTF-8 text.
 pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
-    String::from_utf8(read(path, limit)?).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
+    utf8(read(path, limit)?)
+}
+
+/// File bytes as text; an error for bytes that are not UTF-8.
+pub fn utf8(bytes: Vec<u8>) -> io::Result<String> {
+    String::from_utf8(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
 #[cfg(test)]

@@ -58,12 +58,19 @@ pub fn lock_model_dir(model_dir: &Path) -> anyhow::Result<ModelDirLock> {
             return Err(Unusable(format!("cannot lock {}: {e}", path.display())).into());
         }
     }
-    let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let me = format!("pid {} on {}", std::process::id(), host.trim());
+    let me = format!("pid {} on {}", std::process::id(), hostname());
     file.set_len(0)?;
     file.rewind()?;
     file.write_all(me.as_bytes())?;
     Ok(ModelDirLock { _file: file, path })
+}
+
+/// This machine's name, as a lock names its holder ("" when unknown).
+pub fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::embedding::Sharding;
 
-pub use lock::{lock_model_dir, ModelDirLock};
+pub use lock::{hostname, lock_model_dir, ModelDirLock};
 pub use safetensors::{read_file, write_file, TensorRef};
 
 pub const FORMAT: &str = "rustrec-checkpoint-3";

@@ -11,13 +11,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use super::DataError;
+use crate::storage::glob::has_wildcard;
 
 fn is_hidden(p: &Path) -> bool {
     p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
-}
-
-fn has_wildcard(s: &str) -> bool {
-    s.contains(['*', '?', '['])
 }
 
 /// Expands input paths into sorted files per path, in the paths' order.

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use super::{object, StorageError};
 
-fn has_wildcard(s: &str) -> bool {
+/// Whether a path holds a glob wildcard (`*`, `?`, `[`); local paths
+/// (`data::paths`) and remote ones expand by the same rule.
+pub fn has_wildcard(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{object, Object, StorageError};
+use crate::checkpoint::hostname;
 
 /// Files whose presence completes what their directory holds.
 const COMPLETES: [&str; 2] = ["manifest.json", "export_info.json"];
@@ -390,13 +391,6 @@ pub struct Lease {
 
 fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
 }
 
 fn lease_text() -> String {

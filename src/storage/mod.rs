@@ -431,7 +431,7 @@ pub fn read(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 
 /// `read` as UTF-8 text.
 pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
-    String::from_utf8(read(path, limit)?).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
+    crate::bounded::utf8(read(path, limit)?)
 }
 
 /// Joins `name` onto `path` keeping a URL's `//`.
