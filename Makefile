@@ -8,11 +8,12 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/rustrec-target
 BIN := $(CARGO_TARGET_DIR)/debug
 
 # System packages: OpenMPI for distributed training, clang/libclang for the
-# MPI bindings, pkg-config to find them.
-APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config
+# MPI bindings, pkg-config to find them; the Vulkan loader and Mesa's
+# software Vulkan driver (lavapipe), the GPU executor's device in tests.
+APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config libvulkan1 mesa-vulkan-drivers
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build test demo odl-demo ml100k bench parity fuzz lint fmt clean
+.PHONY: deps build test demo odl-demo ml100k bench bench-gpu parity fuzz lint fmt clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -61,7 +62,7 @@ test: deps $(CLIENTS_VENV)/installed $(TFSERVING_VENV)/installed
 	  set -a; . $(STORAGE_RUN)/env; set +a; \
 	  RUSTREC_KAFKA=127.0.0.1:$$(cat $(KAFKA_RUN)/port) \
 	  RUSTREC_TRITON_PYTHON=$(CURDIR)/$(CLIENTS_VENV)/bin/python RUSTREC_TFSERVING_PYTHON=$(CURDIR)/$(TFSERVING_VENV)/bin/python \
-	  $(CARGO) test --locked
+	  $(CARGO) test --locked --features gpu
 
 # Criteo-shaped synthetic data with a planted model (gen_data prints its AUC).
 data/synthetic/train.parquet: | build
@@ -164,6 +165,14 @@ bench: deps $(VENV)/torch-installed $(VENV)/ort-installed
 	  for poll in 0.1 1; do rm -rf $(SERVE_BENCH)/odl; \
 	    python3 scripts/odl_demo.py $(CARGO_TARGET_DIR)/release $(SERVE_BENCH)/ml100k_by_time 127.0.0.1:$$(cat $(KAFKA_RUN)-bench/port) \
 	      $(SERVE_BENCH)/odl $$poll 2>/dev/null | grep '^== .*freshness'; done
+
+# The GPU executor on a machine with a GPU and a CUDA build of torch in
+# GPU_PYTHON: 20 steps of each model checked against the CPU executor, both
+# executors timed, then PyTorch on the same GPU (scripts/gpu-bench).
+GPU_PYTHON ?= python3
+bench-gpu: deps
+	$(CARGO) build --locked --release --features gpu --bin bench
+	scripts/gpu-bench $(CARGO_TARGET_DIR)/release/bench $(GPU_PYTHON)
 
 # EasyRec itself (pai-easy-rec 0.7.1 on TensorFlow 2.12, about 600 MB) for
 # `make parity`, in its own virtual environment; it needs Python 3.11 or

@@ -3,7 +3,8 @@ threads and shapes, in one run. Repetitions alternate between the stacks so
 machine noise hits both; each run is its own process so peak memory is its
 own. Prints medians, the ratio rustrec / PyTorch (median of per-repetition
 ratios) and a scaling table of rustrec's DLRM over table size and batch.
-Standard library only."""
+`--device gpu`: rustrec's GPU executor against PyTorch on CUDA on the same
+GPU (peak memory is still the host's). Standard library only."""
 
 import argparse
 import json
@@ -22,12 +23,14 @@ def run(cmd):
 
 def ours(a, model, cap=None, batch=None):
     return run([a.bench, "--json", "--models", model, "--threads", str(a.threads), "--steps", str(a.steps),
-                "--rows", str(a.rows), "--cap", str(cap or a.cap), "--batch_size", str(batch or a.batch_size)])
+                "--rows", str(a.rows), "--cap", str(cap or a.cap), "--batch_size", str(batch or a.batch_size),
+                "--device", a.device])
 
 
 def theirs(a, model):
     return run([a.python, a.baseline, "--model", model, "--threads", str(a.threads), "--steps", str(a.steps),
-                "--cap", str(a.cap), "--batch_size", str(a.batch_size)])
+                "--cap", str(a.cap), "--batch_size", str(a.batch_size),
+                "--device", "cuda" if a.device == "gpu" else "cpu"])
 
 
 def main():
@@ -42,11 +45,13 @@ def main():
     p.add_argument("--cap", type=int, default=1_000_000)
     p.add_argument("--batch_size", type=int, default=2048)
     p.add_argument("--no_scaling", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--models", default="DLRM,WideAndDeep,DeepFM,DCN,MMoE")
     a = p.parse_args()
 
     isa = ours(a, a.models.split(",")[0], batch=64).get("isa", "unknown ISA")
-    print(f"== rustrec vs PyTorch on {isa}: {a.threads} threads, batch {a.batch_size}, tables capped at {a.cap} rows, "
+    where = f"the GPU (host {isa})" if a.device == "gpu" else isa
+    print(f"== rustrec vs PyTorch on {where}: {a.threads} threads, batch {a.batch_size}, tables capped at {a.cap} rows, "
           f"{a.steps} timed steps, {a.reps} repetitions (median)")
     print(f"{'model':<12} {'rustrec samp/s':>15} {'pytorch samp/s':>15} {'ratio':>7} {'rustrec MB':>11} {'pytorch MB':>11}")
     for model in a.models.split(","):

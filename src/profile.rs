@@ -201,7 +201,7 @@ pub fn report(entries: &[Entry], steps: u64, step_secs: f64, peak_gflops: f64) -
     for e in entries.iter().filter(|e| e.level == Level::Step) {
         accounted += e.secs;
         line(&mut out, "", e);
-        if e.name == MODEL_PASS {
+        if e.name == MODEL_PASS && !ops.is_empty() {
             let mut sorted = ops.clone();
             sorted.sort_by(|a, b| b.secs.total_cmp(&a.secs));
             for op in sorted {
@@ -233,6 +233,12 @@ pub fn report(entries: &[Entry], steps: u64, step_secs: f64, peak_gflops: f64) -
             bytes: 0.0,
         },
     );
+    if ops.is_empty() {
+        // An executor that times no ops of its own (burn's, on a GPU): its
+        // pass is one phase, and its matrix work is not counted.
+        let _ = writeln!(out, "  (the executor times no ops of its own: the model pass is one phase)");
+        return out;
+    }
     let flops: f64 = ops.iter().map(|e| e.flops).sum::<f64>() / steps;
     let at_peak = flops / (peak_gflops * 1e9);
     let matmul_secs: f64 = ops.iter().filter(|e| e.flops > 0.0).map(|e| e.secs).sum::<f64>() / steps;
@@ -277,6 +283,11 @@ mod tests {
         // What the model pass's ops leave: 0.5 s of its 2.
         let heads = r.lines().find(|l| l.contains("loss heads")).unwrap();
         assert!(heads.contains("500.000"), "{heads}");
+        // An executor timing no ops: its pass unsplit, no matrix account.
+        let passes: Vec<Entry> = e.iter().filter(|x| x.level == Level::Step).cloned().collect();
+        let r = report(&passes, 1, 4.0, 4.0);
+        assert!(!r.contains("loss heads") && !r.contains("matrix products"), "{r}");
+        assert!(r.contains("times no ops of its own"), "{r}");
         p.clear();
         assert!(p.entries().is_empty());
         // Without a profile nothing is named.

@@ -31,11 +31,12 @@ use rustrec::config::typed::TrainingPlan;
 use rustrec::config::{load_pipeline, Overrides};
 use rustrec::datagen::{generate, GenSpec};
 use rustrec::dist::Communicator;
+use rustrec::model::ExecutorKind;
 use rustrec::profile::{cpu_isa, cpu_model, report, step_phase, timed, Profile};
 use rustrec::train::Trainer;
 use std::sync::Arc;
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "bench", rename_all = "snake_case", about = "Training throughput benchmark")]
 struct Args {
     /// Rows of generated Criteo-shaped data (written once, then reused).
@@ -91,6 +92,11 @@ struct Args {
     /// training are timed from both.
     #[arg(long, value_name = "URL")]
     remote: Option<String>,
+    /// `gpu`: each model on the GPU executor against the CPU executor in the
+    /// same run: first 20 steps of each checked equal (1e-4 relative) at a
+    /// small batch, then both timed. With --json, the GPU's samples/s.
+    #[arg(long, default_value = "cpu", value_name = "cpu|gpu", value_parser = ExecutorKind::parse)]
+    device: ExecutorKind,
 }
 
 /// Peak resident memory of this process in MiB (Linux), 0 when unknown.
@@ -223,6 +229,7 @@ fn measure_config(model: &str, text: &str, args: &Args, profile: Option<&Arc<Pro
     let loaded = load_pipeline(&path, &Overrides::default())?;
     let plan = TrainingPlan::from_config(&loaded.config)?;
     let mut trainer = Trainer::new(plan)?;
+    trainer.model.exec = args.device.executor(0)?;
     trainer.start_incr_updates()?;
     if let Some(p) = profile {
         trainer.set_profile(p.clone());
@@ -326,6 +333,87 @@ fn remote_versus_local(data: &Path, url: &str, args: &Args) -> anyhow::Result<()
         size as f64 / (1 << 20) as f64
     );
     object.delete()?;
+    Ok(())
+}
+
+/// The first `steps` losses of `model` (batch `batch`) on `kind`, and its
+/// dense parameters after them.
+fn first_steps(
+    model: &str,
+    data: &Path,
+    args: &Args,
+    kind: ExecutorKind,
+    batch: usize,
+) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    let steps = 20;
+    let path = args.data_dir.join(format!("{model}_check.config"));
+    std::fs::write(&path, config(model, data, batch, args.cap))?;
+    let loaded = load_pipeline(&path, &Overrides::default())?;
+    let mut trainer = Trainer::new(TrainingPlan::from_config(&loaded.config)?)?;
+    trainer.model.exec = kind.executor(0)?;
+    let paths = trainer.plan.data.train_paths.clone();
+    let mut stream = trainer.stream(&paths, true, 0)?;
+    let mut losses = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let b = stream.next().context("data ran out")??;
+        losses.push(trainer.train_step(&b)?.loss);
+    }
+    Ok((losses, trainer.model.params.values.clone()))
+}
+
+/// The largest of |a - b| / (1 + |b|) over two equally long slices.
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f32::max)
+}
+
+/// Each model on `args.device` against the CPU executor, in one run: 20
+/// steps checked equal (losses and the dense parameters after them), then
+/// both timed on the bench's batches.
+fn device_versus_cpu(data: &Path, args: &Args) -> anyhow::Result<()> {
+    let cpu = Args {
+        device: ExecutorKind::Cpu,
+        ..args.clone()
+    };
+    println!(
+        "{:?} executor against the CPU executor ({}, {}, {} threads): batch {}, {} timed steps, tables capped at {} rows",
+        args.device,
+        cpu_model(),
+        cpu_isa(),
+        args.threads,
+        args.batch_size,
+        args.steps,
+        args.cap
+    );
+    println!(
+        "{:<12} {:>12} {:>12} {:>14} {:>14} {:>8}",
+        "model", "loss diff", "param diff", "cpu samp/s", "device samp/s", "ratio"
+    );
+    let mut failed = Vec::new();
+    for model in &args.models {
+        let (want_loss, want_params) = first_steps(model, data, args, ExecutorKind::Cpu, 256)?;
+        let (got_loss, got_params) = first_steps(model, data, args, args.device, 256)?;
+        let (dl, dp) = (max_rel(&got_loss, &want_loss), max_rel(&got_params, &want_params));
+        if dl > 1e-4 || dp > 1e-4 {
+            failed.push(model.clone());
+        }
+        let on_cpu = measure(model, data, &cpu)?;
+        let on_device = measure(model, data, args)?;
+        println!(
+            "{model:<12} {dl:>12.2e} {dp:>12.2e} {:>14.0} {:>14.0} {:>7.2}x",
+            on_cpu.train,
+            on_device.train,
+            on_device.train / on_cpu.train
+        );
+    }
+    println!("(diffs: the largest |device - cpu| / (1 + |cpu|) over 20 steps' losses and the dense parameters after them, batch 256)");
+    anyhow::ensure!(
+        failed.is_empty(),
+        "not within 1e-4 of the CPU executor: {}",
+        failed.join(", ")
+    );
     Ok(())
 }
 
@@ -627,6 +715,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         key_value_versus_arrays(&data, args)?;
         return key_value_growth(args);
     }
+    if args.device != ExecutorKind::Cpu && !args.json {
+        return device_versus_cpu(&data, args);
+    }
     if args.json {
         for model in &args.models {
             let m = measure(model, &data, args)?;
@@ -640,6 +731,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
                     "table_rows": m.table_rows,
                     "peak_mb": peak_mb(),
                     "isa": cpu_isa(),
+                    "device": format!("{:?}", args.device).to_lowercase(),
                 })
             );
         }

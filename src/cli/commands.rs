@@ -16,6 +16,7 @@ use super::{
 use crate::checkpoint;
 use crate::config::{load_pipeline, typed::TrainingPlan, LoadedConfig, Overrides};
 use crate::dist::{self, Communicator};
+use crate::model::ExecutorKind;
 use crate::storage::mirror::Mirror;
 use crate::train::Trainer;
 
@@ -49,6 +50,7 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
             max_staleness: args.max_staleness,
         },
         straggler: args.straggler.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))),
+        device: args.device,
     };
     abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, options))
 }
@@ -81,6 +83,22 @@ struct TrainOptions {
     ps: crate::train::ps::PsOptions,
     /// `--straggler` (benches only).
     straggler: Option<(usize, std::time::Duration)>,
+    /// `--device`.
+    device: ExecutorKind,
+}
+
+/// The executor `--device` names, its device opened for this rank.
+fn open_executor(kind: ExecutorKind, comm: &dyn Communicator) -> anyhow::Result<Arc<dyn crate::model::Executor>> {
+    Ok(kind.executor(local_rank(comm))?)
+}
+
+/// The process's index among the ranks of its host: what the launcher
+/// says (Open MPI, MPICH, Slurm), else the rank (ranks on one host).
+fn local_rank(comm: &dyn Communicator) -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+        .unwrap_or(comm.rank())
 }
 
 /// Under mpirun a failing rank ends the whole job at once, naming itself;
@@ -163,6 +181,7 @@ fn train_on(
     let mut exporter =
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
     let mut trainer = Trainer::with_roles(plan, comm.clone(), &opts.ps).map_err(UserFault)?;
+    trainer.model.exec = open_executor(opts.device, &*comm)?;
     trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
     trainer.divergence = opts.divergence;
     trainer.straggler = opts.straggler;
@@ -317,6 +336,7 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let run = || -> anyhow::Result<()> {
         agree_on_config(&*comm, &loaded)?;
         let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(UserFault)?;
+        trainer.model.exec = open_executor(args.device, &*comm)?;
         trainer.restore(&ckpt)?;
         trainer.eval_and_report(&eval_paths, &result_path)?;
         if let Some(m) = mirror.as_ref().filter(|_| comm.rank() == 0) {
@@ -448,6 +468,14 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
     check_predict_output(&args)?;
     let scorer = match (&args.saved_model_dir, &args.pipeline_config_path) {
         (Some(dir), None) => {
+            if args.device != ExecutorKind::Cpu {
+                return Err(UserError(
+                    "--device: an export (--saved_model_dir) is scored by its ONNX graph on the CPU; \
+                     score a checkpoint (--pipeline_config_path) to use a GPU"
+                        .into(),
+                )
+                .into());
+            }
             if !extend.is_empty() || args.edit_config_json.is_some() || args.checkpoint_path.is_some() {
                 return Err(UserError(
                     "--saved_model_dir scores with the export's own config; config edits and --checkpoint_path need --pipeline_config_path"
@@ -476,7 +504,8 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
             let _mirror = mirror_model_dir(&mut plan)?;
             let (ckpt, _fetched) =
                 checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to score with")?;
-            let bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(UserFault)?;
+            let mut bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(UserFault)?;
+            bundle.model.exec = args.device.executor(0)?;
             Scorer::Checkpoint(Box::new(bundle))
         }
         _ => return Err(UserError("pass exactly one of --saved_model_dir and --pipeline_config_path".into()).into()),

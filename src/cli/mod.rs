@@ -114,6 +114,11 @@ pub struct TrainEvalArgs {
     /// record it and --continue_train goes on with the checkpoint's.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// Where the model's dense part runs: cpu (the default) or gpu (a build with
+    /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
+    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
+    #[arg(long, default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
+    pub device: crate::model::ExecutorKind,
     /// Print the effective config (after all overrides) as text proto and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -140,6 +145,11 @@ pub struct EvalArgs {
     /// the latest in model_dir.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: Option<String>,
+    /// Where the model's dense part runs: cpu (the default) or gpu (a build with
+    /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
+    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
+    #[arg(long, default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
+    pub device: crate::model::ExecutorKind,
     /// Overrides the evaluation input.
     #[arg(long, num_args = 1.., value_name = "PATH")]
     pub eval_input_path: Vec<String>,
@@ -192,6 +202,11 @@ pub struct PredictArgs {
     /// the latest in model_dir.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: Option<String>,
+    /// Where the model's dense part runs: cpu (the default) or gpu (a build with
+    /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
+    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
+    #[arg(long, default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
+    pub device: crate::model::ExecutorKind,
     /// Input files (Parquet or CSV as data_config says; globs allowed).
     #[arg(long, num_args = 1.., required = true, value_name = "PATH")]
     pub input_path: Vec<String>,
@@ -385,6 +400,7 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<crate::error::Fault
         crate::serve::ServeError,
         crate::output::OutputError,
         crate::predict::PredictError,
+        crate::model::exec::DeviceError,
         std::io::Error,
     );
     None

@@ -119,14 +119,8 @@ impl Model {
             buffers,
             graph,
             dropout_logits,
-            exec: ExecutorKind::default().executor(),
+            exec: Arc::new(exec::cpu::Cpu::default()),
         })
-    }
-
-    /// The same model run by `exec`.
-    pub fn with_executor(mut self, exec: Arc<dyn Executor>) -> Self {
-        self.exec = exec;
-        self
     }
 
     /// The graph run forward on `exec` over group inputs `x` of `b` rows.

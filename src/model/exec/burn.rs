@@ -21,6 +21,7 @@ use crate::util::Rng;
 #[derive(Debug, Clone)]
 pub struct Burn {
     device: Device,
+    name: &'static str,
 }
 
 impl Burn {
@@ -31,13 +32,23 @@ impl Burn {
 
     /// On `device`, which must carry autodiff for `Tape::backward`.
     pub fn on(device: Device) -> Self {
-        Burn { device }
+        Burn { device, name: "burn" }
+    }
+
+    /// On this rank's GPU (`gpu::open`), with autodiff.
+    #[cfg(feature = "gpu")]
+    pub fn gpu(local_rank: usize) -> Result<Self, super::DeviceError> {
+        let device = super::gpu::open(local_rank)?;
+        Ok(Burn {
+            device: device.autodiff(),
+            name: "gpu",
+        })
     }
 }
 
 impl Executor for Burn {
     fn name(&self) -> &'static str {
-        "burn"
+        self.name
     }
 
     fn forward<'a>(
@@ -118,30 +129,63 @@ impl super::Tape for BurnTape<'_> {
             })
             .reduce(|a, b| a + b);
         let grads = objective.map(|o| o.backward());
-        for (spec, t) in p.specs.iter().zip(&self.params) {
-            if let Some(g) = grads.as_ref().and_then(|gr| t.grad(gr)) {
-                dense[spec.range()].iter_mut().zip(to_vec(g)).for_each(|(d, v)| *d += v);
+        // Every gradient read back in one transfer (on a GPU each read is a
+        // round trip): the parameters' that flowed, then the inputs'.
+        let trained_inputs = self.trained_inputs(needs);
+        let mut parts = Vec::new();
+        let mut param_parts = Vec::new();
+        let mut input_parts = Vec::new();
+        if let Some(gr) = grads.as_ref() {
+            for (i, t) in self.params.iter().enumerate() {
+                if let Some(g) = t.grad(gr) {
+                    param_parts.push(i);
+                    parts.push(g.flatten::<1>(0, 1));
+                }
+            }
+            for (group, x) in self.xs.iter().enumerate() {
+                if trained_inputs.contains(&group) {
+                    if let Some(g) = x.grad(gr) {
+                        input_parts.push(group);
+                        parts.push(g.flatten::<1>(0, 1));
+                    }
+                }
             }
         }
-        let trained = self
-            .graph
+        let flat = if parts.is_empty() {
+            Vec::new()
+        } else {
+            to_vec(Tensor::cat(parts, 0))
+        };
+        let mut at = 0;
+        for i in param_parts {
+            let range = p.specs[i].range();
+            let n = range.len();
+            dense[range]
+                .iter_mut()
+                .zip(&flat[at..at + n])
+                .for_each(|(d, v)| *d += v);
+            at += n;
+        }
+        let mut dx: Vec<Vec<f32>> = self.xs.iter().map(|x| vec![0.0; x.dims().iter().product()]).collect();
+        for group in input_parts {
+            let n = dx[group].len();
+            dx[group].copy_from_slice(&flat[at..at + n]);
+            at += n;
+        }
+        dx
+    }
+}
+
+impl BurnTape<'_> {
+    /// The group inputs a gradient flows to (`needs`, per node).
+    fn trained_inputs(&self, needs: &[bool]) -> Vec<usize> {
+        self.graph
             .nodes
             .iter()
             .enumerate()
             .filter_map(|(i, n)| match n.op {
                 Op::Input { group } if needs[i] => Some(group),
                 _ => None,
-            })
-            .collect::<Vec<_>>();
-        self.xs
-            .iter()
-            .enumerate()
-            .map(|(group, x)| {
-                let zeros = || vec![0.0; x.dims().iter().product()];
-                if !trained.contains(&group) {
-                    return zeros();
-                }
-                grads.as_ref().and_then(|gr| x.grad(gr)).map_or_else(zeros, to_vec)
             })
             .collect()
     }

@@ -8,6 +8,7 @@
 //! - `cpu`: the training path of every model (a tape, gemm, fused kernels);
 //! - `burn`: the graph on burn tensors, differentiated by burn's autodiff:
 //!   the oracle of the CPU executor's backward, on any burn device;
+//! - `gpu` (cargo feature `gpu`): opens a GPU for `burn` (wgpu on Vulkan);
 //! - `onnx`: not an executor that runs, but the emitter that writes the
 //!   same graph as ONNX for exports (each op once there too).
 //!
@@ -18,6 +19,8 @@
 
 pub mod burn;
 pub mod cpu;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 pub mod onnx;
 #[cfg(test)]
 mod op_tests;
@@ -81,7 +84,7 @@ pub trait Tape {
     ) -> Vec<Vec<f32>>;
 }
 
-/// The executors a model can run on, chosen at run time.
+/// The executors a model can run on, chosen at run time (`--device`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ExecutorKind {
     /// The CPU executor, the default.
@@ -89,13 +92,56 @@ pub enum ExecutorKind {
     Cpu,
     /// burn's CPU backend with autodiff (the reference).
     Burn,
+    /// The graph on a GPU through burn's wgpu runtime on Vulkan (cargo
+    /// feature `gpu`): the adapter of this rank (`gpu::adapter_for`).
+    Gpu,
 }
 
 impl ExecutorKind {
-    pub fn executor(self) -> Arc<dyn Executor> {
-        match self {
-            ExecutorKind::Cpu => Arc::new(cpu::Cpu::default()),
-            ExecutorKind::Burn => Arc::new(burn::Burn::reference()),
+    /// `--device`'s values: `cpu`, `gpu`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(ExecutorKind::Cpu),
+            "gpu" => Ok(ExecutorKind::Gpu),
+            other => Err(format!("unknown device {other:?}: use cpu or gpu")),
         }
+    }
+
+    /// The executor, its device opened: on `local_rank` (the process's
+    /// index among the ranks of its host) for a GPU. Fails where the build
+    /// or the machine has no GPU.
+    pub fn executor(self, local_rank: usize) -> Result<Arc<dyn Executor>, DeviceError> {
+        match self {
+            ExecutorKind::Cpu => Ok(Arc::new(cpu::Cpu::default())),
+            ExecutorKind::Burn => Ok(Arc::new(burn::Burn::reference())),
+            #[cfg(feature = "gpu")]
+            ExecutorKind::Gpu => Ok(Arc::new(burn::Burn::gpu(local_rank)?)),
+            #[cfg(not(feature = "gpu"))]
+            ExecutorKind::Gpu => {
+                let _ = local_rank;
+                Err(DeviceError(
+                    "--device gpu: this build has no GPU executor (build with `cargo build --features gpu`)".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// A device that cannot be opened: the user's to fix (another device,
+/// another build, a driver).
+#[derive(Debug)]
+pub struct DeviceError(pub String);
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+impl crate::error::Classified for DeviceError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::User
     }
 }

@@ -381,30 +381,101 @@ fn near(a: f32, b: f32, tol: f32) -> bool {
     (a - b).abs() <= tol + tol * 10.0 * b.abs()
 }
 
+/// What one executor gives for a case: the output, the parameters' and
+/// the inputs' gradients, and the batch norms' statistics.
+type Run = (Vec<f32>, Vec<f32>, Vec<Vec<f32>>, Vec<crate::model::graph::BnStats>);
+
+/// A case through the contract on `exec`, in training mode with the same
+/// dropout draws on every executor, backward from `r`.
+fn run_case(c: &Case, exec: &dyn Executor, x: &[Vec<f32>], r: &[f32]) -> Run {
+    let out = NodeId(c.graph.nodes.len() - 1);
+    let needs = c.graph.needs_grad(&[true, true]);
+    let mut rng = Rng::new(5);
+    let mut stats = Vec::new();
+    let mode = Mode::Train {
+        rng: &mut rng,
+        stats: &mut stats,
+        examples: EXAMPLES,
+    };
+    let tape = exec.forward(&c.graph, (&c.params, &c.buffers), x, B, mode);
+    let mut dense = vec![0.0f32; c.params.values.len()];
+    let dx = tape.backward(&c.params, vec![(out, r.to_vec())], &needs, &mut dense);
+    (tape.value(out).to_vec(), dense, dx, stats)
+}
+
+/// The seeds of a case's output.
+fn seeds(c: &Case) -> Vec<f32> {
+    let width = c.graph.width(NodeId(c.graph.nodes.len() - 1));
+    let mut rr = Rng::new(21);
+    (0..B * width).map(|_| rr.normal() as f32).collect()
+}
+
+/// `got` against `want` (the reference) value by value: outputs, every
+/// parameter's gradient, every input's.
+fn assert_runs_near(c: &Case, (y, dense, dx, stats): &Run, (yr, dense_r, dx_r, stats_r): &Run, tol: f32, who: &str) {
+    assert_eq!(stats_r.len(), stats.len(), "{}: batch norms", c.name);
+    for (s, sr) in stats.iter().zip(stats_r) {
+        assert_eq!(
+            (s.mean_buffer, s.var_buffer),
+            (sr.mean_buffer, sr.var_buffer),
+            "{}: buffers",
+            c.name
+        );
+        for (a, b) in s.mean.iter().chain(&s.var).zip(sr.mean.iter().chain(&sr.var)) {
+            assert!(
+                near(*a, *b, tol),
+                "{}: batch statistic {who} {a} vs reference {b}",
+                c.name
+            );
+        }
+    }
+    for (a, b) in y.iter().zip(yr) {
+        assert!(near(*a, *b, tol), "{}: value {who} {a} vs reference {b}", c.name);
+    }
+    for spec in &c.params.specs {
+        for (k, (a, b)) in dense[spec.range()].iter().zip(&dense_r[spec.range()]).enumerate() {
+            assert!(
+                near(*a, *b, tol),
+                "{}: d/d {}[{k}] {who} {a} vs reference {b}",
+                c.name,
+                spec.name
+            );
+        }
+    }
+    for (gi, want) in dx_r.iter().enumerate() {
+        for (k, (a, b)) in dx[gi].iter().zip(want).enumerate() {
+            assert!(
+                near(*a, *b, tol),
+                "{}: d/d input {gi}[{k}] {who} {a} vs reference {b}",
+                c.name
+            );
+        }
+    }
+}
+
+/// Every op on the GPU executor (lavapipe where there is no GPU) against
+/// the CPU executor.
+#[cfg(feature = "gpu")]
+#[test]
+fn every_op_matches_on_the_gpu() {
+    let gpu = super::burn::Burn::gpu(0).expect("a Vulkan adapter (lavapipe: mesa-vulkan-drivers)");
+    for c in cases() {
+        let x = inputs(9);
+        let r = seeds(&c);
+        let cpu = run_case(&c, &Cpu::default(), &x, &r);
+        let on_gpu = run_case(&c, &gpu, &x, &r);
+        assert_runs_near(&c, &on_gpu, &cpu, 1e-5, "gpu");
+    }
+}
+
 #[test]
 fn every_op_matches_burn_and_finite_differences() {
     for c in cases() {
         let x = inputs(9);
-        let out = NodeId(c.graph.nodes.len() - 1);
-        let width = c.graph.width(out);
-        let mut rr = Rng::new(21);
-        let r: Vec<f32> = (0..B * width).map(|_| rr.normal() as f32).collect();
+        let r = seeds(&c);
 
         // Both executors through the contract, with the same dropout draws.
-        let needs = c.graph.needs_grad(&[true, true]);
-        let run = |exec: &dyn Executor| {
-            let mut rng = Rng::new(5);
-            let mut stats = Vec::new();
-            let mode = Mode::Train {
-                rng: &mut rng,
-                stats: &mut stats,
-                examples: EXAMPLES,
-            };
-            let tape = exec.forward(&c.graph, (&c.params, &c.buffers), &x, B, mode);
-            let mut dense = vec![0.0f32; c.params.values.len()];
-            let dx = tape.backward(&c.params, vec![(out, r.clone())], &needs, &mut dense);
-            (tape.value(out).to_vec(), dense, dx, stats)
-        };
+        let run = |exec: &dyn Executor| run_case(&c, exec, &x, &r);
         let (y, dense, dx, stats) = run(&Cpu::default());
         let (yr, dense_r, dx_r, stats_r) = run(&Burn::reference());
         // Timing its ops changes nothing the executor computes, and every
@@ -429,29 +500,9 @@ fn every_op_matches_burn_and_finite_differences() {
                 .sum();
             assert_eq!(dw, fwd, "{}: {timed:?}", c.name);
         }
-        assert_eq!(stats_r.len(), stats.len(), "{}: batch norms", c.name);
-        for (a, b) in y.iter().zip(&yr) {
-            assert!(near(*a, *b, 1e-5), "{}: value cpu {a} vs reference {b}", c.name);
-        }
-        for spec in &c.params.specs {
-            for (k, (a, b)) in dense[spec.range()].iter().zip(&dense_r[spec.range()]).enumerate() {
-                assert!(
-                    near(*a, *b, 1e-5),
-                    "{}: d/d {}[{k}] cpu {a} vs reference {b}",
-                    c.name,
-                    spec.name
-                );
-            }
-        }
-        for (gi, want) in dx_r.iter().enumerate() {
-            for (k, (a, b)) in dx[gi].iter().zip(want).enumerate() {
-                assert!(
-                    near(*a, *b, 1e-5),
-                    "{}: d/d input {gi}[{k}] cpu {a} vs reference {b}",
-                    c.name
-                );
-            }
-        }
+        let fast = (y, dense, dx, stats);
+        assert_runs_near(&c, &fast, &(yr, dense_r, dx_r, stats_r), 1e-5, "cpu");
+        let (_, dense, dx, _) = fast;
         assert!(
             dense.iter().chain(dx.iter().flatten()).any(|g| *g != 0.0),
             "{}: some gradient flows",
