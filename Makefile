@@ -218,6 +218,7 @@ fuzz: build
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --all-targets --features gpu -- -D warnings
 
 fmt:
 	$(CARGO) fmt

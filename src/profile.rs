@@ -236,7 +236,10 @@ pub fn report(entries: &[Entry], steps: u64, step_secs: f64, peak_gflops: f64) -
     if ops.is_empty() {
         // An executor that times no ops of its own (burn's, on a GPU): its
         // pass is one phase, and its matrix work is not counted.
-        let _ = writeln!(out, "  (the executor times no ops of its own: the model pass is one phase)");
+        let _ = writeln!(
+            out,
+            "  (the executor times no ops of its own: the model pass is one phase)"
+        );
         return out;
     }
     let flops: f64 = ops.iter().map(|e| e.flops).sum::<f64>() / steps;
