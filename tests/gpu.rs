@@ -127,24 +127,30 @@ fn a_model_trained_on_the_gpu_exports_and_scores_like_its_checkpoint() {
     }
 }
 
+/// Two ranks on GPUs under every synchronous mode (sharded tables,
+/// synchronous parameter servers, replicas) equal one rank on the CPU.
 #[test]
 fn two_ranks_on_gpus_train_as_one_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), "DLRM", "");
-    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let one = dir.path().join("one");
     train(&cfg, &one, "cpu", &NO_BN);
-    // Sharded tables, each rank half of the same global batch of 32.
-    let mut c = common::mpirun();
-    c.args(["-np", "2", env!("CARGO_BIN_EXE_train_eval")])
-        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
-        .args(["--model_dir", two.to_str().unwrap()])
-        .args(["--device", "gpu"])
-        .args(["--train_config.num_steps=20", "--data_config.batch_size=16"])
-        .arg("--train_config.train_distribute=EmbeddingParallelStrategy")
-        .args(NO_BN);
-    run_ok(c);
-    let (want, got) = (weights(&one), weights(&two));
-    for (name, w) in &want {
-        assert_near(&got[name], w, 1e-4, &format!("2 ranks: {name}"));
+    let want = weights(&one);
+    for strategy in ["EmbeddingParallelStrategy", "NoStrategy", "MultiWorkerMirroredStrategy"] {
+        let two = dir.path().join(strategy);
+        // Each rank half of the same global batch of 32.
+        let mut c = common::mpirun();
+        c.args(["-np", "2", env!("CARGO_BIN_EXE_train_eval")])
+            .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+            .args(["--model_dir", two.to_str().unwrap()])
+            .args(["--device", "gpu"])
+            .args(["--train_config.num_steps=20", "--data_config.batch_size=16"])
+            .arg(format!("--train_config.train_distribute={strategy}"))
+            .args(NO_BN);
+        run_ok(c);
+        let got = weights(&two);
+        for (name, w) in &want {
+            assert_near(&got[name], w, 1e-4, &format!("2 ranks, {strategy}: {name}"));
+        }
     }
 }

@@ -365,6 +365,22 @@ fn inputs(seed: u64) -> Vec<Vec<f32>> {
 /// `Σ r · y` of the last node on the CPU executor, in training mode with
 /// a fixed dropout generator.
 fn objective(c: &Case, params: &ParamStore, x: &[Vec<f32>], r: &[f32]) -> f64 {
+    let out = NodeId(c.graph.nodes.len() - 1);
+    train_pass(c, &Cpu::default(), params, x, |t, _| {
+        t.value(out).iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
+    })
+}
+
+/// `then` on the tape of a training-mode pass of `c` on `exec` with
+/// `params` (the same dropout draws on every executor) and its batch
+/// norms' statistics.
+fn train_pass<T>(
+    c: &Case,
+    exec: &dyn Executor,
+    params: &ParamStore,
+    x: &[Vec<f32>],
+    then: impl FnOnce(&dyn super::Tape, Vec<crate::model::graph::BnStats>) -> T,
+) -> T {
     let mut rng = Rng::new(5);
     let mut stats = Vec::new();
     let mode = Mode::Train {
@@ -372,9 +388,8 @@ fn objective(c: &Case, params: &ParamStore, x: &[Vec<f32>], r: &[f32]) -> f64 {
         stats: &mut stats,
         examples: EXAMPLES,
     };
-    let t = Cpu::default().forward(&c.graph, (params, &c.buffers), x, B, mode);
-    let out = NodeId(c.graph.nodes.len() - 1);
-    t.value(out).iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
+    let tape = exec.forward(&c.graph, (params, &c.buffers), x, B, mode);
+    then(&*tape, stats)
 }
 
 fn near(a: f32, b: f32, tol: f32) -> bool {
@@ -390,17 +405,11 @@ type Run = (Vec<f32>, Vec<f32>, Vec<Vec<f32>>, Vec<crate::model::graph::BnStats>
 fn run_case(c: &Case, exec: &dyn Executor, x: &[Vec<f32>], r: &[f32]) -> Run {
     let out = NodeId(c.graph.nodes.len() - 1);
     let needs = c.graph.needs_grad(&[true, true]);
-    let mut rng = Rng::new(5);
-    let mut stats = Vec::new();
-    let mode = Mode::Train {
-        rng: &mut rng,
-        stats: &mut stats,
-        examples: EXAMPLES,
-    };
-    let tape = exec.forward(&c.graph, (&c.params, &c.buffers), x, B, mode);
-    let mut dense = vec![0.0f32; c.params.values.len()];
-    let dx = tape.backward(&c.params, vec![(out, r.to_vec())], &needs, &mut dense);
-    (tape.value(out).to_vec(), dense, dx, stats)
+    train_pass(c, exec, &c.params, x, |tape, stats| {
+        let mut dense = vec![0.0f32; c.params.values.len()];
+        let dx = tape.backward(&c.params, vec![(out, r.to_vec())], &needs, &mut dense);
+        (tape.value(out).to_vec(), dense, dx, stats)
+    })
 }
 
 /// The seeds of a case's output.
