@@ -221,15 +221,20 @@ fn measure(model: &str, data: &Path, args: &Args) -> anyhow::Result<Measured> {
     measure_config(model, &config(model, data, args.batch_size, args.cap), args, None)
 }
 
+/// A trainer on `kind` of config `text`, written to `path` first (as a
+/// user's config is read).
+fn trainer_of(path: &Path, text: &str, kind: ExecutorKind) -> anyhow::Result<Trainer> {
+    std::fs::write(path, text)?;
+    let loaded = load_pipeline(path, &Overrides::default())?;
+    let mut trainer = Trainer::new(TrainingPlan::from_config(&loaded.config)?)?;
+    trainer.model.exec = kind.executor(0)?;
+    Ok(trainer)
+}
+
 /// Trains `model` from config `text`, its timed steps recorded in
 /// `profile` when given (the input's wait included).
 fn measure_config(model: &str, text: &str, args: &Args, profile: Option<&Arc<Profile>>) -> anyhow::Result<Measured> {
-    let path = args.data_dir.join(format!("{model}.config"));
-    std::fs::write(&path, text)?;
-    let loaded = load_pipeline(&path, &Overrides::default())?;
-    let plan = TrainingPlan::from_config(&loaded.config)?;
-    let mut trainer = Trainer::new(plan)?;
-    trainer.model.exec = args.device.executor(0)?;
+    let mut trainer = trainer_of(&args.data_dir.join(format!("{model}.config")), text, args.device)?;
     trainer.start_incr_updates()?;
     if let Some(p) = profile {
         trainer.set_profile(p.clone());
@@ -347,10 +352,7 @@ fn first_steps(
 ) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
     let steps = 20;
     let path = args.data_dir.join(format!("{model}_check.config"));
-    std::fs::write(&path, config(model, data, batch, args.cap))?;
-    let loaded = load_pipeline(&path, &Overrides::default())?;
-    let mut trainer = Trainer::new(TrainingPlan::from_config(&loaded.config)?)?;
-    trainer.model.exec = kind.executor(0)?;
+    let mut trainer = trainer_of(&path, &config(model, data, batch, args.cap), kind)?;
     let paths = trainer.plan.data.train_paths.clone();
     let mut stream = trainer.stream(&paths, true, 0)?;
     let mut losses = Vec::with_capacity(steps);

@@ -50,7 +50,7 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
             max_staleness: args.max_staleness,
         },
         straggler: args.straggler.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))),
-        device: args.device,
+        device: args.device.kind,
     };
     abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, options))
 }
@@ -336,7 +336,7 @@ pub fn eval(args: Vec<OsString>) -> anyhow::Result<()> {
     let run = || -> anyhow::Result<()> {
         agree_on_config(&*comm, &loaded)?;
         let mut trainer = Trainer::with_comm(plan, comm.clone()).map_err(UserFault)?;
-        trainer.model.exec = open_executor(args.device, &*comm)?;
+        trainer.model.exec = open_executor(args.device.kind, &*comm)?;
         trainer.restore(&ckpt)?;
         trainer.eval_and_report(&eval_paths, &result_path)?;
         if let Some(m) = mirror.as_ref().filter(|_| comm.rank() == 0) {
@@ -468,7 +468,7 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
     check_predict_output(&args)?;
     let scorer = match (&args.saved_model_dir, &args.pipeline_config_path) {
         (Some(dir), None) => {
-            if args.device != ExecutorKind::Cpu {
+            if args.device.kind != ExecutorKind::Cpu {
                 return Err(UserError(
                     "--device: an export (--saved_model_dir) is scored by its ONNX graph on the CPU; \
                      score a checkpoint (--pipeline_config_path) to use a GPU"
@@ -505,7 +505,7 @@ pub fn predict(args: Vec<OsString>) -> anyhow::Result<()> {
             let (ckpt, _fetched) =
                 checkpoint_to_use(&plan.model_dir, args.checkpoint_path.as_deref(), "to score with")?;
             let mut bundle = crate::inference::Bundle::restore(plan, &ckpt).map_err(UserFault)?;
-            bundle.model.exec = args.device.executor(0)?;
+            bundle.model.exec = args.device.kind.executor(0)?;
             Scorer::Checkpoint(Box::new(bundle))
         }
         _ => return Err(UserError("pass exactly one of --saved_model_dir and --pipeline_config_path".into()).into()),

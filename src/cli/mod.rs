@@ -46,6 +46,16 @@ impl std::error::Error for UserFault {
     }
 }
 
+/// `--device`, shared by the binaries that run a model's graph.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeviceArg {
+    /// Where the model's dense part runs: cpu (the default) or gpu (a build with
+    /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
+    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
+    #[arg(long = "device", default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
+    pub kind: crate::model::ExecutorKind,
+}
+
 /// Flags shared by all binaries that read a pipeline config.
 #[derive(Debug, Clone, clap::Args)]
 #[command(rename_all = "snake_case")]
@@ -114,11 +124,8 @@ pub struct TrainEvalArgs {
     /// record it and --continue_train goes on with the checkpoint's.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
-    /// Where the model's dense part runs: cpu (the default) or gpu (a build with
-    /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
-    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
-    #[arg(long, default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
-    pub device: crate::model::ExecutorKind,
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// Print the effective config (after all overrides) as text proto and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -145,11 +152,8 @@ pub struct EvalArgs {
     /// the latest in model_dir.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: Option<String>,
-    /// Where the model's dense part runs: cpu (the default) or gpu (a build with
-    /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
-    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
-    #[arg(long, default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
-    pub device: crate::model::ExecutorKind,
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// Overrides the evaluation input.
     #[arg(long, num_args = 1.., value_name = "PATH")]
     pub eval_input_path: Vec<String>,
@@ -202,11 +206,8 @@ pub struct PredictArgs {
     /// the latest in model_dir.
     #[arg(long, value_name = "PATH")]
     pub checkpoint_path: Option<String>,
-    /// Where the model's dense part runs: cpu (the default) or gpu (a build with
-    /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
-    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
-    #[arg(long, default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
-    pub device: crate::model::ExecutorKind,
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// Input files (Parquet or CSV as data_config says; globs allowed).
     #[arg(long, num_args = 1.., required = true, value_name = "PATH")]
     pub input_path: Vec<String>,

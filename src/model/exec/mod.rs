@@ -93,7 +93,7 @@ pub enum ExecutorKind {
     /// burn's CPU backend with autodiff (the reference).
     Burn,
     /// The graph on a GPU through burn's wgpu runtime on Vulkan (cargo
-    /// feature `gpu`): the adapter of this rank (`gpu::adapter_for`).
+    /// feature `gpu`): the adapter of this rank (`gpu::open`).
     Gpu,
 }
 
