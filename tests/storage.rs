@@ -203,63 +203,106 @@ fn round_trip(kind: &str) {
     assert!(listing(&model_dir).iter().any(|f| f == "eval_result.txt"));
 }
 
+/// A `serve` on `model_dir` (an export root), its address and a client.
+struct Served {
+    child: std::process::Child,
+    addr: String,
+    agent: ureq::Agent,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start(model_dir: &str) -> Served {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("serve.log");
+        let mut child = bin("serve")
+            .args(["--model_dir", model_dir, "--port", "0", "--host", "127.0.0.1"])
+            .args(["--file_system_poll_wait_seconds", "0.2"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("serve printed {line:?}: {}", std::fs::read_to_string(&log).unwrap()))
+            .to_string();
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        Served {
+            child,
+            addr,
+            agent,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The scores of the first five CSV `rows` (setup's columns).
+    fn scores(&self, rows: &[&str]) -> Vec<f64> {
+        let fields = ["label", "d1", "d2", "c1", "c2", "c3", "c4", "label2"];
+        let instances: Vec<serde_json::Value> = rows[..5]
+            .iter()
+            .map(|r| {
+                let obj: serde_json::Map<String, serde_json::Value> = fields
+                    .iter()
+                    .zip(r.split(','))
+                    .filter(|(f, _)| !f.starts_with("label"))
+                    .map(|(f, v)| (f.to_string(), serde_json::json!(v)))
+                    .collect();
+                serde_json::Value::Object(obj)
+            })
+            .collect();
+        let body = serde_json::json!({ "instances": instances }).to_string();
+        let text = self
+            .agent
+            .post(&format!("http://{}/v1/models/model:predict", self.addr))
+            .content_type("application/json")
+            .send(&body)
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let preds = v["predictions"].as_array().unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(preds.len(), 5, "{text}");
+        preds
+            .iter()
+            .map(|p| {
+                p["probs"]
+                    .as_f64()
+                    .or_else(|| p.as_f64())
+                    .unwrap_or_else(|| panic!("{p}"))
+            })
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// `serve` on the remote export root answers as predict did, then picks
 /// up a version exported there after it started.
 fn serve_follows(export_root: &str, version: &str, cfg: &Path, model_dir: &str, rows: &[&str], want: &[f64]) {
-    use std::io::BufRead;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("serve.log");
-    let mut child = bin("serve")
-        .args(["--model_dir", export_root, "--port", "0", "--host", "127.0.0.1"])
-        .args(["--file_system_poll_wait_seconds", "0.2"])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("serve printed {line:?}: {}", std::fs::read_to_string(&log).unwrap()))
-        .to_string();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into();
-    let fields = ["label", "d1", "d2", "c1", "c2", "c3", "c4", "label2"];
-    let instances: Vec<serde_json::Value> = rows[..5]
-        .iter()
-        .map(|r| {
-            let obj: serde_json::Map<String, serde_json::Value> = fields
-                .iter()
-                .zip(r.split(','))
-                .filter(|(f, _)| !f.starts_with("label"))
-                .map(|(f, v)| (f.to_string(), serde_json::json!(v)))
-                .collect();
-            serde_json::Value::Object(obj)
-        })
-        .collect();
-    let body = serde_json::json!({ "instances": instances }).to_string();
-    let text = agent
-        .post(&format!("http://{addr}/v1/models/model:predict"))
-        .content_type("application/json")
-        .send(&body)
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
-    let preds = v["predictions"].as_array().unwrap_or_else(|| panic!("{text}"));
-    assert_eq!(preds.len(), 5, "{text}");
-    for (p, w) in preds.iter().zip(want) {
-        let got = p["probs"]
-            .as_f64()
-            .or_else(|| p.as_f64())
-            .unwrap_or_else(|| panic!("{p}"));
+    let served = Served::start(export_root);
+    for (got, w) in served.scores(rows).iter().zip(want) {
         assert!((got - w).abs() < 1e-5, "served {got}, predict {w}");
     }
     // A second export: a new version number, followed by the server.
@@ -274,8 +317,9 @@ fn serve_follows(export_root: &str, version: &str, cfg: &Path, model_dir: &str, 
     let number = second.rsplit('/').next().unwrap().to_string();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let status = agent
-            .get(&format!("http://{addr}/v1/models/model"))
+        let status = served
+            .agent
+            .get(&format!("http://{}/v1/models/model", served.addr))
             .call()
             .unwrap()
             .body_mut()
@@ -287,12 +331,10 @@ fn serve_follows(export_root: &str, version: &str, cfg: &Path, model_dir: &str, 
         assert!(
             Instant::now() < deadline,
             "version {number} not served: {status}\n{}",
-            std::fs::read_to_string(&log).unwrap()
+            served.log()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]
@@ -305,8 +347,9 @@ fn hdfs_round_trip() {
     round_trip("hdfs");
 }
 
-/// Parquet from each server (ranged reads of its row groups and columns)
-/// trains as the same files on local disk do: the same checkpoint bytes.
+/// Parquet from each server (ranged reads of its row groups and columns,
+/// the next row group fetched ahead) trains as the same files on local
+/// disk do: the same checkpoint bytes.
 #[test]
 fn parquet_from_remote_trains_as_local() {
     init();
@@ -315,7 +358,17 @@ fn parquet_from_remote_trains_as_local() {
     let out = Command::new(env!("CARGO_BIN_EXE_gen_data"))
         .arg("--output")
         .arg(&data)
-        .args(["--rows", "3000", "--cap", "500", "--seed", "3"])
+        // Three row groups: the next one's fetch overlaps the reading.
+        .args([
+            "--rows",
+            "3000",
+            "--cap",
+            "500",
+            "--seed",
+            "3",
+            "--row_group_rows",
+            "1000",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -625,30 +678,222 @@ fn throttled_requests_are_retried() {
     assert!(throttled.load(Ordering::SeqCst) > 3, "{stderr}");
 }
 
-/// Incremental updates into a folder of a remote model_dir are refused by
-/// name (they would be published only with checkpoints), before training.
-#[test]
-fn incremental_updates_to_a_remote_folder_are_refused() {
+/// Incremental updates into the folder of a remote model_dir go there as
+/// they are written (each file whole, its `.done` flag after it), with the
+/// variable maps; an export of an earlier checkpoint records them by their
+/// remote place, and `serve` on the remote export follows them to the
+/// scores of the checkpoint of their step.
+fn incremental_updates_reach_a_served_export(kind: &str) {
     init();
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), "DeepFM", "");
     let text = std::fs::read_to_string(&cfg).unwrap().replace(
         "save_checkpoints_steps: 10",
-        "save_checkpoints_steps: 10 incr_save_config { fs { } }",
+        "save_checkpoints_steps: 10 incr_save_config { sparse_save_steps: 5 dense_save_steps: 5 fs { } }",
     );
     std::fs::write(&cfg, text).unwrap();
-    let model_dir = format!("{}/model", base("s3", "incr"));
-    let out = bin("train_eval")
-        .arg("--pipeline_config_path")
+    let remote = base(kind, "incr");
+    let model_dir = format!("{remote}/model");
+    let mut c = bin("train_eval");
+    c.arg("--pipeline_config_path")
         .arg(&cfg)
-        .args(["--model_dir", &model_dir])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+        .args(["--model_dir", &model_dir, "--train_config.num_steps=20"]);
+    run_ok(c);
+    let files = listing(&model_dir);
+    for want in [
+        "DENSE_UPDATE_VARIABLES",
+        "SPARSE_UPDATE_VARIABLES",
+        "incr_save/dense_update_5",
+        "incr_save/dense_update_5.done",
+        "incr_save/sparse_update_15.done",
+        "incr_save/dense_update_20.done",
+        "incr_save/sparse_update_20",
+    ] {
+        assert!(files.iter().any(|f| f == want), "{kind}: {want} missing from {files:?}");
+    }
     assert!(
-        stderr.contains("incr_save_config") && stderr.contains("kafka"),
-        "{stderr}"
+        !files.iter().any(|f| f.contains("/.") || f.starts_with('.')),
+        "{files:?}"
     );
-    assert!(listing(&model_dir).is_empty(), "{:?}", listing(&model_dir));
+    // Export step 10 (remote to remote): it names the remote updates.
+    let export_root = format!("{remote}/export");
+    let mut e = bin("export");
+    e.arg("--pipeline_config_path").arg(&cfg).args([
+        "--model_dir",
+        &model_dir,
+        "--checkpoint_path",
+        &format!("{model_dir}/model.ckpt-10"),
+        "--export_dir",
+        &export_root,
+    ]);
+    let out = e.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let info: serde_json::Value = serde_json::from_str(&read(&format!("{version}/assets/export_info.json"))).unwrap();
+    assert_eq!(
+        info["incremental_updates"]["dir"],
+        format!("{model_dir}/incr_save"),
+        "{info}"
+    );
+    assert_eq!(
+        info["incremental_updates"]["dense_variables"],
+        format!("{model_dir}/DENSE_UPDATE_VARIABLES")
+    );
+    // What step 20 scores, from its checkpoint.
+    let scores = dir.path().join("step20.csv");
+    let mut p = bin("predict");
+    p.arg("--pipeline_config_path").arg(&cfg).args([
+        "--model_dir",
+        &model_dir,
+        "--checkpoint_path",
+        &format!("{model_dir}/model.ckpt-20"),
+        "--input_path",
+        dir.path().join("data.csv").to_str().unwrap(),
+        "--output_path",
+        scores.to_str().unwrap(),
+    ]);
+    run_ok(p);
+    let want = predictions(&scores);
+    let text = std::fs::read_to_string(dir.path().join("data.csv")).unwrap();
+    let rows: Vec<&str> = text.lines().collect();
+    let served = Served::start(&export_root);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = served.scores(&rows);
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        if worst < 1e-5 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{kind}: the served export stays {worst} from step 20's scores\n{}",
+            served.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(served.log().contains("serving step 20"), "{}", served.log());
+}
+
+#[test]
+fn s3_incremental_updates_reach_a_served_export() {
+    incremental_updates_reach_a_served_export("s3");
+}
+
+#[test]
+fn hdfs_incremental_updates_reach_a_served_export() {
+    incremental_updates_reach_a_served_export("hdfs");
+}
+
+/// A file larger than a part goes up in parts (S3's multipart upload,
+/// HDFS's streamed write) and comes down whole, streamed to disk; a part
+/// size below the file's replaces the object in place.
+#[test]
+fn large_files_go_up_in_parts_and_come_down_whole() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rustrec::util::Rng::new(7);
+    let bytes: Vec<u8> = (0..(12 << 20) + 123).map(|_| rng.next_u64() as u8).collect();
+    let from = dir.path().join("big.bin");
+    std::fs::write(&from, &bytes).unwrap();
+    for kind in ["s3", "hdfs"] {
+        let url = format!("{}/big.bin", base(kind, "parts"));
+        let o = rustrec::storage::object(Path::new(&url)).unwrap();
+        o.put(b"old".to_vec()).unwrap();
+        o.upload_in_parts(&from, 5 << 20).unwrap();
+        assert_eq!(o.size().unwrap(), Some(bytes.len() as u64), "{kind}");
+        let to = dir.path().join(format!("{kind}.bin"));
+        assert_eq!(o.download(&to).unwrap(), bytes.len() as u64);
+        assert!(std::fs::read(&to).unwrap() == bytes, "{kind}: the download differs");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{kind}: temporaries left {left:?}");
+        let parent = url.rsplit_once('/').unwrap().0;
+        assert_eq!(listing(parent), vec!["big.bin".to_string()], "{kind}");
+        if kind == "s3" {
+            // S3 tags an object uploaded in parts with their count.
+            let listed = rustrec::storage::object(Path::new(parent)).unwrap().list().unwrap();
+            let tag = listed[0].e_tag.clone().unwrap_or_default();
+            assert!(tag.trim_matches('"').ends_with("-3"), "{tag}");
+        }
+    }
+}
+
+/// A resumed job on a remote model_dir keeps keep_checkpoint_max
+/// checkpoints there, counting those an earlier job left (which its copy
+/// never downloaded); and `enable_oss_stop_signal` looks for the signal in
+/// the remote model_dir while the job runs.
+#[test]
+fn remote_checkpoints_are_pruned_and_the_stop_signal_is_seen() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    let model_dir = format!("{}/model", base("s3", "prune"));
+    let train = |extra: &[&str]| {
+        let mut c = bin("train_eval");
+        c.arg("--pipeline_config_path")
+            .arg(&cfg)
+            .args(["--model_dir", &model_dir, "--train_config.keep_checkpoint_max=2"])
+            .args(extra);
+        c
+    };
+    run_ok(train(&["--train_config.num_steps=30"]));
+    let ckpts = |files: &[String]| {
+        let mut c: Vec<String> = files
+            .iter()
+            .filter_map(|f| f.strip_suffix("/manifest.json"))
+            .map(String::from)
+            .collect();
+        c.sort();
+        c
+    };
+    assert_eq!(ckpts(&listing(&model_dir)), ["model.ckpt-20", "model.ckpt-30"]);
+    run_ok(train(&["--train_config.num_steps=50", "--continue_train"]));
+    let files = listing(&model_dir);
+    assert_eq!(ckpts(&files), ["model.ckpt-40", "model.ckpt-50"]);
+    assert!(
+        !files
+            .iter()
+            .any(|f| f.starts_with("model.ckpt-20/") || f.starts_with("model.ckpt-30/")),
+        "{files:?}"
+    );
+    // The signal, put while the job runs, ends it with a checkpoint.
+    let mut c = train(&[
+        "--train_config.num_steps=1000000",
+        "--train_config.enable_oss_stop_signal=true",
+        "--continue_train",
+    ]);
+    let mut child = c.stderr(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ckpts(&listing(&model_dir))
+        .iter()
+        .any(|c| c != "model.ckpt-40" && c != "model.ckpt-50")
+    {
+        assert!(Instant::now() < deadline, "no checkpoint after step 50");
+        assert!(child.try_wait().unwrap().is_none(), "the job ended early");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    rustrec::storage::object(Path::new(&format!("{model_dir}/OSS_STOP_SIGNAL")))
+        .unwrap()
+        .put(Vec::new())
+        .unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stop signal was not seen");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let state = read(&format!("{model_dir}/checkpoint"));
+    let last: u64 = state
+        .lines()
+        .find_map(|l| l.strip_prefix("model_checkpoint_path: \"model.ckpt-"))
+        .and_then(|v| v.trim_end_matches('"').parse().ok())
+        .unwrap_or_else(|| panic!("{state}"));
+    assert!(last > 50 && last < 1_000_000, "{state}");
+    assert_eq!(ckpts(&listing(&model_dir)).len(), 2);
 }

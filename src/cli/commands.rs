@@ -127,33 +127,8 @@ fn mirror_model_dir(plan: &mut TrainingPlan) -> anyhow::Result<Option<Arc<Mirror
         "model_dir {}: working on a local copy, {n} files downloaded",
         plan.model_dir.display()
     );
-    plan.model_dir = m.local().to_path_buf();
+    plan.remote_model_dir = Some(std::mem::replace(&mut plan.model_dir, m.local().to_path_buf()));
     Ok(Some(Arc::new(m)))
-}
-
-/// Incremental updates in a folder would reach a remote model_dir only
-/// with checkpoints, and an export would name the job's local copy as
-/// their place: refused (for training) until the storage layer streams them.
-fn refuse_incr_folder_with_remote_model_dir(plan: &TrainingPlan) -> anyhow::Result<()> {
-    if !crate::storage::is_remote(&plan.model_dir) {
-        return Ok(());
-    }
-    if let Some(dir) = plan.train.incr_save.as_ref().and_then(|i| i.dir.as_ref()) {
-        let refused = match dir {
-            crate::config::train_plan::IncrDir::InModelDir(_) => true,
-            crate::config::train_plan::IncrDir::Absolute(p) => crate::storage::is_remote(p),
-        };
-        if refused {
-            return Err(UserError(format!(
-                "train_config.incr_save_config writes its updates to a folder ({}); with a remote model_dir ({}) \
-                 that is not supported yet: use its `kafka` output, or a local model_dir",
-                dir.resolve(&plan.model_dir).display(),
-                plan.model_dir.display()
-            ))
-            .into());
-        }
-    }
-    Ok(())
 }
 
 fn train_on(
@@ -164,7 +139,6 @@ fn train_on(
 ) -> anyhow::Result<()> {
     let resume = opts.resume;
     let remote_dir = plan.model_dir.clone();
-    refuse_incr_folder_with_remote_model_dir(&plan)?;
     // Rank 0 holds a remote model_dir's lease for the whole job (taken
     // before anything is read from it).
     let _lease = if comm.rank() == 0 && crate::storage::is_remote(&remote_dir) {
@@ -174,6 +148,9 @@ fn train_on(
     };
     comm.barrier();
     let mirror = mirror_model_dir(&mut plan)?;
+    if let Some(m) = mirror.as_ref().filter(|_| comm.rank() == 0) {
+        m.prune_checkpoints_beyond(plan.train.keep_checkpoint_max as usize);
+    }
     let shown_dir = &remote_dir;
     let model_dir = &plan.model_dir.clone();
     agree_on_config(&*comm, loaded)?;

@@ -107,7 +107,7 @@ pub enum IncrDir {
 impl IncrDir {
     pub fn resolve(&self, model_dir: &std::path::Path) -> PathBuf {
         match self {
-            IncrDir::InModelDir(d) => model_dir.join(d),
+            IncrDir::InModelDir(d) => crate::storage::join(model_dir, d),
             IncrDir::Absolute(p) => p.clone(),
         }
     }

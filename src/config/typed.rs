@@ -21,6 +21,10 @@ use super::{proto, validate, ConfigError};
 #[derive(Debug, Clone)]
 pub struct TrainingPlan {
     pub model_dir: PathBuf,
+    /// A remote model_dir's URL, where `model_dir` is the job's local copy
+    /// of it (`storage::mirror`): what outlives the job (incremental
+    /// updates, the places an export records) is named by it.
+    pub remote_model_dir: Option<PathBuf>,
     pub data: DataPlan,
     pub features: FeaturePlan,
     pub model: ModelPlan,
@@ -68,6 +72,7 @@ impl TrainingPlan {
             memory: super::sizes::Claims::of(cfg, optimizer_slots(model.kind, &train.optimizers))?,
             export,
             model_dir: PathBuf::from(&cfg.model_dir),
+            remote_model_dir: None,
             data,
             features,
             model,
@@ -83,6 +88,12 @@ impl TrainingPlan {
             ));
         }
         Ok(plan)
+    }
+
+    /// The model_dir as it outlives the job: the remote one a local copy
+    /// stands for, else `model_dir`.
+    pub fn published_model_dir(&self) -> &std::path::Path {
+        self.remote_model_dir.as_deref().unwrap_or(&self.model_dir)
     }
 
     /// `data_config.sample_weight` against what the model's losses can

@@ -353,8 +353,18 @@ impl StreamSpec {
                 rng.shuffle(&mut order);
             }
             let mut any = false;
-            for &si in &order {
-                for chunk in self.open(&splits[si], chunk_rows)? {
+            let mut ahead: Option<(usize, OpenAhead)> = None;
+            for (pos, &si) in order.iter().enumerate() {
+                let chunks = match ahead.take() {
+                    Some((s, opening)) if s == si => opening.wait()?,
+                    _ => self.open(&splits[si], chunk_rows)?,
+                };
+                // The next remote row group is fetched while this one is read.
+                if let Some(&next) = order.get(pos + 1) {
+                    ahead =
+                        OpenAhead::start(&self.format, &splits[next], &self.projection, chunk_rows).map(|o| (next, o));
+                }
+                for chunk in chunks {
                     let chunk = chunk?;
                     any |= chunk.num_rows > 0;
                     let mut rows: Vec<usize> = (0..chunk.num_rows).collect();
@@ -389,6 +399,36 @@ impl StreamSpec {
             emit_full(b, &mut skip, &mut rows_out);
         }
         Ok(())
+    }
+}
+
+/// A remote Parquet row group opened on a thread of its own (its footer
+/// read and its projected column chunks fetched) while the reader decodes
+/// the one before: the network's wait overlaps the decoding. Local files
+/// and other formats open when their turn comes.
+struct OpenAhead(JoinHandle<Result<parquet::ParquetChunks, DataError>>);
+
+impl OpenAhead {
+    fn start(format: &InputFormat, split: &Split, projection: &Projection, chunk_rows: usize) -> Option<Self> {
+        let (InputFormat::Parquet { .. }, Some(rg)) = (format, split.row_group) else {
+            return None;
+        };
+        if !crate::storage::is_remote(&split.path) {
+            return None;
+        }
+        let (path, projection) = (split.path.clone(), projection.clone());
+        std::thread::Builder::new()
+            .name("parquet-ahead".into())
+            .spawn(move || parquet::ParquetChunks::open(&path, rg, &projection, chunk_rows))
+            .ok()
+            .map(OpenAhead)
+    }
+
+    fn wait(self) -> Result<Box<dyn Iterator<Item = Result<RawBatch, DataError>>>, DataError> {
+        match self.0.join() {
+            Ok(opened) => Ok(Box::new(opened?)),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
 

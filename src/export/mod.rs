@@ -113,17 +113,19 @@ pub fn export_bundle(t: &Bundle, root: &Path, req: &ExportRequest) -> anyhow::Re
 /// them: a consumer keeps this export current with the updates after its
 /// global step.
 fn incremental_updates(plan: &TrainingPlan) -> serde_json::Value {
+    // A remote model_dir's updates are there, not in the job's copy.
+    let model_dir = plan.published_model_dir();
     match &plan.train.incr_save {
         None => serde_json::Value::Null,
         Some(incr) => {
             let mut v = json!({
                 "format": "EasyRec's: dense_update_<step> and sparse_update_<step>, each complete once its .done flag exists \
                            (in Kafka: all its parts, messages keyed by its name)",
-                "dense_variables": plan.model_dir.join("DENSE_UPDATE_VARIABLES").display().to_string(),
-                "sparse_variables": plan.model_dir.join("SPARSE_UPDATE_VARIABLES").display().to_string(),
+                "dense_variables": crate::storage::join(model_dir, "DENSE_UPDATE_VARIABLES").display().to_string(),
+                "sparse_variables": crate::storage::join(model_dir, "SPARSE_UPDATE_VARIABLES").display().to_string(),
             });
             if let Some(d) = &incr.dir {
-                v["dir"] = json!(d.resolve(&plan.model_dir).display().to_string());
+                v["dir"] = json!(d.resolve(model_dir).display().to_string());
             }
             if let Some(k) = &incr.kafka {
                 v["kafka"] = json!({

@@ -99,14 +99,25 @@ impl UpdateSource {
         let Some(dir) = self.dir() else {
             return Ok(Vec::new());
         };
-        let rd = match std::fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
+        let names: Vec<String> = if crate::storage::is_remote(dir) {
+            // One listing of the folder (not of what is below it).
+            crate::storage::object(dir)?
+                .list_top()?
+                .into_iter()
+                .map(|l| l.relative)
+                .collect()
+        } else {
+            match std::fs::read_dir(dir) {
+                Ok(rd) => rd
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
+            }
         };
         let mut out = Vec::new();
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
+        for name in names {
             let Some(base) = name.strip_suffix(".done") else {
                 continue;
             };
@@ -119,7 +130,7 @@ impl UpdateSource {
             };
             let Ok(step) = step.parse::<u64>() else { continue };
             if step > after {
-                out.push((step, kind, dir.join(base)));
+                out.push((step, kind, crate::storage::join(dir, base)));
             }
         }
         out.sort();
@@ -259,7 +270,8 @@ impl KafkaUpdates {
 
 /// `name -> id` maps of the update variables, by id.
 fn variable_names(path: &Path) -> anyhow::Result<HashMap<usize, String>> {
-    let text = crate::bounded::read_text(path, crate::bounded::CONFIG_BYTES)?;
+    let text = crate::storage::read_text(path, crate::bounded::CONFIG_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     parse_names(&text, &path.display().to_string())
 }
 
@@ -284,7 +296,7 @@ fn parse_names(text: &str, origin: &str) -> anyhow::Result<HashMap<usize, String
 /// consumer on another machine than the job), the last one the job sent
 /// to its topic.
 fn names_of(path: &Path, key: &str, kafka: Option<&mut KafkaUpdates>) -> anyhow::Result<HashMap<usize, String>> {
-    let Some(k) = kafka.filter(|_| !path.exists()) else {
+    let Some(k) = kafka.filter(|_| crate::storage::is_remote(path) || !path.exists()) else {
         return variable_names(path);
     };
     if !k.maps.contains_key(key) {
@@ -539,7 +551,7 @@ impl LiveModel {
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
                         .unwrap_or_default();
-                    let bytes = crate::bounded::read(&path, crate::bounded::table_bytes())
+                    let bytes = crate::storage::read(&path, crate::bounded::table_bytes())
                         .with_context(|| format!("cannot read {}", path.display()))?;
                     out.push(Pending {
                         step,
@@ -558,7 +570,8 @@ impl LiveModel {
 
     /// Applies the update at `path`, or changes nothing and says why.
     pub fn apply(&mut self, path: &Path) -> anyhow::Result<u64> {
-        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes = crate::storage::read(path, crate::bounded::table_bytes())
+            .with_context(|| format!("cannot read {}", path.display()))?;
         let file = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -6,8 +6,8 @@
 //! stores: every data file first, then each checkpoint's `manifest.json`
 //! and each export's `assets/export_info.json` (a reader takes a
 //! checkpoint or version only once that file is there), then the
-//! `checkpoint` state files last. Checkpoints pruned locally are deleted
-//! remotely after the state file no longer names them.
+//! `checkpoint` state files last. Files pruned locally (checkpoints,
+//! exports, best_ckpt copies) are deleted remotely after that.
 //!
 //! Hidden names (staged checkpoints `.model.ckpt-N.tmp`, temporaries
 //! `.tmp-*`, the local lock) are never published. The model_dir's remote
@@ -33,8 +33,11 @@ pub struct Mirror {
     local: PathBuf,
     /// (size, modified) of every file as last pushed or pulled.
     known: Mutex<HashMap<String, (u64, SystemTime)>>,
-    /// Checkpoint directories known to exist remotely.
+    /// Checkpoint directories an earlier job left remotely that the copy
+    /// does not hold.
     remote_checkpoints: Mutex<Vec<String>>,
+    /// `keep_checkpoint_max`, for a training job's copy.
+    keep: Mutex<Option<usize>>,
 }
 
 impl std::fmt::Debug for Mirror {
@@ -77,6 +80,7 @@ impl Mirror {
             local,
             known: Mutex::new(HashMap::new()),
             remote_checkpoints: Mutex::new(Vec::new()),
+            keep: Mutex::new(None),
         })
     }
 
@@ -125,7 +129,6 @@ impl Mirror {
             })
             .collect();
         checkpoints.dedup();
-        *self.remote_checkpoints.lock().unwrap_or_else(|p| p.into_inner()) = checkpoints;
         let mut n = 0;
         if listed.iter().any(|l| l.relative == STATE_FILE) {
             self.download(STATE_FILE)?;
@@ -141,6 +144,9 @@ impl Mirror {
                 let v = v.trim().trim_matches('"').to_string();
                 v.rsplit('/').next().unwrap_or(&v).to_string()
             });
+        // The checkpoints that stay remote only (all but the latest).
+        checkpoints.retain(|c| latest.as_ref() != Some(c));
+        *self.remote_checkpoints.lock().unwrap_or_else(|p| p.into_inner()) = checkpoints;
         for l in &listed {
             let rel = l.relative.as_str();
             let top = !rel.contains('/');
@@ -161,16 +167,44 @@ impl Mirror {
     /// export version) or, for a TensorFlow checkpoint prefix, the files
     /// named `<rel>.*`; everything for `""`. Returns how many.
     pub fn pull(&self, rel: &str) -> Result<usize, StorageError> {
-        let listed = self.remote.list()?;
-        let mut n = 0;
-        for l in &listed {
-            let below = rel.is_empty() || l.relative.starts_with(&format!("{rel}/"));
-            if below || l.relative.starts_with(&format!("{rel}.")) {
-                self.download(&l.relative)?;
-                n += 1;
-            }
+        let rel = rel.trim_matches('/');
+        let wanted: Vec<String> = if rel.is_empty() {
+            self.remote.list()?.into_iter().map(|l| l.relative).collect()
+        } else {
+            // What is below `rel`, and its siblings named `<rel>.*`: two
+            // listings of those prefixes, not of the whole copy.
+            let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+            let join = |r: &str| {
+                if parent.is_empty() {
+                    r.to_string()
+                } else {
+                    format!("{parent}/{r}")
+                }
+            };
+            let mut w: Vec<String> = self
+                .remote
+                .child(rel)
+                .list()?
+                .into_iter()
+                .map(|l| format!("{rel}/{}", l.relative))
+                .collect();
+            let siblings = if parent.is_empty() {
+                self.remote.list_top()?
+            } else {
+                self.remote.child(parent).list_top()?
+            };
+            w.extend(
+                siblings
+                    .into_iter()
+                    .filter(|l| l.relative.starts_with(&format!("{name}.")))
+                    .map(|l| join(&l.relative)),
+            );
+            w
+        };
+        for r in &wanted {
+            self.download(r)?;
         }
-        Ok(n)
+        Ok(wanted.len())
     }
 
     /// An export root's complete versions (numbered directories whose
@@ -242,6 +276,17 @@ impl Mirror {
         self.remote.child(rel).upload(local_file)
     }
 
+    /// Publishes file `rel` of the copy now, ahead of the next `push` (which
+    /// then leaves it alone until it changes).
+    pub fn publish(&self, rel: &str) -> Result<(), StorageError> {
+        let from = self.local.join(rel);
+        self.remote.child(rel).upload(&from)?;
+        if let Some(s) = stamp(&from) {
+            self.lock_known().insert(rel.to_string(), s);
+        }
+        Ok(())
+    }
+
     /// Publishes what changed in the local copy since the last push or
     /// pull (see the module's order), then deletes the remote checkpoints
     /// pruned locally. Returns how many files went up.
@@ -274,43 +319,71 @@ impl Mirror {
             self.remote.child(rel).upload(&self.local.join(rel))?;
             self.lock_known().insert(rel.clone(), *s);
         }
-        // Checkpoints gone locally (pruned by keep_checkpoint_max, or
-        // replaced) go remotely once the state file stopped naming them.
-        let local_ckpts: Vec<String> = std::fs::read_dir(&self.local)
+        // What was published or downloaded and is gone from the copy now
+        // (checkpoints pruned by keep_checkpoint_max, exports beyond
+        // exports_to_keep, best_ckpt copies) goes remotely too, now that
+        // the state file no longer names it: completing files first, so a
+        // reader never takes a checkpoint or version half deleted.
+        let mut gone: Vec<String> = self
+            .lock_known()
+            .keys()
+            .filter(|rel| !self.local.join(rel).exists())
+            .cloned()
+            .collect();
+        gone.sort_by_key(|rel| std::cmp::Reverse(rank(rel)));
+        for rel in &gone {
+            self.remote.child(rel).delete()?;
+            self.lock_known().remove(rel);
+        }
+        self.prune_unlisted()?;
+        Ok(ordered.len())
+    }
+
+    /// Makes a training job's `push` also prune the checkpoints an earlier
+    /// job left that the copy does not hold (only the latest came down):
+    /// of those and the copy's, the newest `keep` stay, as one job on a
+    /// local model_dir keeps them.
+    pub fn prune_checkpoints_beyond(&self, keep: usize) {
+        *self.keep.lock().unwrap_or_else(|p| p.into_inner()) = Some(keep);
+    }
+
+    fn prune_unlisted(&self) -> Result<(), StorageError> {
+        // 0 keeps every checkpoint (TensorFlow's rule, as locally).
+        let Some(keep) = (*self.keep.lock().unwrap_or_else(|p| p.into_inner())).filter(|&k| k > 0) else {
+            return Ok(());
+        };
+        let step = |name: &str| name.strip_prefix("model.ckpt-").and_then(|s| s.parse::<u64>().ok());
+        let mut unlisted = self.remote_checkpoints.lock().unwrap_or_else(|p| p.into_inner());
+        if unlisted.is_empty() {
+            return Ok(());
+        }
+        let mut all: Vec<u64> = std::fs::read_dir(&self.local)
             .map(|rd| {
                 rd.flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter(|n| n.starts_with("model.ckpt-"))
+                    .filter(|e| e.path().join("manifest.json").is_file())
+                    .filter_map(|e| step(&e.file_name().to_string_lossy()))
                     .collect()
             })
             .unwrap_or_default();
-        let mut known_remote = self.remote_checkpoints.lock().unwrap_or_else(|p| p.into_inner());
-        let pushed: Vec<String> = {
-            let known = self.lock_known();
-            known
-                .keys()
-                .filter_map(|k| k.split_once('/').map(|(d, _)| d.to_string()))
-                .filter(|d| d.starts_with("model.ckpt-"))
-                .collect()
-        };
-        for d in pushed {
-            if !known_remote.contains(&d) {
-                known_remote.push(d);
-            }
-        }
-        let doomed: Vec<String> = known_remote
+        all.extend(unlisted.iter().filter_map(|d| step(d)));
+        all.sort_unstable();
+        all.dedup();
+        let kept = &all[all.len().saturating_sub(keep)..];
+        let doomed: Vec<String> = unlisted
             .iter()
-            .filter(|d| !local_ckpts.contains(d) && self.lock_known().keys().any(|k| k.starts_with(&format!("{d}/"))))
+            .filter(|d| step(d).is_some_and(|s| !kept.contains(&s)))
             .cloned()
             .collect();
         for d in &doomed {
-            for l in self.remote.child(d).list()? {
-                self.remote.child(&format!("{d}/{}", l.relative)).delete()?;
+            let mut files: Vec<String> = self.remote.child(d).list()?.into_iter().map(|l| l.relative).collect();
+            files.sort_by_key(|f| std::cmp::Reverse(COMPLETES.contains(&f.as_str())));
+            for f in files {
+                self.remote.child(&format!("{d}/{f}")).delete()?;
             }
-            self.lock_known().retain(|k, _| !k.starts_with(&format!("{d}/")));
+            log::info!("removed {}/{d}, beyond keep_checkpoint_max", self.remote.url());
         }
-        known_remote.retain(|d| !doomed.contains(d));
-        Ok(ordered.len())
+        unlisted.retain(|d| !doomed.contains(d));
+        Ok(())
     }
 }
 

@@ -31,6 +31,12 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 
 pub use read::RemoteRead;
 
+/// Files up to this size are uploaded in one request, larger ones in
+/// parts of this size (at most two in flight).
+pub const PART_BYTES: usize = 16 << 20;
+/// The most parts of one upload (S3's limit is 10,000).
+const MAX_PARTS: u64 = 9_000;
+
 /// The URL schemes read as remote storage.
 pub const SCHEMES: [&str; 3] = ["s3", "oss", "hdfs"];
 
@@ -245,6 +251,9 @@ pub struct Listed {
     /// The key below the listed prefix (`a/b.csv`).
     pub relative: String,
     pub size: u64,
+    /// The store's entity tag (S3: `"<md5>"`, or `"<md5>-<parts>"` for an
+    /// object uploaded in parts), where it gives one.
+    pub e_tag: Option<String>,
 }
 
 impl Object {
@@ -355,18 +364,103 @@ impl Object {
         }
     }
 
-    /// Uploads local file `from` as this object.
+    /// Uploads local file `from` as this object: a small file in one
+    /// request, a larger one streamed in parts (S3's multipart upload;
+    /// HDFS writes a temporary renamed at the end), so neither the 5 GB
+    /// limit of one S3 request nor the file's size in memory applies.
+    /// Either way the object appears whole or not at all.
     pub fn upload(&self, from: &Path) -> Result<(), StorageError> {
-        let bytes = std::fs::read(from).map_err(|e| self.error(&format!("cannot read {}", from.display()), e))?;
-        self.put(bytes)
+        self.upload_in_parts(from, PART_BYTES)
     }
 
-    /// Downloads the object into local file `to` (through a temporary, renamed into place).
+    /// `upload` with parts of at least `part` bytes (S3 takes no part but
+    /// the last under 5 MiB), for files larger than one part.
+    pub fn upload_in_parts(&self, from: &Path, part: usize) -> Result<(), StorageError> {
+        use std::io::Read;
+        let local = |e: io::Error| self.error(&format!("cannot read {}", from.display()), e);
+        let mut file = std::fs::File::open(from).map_err(local)?;
+        let size = file.metadata().map_err(local)?.len();
+        if size <= part as u64 {
+            let mut bytes = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut bytes).map_err(local)?;
+            return self.put(bytes);
+        }
+        // At most MAX_PARTS parts: larger files take larger parts.
+        let part = part.max(size.div_ceil(MAX_PARTS) as usize);
+        let (s, k) = (self.store.inner.clone(), self.key.clone());
+        let upload = block(async move { s.put_multipart(&k).await })
+            .map_err(|e| self.error("cannot start a multipart upload", e))?;
+        let mut writer = Some(object_store::WriteMultipart::new_with_chunk_size(upload, part));
+        let mut sent = 0u64;
+        let failed = loop {
+            let mut chunk = Vec::with_capacity(part);
+            match (&mut file).take(part as u64).read_to_end(&mut chunk) {
+                Err(e) => break Some(local(e)),
+                Ok(0) => break None,
+                Ok(n) => sent += n as u64,
+            }
+            let mut w = writer.take().expect("the writer is held between parts");
+            // Two parts in flight while the next is read.
+            let (w, r) = block(async move {
+                let r = w.wait_for_capacity(2).await;
+                if r.is_ok() {
+                    w.put(Bytes::from(chunk));
+                }
+                (w, r)
+            });
+            writer = Some(w);
+            if let Err(e) = r {
+                break Some(self.error(&format!("cannot upload the part at byte {sent}"), e));
+            }
+        };
+        let w = writer.take().expect("the writer is held between parts");
+        if let Some(e) = failed {
+            let _ = block(async move { w.abort().await });
+            return Err(e);
+        }
+        if sent != size {
+            let _ = block(async move { w.abort().await });
+            return Err(self.error(
+                &format!("cannot upload {}", from.display()),
+                format!("the file changed size while it was read ({size} bytes, then {sent})"),
+            ));
+        }
+        block(async move { w.finish().await })
+            .map(|_| ())
+            .map_err(|e| self.error("cannot complete the multipart upload", e))
+    }
+
+    /// Downloads the object into local file `to`, streamed through a
+    /// temporary beside it that is renamed into place (memory holds the
+    /// read-ahead, not the file). Returns the bytes written.
     pub fn download(&self, to: &Path) -> Result<u64, StorageError> {
-        let bytes = self.read(u64::MAX)?;
-        let n = bytes.len() as u64;
-        crate::checkpoint::write_atomic(to, &bytes)
-            .map_err(|e| self.error(&format!("cannot write {}", to.display()), e))?;
+        let size = self
+            .size()?
+            .ok_or_else(|| self.error("cannot read it", "no such object"))?;
+        let local = |e: io::Error| self.error(&format!("cannot write {}", to.display()), e);
+        if std::fs::metadata(to).is_ok_and(|m| !m.is_file()) {
+            return Err(local(io::Error::other("it exists and is not a regular file")));
+        }
+        let tmp = crate::output::Temp::beside(to);
+        let mut file = std::fs::File::create(&tmp.path).map_err(local)?;
+        let mut from = RemoteRead::new(self.clone(), 0, size);
+        let mut n = 0u64;
+        loop {
+            let chunk = from.next_chunk().map_err(|e| match e.into_inner() {
+                Some(inner) => match inner.downcast::<StorageError>() {
+                    Ok(s) => *s,
+                    Err(other) => self.error("cannot read it", other),
+                },
+                None => self.error("cannot read it", "the storage runtime stopped"),
+            })?;
+            if chunk.is_empty() {
+                break;
+            }
+            io::Write::write_all(&mut file, &chunk).map_err(local)?;
+            n += chunk.len() as u64;
+        }
+        file.sync_all().ok();
+        tmp.commit(to).map_err(local)?;
         Ok(n)
     }
 
@@ -385,6 +479,20 @@ impl Object {
         let prefix = (!k.as_ref().is_empty()).then_some(k.clone());
         let metas = block(async move { s.list(prefix.as_ref()).try_collect::<Vec<_>>().await })
             .map_err(|e| self.error("cannot list it", e))?;
+        Ok(self.listed(metas))
+    }
+
+    /// The objects directly below this prefix (not in its folders), sorted
+    /// by key: one request where `list` pages through everything below.
+    pub fn list_top(&self) -> Result<Vec<Listed>, StorageError> {
+        let (s, k) = (self.store.inner.clone(), self.key.clone());
+        let prefix = (!k.as_ref().is_empty()).then_some(k.clone());
+        let found = block(async move { s.list_with_delimiter(prefix.as_ref()).await })
+            .map_err(|e| self.error("cannot list it", e))?;
+        Ok(self.listed(found.objects))
+    }
+
+    fn listed(&self, metas: Vec<object_store::ObjectMeta>) -> Vec<Listed> {
         let base = self.key.as_ref().trim_end_matches('/').to_string();
         let mut out: Vec<Listed> = metas
             .into_iter()
@@ -399,11 +507,12 @@ impl Object {
                     path: PathBuf::from(format!("{}/{key}", self.store.root)),
                     relative,
                     size: m.size,
+                    e_tag: m.e_tag,
                 })
             })
             .collect();
         out.sort_by(|a, b| a.relative.cmp(&b.relative));
-        Ok(out)
+        out
     }
 }
 

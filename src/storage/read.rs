@@ -55,13 +55,21 @@ impl RemoteRead {
     }
 }
 
-impl io::Read for RemoteRead {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+impl RemoteRead {
+    /// The next bytes as fetched (a whole range, or what a `read` left of
+    /// one); empty at the end.
+    pub fn next_chunk(&mut self) -> io::Result<Bytes> {
+        self.wait_current()?;
+        Ok(std::mem::take(&mut self.current))
+    }
+
+    /// Waits until `current` holds bytes, or the object is read whole.
+    fn wait_current(&mut self) -> io::Result<()> {
         while self.current.is_empty() {
             // Nothing is asked before the first read; read-ahead after it.
             self.fill(1);
             let Some((at, rx)) = self.pending.pop_front() else {
-                return Ok(0);
+                return Ok(());
             };
             let got = rx
                 .recv()
@@ -77,6 +85,13 @@ impl io::Read for RemoteRead {
             self.current = got;
             self.fill(AHEAD);
         }
+        Ok(())
+    }
+}
+
+impl io::Read for RemoteRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.wait_current()?;
         let n = buf.len().min(self.current.len());
         buf[..n].copy_from_slice(&self.current[..n]);
         let _ = self.current.split_to(n);

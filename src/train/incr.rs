@@ -243,13 +243,18 @@ impl Trainer {
             }
             None => None,
         };
-        let mut incr = IncrUpdates::new(config, &self.plan.model_dir, self.embeddings.tables.len(), self.step);
+        let mut incr = IncrUpdates::new(
+            config,
+            self.plan.published_model_dir(),
+            self.embeddings.tables.len(),
+            self.step,
+        );
         if lead {
             let sink = Sink {
                 dir: incr.dir.clone(),
                 kafka: topic,
             };
-            if let Some(d) = &sink.dir {
+            if let Some(d) = sink.dir.as_ref().filter(|d| !crate::storage::is_remote(d)) {
                 std::fs::create_dir_all(d).with_context(|| format!("cannot create incr_save_dir {}", d.display()))?;
             }
             let dir = &self.plan.model_dir;
@@ -259,6 +264,11 @@ impl Trainer {
             ];
             for (name, bytes) in KAFKA_MAP_KEYS.iter().zip(&maps) {
                 write_atomic(&dir.join(name), bytes)?;
+                if let Some(m) = &self.mirror {
+                    // A consumer of a remote model_dir's updates reads them
+                    // before any checkpoint is published.
+                    m.publish(name)?;
+                }
                 if let Some(t) = &sink.kafka {
                     send_update(t, name, bytes)?;
                 }
@@ -479,10 +489,17 @@ impl Sink {
     /// `info`, each atomically) and sends it to the topic.
     fn publish(&self, name: &str, bytes: &[u8], info: &str) -> anyhow::Result<()> {
         if let Some(dir) = &self.dir {
-            let path = dir.join(name);
-            write_atomic(&path, bytes).with_context(|| format!("writing incremental update {}", path.display()))?;
-            write_atomic(&dir.join(format!("{name}.done")), info.as_bytes())
-                .with_context(|| format!("writing the flag of incremental update {}", path.display()))?;
+            let path = crate::storage::join(dir, name);
+            let flag = crate::storage::join(dir, &format!("{name}.done"));
+            if crate::storage::is_remote(dir) {
+                // An object appears whole (HDFS: written aside, renamed).
+                crate::storage::object(&path)?.put(bytes.to_vec())?;
+                crate::storage::object(&flag)?.put(info.as_bytes().to_vec())?;
+            } else {
+                write_atomic(&path, bytes).with_context(|| format!("writing incremental update {}", path.display()))?;
+                write_atomic(&flag, info.as_bytes())
+                    .with_context(|| format!("writing the flag of incremental update {}", path.display()))?;
+            }
             log::info!("incremental update {} ({} bytes)", path.display(), bytes.len());
         }
         if let Some(t) = &self.kafka {

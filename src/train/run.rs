@@ -33,7 +33,7 @@ impl StopSignal {
         StopSignal {
             path: train
                 .stop_signal
-                .then(|| model_dir.join(crate::config::train_plan::STOP_SIGNAL)),
+                .then(|| crate::storage::join(model_dir, crate::config::train_plan::STOP_SIGNAL)),
             checked: None,
             dead_line: train.dead_line,
         }
@@ -54,7 +54,19 @@ impl StopSignal {
             return false;
         }
         self.checked = Some(Instant::now());
-        let found = path.exists();
+        // On a remote model_dir (OSS, EasyRec's case) the file is looked
+        // for there; a failed lookup is no signal.
+        let found = if crate::storage::is_remote(path) {
+            match crate::storage::object(path).and_then(|o| o.size()) {
+                Ok(size) => size.is_some(),
+                Err(e) => {
+                    log::warn!("cannot look for the stop signal: {e}");
+                    false
+                }
+            }
+        } else {
+            path.exists()
+        };
         if found {
             log::info!(
                 "stop signal {} found at step {step}: training ends here",
@@ -124,7 +136,7 @@ impl Trainer {
         };
         let mut summary_window = (Instant::now(), self.step);
         // The stop signal: looked for by the chief after each step.
-        let mut signal = StopSignal::new(&p.train, &p.model_dir);
+        let mut signal = StopSignal::new(&p.train, p.published_model_dir());
         let mut signalled = false;
         let mut guard = super::divergence::DivergenceGuard::new(self.divergence);
         loop {

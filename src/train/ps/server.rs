@@ -88,7 +88,7 @@ impl Server {
             last_save: Instant::now(),
             saved_at: t.step,
             started: t.step,
-            signal: StopSignal::new(&p.train, &p.model_dir),
+            signal: StopSignal::new(&p.train, p.published_model_dir()),
             stats: Stats {
                 last_loss: f32::NAN,
                 ..Stats::default()
