@@ -216,6 +216,10 @@ const PASSING: &[&str] = &[
     "zoo/wide_and_deep_on_sequence_feature_taobao.config",
     "zoo/wide_and_deep_two_opti.config",
     "zoo/xdeepfm_on_taobao_backbone.config",
+    "zoo/fg_train_ev.config",
+    "zoo/rtp_fg__fg_test_extensions.config",
+    "zoo/rtp_fg__fg_test_extensions_final.config",
+    "zoo/fg_ev_v2.config",
 ];
 
 /// Configs of EasyRec's repository that EasyRec itself cannot run, with

@@ -65,6 +65,9 @@ pub fn read_pipeline_file(path: &Path) -> Result<DynamicMessage, ConfigError> {
         }
         message
     };
+    // EasyRec loads an RTP feature-generation file before anything else
+    // reads the fields (and before overrides: they may edit its features).
+    super::fg::load(&mut message, path)?;
     let auto_expand = auto_expand_input_fields(&message);
     if auto_expand {
         expand_input_fields(&mut message)?;

@@ -7,6 +7,7 @@ pub mod eval_plan;
 pub mod export_plan;
 pub mod expr;
 pub mod feature_plan;
+pub mod fg;
 pub mod kafka_plan;
 pub mod loader;
 pub mod model;

@@ -135,11 +135,6 @@ pub fn structure(cfg: &proto::EasyRecConfig) -> Result<(), ConfigError> {
     if cfg.model_dir.trim().is_empty() {
         return Err(ConfigError::invalid("model_dir", "must not be empty"));
     }
-    // Its features come from the RTP feature-generation file, so nothing
-    // the config names can be checked without it.
-    if cfg.fg_json_path.as_deref().is_some_and(|p| !p.is_empty()) {
-        return Err(ConfigError::unsupported("fg_json_path", "RTP feature generation"));
-    }
     if let Some(train) = &cfg.train_config {
         check_train(train, &cfg.model_config)?;
     }
