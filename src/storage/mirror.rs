@@ -27,6 +27,8 @@ use crate::checkpoint::hostname;
 const COMPLETES: [&str; 2] = ["manifest.json", "export_info.json"];
 /// The state file naming the latest checkpoint.
 const STATE_FILE: &str = "checkpoint";
+/// The most files one publish uploads at once.
+const PARALLEL_UPLOADS: usize = 8;
 
 pub struct Mirror {
     remote: Object,
@@ -315,9 +317,11 @@ impl Mirror {
         };
         let mut ordered = changed;
         ordered.sort_by_key(|(rel, _)| rank(rel));
-        for (rel, s) in &ordered {
-            self.remote.child(rel).upload(&self.local.join(rel))?;
-            self.lock_known().insert(rel.clone(), *s);
+        // Each stage's files go up together (an HDFS file costs a round of
+        // the namenode's completion, ~0.5 s, whatever its size); the next
+        // stage starts once the whole stage is published.
+        for stage in ordered.chunk_by(|a, b| rank(&a.0) == rank(&b.0)) {
+            self.upload_together(stage)?;
         }
         // What was published or downloaded and is gone from the copy now
         // (checkpoints pruned by keep_checkpoint_max, exports beyond
@@ -337,6 +341,39 @@ impl Mirror {
         }
         self.prune_unlisted()?;
         Ok(ordered.len())
+    }
+
+    /// Uploads `files` of the copy on up to PARALLEL_UPLOADS threads;
+    /// fails with the first failure once all are done.
+    fn upload_together(&self, files: &[(String, (u64, SystemTime))]) -> Result<(), StorageError> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed: Mutex<Option<StorageError>> = Mutex::new(None);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((rel, stamp)) = files.get(i) else { break };
+            match self.remote.child(rel).upload(&self.local.join(rel)) {
+                Ok(()) => {
+                    self.lock_known().insert(rel.clone(), *stamp);
+                }
+                Err(e) => {
+                    failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                }
+            }
+        };
+        let threads = files.len().min(PARALLEL_UPLOADS);
+        if threads <= 1 {
+            work();
+        } else {
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    scope.spawn(work);
+                }
+            });
+        }
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Makes a training job's `push` also prune the checkpoints an earlier
