@@ -1,15 +1,17 @@
 """Side-by-side quality against EasyRec itself (`make parity`).
 
-Trains each MovieLens-100k config of bench/parity/ with this trainer RUNS
+Trains each MovieLens-100k config (bench/parity/'s rank models, then every
+family's samples/*_ml100k.config) with this trainer RUNS
 times (`--seed 1..RUNS`) and with EasyRec (pai-easy-rec 0.7.1 on TensorFlow,
 in its own virtual environment) RUNS times, then scores every model,
 EasyRec's included, with this trainer's `eval` on the same eval rows: `eval`
 reads EasyRec's TensorFlow checkpoints and reproduces EasyRec's own
 predictions on them, so both sides get the same exact AUC and logloss
-(EasyRec's own eval reports a 200-threshold AUC). Prints each run as it
-ends, then one line per model with both sides' means and spreads, and exits
-1 when a model's mean AUC is further from EasyRec's mean than EasyRec's own
-spread or --tolerance, whichever is wider.
+(EasyRec's own eval reports a 200-threshold AUC). Prints each model as it
+starts and each run as it ends, then one line per model and quality metric
+(AUC, GAUC, recall@k, per task) with both sides' means and runs, and exits 1
+when a mean is further from EasyRec's than EasyRec's own spread or
+--tolerance, whichever is wider.
 """
 import argparse
 import json
@@ -18,7 +20,20 @@ import subprocess
 import sys
 import time
 
-MODELS = ["wide_and_deep", "deepfm", "dcn", "multi_tower"]
+import glob
+import re
+
+# The rank models of bench/parity/, then every family's MovieLens-100k
+# sample (sequence, multi-task, retrieval, multimodal, MIND, backbone).
+PARITY_MODELS = ["wide_and_deep", "deepfm", "dcn", "multi_tower"]
+SAMPLE_MODELS = sorted(
+    os.path.basename(p)[: -len("_ml100k.config")]
+    for p in glob.glob("samples/*_ml100k.config")
+    if not os.path.basename(p).startswith(("odl_", "wide_and_deep_"))
+)
+MODELS = PARITY_MODELS + SAMPLE_MODELS
+# The quality metrics compared (others, such as losses, are printed only).
+QUALITY = re.compile(r"^(auc|gauc|recall)")
 
 
 def run(cmd, log):
@@ -29,17 +44,28 @@ def run(cmd, log):
 
 
 def config_for(model, model_dir, out):
-    with open(os.path.join("bench/parity", model + ".config")) as f:
-        text = f.read().replace("MODEL_DIR", model_dir)
+    own = os.path.join("bench/parity", model + ".config")
+    src = own if os.path.exists(own) else os.path.join("samples", model + "_ml100k.config")
+    with open(src) as f:
+        text = f.read()
+    if "MODEL_DIR" in text:
+        text = text.replace("MODEL_DIR", model_dir)
+    else:
+        text = re.sub(r'(?m)^model_dir:.*$', f'model_dir: "{model_dir}"', text)
     with open(out, "w") as f:
         f.write(text)
     return out
 
 
 def metrics(path):
+    """Every quality metric of an eval result, by name."""
     with open(path) as f:
         m = json.load(f)
-    return m["auc"], m["logloss"]
+    return {k: v for k, v in m.items() if QUALITY.match(k) and isinstance(v, (int, float))}
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
 
 
 def main():
@@ -53,7 +79,9 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     rows = []
-    for m in a.models:
+    started = time.time()
+    for n, m in enumerate(a.models):
+        print(f"== {m} ({n + 1} of {len(a.models)}, {time.time() - started:.0f} s so far)", flush=True)
         base = os.path.join(a.work, m)
         subprocess.run(["rm", "-rf", base], check=True)
         os.makedirs(base)
@@ -66,8 +94,8 @@ def main():
                 os.path.join(base, f"ours_{k}.log"))
             ours_s.append(time.time() - t)
             mine.append(metrics(os.path.join(d, "eval_result.txt")))
-            print(f"{m}: ours, seed {k + 1}: AUC {mine[-1][0]:.4f} ({ours_s[-1]:.0f} s)", flush=True)
-        ours = (sum(x[0] for x in mine) / len(mine), sum(x[1] for x in mine) / len(mine))
+            shown = ", ".join(f"{k_} {v:.4f}" for k_, v in sorted(mine[-1].items()))
+            print(f"{m}: ours, seed {k + 1}: {shown} ({ours_s[-1]:.0f} s)", flush=True)
         theirs, their_s = [], []
         for k in range(a.runs):
             d = os.path.join(base, f"easyrec_{k}")
@@ -80,23 +108,23 @@ def main():
             run([os.path.join(a.bin, "eval"), "--pipeline_config_path", cfg_k, "--checkpoint_path", d,
                  "--eval_result_path", "exact_eval_result.txt"], os.path.join(base, f"easyrec_{k}_eval.log"))
             theirs.append(metrics(os.path.join(d, "exact_eval_result.txt")))
-            print(f"{m}: EasyRec run {k + 1}: AUC {theirs[-1][0]:.4f} ({their_s[-1]:.0f} s)", flush=True)
-        auc = sum(x[0] for x in theirs) / len(theirs)
-        ll = sum(x[1] for x in theirs) / len(theirs)
-        rows.append((m, ours, [x[0] for x in mine], auc, ll, [x[0] for x in theirs],
-                     sum(ours_s) / len(ours_s), sum(their_s) / len(their_s)))
-    print(f"{'model':<14} {'ours AUC (mean, runs)':>34} {'EasyRec AUC (mean, runs)':>34} {'diff':>8} "
-          f"{'ours logloss':>12} {'EasyRec logloss':>15} {'time ours/EasyRec':>18}")
+            shown = ", ".join(f"{k_} {v:.4f}" for k_, v in sorted(theirs[-1].items()))
+            print(f"{m}: EasyRec run {k + 1}: {shown} ({their_s[-1]:.0f} s)", flush=True)
+        for key in sorted(mine[0]):
+            if all(key in t for t in theirs):
+                rows.append((m, key, [x[key] for x in mine], [x[key] for x in theirs], mean(ours_s), mean(their_s)))
+    print(f"{'model':<14} {'metric':<18} {'ours (mean: runs)':>34} {'EasyRec (mean: runs)':>34} {'diff':>8} "
+          f"{'time ours/EasyRec':>18}")
     bad = 0
-    for m, ours, my_aucs, auc, ll, aucs, os_, es in rows:
-        diff = ours[0] - auc
+    for m, key, my, their, os_, es in rows:
+        diff = mean(my) - mean(their)
         # EasyRec's own spread, or the tolerance, whichever is wider.
-        bound = max(a.tolerance, max(aucs) - min(aucs))
+        bound = max(a.tolerance, max(their) - min(their))
         ok = abs(diff) <= bound
         bad += not ok
-        mine = ", ".join(f"{x:.4f}" for x in my_aucs)
-        spread = ", ".join(f"{x:.4f}" for x in aucs)
-        print(f"{m:<14} {ours[0]:>9.4f} ({mine}) {auc:>9.4f} ({spread}) {diff:>+8.4f} {ours[1]:>12.4f} {ll:>15.4f} "
+        mine_s = ", ".join(f"{x:.4f}" for x in my)
+        their_s_ = ", ".join(f"{x:.4f}" for x in their)
+        print(f"{m:<14} {key:<18} {mean(my):>9.4f} ({mine_s}) {mean(their):>9.4f} ({their_s_}) {diff:>+8.4f} "
               f"{os_:>8.1f}s/{es:.1f}s {'ok' if ok else f'OUTSIDE {bound:.4f}'}", flush=True)
     sys.exit(1 if bad else 0)
 

@@ -555,3 +555,71 @@ fn packed_rows_hold_every_field_without_filter_inputs() {
     let filtered = ExportedModel::load(&root).unwrap().packed.unwrap();
     assert_eq!(filtered.fields, ["d1", "d2", "c1", "c2", "c3"]);
 }
+
+/// A mean-combined weighted tag whose weights include zero and negative
+/// ones (TensorFlow's safe embedding lookup prunes weights <= 0 under a
+/// mean, and a row left with none pools to zeros): the exported graph
+/// scores as the checkpoint does.
+#[test]
+fn a_mean_of_weighted_tags_leaves_out_weights_not_above_zero_in_the_export_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DeepFM", "");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let c4 = r#"kv_separator: ":" hash_bucket_size: 20 embedding_dim: 4 }"#;
+    assert!(text.contains(c4));
+    std::fs::write(&cfg, text.replace(c4, &c4.replace(" }", " combiner: \"mean\" }"))).unwrap();
+    // Weights in [-1, 1) with exact zeros; every fifth row only <= 0.
+    let data = dir.path().join("data.csv");
+    let mut rng = rustrec::util::Rng::new(11);
+    let rows: Vec<String> = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, line)| {
+            let mut cols: Vec<String> = line.split(',').map(String::from).collect();
+            let n = 1 + rng.below(3);
+            cols[6] = (0..n)
+                .map(|k| {
+                    let w = if i % 5 == 0 || k == 1 {
+                        -(rng.uniform() as f32) * (k % 2) as f32
+                    } else {
+                        rng.uniform() as f32 * 2.0 - 1.0
+                    };
+                    format!("w{}:{w:.2}", rng.below(6))
+                })
+                .collect::<Vec<_>>()
+                .join("|");
+            cols.join(",")
+        })
+        .collect();
+    assert!(rows.iter().any(|r| r.contains(":0.00") || r.contains(":-0.00")));
+    std::fs::write(&data, rows.join("\n") + "\n").unwrap();
+    let mut c = bin("train_eval");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()]);
+    run_ok(c);
+    let export_dir = dir.path().join("served");
+    let mut c = bin("export");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--export_dir", export_dir.to_str().unwrap()]);
+    run_ok(c);
+    let (from_export, from_ckpt) = (dir.path().join("a.csv"), dir.path().join("b.parquet"));
+    let mut c = bin("predict");
+    c.args(["--saved_model_dir", export_dir.to_str().unwrap()])
+        .args(["--input_path", data.to_str().unwrap()])
+        .args(["--output_path", from_export.to_str().unwrap()]);
+    run_ok(c);
+    let mut c = bin("predict");
+    c.args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--input_path", data.to_str().unwrap()])
+        .args(["--output_path", from_ckpt.to_str().unwrap()]);
+    run_ok(c);
+    let (h1, r1) = read_csv_scores(&from_export);
+    let (h2, r2) = read_parquet_scores(&from_ckpt);
+    assert_eq!(h1, h2);
+    assert_eq!(r1.len(), 300);
+    let col = h1.iter().position(|h| h == "probs").unwrap();
+    for (a, b) in r1.iter().zip(&r2) {
+        let (x, y): (f32, f32) = (a[col].parse().unwrap(), b[col].parse().unwrap());
+        assert!((x - y).abs() <= 1e-5, "export {x} vs checkpoint {y}");
+    }
+}
