@@ -152,50 +152,9 @@ fn assert_close(reference: &BTreeMap<String, Loaded>, got: &BTreeMap<String, Loa
     }
 }
 
-/// A checkpoint's tensors with every key-value table's rows (its keys,
-/// counts, steps, values and slots) in ascending key order: on several
-/// ranks each rank writes its own keys, joined end to end.
-fn by_key(mut t: BTreeMap<String, Loaded>) -> BTreeMap<String, Loaded> {
-    let keyed: Vec<(String, String)> = t
-        .keys()
-        .filter_map(|k| {
-            let var = k.strip_suffix("-keys").or_else(|| k.strip_suffix("-keys_filtered"))?;
-            Some((k.clone(), var.to_string()))
-        })
-        .collect();
-    for (keys_name, var) in keyed {
-        let keys = t[&keys_name].ints.clone();
-        let mut order: Vec<usize> = (0..keys.len()).collect();
-        order.sort_by_key(|&i| keys[i]);
-        let filtered = keys_name.ends_with("_filtered");
-        let belongs = |name: &str| {
-            if filtered {
-                name == keys_name || name == format!("{var}-freqs_filtered")
-            } else {
-                (name == var || name.starts_with(&format!("{var}-")) || name.starts_with(&format!("{var}/")))
-                    && !name.ends_with("_filtered")
-            }
-        };
-        for (name, l) in t.iter_mut().filter(|(n, _)| belongs(n)) {
-            assert_eq!(l.shape.first(), Some(&keys.len()), "{name}");
-            let width = l.shape[1..].iter().product::<usize>().max(1);
-            if !l.ints.is_empty() {
-                l.ints = order.iter().map(|&i| l.ints[i]).collect();
-            }
-            if !l.data.is_empty() {
-                l.data = order
-                    .iter()
-                    .flat_map(|&i| l.data[i * width..(i + 1) * width].to_vec())
-                    .collect();
-            }
-        }
-    }
-    t
-}
-
 /// `assert_close`, and a key-value table's keys, counts and steps equal.
 fn assert_same_tables(reference: &BTreeMap<String, Loaded>, got: &BTreeMap<String, Loaded>, what: &str) {
-    let (reference, got) = (by_key(reference.clone()), by_key(got.clone()));
+    let (reference, got) = (common::by_key(reference.clone()), common::by_key(got.clone()));
     assert_close(&reference, &got, what);
     for (name, r) in &reference {
         assert_eq!(r.ints, got[name].ints, "{what}: {name}");
@@ -326,7 +285,7 @@ fn key_value_tables_train_alike_on_any_number_of_ranks() {
         &parallel(3, env!("CARGO_BIN_EXE_train_eval"), &args),
         "key-value asynchronous",
     );
-    let saved = by_key(tensors(&ps, 20));
+    let saved = common::by_key(tensors(&ps, 20));
     let keys = &saved["input_layer_1/C1_embedding/embedding_weights-keys"].ints;
     assert!(!keys.is_empty());
     assert!(saved["input_layer_1/C1_embedding/embedding_weights-freqs"]

@@ -154,3 +154,59 @@ fn two_ranks_on_gpus_train_as_one_on_the_cpu() {
         }
     }
 }
+
+/// The other distributed modes with GPU workers: SokStrategy (every table
+/// key-value, sharded among the ranks) on two GPU ranks equals one CPU rank
+/// under it, keys and counts included; asynchronous parameter servers (one
+/// server, two GPU workers) train to the last step with every weight
+/// finite and evaluate.
+#[test]
+fn sok_and_asynchronous_parameter_servers_train_on_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), "DLRM", "");
+    let sok = "--train_config.train_distribute=SokStrategy";
+    let one = dir.path().join("sok_one");
+    let mut args = NO_BN.to_vec();
+    args.push(sok);
+    train(&cfg, &one, "cpu", &args);
+    let two = dir.path().join("sok_two");
+    let mut c = common::mpirun();
+    c.args(["-np", "2", env!("CARGO_BIN_EXE_train_eval")])
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", two.to_str().unwrap()])
+        .args(["--device", "gpu", sok])
+        .args(["--train_config.num_steps=20", "--data_config.batch_size=16"])
+        .args(NO_BN);
+    run_ok(c);
+    // Rows by key: each rank writes its own keys, joined end to end.
+    let load = |d: &Path| {
+        let ckpt = rustrec::checkpoint::latest(d).unwrap().unwrap();
+        common::by_key(rustrec::checkpoint::load(&ckpt).unwrap().1)
+    };
+    let (want, got) = (load(&one), load(&two));
+    assert!(want.keys().any(|k| k.ends_with("-keys")), "key-value tables saved");
+    assert_eq!(want.keys().collect::<Vec<_>>(), got.keys().collect::<Vec<_>>());
+    for (name, w) in &want {
+        assert_eq!(got[name].ints, w.ints, "SokStrategy on 2 gpu ranks: {name}");
+        assert_near(
+            &got[name].data,
+            &w.data,
+            1e-4,
+            &format!("SokStrategy on 2 gpu ranks: {name}"),
+        );
+    }
+
+    let ps = dir.path().join("async");
+    let mut c = common::mpirun();
+    c.args(["-np", "3", env!("CARGO_BIN_EXE_train_eval")])
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", ps.to_str().unwrap()])
+        .args(["--device", "gpu", "--num_ps", "1"])
+        .args(["--train_config.num_steps=20", "--train_config.sync_replicas=false"]);
+    run_ok(c);
+    let saved = weights(&ps);
+    assert!(saved.values().flatten().all(|x| x.is_finite()));
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ps.join("eval_result.txt")).unwrap()).unwrap();
+    assert!(result["auc"].as_f64().is_some_and(|a| a > 0.0), "{result}");
+}

@@ -83,3 +83,46 @@ pub fn kafka_server() -> String {
         )
     })
 }
+
+/// A checkpoint's tensors with every key-value table's rows (its keys,
+/// counts, steps, values and slots) in ascending key order: on several
+/// ranks each rank writes its own keys, joined end to end.
+pub fn by_key(
+    mut t: std::collections::BTreeMap<String, rustrec::checkpoint::Loaded>,
+) -> std::collections::BTreeMap<String, rustrec::checkpoint::Loaded> {
+    let keyed: Vec<(String, String)> = t
+        .keys()
+        .filter_map(|k| {
+            let var = k.strip_suffix("-keys").or_else(|| k.strip_suffix("-keys_filtered"))?;
+            Some((k.clone(), var.to_string()))
+        })
+        .collect();
+    for (keys_name, var) in keyed {
+        let keys = t[&keys_name].ints.clone();
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_by_key(|&i| keys[i]);
+        let filtered = keys_name.ends_with("_filtered");
+        let belongs = |name: &str| {
+            if filtered {
+                name == keys_name || name == format!("{var}-freqs_filtered")
+            } else {
+                (name == var || name.starts_with(&format!("{var}-")) || name.starts_with(&format!("{var}/")))
+                    && !name.ends_with("_filtered")
+            }
+        };
+        for (name, l) in t.iter_mut().filter(|(n, _)| belongs(n)) {
+            assert_eq!(l.shape.first(), Some(&keys.len()), "{name}");
+            let width = l.shape[1..].iter().product::<usize>().max(1);
+            if !l.ints.is_empty() {
+                l.ints = order.iter().map(|&i| l.ints[i]).collect();
+            }
+            if !l.data.is_empty() {
+                l.data = order
+                    .iter()
+                    .flat_map(|&i| l.data[i * width..(i + 1) * width].to_vec())
+                    .collect();
+            }
+        }
+    }
+    t
+}
