@@ -897,3 +897,34 @@ fn remote_checkpoints_are_pruned_and_the_stop_signal_is_seen() {
     assert!(last > 50 && last < 1_000_000, "{state}");
     assert_eq!(ckpts(&listing(&model_dir)).len(), 2);
 }
+
+/// A config on remote storage finds the `fg_json_path` file named beside
+/// it (EasyRec reads both through its file system layer).
+#[test]
+fn a_remote_config_reads_its_feature_generation_file_beside_it() {
+    init();
+    let dir = tempfile::tempdir().unwrap();
+    let remote = base("s3", "fg");
+    let fg = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/rtp_fg/fg.json");
+    put(&format!("{remote}/conf/fg_here.json"), &fg);
+    let cfg = dir.path().join("pipeline.config");
+    std::fs::write(
+        &cfg,
+        "fg_json_path: \"fg_here.json\"\ndata_config { input_type: RTPInput label_fields: \"clk\" }\n",
+    )
+    .unwrap();
+    put(&format!("{remote}/conf/pipeline.config"), &cfg);
+    let message =
+        rustrec::config::loader::read_pipeline_file(Path::new(&format!("{remote}/conf/pipeline.config"))).unwrap();
+    let config: rustrec::config::proto::EasyRecConfig = message.transcode_to().unwrap();
+    let fields: Vec<String> = config
+        .data_config
+        .unwrap()
+        .input_fields
+        .into_iter()
+        .map(|f| f.input_name)
+        .collect();
+    assert_eq!(fields.len(), 19, "{fields:?}");
+    assert_eq!(fields[..2], ["clk", "user_id"]);
+    assert_eq!(config.fg_json_path.as_deref(), Some("!fg_here.json"));
+}

@@ -86,11 +86,20 @@ pub fn load(message: &mut DynamicMessage, config_path: &Path) -> Result<(), Conf
 }
 
 /// `path` as given when it is there (or remote), else the first of the
-/// config's folder and the folders above it that holds it.
+/// config's folder and the folders above it that holds it (for a remote
+/// config, the object beside it).
 fn resolve(path: &str, config_path: &Path) -> PathBuf {
     let given = PathBuf::from(path);
     if given.is_absolute() || crate::storage::is_remote(&given) || given.exists() {
         return given;
+    }
+    if crate::storage::is_remote(config_path) {
+        // A remote config's file beside it (one lookup, no walk upwards).
+        let folder = config_path.to_string_lossy();
+        let (folder, _) = folder.rsplit_once('/').unwrap_or((&folder, ""));
+        let beside = crate::storage::join(Path::new(folder), path);
+        let found = crate::storage::object(&beside).and_then(|o| o.size());
+        return if matches!(found, Ok(Some(_))) { beside } else { given };
     }
     let mut dir = config_path.parent();
     while let Some(d) = dir {
