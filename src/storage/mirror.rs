@@ -216,35 +216,35 @@ impl Mirror {
     /// not versioned (its files at the top) comes down once. Returns the
     /// versions that came down.
     pub fn pull_versions(&self) -> Result<Vec<String>, StorageError> {
-        let listed = self.remote.list()?;
+        // One listing of the top; what is below is listed only for a
+        // version the copy lacks, once its marker is there.
         let marker = "assets/export_info.json";
         let mut fresh = Vec::new();
-        if listed.iter().any(|l| l.relative == marker) {
+        let folders = self.remote.folders()?;
+        if folders.iter().any(|f| f == "assets") && self.remote.child(marker).size()?.is_some() {
             if !self.local.join(marker).exists() {
                 self.pull("")?;
                 fresh.push(String::new());
             }
             return Ok(fresh);
         }
-        let complete: Vec<&str> = listed
+        let versions = folders
             .iter()
-            .filter_map(|l| l.relative.strip_suffix(&format!("/{marker}")))
-            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-            .collect();
-        for v in complete {
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()));
+        for v in versions {
             let dest = self.local.join(v);
-            if dest.exists() {
+            if dest.exists() || self.remote.child(&format!("{v}/{marker}")).size()?.is_none() {
                 continue;
             }
             let staged = format!(".{v}.download");
             let _ = std::fs::remove_dir_all(self.local.join(&staged));
-            for l in listed.iter().filter(|l| l.relative.starts_with(&format!("{v}/"))) {
-                let to = self.local.join(&staged).join(&l.relative[v.len() + 1..]);
+            for l in self.remote.child(v).list()? {
+                let to = self.local.join(&staged).join(&l.relative);
                 if let Some(parent) = to.parent() {
                     std::fs::create_dir_all(parent)
                         .map_err(|e| local_error(&self.remote, format!("cannot create {}", parent.display()), e))?;
                 }
-                self.remote.child(&l.relative).download(&to)?;
+                self.remote.child(&format!("{v}/{}", l.relative)).download(&to)?;
             }
             std::fs::rename(self.local.join(&staged), &dest)
                 .map_err(|e| local_error(&self.remote, format!("cannot rename into {}", dest.display()), e))?;
@@ -258,11 +258,8 @@ impl Mirror {
     /// into the copy takes a number no remote one has.
     pub fn mark_remote_versions(&self) -> Result<usize, StorageError> {
         let mut n = 0;
-        for l in self.remote.list()? {
-            let Some((v, _)) = l.relative.split_once('/') else {
-                continue;
-            };
-            let d = self.local.join(v);
+        for v in self.remote.folders()? {
+            let d = self.local.join(&v);
             if v.bytes().all(|b| b.is_ascii_digit()) && !d.exists() {
                 std::fs::create_dir_all(&d)
                     .map_err(|e| local_error(&self.remote, format!("cannot create {}", d.display()), e))?;

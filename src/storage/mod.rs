@@ -492,6 +492,22 @@ impl Object {
         Ok(self.listed(found.objects))
     }
 
+    /// The names of the folders directly below this prefix, sorted (the
+    /// same one request as `list_top`).
+    pub fn folders(&self) -> Result<Vec<String>, StorageError> {
+        let (s, k) = (self.store.inner.clone(), self.key.clone());
+        let prefix = (!k.as_ref().is_empty()).then_some(k.clone());
+        let found = block(async move { s.list_with_delimiter(prefix.as_ref()).await })
+            .map_err(|e| self.error("cannot list it", e))?;
+        let mut names: Vec<String> = found
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(String::from))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
     fn listed(&self, metas: Vec<object_store::ObjectMeta>) -> Vec<Listed> {
         let base = self.key.as_ref().trim_end_matches('/').to_string();
         let mut out: Vec<Listed> = metas
