@@ -122,17 +122,17 @@ impl Mirror {
     /// checkpoints' TensorFlow files nor event files) and the checkpoint
     /// the state file names. Returns how many files came down.
     pub fn pull_latest(&self) -> Result<usize, StorageError> {
-        let listed = self.remote.list()?;
-        let mut checkpoints: Vec<String> = listed
-            .iter()
-            .filter_map(|l| {
-                let (dir, _) = l.relative.split_once('/')?;
-                dir.starts_with("model.ckpt-").then(|| dir.to_string())
-            })
+        // The top's files and folders (two listings of one level), then
+        // the latest checkpoint's folder: never all the exports below.
+        let top: Vec<String> = self.remote.list_top()?.into_iter().map(|l| l.relative).collect();
+        let mut checkpoints: Vec<String> = self
+            .remote
+            .folders()?
+            .into_iter()
+            .filter(|d| d.starts_with("model.ckpt-"))
             .collect();
-        checkpoints.dedup();
         let mut n = 0;
-        if listed.iter().any(|l| l.relative == STATE_FILE) {
+        if top.iter().any(|rel| rel == STATE_FILE) {
             self.download(STATE_FILE)?;
             n += 1;
         }
@@ -146,19 +146,25 @@ impl Mirror {
                 let v = v.trim().trim_matches('"').to_string();
                 v.rsplit('/').next().unwrap_or(&v).to_string()
             });
+        let latest_folder = latest.as_ref().filter(|c| checkpoints.contains(c)).cloned();
         // The checkpoints that stay remote only (all but the latest).
         checkpoints.retain(|c| latest.as_ref() != Some(c));
         *self.remote_checkpoints.lock().unwrap_or_else(|p| p.into_inner()) = checkpoints;
-        for l in &listed {
-            let rel = l.relative.as_str();
-            let top = !rel.contains('/');
+        for rel in &top {
             let name_is_ckpt = rel.starts_with("model.ckpt-");
             let wanted = match &latest {
-                Some(ckpt) if rel.starts_with(&format!("{ckpt}/")) || rel.starts_with(&format!("{ckpt}.")) => true,
-                _ => top && !name_is_ckpt && !rel.starts_with("events.") && !rel.starts_with('.') && rel != STATE_FILE,
+                // EasyRec's TensorFlow checkpoint: `<prefix>.index`, `.data-*`.
+                Some(ckpt) if rel.starts_with(&format!("{ckpt}.")) => true,
+                _ => !name_is_ckpt && !rel.starts_with("events.") && !rel.starts_with('.') && rel != STATE_FILE,
             };
             if wanted {
                 self.download(rel)?;
+                n += 1;
+            }
+        }
+        if let Some(ckpt) = latest_folder {
+            for l in self.remote.child(&ckpt).list()? {
+                self.download(&format!("{ckpt}/{}", l.relative))?;
                 n += 1;
             }
         }
