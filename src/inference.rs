@@ -34,11 +34,10 @@ pub struct Bundle {
 /// refused, never half used.
 fn easyrec_tensors(
     model: &Model,
-    prefix: &Path,
+    ckpt: &checkpoint::tensorflow::TfCheckpoint,
 ) -> anyhow::Result<(u64, std::collections::BTreeMap<String, checkpoint::Loaded>)> {
-    let ckpt = checkpoint::tensorflow::TfCheckpoint::open(prefix)?;
-    let (tensors, unused) = names::from_tensorflow(&ckpt, model, false, &[])?;
-    names::refuse_unused(&ckpt, &unused)?;
+    let (tensors, unused) = names::from_tensorflow(ckpt, model, false, &[])?;
+    names::refuse_unused(ckpt, &unused)?;
     Ok((ckpt.global_step()?.unwrap_or(0), tensors))
 }
 
@@ -47,15 +46,21 @@ impl Bundle {
     /// the model; tables saved by any number of ranks come back whole).
     pub fn restore(mut plan: TrainingPlan, dir: &Path) -> anyhow::Result<Self> {
         plan.memory.check_here(1)?;
-        crate::model::names::follow_checkpoint_release(&mut plan.model.arch, dir)?;
-        let tf_prefix = checkpoint::tensorflow::find(dir);
+        // EasyRec's checkpoint, opened once: its names say which release
+        // wrote a backbone, then its tensors are read.
+        let tf = checkpoint::tensorflow::find(dir)
+            .map(|prefix| checkpoint::tensorflow::TfCheckpoint::open(&prefix).map(|c| (prefix, c)))
+            .transpose()?;
+        if let Some((prefix, ckpt)) = &tf {
+            names::follow_release_of(&mut plan.model.arch, ckpt, prefix);
+        }
         let enc = Encoder::for_inference(&plan).map_err(crate::config::ConfigError::unbuildable)?;
         let sampled = plan.data.negative_sampling.is_some();
         let seed = plan.train.seed;
         let mut model = Model::new(&plan.model, &plan.features, sampled, &enc, seed)
             .map_err(crate::config::ConfigError::unbuildable)?;
-        let (step, mut tensors) = match tf_prefix {
-            Some(prefix) => easyrec_tensors(&model, &prefix)?,
+        let (step, mut tensors) = match &tf {
+            Some((_, ckpt)) => easyrec_tensors(&model, ckpt)?,
             None => checkpoint::load(dir)?,
         };
         let mut take = |name: &str, shape: &[usize]| checkpoint::take(&mut tensors, name, shape, dir);

@@ -98,13 +98,22 @@ pub fn table_variables(
 /// one and the model has a backbone; otherwise leaves `arch` as it is.
 pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> Result<(), Unusable> {
     // Only a backbone looks: other models read no checkpoint here.
-    let Some(b) = arch.backbone_mut() else {
+    if arch.backbone_mut().is_none() {
         return Ok(());
-    };
+    }
     let Some(prefix) = crate::checkpoint::tensorflow::find(dir) else {
         return Ok(());
     };
-    let ckpt = TfCheckpoint::open(&prefix)?;
+    follow_release_of(arch, &TfCheckpoint::open(&prefix)?, &prefix);
+    Ok(())
+}
+
+/// `follow_checkpoint_release` with the TensorFlow checkpoint (at
+/// `prefix`) already open.
+pub fn follow_release_of(arch: &mut Arch, ckpt: &TfCheckpoint, prefix: &std::path::Path) {
+    let Some(b) = arch.backbone_mut() else {
+        return;
+    };
     b.release = Release::detect(ckpt.entries.keys().map(String::as_str));
     if b.release == Release::V071 {
         log::info!(
@@ -112,7 +121,6 @@ pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> Resu
             prefix.display()
         );
     }
-    Ok(())
 }
 
 /// The shape TensorFlow gives a dense parameter: kernels are matrices,
