@@ -289,6 +289,16 @@ impl Served {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Calls `check` every 200 ms until it passes; fails after 60 s with
+    /// its last complaint and the server's log.
+    fn wait_until(&self, mut check: impl FnMut() -> Result<(), String>) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while let Err(why) = check() {
+            assert!(Instant::now() < deadline, "{why}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 impl Drop for Served {
@@ -315,8 +325,7 @@ fn serve_follows(export_root: &str, version: &str, cfg: &Path, model_dir: &str, 
     let second = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert_ne!(second, version);
     let number = second.rsplit('/').next().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    served.wait_until(|| {
         let status = served
             .agent
             .get(&format!("http://{}/v1/models/model", served.addr))
@@ -326,15 +335,11 @@ fn serve_follows(export_root: &str, version: &str, cfg: &Path, model_dir: &str, 
             .read_to_string()
             .unwrap();
         if status.contains(&format!("\"{number}\"")) {
-            break;
+            Ok(())
+        } else {
+            Err(format!("version {number} not served: {status}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "version {number} not served: {status}\n{}",
-            served.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
 }
 
 #[test]
@@ -757,20 +762,15 @@ fn incremental_updates_reach_a_served_export(kind: &str) {
     let text = std::fs::read_to_string(dir.path().join("data.csv")).unwrap();
     let rows: Vec<&str> = text.lines().collect();
     let served = Served::start(&export_root);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    served.wait_until(|| {
         let got = served.scores(&rows);
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         if worst < 1e-5 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{kind}: the served export stays {worst} from step 20's scores"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{kind}: the served export stays {worst} from step 20's scores\n{}",
-            served.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
     assert!(served.log().contains("serving step 20"), "{}", served.log());
 }
 

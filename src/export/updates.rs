@@ -296,7 +296,7 @@ fn parse_names(text: &str, origin: &str) -> anyhow::Result<HashMap<usize, String
 /// consumer on another machine than the job), the last one the job sent
 /// to its topic.
 fn names_of(path: &Path, key: &str, kafka: Option<&mut KafkaUpdates>) -> anyhow::Result<HashMap<usize, String>> {
-    let Some(k) = kafka.filter(|_| crate::storage::is_remote(path) || !path.exists()) else {
+    let Some(k) = kafka.filter(|_| !path.exists()) else {
         return variable_names(path);
     };
     if !k.maps.contains_key(key) {

@@ -122,15 +122,11 @@ impl Mirror {
     /// checkpoints' TensorFlow files nor event files) and the checkpoint
     /// the state file names. Returns how many files came down.
     pub fn pull_latest(&self) -> Result<usize, StorageError> {
-        // The top's files and folders (two listings of one level), then
+        // The top's files and folders (one listing of one level), then
         // the latest checkpoint's folder: never all the exports below.
-        let top: Vec<String> = self.remote.list_top()?.into_iter().map(|l| l.relative).collect();
-        let mut checkpoints: Vec<String> = self
-            .remote
-            .folders()?
-            .into_iter()
-            .filter(|d| d.starts_with("model.ckpt-"))
-            .collect();
+        let (files, folders) = self.remote.list_level()?;
+        let top: Vec<String> = files.into_iter().map(|l| l.relative).collect();
+        let mut checkpoints: Vec<String> = folders.into_iter().filter(|d| d.starts_with("model.ckpt-")).collect();
         let mut n = 0;
         if top.iter().any(|rel| rel == STATE_FILE) {
             self.download(STATE_FILE)?;

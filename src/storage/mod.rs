@@ -485,27 +485,28 @@ impl Object {
     /// The objects directly below this prefix (not in its folders), sorted
     /// by key: one request where `list` pages through everything below.
     pub fn list_top(&self) -> Result<Vec<Listed>, StorageError> {
-        let (s, k) = (self.store.inner.clone(), self.key.clone());
-        let prefix = (!k.as_ref().is_empty()).then_some(k.clone());
-        let found = block(async move { s.list_with_delimiter(prefix.as_ref()).await })
-            .map_err(|e| self.error("cannot list it", e))?;
-        Ok(self.listed(found.objects))
+        Ok(self.list_level()?.0)
     }
 
-    /// The names of the folders directly below this prefix, sorted (the
-    /// same one request as `list_top`).
+    /// The names of the folders directly below this prefix, sorted.
     pub fn folders(&self) -> Result<Vec<String>, StorageError> {
+        Ok(self.list_level()?.1)
+    }
+
+    /// The objects and the folder names directly below this prefix, both
+    /// sorted: one request.
+    pub fn list_level(&self) -> Result<(Vec<Listed>, Vec<String>), StorageError> {
         let (s, k) = (self.store.inner.clone(), self.key.clone());
         let prefix = (!k.as_ref().is_empty()).then_some(k.clone());
         let found = block(async move { s.list_with_delimiter(prefix.as_ref()).await })
             .map_err(|e| self.error("cannot list it", e))?;
-        let mut names: Vec<String> = found
+        let mut folders: Vec<String> = found
             .common_prefixes
             .iter()
             .filter_map(|p| p.filename().map(String::from))
             .collect();
-        names.sort();
-        Ok(names)
+        folders.sort();
+        Ok((self.listed(found.objects), folders))
     }
 
     fn listed(&self, metas: Vec<object_store::ObjectMeta>) -> Vec<Listed> {
