@@ -201,6 +201,7 @@ model_config { model_class: "DeepFM"
         "RankModel with a TextCNN over an unpooled sequence" => common::models::TEXT_CNN,
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "RankModel with a BST layer" => common::models::BST_LAYER,
+        "CL4SRec with a BST package" => common::models::CL4SREC,
         "CMBF" => common::models::CMBF,
         "Uniter" => common::models::UNITER,
         "DropoutNet" => common::models::DROPOUTNET,
@@ -279,7 +280,11 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 56] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 57] = [
+    (
+        "CL4SRec: backbone packages, sequence augmentation and a contrastive loss",
+        common::models::CL4SREC,
+    ),
     (
         "PPNet, its gates reading its input cut from the gradient",
         common::models::PPNET,
@@ -890,8 +895,9 @@ fn first_batch(t: &Trainer) -> Batch {
 }
 
 /// Every model class, each with its `model_block`.
-const MODELS: [&str; 39] = [
+const MODELS: [&str; 40] = [
     "MultiTowerBST",
+    "CL4SRec with a BST package",
     "AutoInt",
     "PLE",
     "ESMM",
@@ -1161,6 +1167,57 @@ fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
             assert_eq!(a.preds, b.preds, "{model}");
         }
     }
+}
+
+/// CL4SRec's backbone packages: the encoder package runs three times (on
+/// two augmented views, each from a run of the augment package, and on the
+/// sequence itself) over one set of variables, and the nce loss between
+/// the views joins the loss at its weight, training the mask embedding.
+#[test]
+fn package_runs_share_their_variables_and_the_auxiliary_loss_trains() {
+    use rustrec::model::graph::Op;
+    let dir = tempfile::tempdir().unwrap();
+    let t = trainer(dir.path(), "CL4SRec with a BST package");
+    let names: Vec<&str> = t.model.params.specs.iter().map(|s| s.name.as_str()).collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "a variable twice: {names:?}");
+    assert!(
+        names.contains(&"BST/position_embedding/BST") && names.contains(&"augment/mask"),
+        "{names:?}"
+    );
+    let graph = &t.model.graph;
+    let count = |f: fn(&Op) -> bool| graph.nodes.iter().filter(|n| f(&n.op)).count();
+    assert_eq!(
+        count(|op| matches!(op, Op::SeqAugment { .. })),
+        2,
+        "one augmentation per view"
+    );
+    assert_eq!(count(|op| matches!(op, Op::Attention { .. })), 3, "the encoder's runs");
+    let p = graph.penalties.iter().find(|p| p.name == "contrastive_nce_loss");
+    assert_eq!(p.map(|p| p.weight), Some(0.1), "{:?}", graph.penalties);
+    // The mask embedding goes through the encoder's ReLU projection: one
+    // that projection keeps alive (its first unit's weights' signs).
+    let mut t = t;
+    let spec = |t: &Trainer, name: &str| t.model.params.specs.iter().find(|s| s.name == name).unwrap().clone();
+    let (mask, project) = (spec(&t, "augment/mask"), spec(&t, "BST/seq_project/kernel"));
+    for i in 0..mask.len() {
+        let w = t.model.params.values[project.offset + i * project.cols];
+        t.model.params.values[mask.offset + i] = w.signum();
+    }
+    let batch = first_batch(&t);
+    let inputs = t.group_inputs(&batch);
+    let g = t.loss_and_grads(&batch, &inputs);
+    assert!(
+        g.dense[mask.range()].iter().any(|v| *v != 0.0),
+        "the mask embedding trains"
+    );
+    // Without the auxiliary loss the loss falls by its weighted value.
+    let mut plain = trainer(dir.path(), "CL4SRec with a BST package");
+    plain.model.graph.penalties.clear();
+    let without = plain.loss_and_grads(&batch, &inputs).loss;
+    assert!(g.loss - without > 0.01, "{} vs {without}", g.loss);
 }
 
 /// `--skip_nonfinite_batches`: a batch whose gradient is not finite (an

@@ -59,6 +59,8 @@ const PASSING: &[&str] = &[
     "zoo/bst_backbone_on_taobao.config",
     "zoo/bst_on_taobao.config",
     "zoo/cdn_on_taobao.config",
+    "zoo/cl4srec_on_taobao.config",
+    "zoo/cl4srec_on_taobao_with_custom_op.config",
     "zoo/cmbf_on_movielens.config",
     "zoo/cmbf_on_movielens_has_other_feature.config",
     "zoo/cmbf_on_movielens_only_image_feature.config",

@@ -277,6 +277,42 @@ model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
+/// CL4SRec in small (EasyRec's zoo config): a BST package run on two
+/// augmented views of the sequence (each from a run of the augment
+/// package) for the nce auxiliary loss and on the sequence itself for the
+/// main tower; every run shares the encoder's variables.
+pub const CL4SREC: &str = r#"feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 6 max_seq_len: 3 }
+model_config { model_class: "RankModel"
+  feature_groups { group_name: "user_seq" feature_names: ["hist"] }
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  backbone {
+    blocks { name: "user_seq" inputs { feature_group_name: "user_seq" } input_layer { output_seq_and_normal_feature: true } }
+    packages { name: "seq_augment"
+      blocks { name: "augment" inputs { block_name: "user_seq" }
+               keras_layer { class_name: "SeqAugment" seq_aug { mask_rate: 0.6 crop_rate: 0.5 reorder_rate: 0.6 } } } }
+    packages { name: "seq_encoder"
+      blocks { name: "BST" inputs { use_package_input: true }
+               keras_layer { class_name: "BST" bst { hidden_size: 4 num_attention_heads: 2 num_hidden_layers: 1
+                                                     intermediate_size: 6 hidden_act: "gelu" max_position_embeddings: 3
+                                                     hidden_dropout_prob: 0.1 attention_probs_dropout_prob: 0
+                                                     output_all_token_embeddings: false } } } }
+    blocks { name: "contrastive"
+      inputs { package_name: "seq_encoder" package_input: "seq_augment" }
+      inputs { package_name: "seq_encoder" package_input: "seq_augment" }
+      merge_inputs_into_list: true
+      keras_layer { class_name: "AuxiliaryLoss" st_params {
+        fields { key: "loss_type" value { string_value: "nce_loss" } }
+        fields { key: "loss_weight" value { number_value: 0.1 } }
+        fields { key: "temperature" value { number_value: 0.15 } } } } }
+    blocks { name: "main" inputs { package_name: "seq_encoder" package_input: "user_seq" }
+             inputs { feature_group_name: "user" } inputs { feature_group_name: "item" } }
+    concat_blocks: "main"
+    top_mlp { hidden_units: [4] }
+  }
+  model_params { } }"#;
+
 /// DropoutNet: content and (row-dropped) preference groups per side, its
 /// losses list of sigmoid cross entropy and the pairwise loss.
 pub const DROPOUTNET: &str = r#"model_config { model_class: "DropoutNet"
@@ -324,6 +360,7 @@ model_config { model_class: "MultiTowerDIN"
                 final_dnn { hidden_units: [4] } } }"#;
 
 pub const MODELS: &[(&str, &str)] = &[
+    ("CL4SRec", CL4SREC),
     (
         "DSSM",
         r#"model_config { model_class: "DSSM"

@@ -207,10 +207,11 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         Arch::Backbone(b) | Arch::MultiTaskBackbone { backbone: b, .. } | Arch::MatchBackbone { backbone: b, .. } => b
             .blocks
             .iter()
+            .chain(b.packages.iter().flat_map(|p| &p.blocks))
             .filter(|blk| blk.input_layer().is_some())
             .filter_map(|blk| match &blk.inputs.first()?.source {
                 crate::config::model::backbone::Source::Group(n) => named_group(groups, n),
-                crate::config::model::backbone::Source::Block(_) => None,
+                _ => None,
             })
             .collect(),
         Arch::Dssm { .. } => named(&["user", "item"]),

@@ -13,7 +13,8 @@ use crate::config::model::Activation;
 use crate::model::exec::cpu::kernels;
 use crate::model::graph::params::{to_vec, ParamStore};
 use crate::model::graph::{
-    BnStats, Graph, Keys, NodeId, Op, BN_EPS, DICE_EPS, L2_EPS, MASK_ADDER, SQUASH_EPS, VD_EPS, VD_TEMP,
+    augment, BnStats, Contrast, Graph, Keys, NodeId, Op, BN_EPS, DICE_EPS, L2_EPS, MASK_ADDER, SQUASH_EPS, VD_EPS,
+    VD_TEMP,
 };
 use crate::util::Rng;
 
@@ -550,6 +551,49 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 };
                 p.matmul(v4).swap_dims(1, 2).reshape([b, width])
             }
+            Op::SeqAugment { x, len, mask, n, aug } => {
+                if ctx.training {
+                    let d = graph.width(*x) / n;
+                    let (plans, lens) = aug.plans(&to_vec(v[len.0].clone()), *n, &mut ctx.rng);
+                    // The positions as rows, then an empty row and the mask.
+                    let table = Tensor::cat(
+                        vec![
+                            v[x.0].clone().reshape([b * n, d]),
+                            ctx.constant(vec![0.0; d], 1, d),
+                            ctx.p[*mask].clone(),
+                        ],
+                        0,
+                    );
+                    let at: Vec<i64> = plans
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &src)| match src {
+                            augment::EMPTY => (b * n) as i64,
+                            augment::MASKED => (b * n + 1) as i64,
+                            src => ((k / n) * n) as i64 + src as i64,
+                        })
+                        .collect();
+                    let idx = Tensor::<1, Int>::from_data(TensorData::new(at, [b * n]), ctx.device);
+                    let y = table.select(0, idx).reshape([b, n * d]);
+                    Tensor::cat(vec![y, ctx.constant(lens, b, 1)], 1)
+                } else {
+                    Tensor::cat(vec![v[x.0].clone(), v[len.0].clone()], 1)
+                }
+            }
+            Op::Contrastive { a, b: other, kind } => {
+                let e = if ctx.training { ctx.examples } else { b };
+                let share = if e == 0 {
+                    None
+                } else {
+                    let (x, y) = (v[a.0].clone().narrow(0, 0, e), v[other.0].clone().narrow(0, 0, e));
+                    Some(contrastive(*kind, x, y, ctx))
+                };
+                match share {
+                    Some(s) if b > e => Tensor::cat(vec![s, ctx.constant(vec![0.0; b - e], b - e, 1)], 0),
+                    Some(s) => s,
+                    None => ctx.constant(vec![0.0; b], b, 1),
+                }
+            }
             Op::AttnPool { w, x } => {
                 let n = graph.width(*w);
                 let w3: Tensor<3> = v[w.0].clone().reshape([b, 1, n]);
@@ -560,6 +604,32 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
         v.push(y);
     }
     v
+}
+
+/// Each example's share of contrastive loss `kind` between rows `x` and
+/// `y` (`[e, d]` each), `[e, 1]` (`Op::Contrastive`).
+fn contrastive(kind: Contrast, x: Tensor<2>, y: Tensor<2>, ctx: &Ctx) -> Tensor<2> {
+    let e = x.dims()[0];
+    let lse = |s: Tensor<2>| {
+        let m = s.clone().max_dim(1).detach();
+        (s - m.clone()).exp().sum_dim(1).log() + m
+    };
+    match kind {
+        Contrast::Nce { t } => {
+            let pos = (x.clone() * y.clone()).sum_dim(1).div_scalar(t);
+            let z = Tensor::cat(vec![x, y], 0);
+            let m = 2 * e;
+            // A row's own similarity left out: far below the rest.
+            let own: Vec<f32> = (0..m * m).map(|k| if k % (m + 1) == 0 { -1e9 } else { 0.0 }).collect();
+            let s = z.clone().matmul(z.transpose()).div_scalar(t) + ctx.constant(own, m, m);
+            let l = lse(s);
+            (l.clone().narrow(0, 0, e) + l.narrow(0, e, e)).mul_scalar(0.5) - pos
+        }
+        Contrast::InfoNce { t } => {
+            let pos = (x.clone() * y.clone()).sum_dim(1).div_scalar(t);
+            lse(x.matmul(y.transpose()).div_scalar(t)) - pos
+        }
+    }
 }
 
 /// `t` over its L2 norm along the last axis, TensorFlow's `l2_normalize`:

@@ -7,9 +7,10 @@ use super::burn::Burn;
 use super::cpu::Cpu;
 use super::{Executor, Mode};
 use crate::config::model::{Activation, DnnSpec};
+use crate::model::graph::augment::Augment;
 use crate::model::graph::capsule;
 use crate::model::graph::params::{Init, ParamStore};
-use crate::model::graph::{Graph, Keys, NodeId, Op, Routing, Scope};
+use crate::model::graph::{Contrast, Graph, Keys, NodeId, Op, Routing, Scope};
 use crate::util::Rng;
 
 const B: usize = 19;
@@ -351,6 +352,33 @@ fn cases() -> Vec<Case> {
             let scores = g.fold(z, 6);
             let w = g.masked_softmax(scores, len);
             g.attn_pool(w, x[1])
+        }),
+        case("sequence augmentation", true, |g, s, x| {
+            // x[0] as 3 positions of width 2, 0 to 3 of them live (a
+            // whole count from x[1]); every method drawn among the rows.
+            let sig = g.act(x[1], Activation::Sigmoid);
+            let len = g.row_sum(sig);
+            let upto = g.prefix_mask(len, 3);
+            let len = g.row_sum(upto);
+            let mask = s.params.add("aug/mask", 1, 2, Init::GlorotUniform, false, s.rng);
+            let t = g.act(x[0], tanh);
+            let aug = Augment {
+                crop: 0.5,
+                mask: 0.5,
+                reorder: 0.7,
+            };
+            g.seq_augment(t, len, (&*s.params, mask), aug)
+        }),
+        case("nce loss", true, |g, s, x| {
+            let a = s.dense(g, x[0], "a", 4, tanh);
+            let b = s.dense(g, x[1], "b", 4, tanh);
+            g.contrastive(a, b, Contrast::Nce { t: 0.5 })
+        }),
+        case("info nce loss", true, |g, s, x| {
+            let a = s.dense(g, x[0], "a", 4, tanh);
+            let b = g.act(x[1], tanh);
+            let b = g.slice(b, 1, 4);
+            g.contrastive(a, b, Contrast::InfoNce { t: 0.3 })
         }),
     ]
 }

@@ -11,6 +11,7 @@
 //! run them in, so dropout draws its masks and batch norm reports its
 //! statistics in the same order everywhere.
 
+pub mod augment;
 pub mod capsule;
 pub mod params;
 pub mod scope;
@@ -303,6 +304,40 @@ pub enum Op {
         p: usize,
         index: Vec<usize>,
     },
+    /// CL4SRec's sequence augmentation (EasyRec's `SeqAugment`) of `x`
+    /// (`[r, n * d]`, positions side by side) of lengths `len` (`[r, 1]`):
+    /// in training each row is cropped, masked (positions replaced by the
+    /// parameter `mask`, `[1, d]`) or reordered as `augment::Augment::plan`
+    /// draws; otherwise it stays as it is. `[r, n * d + 1]`: the sequence,
+    /// then its new length (a constant).
+    SeqAugment {
+        x: NodeId,
+        len: NodeId,
+        mask: usize,
+        n: usize,
+        aug: augment::Augment,
+    },
+    /// A contrastive loss between rows `a` and `b` (`[r, d]` each) over the
+    /// batch's examples (EasyRec's `contrastive_loss`): `[r, 1]`, each
+    /// example row's share, so that their mean is the loss (rows past the
+    /// examples 0).
+    Contrastive {
+        a: NodeId,
+        b: NodeId,
+        kind: Contrast,
+    },
+}
+
+/// Which contrastive loss an `Op::Contrastive` computes, of temperature
+/// `t`. With `z` the rows of `a` then those of `b` (`2E` rows for `E`
+/// examples), `Nce` is the cross entropy of each `z_i` picking its pair
+/// (`a_i` with `b_i`) among all other rows by `z_i · z_k / t` (CL4SRec's
+/// `nce_loss`), a row's share `(l_i + l_{i+E}) / 2`; `InfoNce` that of
+/// `a_i` picking `b_i` among all `b_k` by `a_i · b_k / t` (`info_nce_loss`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Contrast {
+    Nce { t: f32 },
+    InfoNce { t: f32 },
 }
 
 /// The settings of an `Op::CapsuleRouting`.
@@ -385,6 +420,8 @@ impl Op {
             | Op::Squash { x, .. }
             | Op::Softmax { x } => vec![*x],
             Op::Capsules { len, .. } => vec![*len],
+            Op::SeqAugment { x, len, .. } => vec![*x, *len],
+            Op::Contrastive { a, b, .. } => vec![*a, *b],
             Op::CapsuleRouting { x, len, caps, .. } => vec![*x, *len, *caps],
             Op::InterestSimilarity { x, caps, .. } => vec![*x, *caps],
             Op::Sub(a, b) | Op::ProductLogit { a, b } | Op::Outer { a, b } => vec![*a, *b],
@@ -462,6 +499,9 @@ pub enum Reduce {
     /// The square root of the sum over the rows (a distance over the whole
     /// batch, unweighted).
     RootOfSum,
+    /// The mean over the rows, sample weights or not (EasyRec's auxiliary
+    /// losses weigh every example alike).
+    UnweightedMean,
     /// Over rows of two columns `(value, count)`: `relu(Σ value / max(Σ
     /// count, 1) − max)`, unweighted (MIND's `reg_interest_simi`, the mean
     /// similarity of the rows that count above `max`); the counts are
@@ -473,7 +513,7 @@ impl Reduce {
     /// The loss of per-row values `v` and its gradient with respect to each.
     pub fn apply(self, v: &[f32], weights: Option<&[f32]>) -> (f32, Vec<f32>) {
         match (self, weights) {
-            (Reduce::Mean, None) => {
+            (Reduce::Mean, None) | (Reduce::UnweightedMean, _) => {
                 let n = v.len().max(1) as f32;
                 (v.iter().sum::<f32>() / n, vec![1.0 / n; v.len()])
             }
@@ -945,6 +985,9 @@ impl Graph {
             (width, 1),
             "penalty `{name}` is {width} values per batch row"
         );
+        // A later loss of a name replaces the earlier, as in EasyRec's loss
+        // dict (a package's auxiliary loss called twice).
+        self.penalties.retain(|p| p.name != name);
         self.penalties.push(Penalty {
             name: name.to_string(),
             node,
@@ -965,6 +1008,42 @@ impl Graph {
             name: name.to_string(),
             node,
         });
+    }
+
+    /// `Op::SeqAugment` of `x` (`[r, n * d]`) of lengths `len` with mask
+    /// embedding `mask` (a `[1, d]` parameter of `p`).
+    pub fn seq_augment(
+        &mut self,
+        x: NodeId,
+        len: NodeId,
+        (p, mask): (&ParamStore, usize),
+        aug: augment::Augment,
+    ) -> NodeId {
+        let d = p.specs[mask].len();
+        let w = self.width(x);
+        assert!(
+            d > 0 && w.is_multiple_of(d) && self.width(len) == 1,
+            "a sequence of {d}-wide positions and its length"
+        );
+        self.push(
+            Op::SeqAugment {
+                x,
+                len,
+                mask,
+                n: w / d,
+                aug,
+            },
+            w + 1,
+        )
+    }
+
+    /// `Op::Contrastive` of `a` and `b`, one row each per batch row.
+    pub fn contrastive(&mut self, a: NodeId, b: NodeId, kind: Contrast) -> NodeId {
+        assert!(
+            self.width(a) == self.width(b) && self.rows(a) == 1 && self.rows(b) == 1,
+            "a contrastive loss of equally wide rows"
+        );
+        self.push(Op::Contrastive { a, b, kind }, 1)
     }
 
     /// `x` with no gradient flowing back into it.
@@ -991,6 +1070,7 @@ impl Graph {
                 | Op::LayerNorm { .. }
                 | Op::GroupedLinear { .. }
                 | Op::Dice { .. }
+                | Op::SeqAugment { .. }
                 | Op::VariationalDropout { .. } => true,
                 Op::Zeros { .. }
                 | Op::StopGradient { .. }

@@ -58,11 +58,26 @@ pub enum Init {
 pub struct ParamStore {
     pub specs: Vec<ParamSpec>,
     pub values: Vec<f32>,
+    /// While set, adding a parameter of a name already here returns that
+    /// one (TensorFlow's `AUTO_REUSE`: a backbone package's layers called
+    /// again share their variables).
+    pub reuse: bool,
 }
 
 impl ParamStore {
     /// Adds a `[rows, cols]` parameter; returns its index.
     pub fn add(&mut self, name: &str, rows: usize, cols: usize, init: Init, l2: bool, rng: &mut Rng) -> usize {
+        if self.reuse {
+            if let Some(i) = self.by_name(name) {
+                let s = &self.specs[i];
+                assert_eq!(
+                    (s.rows, s.cols),
+                    (rows, cols),
+                    "parameter `{name}` called again with another shape"
+                );
+                return i;
+            }
+        }
         let offset = self.values.len();
         match init {
             Init::Zeros => self.values.resize(offset + rows * cols, 0.0),

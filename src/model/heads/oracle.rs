@@ -159,7 +159,7 @@ pub fn penalty_of(p: &Penalty, v: Tensor<2>, weights: Option<&[f32]>) -> Tensor<
     let device = v.device();
     let b = v.dims()[0];
     let l = match (p.reduce, weights) {
-        (Reduce::Mean, None) => v.mean(),
+        (Reduce::Mean, None) | (Reduce::UnweightedMean, _) => v.mean(),
         (Reduce::Mean, Some(w)) => {
             let n = w.iter().filter(|x| **x != 0.0).count().max(1);
             let w = Tensor::<2>::from_data(TensorData::new(w.to_vec(), [b, 1]), &device);

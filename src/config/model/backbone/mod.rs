@@ -15,6 +15,8 @@ use crate::config::{proto, ConfigError};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Backbone {
     pub blocks: Vec<Block>,
+    /// `packages`, in the order written.
+    pub packages: Vec<Package>,
     /// `concat_blocks` (merged as one tensor) or `output_blocks` (a list).
     pub output: Vec<String>,
     pub output_as_list: bool,
@@ -54,6 +56,19 @@ impl Release {
     }
 }
 
+/// A block package (`packages`, EasyRec's `Package`): blocks run as one
+/// wherever an input names it (`package_name`), on the value its
+/// `package_input` names; every run shares its layers' variables
+/// (TensorFlow's `AUTO_REUSE`) and draws its own dropout and augmentation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Package {
+    pub name: String,
+    /// In the order they run.
+    pub blocks: Vec<Block>,
+    pub output: Vec<String>,
+    pub output_as_list: bool,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Block {
     pub name: String,
@@ -90,6 +105,16 @@ pub enum Source {
     /// A feature group, through EasyRec's input layer.
     Group(String),
     Block(String),
+    /// A block of the backbone, read from inside a package.
+    Outer(String),
+    /// Package `name` run on `input`: a block beside the reader, or
+    /// another package run on nothing.
+    Package {
+        name: String,
+        input: Option<String>,
+    },
+    /// The value a package runs on (`use_package_input`).
+    PackageInput,
 }
 
 /// A block's `keras_layer` as the config writes it, with its path: the
@@ -279,6 +304,7 @@ fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigEr
 pub fn seq_input_groups(b: &proto::BackboneTower) -> Vec<String> {
     b.blocks
         .iter()
+        .chain(b.packages.iter().flat_map(|p| &p.blocks))
         .filter(
             |blk| matches!(&blk.layer, Some(proto::block::Layer::InputLayer(l)) if l.output_seq_and_normal_feature()),
         )
@@ -375,12 +401,98 @@ fn sequential(l: &proto::Layer, path: &str) -> Result<Layer, ConfigError> {
 
 /// Types `backbone`, `groups` being the model's feature-group names.
 pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Result<Backbone, ConfigError> {
-    if !b.packages.is_empty() {
-        return Err(ConfigError::unsupported(format!("{path}.packages"), "block packages"));
+    let mut names: Vec<&str> = Vec::new();
+    for (i, p) in b.packages.iter().enumerate() {
+        if p.name == "backbone" || names.contains(&p.name.as_str()) {
+            return Err(ConfigError::invalid(
+                format!("{path}.packages[{i}].name"),
+                format!("`{}` names the backbone or another package", p.name),
+            ));
+        }
+        names.push(&p.name);
     }
-    let mut blocks: Vec<Block> = Vec::new();
+    let packages: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     let mut wide_output_dim: Option<usize> = None;
-    for (i, blk) in b.blocks.iter().enumerate() {
+    let mut blocks = typed_blocks(&b.blocks, path, &mut wide_output_dim)?;
+    if let Some(blk) = blocks.iter().find(|blk| packages.contains(&blk.name)) {
+        return Err(ConfigError::invalid(
+            format!("{path}.blocks"),
+            format!("block `{}` has the name of a package", blk.name),
+        ));
+    }
+    let mut dag = Dag::of(&blocks);
+    let reach = Reach {
+        groups,
+        packages: &packages,
+        outer: None,
+    };
+    resolve(&mut blocks, &reach, &mut dag, path)?;
+    if blocks.iter().all(|b| b.input_layer().is_some()) {
+        return Err(ConfigError::invalid(
+            path,
+            "there must be at least one block besides input layers",
+        ));
+    }
+    let (output, output_as_list) = outputs(&b.concat_blocks, &b.output_blocks, &blocks, &dag);
+    // Each package, then the edges from the backbone's blocks it reads to
+    // it in the backbone's DAG (EasyRec adds them as it makes the package).
+    let main_names: Vec<String> = blocks.iter().map(|b| b.name.clone()).collect();
+    let mut typed = Vec::new();
+    for (i, p) in b.packages.iter().enumerate() {
+        let ppath = format!("{path}.packages[{i}]");
+        let mut pblocks = typed_blocks(&p.blocks, &ppath, &mut wide_output_dim)?;
+        if pblocks.is_empty() {
+            return Err(ConfigError::invalid(
+                &ppath,
+                format!("package `{}` has no block", p.name),
+            ));
+        }
+        let mut pdag = Dag::of(&pblocks);
+        let reach = Reach {
+            groups,
+            packages: &packages,
+            outer: Some(&main_names),
+        };
+        let read = resolve(&mut pblocks, &reach, &mut pdag, &ppath)?;
+        for outer in read {
+            dag.edge(&outer, &p.name);
+        }
+        let (output, output_as_list) = outputs(&p.concat_blocks, &p.output_blocks, &pblocks, &pdag);
+        let pblocks = topological(pblocks, &pdag, &ppath)?;
+        check_outputs(&output, &pblocks, &ppath)?;
+        typed.push(Package {
+            name: p.name.clone(),
+            blocks: pblocks,
+            output,
+            output_as_list,
+        });
+    }
+    package_cycles(&typed, path)?;
+    let blocks = topological(blocks, &dag, path)?;
+    check_outputs(&output, &blocks, path)?;
+    Ok(Backbone {
+        blocks,
+        packages: typed,
+        output,
+        output_as_list,
+        top_mlp: b
+            .top_mlp
+            .as_ref()
+            .map(|m| mlp(m, &format!("{path}.top_mlp")))
+            .transpose()?,
+        wide_output_dim,
+        release: Release::Current,
+    })
+}
+
+/// The blocks as the config writes them, their inputs' names unresolved.
+fn typed_blocks(
+    protos: &[proto::Block],
+    path: &str,
+    wide_output_dim: &mut Option<usize>,
+) -> Result<Vec<Block>, ConfigError> {
+    let mut blocks: Vec<Block> = Vec::new();
+    for (i, blk) in protos.iter().enumerate() {
         let bpath = format!("{path}.blocks[{i}]");
         if blk.inputs.is_empty() {
             return Err(ConfigError::invalid(
@@ -411,7 +523,7 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
                             "differs from another block's: wide_output_dim must be consistent",
                         ));
                     }
-                    wide_output_dim = Some(d as usize);
+                    *wide_output_dim = Some(d as usize);
                 }
             }
             if !blk.layers.is_empty() {
@@ -438,32 +550,76 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
             layers,
         });
     }
-    // Inputs naming a feature group that no block defines get EasyRec's
-    // implicit input-layer block of that name.
+    Ok(blocks)
+}
+
+/// What the inputs of one package's blocks may name: the model's feature
+/// groups, the packages, and (inside a package) the backbone's blocks.
+struct Reach<'a> {
+    groups: &'a [String],
+    packages: &'a [String],
+    outer: Option<&'a [String]>,
+}
+
+/// Resolves the names the blocks' inputs read, as EasyRec's `Package`
+/// does: a block of their own, else a feature group (through EasyRec's
+/// implicit input-layer block of that name, appended), else (inside a
+/// package) a block of the backbone; a package invoked on its
+/// `package_input`, a block or a package. Adds the DAG's nodes and edges
+/// in EasyRec's order and returns the backbone blocks read.
+fn resolve(blocks: &mut Vec<Block>, reach: &Reach, dag: &mut Dag, path: &str) -> Result<Vec<String>, ConfigError> {
     let names: Vec<String> = blocks.iter().map(|b| b.name.clone()).collect();
     let mut implicit: Vec<Block> = Vec::new();
-    for blk in &mut blocks {
+    let mut outer_read: Vec<String> = Vec::new();
+    let bad = |blk: &str, what: String| ConfigError::invalid(format!("{path}.blocks"), format!("block `{blk}` {what}"));
+    for blk in blocks.iter_mut() {
         let is_input_layer = blk.input_layer().is_some();
         for inp in &mut blk.inputs {
             let (is_group, name) = match &inp.source {
                 Source::Group(n) => (true, n.clone()),
                 Source::Block(n) => (false, n.clone()),
+                Source::PackageInput => {
+                    if reach.outer.is_none() {
+                        return Err(bad(&blk.name, "reads use_package_input outside a package".into()));
+                    }
+                    continue;
+                }
+                Source::Package { name, input } => {
+                    if !reach.packages.contains(name) {
+                        return Err(bad(
+                            &blk.name,
+                            format!("reads package `{name}`, which packages do not define"),
+                        ));
+                    }
+                    dag.edge(name, &blk.name);
+                    if let Some(x) = input {
+                        if !names.contains(x) && !reach.packages.contains(x) {
+                            return Err(bad(
+                                &blk.name,
+                                format!(
+                                    "runs package `{name}` on `{x}`, which is neither a block beside it nor a package"
+                                ),
+                            ));
+                        }
+                        dag.edge(x, name);
+                    }
+                    continue;
+                }
+                Source::Outer(_) => unreachable!("resolved here"),
             };
             if is_group && is_input_layer {
-                if !groups.contains(&name) {
-                    return Err(ConfigError::invalid(
-                        format!("{path}.blocks"),
-                        format!(
-                            "block `{}` reads feature group `{name}`, which model_config does not define",
-                            blk.name
-                        ),
+                if !reach.groups.contains(&name) {
+                    return Err(bad(
+                        &blk.name,
+                        format!("reads feature group `{name}`, which model_config does not define"),
                     ));
                 }
                 continue;
             }
             if names.contains(&name) {
+                dag.edge(&name, &blk.name);
                 inp.source = Source::Block(name);
-            } else if is_group && groups.contains(&name) {
+            } else if is_group && reach.groups.contains(&name) {
                 if !implicit.iter().any(|b| b.name == name) {
                     implicit.push(Block {
                         name: name.clone(),
@@ -478,95 +634,146 @@ pub fn backbone(b: &proto::BackboneTower, groups: &[String], path: &str) -> Resu
                         layers: vec![Layer::Input(InputLayer::TENSOR)],
                     });
                 }
+                dag.edge(&name, &blk.name);
                 inp.source = Source::Block(name);
+            } else if reach.outer.is_some_and(|o| o.contains(&name)) {
+                if !outer_read.contains(&name) {
+                    outer_read.push(name.clone());
+                }
+                inp.source = Source::Outer(name);
             } else {
-                return Err(ConfigError::invalid(
-                    format!("{path}.blocks"),
-                    format!(
-                        "block `{}` reads `{name}`, which is neither a feature group nor a block",
-                        blk.name
-                    ),
+                return Err(bad(
+                    &blk.name,
+                    format!("reads `{name}`, which is neither a feature group nor a block"),
                 ));
             }
         }
     }
-    if blocks.iter().all(|b| b.input_layer().is_some()) {
-        return Err(ConfigError::invalid(
-            path,
-            "there must be at least one block besides input layers",
-        ));
-    }
     // EasyRec's DAG holds the config's blocks, then the implicit ones in
     // the order they were first read.
     blocks.extend(implicit);
-    let (output, output_as_list) = if !b.output_blocks.is_empty() {
-        (b.output_blocks.clone(), true)
-    } else if !b.concat_blocks.is_empty() {
-        (b.concat_blocks.clone(), false)
-    } else {
-        // EasyRec concatenates the leaves, blocks no other block reads, in
-        // the DAG's order (`DAG.all_leaves`).
-        let read: Vec<&str> = blocks
-            .iter()
-            .flat_map(|b| b.inputs.iter())
-            .filter_map(|i| match &i.source {
-                Source::Block(n) => Some(n.as_str()),
-                Source::Group(_) => None,
-            })
-            .collect();
-        let leaves = blocks
-            .iter()
-            .filter(|b| !read.contains(&b.name.as_str()))
-            .map(|b| b.name.clone())
-            .collect();
-        (leaves, false)
-    };
-    let blocks = topological(blocks, path)?;
-    if let Some(o) = output.iter().find(|o| !blocks.iter().any(|b| &b.name == *o)) {
-        return Err(ConfigError::invalid(
-            format!("{path}.concat_blocks"),
-            format!("no block `{o}` to output"),
-        ));
-    }
-    Ok(Backbone {
-        blocks,
-        output,
-        output_as_list,
-        top_mlp: b
-            .top_mlp
-            .as_ref()
-            .map(|m| mlp(m, &format!("{path}.top_mlp")))
-            .transpose()?,
-        wide_output_dim,
-        release: Release::Current,
-    })
+    Ok(outer_read)
 }
 
-/// The blocks in the order EasyRec runs them (`DAG.topological_sort`):
-/// blocks no other feeds are stacked in order, and the last stacked runs
-/// first; a block is stacked once the last block it reads has run. The
-/// order decides which input layer is `input_layer`, `input_layer_1`, ...
-/// (and so the tables' variable names). EasyRec keeps a block's readers in
-/// a Python set, whose order varies between processes; where a block feeds
-/// several, they are taken here in the order the config lists them.
-fn topological(blocks: Vec<Block>, path: &str) -> Result<Vec<Block>, ConfigError> {
-    let index: HashMap<String, usize> = blocks.iter().enumerate().map(|(i, b)| (b.name.clone(), i)).collect();
-    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); blocks.len()];
-    let mut waiting = vec![0usize; blocks.len()];
-    for (i, b) in blocks.iter().enumerate() {
-        for inp in &b.inputs {
-            if let Source::Block(n) = &inp.source {
-                if let Some(&d) = index.get(n) {
-                    if !readers[d].contains(&i) {
-                        readers[d].push(i);
-                        waiting[i] += 1;
-                    }
+/// `concat_blocks` (one tensor) or `output_blocks` (a list); without
+/// either EasyRec concatenates the leaves, the DAG's nodes nothing reads,
+/// in the order they joined it (`DAG.all_leaves`).
+fn outputs(concat: &[String], list: &[String], blocks: &[Block], dag: &Dag) -> (Vec<String>, bool) {
+    if !list.is_empty() {
+        (list.to_vec(), true)
+    } else if !concat.is_empty() {
+        (concat.to_vec(), false)
+    } else {
+        let leaves = dag
+            .nodes
+            .iter()
+            .filter(|n| !dag.edges.iter().any(|(from, _)| from == *n))
+            .filter(|n| blocks.iter().any(|b| &b.name == *n))
+            .cloned()
+            .collect();
+        (leaves, false)
+    }
+}
+
+fn check_outputs(output: &[String], blocks: &[Block], path: &str) -> Result<(), ConfigError> {
+    match output.iter().find(|o| !blocks.iter().any(|b| &b.name == *o)) {
+        Some(o) => Err(ConfigError::invalid(
+            format!("{path}.concat_blocks"),
+            format!("no block `{o}` to output"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses packages that run themselves, directly or through others.
+fn package_cycles(packages: &[Package], path: &str) -> Result<(), ConfigError> {
+    fn calls(p: &Package) -> Vec<&str> {
+        p.blocks
+            .iter()
+            .flat_map(|b| &b.inputs)
+            .flat_map(|i| match &i.source {
+                Source::Package { name, input } => {
+                    let mut v = vec![name.as_str()];
+                    v.extend(input.as_deref());
+                    v
+                }
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+    for p in packages {
+        let mut seen: Vec<&str> = Vec::new();
+        let mut todo: Vec<&str> = calls(p);
+        while let Some(n) = todo.pop() {
+            if n == p.name {
+                return Err(ConfigError::invalid(
+                    format!("{path}.packages"),
+                    format!("package `{}` runs itself", p.name),
+                ));
+            }
+            if !seen.contains(&n) {
+                seen.push(n);
+                if let Some(q) = packages.iter().find(|q| q.name == n) {
+                    todo.extend(calls(q));
                 }
             }
         }
     }
-    let mut ready: Vec<usize> = (0..blocks.len()).filter(|&i| waiting[i] == 0).collect();
-    let mut order = Vec::with_capacity(blocks.len());
+    Ok(())
+}
+
+/// EasyRec's DAG of one package: its nodes (blocks, and the packages and
+/// package inputs its blocks name) in the order they joined, its edges in
+/// the order they were added.
+#[derive(Debug, Default)]
+struct Dag {
+    nodes: Vec<String>,
+    edges: Vec<(String, String)>,
+}
+
+impl Dag {
+    /// The DAG of `blocks` before their inputs are resolved: one node each.
+    fn of(blocks: &[Block]) -> Dag {
+        Dag {
+            nodes: blocks.iter().map(|b| b.name.clone()).collect(),
+            edges: Vec::new(),
+        }
+    }
+
+    fn node(&mut self, n: &str) {
+        if !self.nodes.iter().any(|x| x == n) {
+            self.nodes.push(n.to_string());
+        }
+    }
+
+    fn edge(&mut self, from: &str, to: &str) {
+        self.node(from);
+        self.node(to);
+        if !self.edges.iter().any(|(a, b)| a == from && b == to) {
+            self.edges.push((from.to_string(), to.to_string()));
+        }
+    }
+}
+
+/// The blocks in the order EasyRec runs them (`DAG.topological_sort`):
+/// nodes nothing feeds are stacked in order, and the last stacked runs
+/// first; a node is stacked once the last node it reads has run (packages
+/// and package inputs are nodes too, which run nothing). The order
+/// decides which input layer is `input_layer`, `input_layer_1`, ... (and
+/// so the tables' variable names). EasyRec keeps a node's readers in a
+/// Python set, whose order varies between processes; where a node feeds
+/// several, they are taken here in the order their edges were added.
+fn topological(blocks: Vec<Block>, dag: &Dag, path: &str) -> Result<Vec<Block>, ConfigError> {
+    let index: HashMap<&str, usize> = dag.nodes.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); dag.nodes.len()];
+    let mut waiting = vec![0usize; dag.nodes.len()];
+    for (from, to) in &dag.edges {
+        let (d, i) = (index[from.as_str()], index[to.as_str()]);
+        readers[d].push(i);
+        waiting[i] += 1;
+    }
+    let mut ready: Vec<usize> = (0..dag.nodes.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut order = Vec::with_capacity(dag.nodes.len());
     while let Some(u) = ready.pop() {
         order.push(u);
         for &v in &readers[u] {
@@ -576,21 +783,18 @@ fn topological(blocks: Vec<Block>, path: &str) -> Result<Vec<Block>, ConfigError
             }
         }
     }
-    if order.len() < blocks.len() {
-        let stuck: Vec<&str> = (0..blocks.len())
+    if order.len() < dag.nodes.len() {
+        let stuck: Vec<&str> = (0..dag.nodes.len())
             .filter(|i| !order.contains(i))
-            .map(|i| blocks[i].name.as_str())
+            .map(|i| dag.nodes[i].as_str())
             .collect();
         return Err(ConfigError::invalid(
             format!("{path}.blocks"),
             format!("blocks read each other in a cycle: {}", stuck.join(", ")),
         ));
     }
-    let mut slots: Vec<Option<Block>> = blocks.into_iter().map(Some).collect();
-    Ok(order
-        .into_iter()
-        .map(|i| slots[i].take().expect("each block once"))
-        .collect())
+    let mut slots: HashMap<String, Block> = blocks.into_iter().map(|b| (b.name.clone(), b)).collect();
+    Ok(order.into_iter().filter_map(|i| slots.remove(&dag.nodes[i])).collect())
 }
 
 /// A block's inputs, in order, less those marked ignore_input.
@@ -602,8 +806,16 @@ fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, Conf
         let source = match &inp.name {
             Some(Name::FeatureGroupName(g)) => Source::Group(g.clone()),
             Some(Name::BlockName(n)) => Source::Block(n.clone()),
-            Some(Name::PackageName(_) | Name::UsePackageInput(_)) => {
-                return Err(ConfigError::unsupported(ipath, "inputs from block packages"))
+            Some(Name::PackageName(p)) => Source::Package {
+                name: p.clone(),
+                input: inp.package_input.clone(),
+            },
+            Some(Name::UsePackageInput(true)) => Source::PackageInput,
+            Some(Name::UsePackageInput(false)) => {
+                return Err(ConfigError::invalid(
+                    format!("{ipath}.use_package_input"),
+                    "can not be false (EasyRec's check)",
+                ))
             }
             None => {
                 return Err(ConfigError::invalid(
@@ -612,16 +824,24 @@ fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, Conf
                 ))
             }
         };
-        for (field, set) in [
-            ("reset_input", inp.reset_input.is_some()),
-            ("package_input", inp.package_input.is_some()),
-            ("package_input_fn", inp.package_input_fn.is_some()),
+        let is_package = matches!(inp.name, Some(Name::PackageName(_)));
+        if inp.package_input.is_some() && !is_package {
+            log::warn!("{ipath}.package_input: read only with package_name; ignored, as EasyRec ignores it");
+        }
+        for (field, set, what) in [
+            (
+                "reset_input",
+                inp.reset_input.is_some(),
+                "resetting a package's input layers",
+            ),
+            (
+                "package_input_fn",
+                inp.package_input_fn.is_some(),
+                "a Python function over a package's input",
+            ),
         ] {
-            if set {
-                return Err(ConfigError::unsupported(
-                    format!("{ipath}.{field}"),
-                    "block package inputs",
-                ));
+            if set && is_package {
+                return Err(ConfigError::unsupported(format!("{ipath}.{field}"), what));
             }
         }
         if inp.ignore_input() {
@@ -666,6 +886,19 @@ mod tests {
         }
     }
 
+    /// The DAG of blocks reading only blocks.
+    fn dag_of(blocks: &[Block]) -> Dag {
+        let mut dag = Dag::of(blocks);
+        for b in blocks {
+            for i in &b.inputs {
+                if let Source::Block(n) = &i.source {
+                    dag.edge(n, &b.name);
+                }
+            }
+        }
+        dag
+    }
+
     #[test]
     fn blocks_run_in_the_order_of_easyrecs_dag() {
         // The DIN backbone sample: config blocks, then the implicit input
@@ -679,10 +912,16 @@ mod tests {
             block("user", &[]),
             block("item", &[]),
         ];
-        let order: Vec<String> = topological(blocks, "p").unwrap().into_iter().map(|b| b.name).collect();
+        let order: Vec<String> = topological(blocks.clone(), &dag_of(&blocks), "p")
+            .unwrap()
+            .into_iter()
+            .map(|b| b.name)
+            .collect();
         assert_eq!(order, ["item", "item_mlp", "user", "user_mlp", "seq", "din"]);
         let cycle = vec![block("a", &["b"]), block("b", &["a"]), block("c", &[])];
-        let e = topological(cycle, "p").unwrap_err().to_string();
+        let e = topological(cycle.clone(), &dag_of(&cycle), "p")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a cycle: a, b"), "{e}");
     }
 
@@ -752,6 +991,76 @@ mod tests {
             blocks,
             ..Default::default()
         }
+    }
+
+    fn run(package: &str, on: Option<&str>) -> proto::Input {
+        proto::Input {
+            name: Some(proto::input::Name::PackageName(package.into())),
+            package_input: on.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    fn package(name: &str, blocks: Vec<proto::Block>) -> proto::BlockPackage {
+        proto::BlockPackage {
+            name: name.into(),
+            blocks,
+            ..Default::default()
+        }
+    }
+
+    /// CL4SRec's layout: the backbone runs the encoder package on two runs
+    /// of the augment package (which reads a backbone block) and on a block.
+    fn cl4srec() -> proto::BackboneTower {
+        let own = proto::Input {
+            name: Some(proto::input::Name::UsePackageInput(true)),
+            ..Default::default()
+        };
+        let mut b = tower(vec![
+            keras_block("user_seq", vec![input("seq", true)], "Add"),
+            keras_block("contrastive", vec![run("enc", Some("aug")), run("enc", Some("aug"))], "Add"),
+            keras_block("main", vec![run("enc", Some("user_seq")), input("user", true), input("item", true)], "Add"),
+        ]);
+        b.packages = vec![
+            package("aug", vec![keras_block("augment", vec![input("user_seq", false)], "Add")]),
+            package("enc", vec![keras_block("BST", vec![own], "Add")]),
+        ];
+        b.concat_blocks = vec!["main".into()];
+        b
+    }
+
+    #[test]
+    fn packages_run_where_easyrec_runs_them_and_bad_runs_are_named() {
+        let groups: Vec<String> = ["seq", "user", "item"].iter().map(|g| g.to_string()).collect();
+        let bb = backbone(&cl4srec(), &groups, "backbone").unwrap();
+        let order: Vec<&str> = bb.blocks.iter().map(|b| b.name.as_str()).collect();
+        // EasyRec's DAG: the packages are nodes (the encoder after the
+        // augment package and `user_seq`), so `main` runs before
+        // `contrastive`, both after every input.
+        assert_eq!(order, ["item", "user", "seq", "user_seq", "main", "contrastive"]);
+        let read = |p: usize| bb.packages[p].blocks[0].inputs[0].source.clone();
+        assert_eq!(read(0), Source::Outer("user_seq".into()));
+        assert_eq!(read(1), Source::PackageInput);
+        assert_eq!(bb.packages[1].output, ["BST"], "a package's leaves are its output");
+        let refused = |b: proto::BackboneTower, want: &str| {
+            let e = backbone(&b, &groups, "backbone").unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        };
+        let mut b = cl4srec();
+        b.blocks[2].inputs[0] = run("nope", None);
+        refused(b, "reads package `nope`, which packages do not define");
+        let mut b = cl4srec();
+        b.blocks[2].inputs[0] = run("enc", Some("nope"));
+        refused(b, "runs package `enc` on `nope`, which is neither a block beside it nor a package");
+        let mut b = cl4srec();
+        b.blocks[2].inputs[0] = b.packages[1].blocks[0].inputs[0].clone();
+        refused(b, "reads use_package_input outside a package");
+        let mut b = cl4srec();
+        b.packages[1].blocks[0].inputs.push(run("enc", None));
+        refused(b, "package `enc` runs itself");
+        let mut b = cl4srec();
+        b.blocks[2].inputs[0].reset_input = Some(Default::default());
+        refused(b, "backbone.blocks[2].inputs[0].reset_input: resetting a package's input layers is not supported");
     }
 
     #[test]

@@ -98,24 +98,27 @@ pub fn towers(
     Ok((u, v))
 }
 
+/// What blocks are built over: the backbone (for its packages) and the
+/// feature groups' inputs.
+struct Env<'a> {
+    b: &'a Backbone,
+    groups: &'a [GroupLayout],
+    xs: &'a [NodeId],
+}
+
+/// The values of blocks built so far, by name.
+type Outs = HashMap<String, Val>;
+
+/// How deep packages may run one another (the typing refuses cycles).
+const MAX_PACKAGE_DEPTH: usize = 32;
+
 /// The backbone's output: its output blocks and top MLP.
 fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
     let first = (s.params.specs.len(), s.buffers.specs.len());
-    let mut outs: HashMap<&str, Val> = HashMap::new();
-    for blk in &b.blocks {
-        let v = block(blk, &outs, groups, xs, g, s).with_context(|| format!("backbone block `{}`", blk.name))?;
-        outs.insert(blk.name.as_str(), v);
-    }
+    let env = Env { b, groups, xs };
+    let outs = run_blocks(&env, &b.blocks, (None, None), 0, g, s)?;
     let blocks_end = (s.params.specs.len(), s.buffers.specs.len());
-    let picked: Vec<Val> = b.output.iter().map(|o| outs[o.as_str()].clone()).collect();
-    let mut out = if b.output_as_list {
-        match picked.as_slice() {
-            [one] => one.clone(),
-            _ => Val::L(picked),
-        }
-    } else {
-        merge(picked, -1, g).context("backbone concat_blocks")?
-    };
+    let mut out = output(&b.output, b.output_as_list, &outs, g).context("backbone concat_blocks")?;
     if let Some(m) = &b.top_mlp {
         // EasyRec concatenates a list before its top MLP.
         let x = match out {
@@ -174,11 +177,106 @@ fn name_071(name: &str, in_blocks: bool, dice: &mut usize) -> String {
     }
 }
 
+/// Builds `blocks` in order: the backbone's (`main` none) or a package's,
+/// `main` then being the backbone's values and `input` the package's.
+fn run_blocks(
+    env: &Env,
+    blocks: &[Block],
+    (main, input): (Option<&Outs>, Option<&Val>),
+    depth: usize,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Outs> {
+    let mut outs = Outs::new();
+    for blk in blocks {
+        let v = block(env, blk, (&outs, main, input), depth, g, s)
+            .with_context(|| format!("backbone block `{}`", blk.name))?;
+        outs.insert(blk.name.clone(), v);
+    }
+    Ok(outs)
+}
+
+/// The output blocks' values: a list, or merged as one.
+fn output(names: &[String], as_list: bool, outs: &Outs, g: &mut Graph) -> anyhow::Result<Val> {
+    let picked: Vec<Val> = names.iter().map(|o| outs[o.as_str()].clone()).collect();
+    Ok(if as_list {
+        match picked.as_slice() {
+            [one] => one.clone(),
+            _ => Val::L(picked),
+        }
+    } else {
+        merge(picked, -1, g)?
+    })
+}
+
+/// The value an input reads: a block's, the backbone's from a package, the
+/// package's input, or a package run on its `package_input` (a block
+/// beside the reader, else a package run on nothing) as EasyRec's
+/// `Package.block_input` does.
+fn source(
+    env: &Env,
+    src: &Source,
+    (outs, main, input): (&Outs, Option<&Outs>, Option<&Val>),
+    depth: usize,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    match src {
+        Source::Block(name) => Ok(outs[name.as_str()].clone()),
+        Source::Outer(name) => main
+            .and_then(|m| m.get(name))
+            .cloned()
+            .with_context(|| format!("backbone block `{name}` has not run")),
+        Source::PackageInput => input
+            .cloned()
+            .context("use_package_input in a package run without a package_input"),
+        Source::Package { name, input: on } => {
+            let backbone = main.unwrap_or(outs);
+            let arg = match on {
+                None => None,
+                Some(x) => Some(match outs.get(x) {
+                    Some(v) => v.clone(),
+                    None => package(env, x, (backbone, None), depth, g, s)?,
+                }),
+            };
+            package(env, name, (backbone, arg.as_ref()), depth, g, s)
+        }
+        Source::Group(_) => unreachable!("group inputs resolve to input-layer blocks"),
+    }
+}
+
+/// One run of package `name` on `input`: its blocks built again, their
+/// variables those of its first run (the stores reuse names meanwhile).
+fn package(
+    env: &Env,
+    name: &str,
+    (main, input): (&Outs, Option<&Val>),
+    depth: usize,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<Val> {
+    if depth >= MAX_PACKAGE_DEPTH {
+        bail!("packages run one another more than {MAX_PACKAGE_DEPTH} deep");
+    }
+    let p = env
+        .b
+        .packages
+        .iter()
+        .find(|p| p.name == name)
+        .with_context(|| format!("no package `{name}`"))?;
+    let reuse = (s.params.reuse, s.buffers.reuse);
+    (s.params.reuse, s.buffers.reuse) = (true, true);
+    let outs = run_blocks(env, &p.blocks, (Some(main), input), depth + 1, g, s);
+    (s.params.reuse, s.buffers.reuse) = reuse;
+    let outs = outs.with_context(|| format!("package `{name}`"))?;
+    output(&p.output, p.output_as_list, &outs, g).with_context(|| format!("package `{name}`'s output"))
+}
+
 fn block(
+    env: &Env,
     blk: &Block,
-    outs: &HashMap<&str, Val>,
-    groups: &[GroupLayout],
-    xs: &[NodeId],
+    at: (&Outs, Option<&Outs>, Option<&Val>),
+    depth: usize,
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<Val> {
@@ -186,18 +284,21 @@ fn block(
         let Source::Group(name) = &blk.inputs[0].source else {
             unreachable!("typed as a group input")
         };
-        let gi = groups
+        let gi = env
+            .groups
             .iter()
             .position(|l| &l.name == name)
             .with_context(|| format!("no feature group `{name}`"))?;
-        return input_layer(&groups[gi], xs[gi], il, &blk.name, g, s);
+        return input_layer(&env.groups[gi], env.xs[gi], il, &blk.name, g, s);
     }
     let mut inputs = Vec::new();
     for inp in &blk.inputs {
-        let Source::Block(name) = &inp.source else {
-            unreachable!("group inputs resolve to input-layer blocks")
+        let name = match &inp.source {
+            Source::Block(n) | Source::Outer(n) | Source::Package { name: n, .. } => n.as_str(),
+            Source::PackageInput => "package_input",
+            Source::Group(_) => unreachable!("group inputs resolve to input-layer blocks"),
         };
-        let mut v = outs[name.as_str()].clone();
+        let mut v = source(env, &inp.source, at, depth, g, s)?;
         if let Some(e) = inp.slice {
             v = apply(e, v, g).with_context(|| format!("input_slice of `{name}`"))?;
         }

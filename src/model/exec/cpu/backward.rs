@@ -5,9 +5,9 @@
 use rayon::prelude::*;
 
 use super::kernels::{self};
-use super::{accumulate, capsule, narrow, split_columns, Saved, Tape};
+use super::{accumulate, capsule, contrast, narrow, split_columns, Saved, Tape};
 use crate::model::graph::params::ParamStore;
-use crate::model::graph::{NodeId, Op, L2_EPS};
+use crate::model::graph::{augment, NodeId, Op, L2_EPS};
 use crate::profile::{Level, Work};
 
 impl Tape<'_> {
@@ -151,6 +151,46 @@ impl Tape<'_> {
                         dz.iter_mut().zip(&direct).for_each(|(g, d)| *g += d);
                         accumulate(&mut grads, needs, *x, dz);
                     }
+                }
+                Op::SeqAugment { x, mask, n, .. } => {
+                    let Saved::Plan(plans) = &self.saved[i] else {
+                        unreachable!("backward runs on a training tape")
+                    };
+                    let d = p.specs[*mask].len();
+                    let mut dx = vec![0.0f32; b * n * d];
+                    let mut dm = vec![0.0f64; d];
+                    for ((dyr, dxr), pr) in dy
+                        .chunks_exact(width)
+                        .zip(dx.chunks_exact_mut(n * d))
+                        .zip(plans.chunks_exact(*n))
+                    {
+                        for (j, &s) in pr.iter().enumerate() {
+                            let g = &dyr[j * d..(j + 1) * d];
+                            match s {
+                                augment::EMPTY => {}
+                                augment::MASKED => dm.iter_mut().zip(g).for_each(|(m, v)| *m += *v as f64),
+                                s => {
+                                    let s = s as usize;
+                                    dxr[s * d..(s + 1) * d].iter_mut().zip(g).for_each(|(o, v)| *o += v);
+                                }
+                            }
+                        }
+                    }
+                    dense[p.specs[*mask].range()]
+                        .iter_mut()
+                        .zip(&dm)
+                        .for_each(|(o, v)| *o += *v as f32);
+                    accumulate(&mut grads, needs, *x, dx);
+                }
+                Op::Contrastive { a, b: other, kind } => {
+                    let Saved::Probs(probs) = &self.saved[i] else {
+                        unreachable!("backward runs on a training tape")
+                    };
+                    let values = (self.value(*a), self.value(*other));
+                    let shape = (g.width(*a), self.examples, b);
+                    let (da, db) = contrast::backward(*kind, values, shape, probs, &dy);
+                    accumulate(&mut grads, needs, *a, da);
+                    accumulate(&mut grads, needs, *other, db);
                 }
                 Op::Dropout { x, .. } => {
                     let Saved::Mask(mask) = &self.saved[i] else {

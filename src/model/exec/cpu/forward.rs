@@ -4,10 +4,10 @@
 use rayon::prelude::*;
 
 use super::kernels::{self, RowKeys};
-use super::{capsule, column_stats, narrow, Saved, Tape};
+use super::{capsule, column_stats, contrast, narrow, Saved, Tape};
 use crate::model::exec::Mode;
 use crate::model::graph::params::ParamStore;
-use crate::model::graph::{Keys, NodeId, Op, DICE_EPS};
+use crate::model::graph::{augment, Keys, NodeId, Op, DICE_EPS};
 
 impl Tape<'_> {
     pub(super) fn run(
@@ -105,6 +105,30 @@ impl Tape<'_> {
                     Mode::Infer => Saved::None,
                 };
                 (y, saved)
+            }
+            Op::SeqAugment { x, len, mask, n, aug } => match mode {
+                Mode::Train { rng, .. } => {
+                    let (plans, lens) = aug.plans(self.value(*len), *n, rng);
+                    let y = augment::apply(self.value(*x), &plans, &lens, p.slice(*mask), *n);
+                    (y, Saved::Plan(plans))
+                }
+                Mode::Infer => {
+                    let xw = w_of(x);
+                    let mut y = Vec::with_capacity(b * width);
+                    for (r, l) in self.value(*x).chunks_exact(xw).zip(self.value(*len)) {
+                        y.extend_from_slice(r);
+                        y.push(*l);
+                    }
+                    (y, Saved::None)
+                }
+            },
+            Op::Contrastive { a, b: other, kind } => {
+                let values = (self.value(*a), self.value(*other));
+                let (y, probs) = contrast::forward(*kind, values, w_of(a), self.examples, b);
+                match mode {
+                    Mode::Train { .. } => (y, Saved::Probs(probs)),
+                    Mode::Infer => (y, Saved::None),
+                }
             }
             Op::Concat(xs) => {
                 let mut y = vec![0.0f32; b * width];

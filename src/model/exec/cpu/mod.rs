@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 mod backward;
 pub mod capsule;
+mod contrast;
 mod forward;
 pub mod kernels;
 
@@ -86,8 +87,12 @@ enum Saved {
         keep: Vec<f32>,
         dkeep: Vec<f32>,
     },
-    /// Attention: the weights `[batch, heads, n, n]`.
+    /// Attention: the weights `[batch, heads, n, n]`; a contrastive loss:
+    /// its softmax weights.
     Probs(Vec<f32>),
+    /// Sequence augmentation: each output position's source
+    /// (`graph::augment`).
+    Plan(Vec<i32>),
     /// Dice in training: the normalised values, `1 / sqrt(var + eps)` per
     /// column and the gate `p`.
     Dice {

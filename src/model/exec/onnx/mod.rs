@@ -1013,6 +1013,13 @@ impl Builder<'_> {
                         None => y,
                     }
                 }
+                // Inference leaves a sequence as it is, its length beside.
+                Op::SeqAugment { x, len, .. } => self.concat(&[v[x.0].clone(), v[len.0].clone()], 1),
+                // A loss, never an output of the export: zeros in its place.
+                Op::Contrastive { a, .. } => {
+                    let aw = graph.width(*a);
+                    self.zeros(&v[a.0], aw, width)
+                }
                 Op::VariationalDropout { x, p, index } => {
                     // Inference keeps `1 - rate` of each column: a constant
                     // of the trained logits.

@@ -4,12 +4,14 @@
 use anyhow::{bail, Context};
 
 use super::super::value::*;
-use super::parse::{Aggregation, Bilinear, BilinearKind, BstLayer, GateNet, Keras, MaskBlock, NumericOut, SeNetParams};
+use super::parse::{
+    Aggregation, AuxLoss, Bilinear, BilinearKind, BstLayer, GateNet, Keras, MaskBlock, NumericOut, SeNetParams,
+};
 use crate::config::model::backbone::{Expr, Release};
 use crate::config::model::layers::{Mlp, MlpLayer};
 use crate::config::model::Activation;
 use crate::model::graph::params::Init;
-use crate::model::graph::{Graph, Kernel, Keys, NodeId, Scope};
+use crate::model::graph::{Graph, Kernel, Keys, NodeId, Reduce, Scope};
 
 /// The Keras SENet layer (FiBiNet++'s) over `fields`.
 pub(in crate::model::builders::backbone) fn keras_senet(
@@ -118,7 +120,7 @@ pub(in crate::model::builders::backbone) fn bst(
 ) -> anyhow::Result<NodeId> {
     let SeqIn { x, n, d, len, target } = seq_of(v, Some(b.max_position), g).context("BST")?;
     let Some(target) = target else {
-        bail!("BST: the target sits at the head, and the input layer's group has no target features besides its sequences");
+        return bst_sequence_alone((x, n, d, len), b, name, g, s);
     };
     if g.width(target) != d {
         bail!(
@@ -156,6 +158,56 @@ pub(in crate::model::builders::backbone) fn bst(
         &format!("{name}/transformer"),
     );
     let out = g.fold(out, m);
+    Ok(if b.all_tokens {
+        out
+    } else {
+        g.slice(out, 0, spec.hidden)
+    })
+}
+
+/// EasyRec's BST over a sequence without target features (CL4SRec's
+/// encoder): the positions alone (projected when their width differs from
+/// the hidden size), position embeddings, the encoder with EasyRec's
+/// additive mask of the row's length (a row of none attends to every
+/// position alike), then the head position's output, or every position's.
+fn bst_sequence_alone(
+    (x, n, d, len): (NodeId, usize, usize, NodeId),
+    b: &BstLayer,
+    name: &str,
+    g: &mut Graph,
+    s: &mut Scope,
+) -> anyhow::Result<NodeId> {
+    if b.all_tokens && b.reserve_target {
+        bail!(
+            "BST: output_all_token_embeddings without target features and with reserve_target_position: \
+             EasyRec's attention mask then holds one position more than the sequence, which it cannot run"
+        );
+    }
+    let spec = &b.encoder;
+    let mut rows = g.unfold(x, n);
+    if d != spec.hidden {
+        rows = s.layer(
+            g,
+            rows,
+            &format!("{name}/seq_project"),
+            spec.hidden,
+            Kernel::DENSE,
+            Activation::Relu,
+        );
+    }
+    let seq = g.fold(rows, n);
+    let post = (spec.init_range, spec.hidden_dropout);
+    let rows = crate::model::builders::transformer::embedding_postprocessor(g, s, (seq, n), (name, name), post);
+    let mask = g.prefix_mask(len, n);
+    let out = crate::model::builders::transformer::encoder(
+        g,
+        s,
+        rows,
+        Keys::Mask(mask),
+        spec,
+        &format!("{name}/transformer"),
+    );
+    let out = g.fold(out, n);
     Ok(if b.all_tokens {
         out
     } else {
@@ -331,6 +383,55 @@ pub(in crate::model::builders::backbone) fn keras(
             Val::T(if *need_target { g.concat(&[out, query]) } else { out })
         }
         Keras::Bst(b) => Val::T(bst(&v, b, name, g, s)?),
+        Keras::SeqAugment { aug, vector_mask } => {
+            let SeqIn { x, n, d, len, .. } = seq_of(&v, None, g).context("SeqAugment")?;
+            let init = if *vector_mask {
+                Init::GlorotUniformVector
+            } else {
+                Init::GlorotUniform
+            };
+            let mask = s.params.add(&format!("{name}/mask"), 1, d, init, false, s.rng);
+            let y = g.seq_augment(x, len, (&*s.params, mask), *aug);
+            let seq = g.slice(y, 0, n * d);
+            let len = g.slice(y, n * d, 1);
+            Val::L(vec![Val::S { x: seq, n, d }, Val::T(len)])
+        }
+        Keras::AuxiliaryLoss { loss, weight } => {
+            let pair = match &v {
+                Val::L(items) if items.len() == 2 => items,
+                other => bail!(
+                    "AuxiliaryLoss takes a list of two (merge_inputs_into_list), got {}",
+                    other.describe(g)
+                ),
+            };
+            let a = tensor(&pair[0], g).context("AuxiliaryLoss")?;
+            let c = tensor(&pair[1], g).context("AuxiliaryLoss")?;
+            if g.width(a) != g.width(c) {
+                bail!(
+                    "AuxiliaryLoss: its inputs are {} and {} wide; they must match",
+                    g.width(a),
+                    g.width(c)
+                );
+            }
+            let Some(loss) = loss else {
+                return Ok(Val::T(g.zeros(a, 1)));
+            };
+            let node = match loss {
+                AuxLoss::L2 => {
+                    let diff = g.sub(a, c);
+                    let sq = g.mul(diff, diff);
+                    g.row_sum(sq)
+                }
+                AuxLoss::Contrast(kind) => g.contrastive(a, c, *kind),
+            };
+            g.penalty(
+                &format!("{name}_{}", loss.suffix()),
+                node,
+                Reduce::UnweightedMean,
+                *weight,
+            );
+            Val::T(node)
+        }
         Keras::TextCnn {
             filter_sizes,
             num_filters,

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use crate::config::model::encoder::{EncoderFields, EncoderSpec};
 use crate::config::model::layers::{activation, mlp, text_cnn_filters, Activation, Mlp};
 use crate::config::{proto, ConfigError};
+use crate::model::graph::augment::Augment;
+use crate::model::graph::Contrast;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Keras {
@@ -145,6 +147,23 @@ pub enum Keras {
     },
     /// EasyRec's BST layer over a sequence input `(seq, len, target)`.
     Bst(BstLayer),
+    /// CL4SRec's augmentation of a sequence input `(seq, len, ...)`: out
+    /// comes `(augmented seq, its length)`, drawn anew on every call in
+    /// training, the sequence as it is otherwise (`graph::augment`).
+    /// `SeqAugmentOps` is EasyRec's compiled op of the same augmentation,
+    /// whose mask embedding is a vector (`vector_mask`: its initializer's
+    /// fans).
+    SeqAugment {
+        aug: Augment,
+        vector_mask: bool,
+    },
+    /// EasyRec's AuxiliaryLoss over a list of two: `loss` between them
+    /// added to the model's loss, times `weight`, named `<block>_<kind>`
+    /// as in EasyRec's loss dict; none for a loss type EasyRec ignores.
+    AuxiliaryLoss {
+        loss: Option<AuxLoss>,
+        weight: f32,
+    },
     /// EasyRec's TextCNN layer over a sequence input (`(seq, len, ...)`):
     /// the sequence padded or cut to `pad` positions, Keras' Conv1D (valid
     /// padding, `activation`) per filter size, each max-pooled over time,
@@ -164,6 +183,26 @@ pub enum Keras {
         input_layer_norm: bool,
         mlp: Option<Mlp>,
     },
+}
+
+/// The losses EasyRec's AuxiliaryLoss layer computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AuxLoss {
+    /// `l2_loss`: the mean over the batch of the squared distance.
+    L2,
+    /// `nce_loss` and `info_nce` (`Op::Contrastive`).
+    Contrast(Contrast),
+}
+
+impl AuxLoss {
+    /// EasyRec's suffix of the loss's name.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            AuxLoss::L2 => "l2_loss",
+            AuxLoss::Contrast(Contrast::Nce { .. }) => "nce_loss",
+            AuxLoss::Contrast(Contrast::InfoNce { .. }) => "info_nce_loss",
+        }
+    }
 }
 
 /// A SENet's `reduction_ratio`, `num_squeeze_group`,
@@ -188,6 +227,10 @@ pub struct BstLayer {
     pub encoder: EncoderSpec,
     pub max_position: usize,
     pub all_tokens: bool,
+    /// `reserve_target_position`: without target features, whether
+    /// EasyRec's attention mask keeps a position for one (which it can
+    /// only run when out comes the head position alone).
+    pub reserve_target: bool,
 }
 
 fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError> {
@@ -230,6 +273,7 @@ fn bst_layer(b: &proto::BstEncoder, path: &str) -> Result<BstLayer, ConfigError>
         encoder: fields.spec(path, "")?,
         max_position: b.max_position_embeddings as usize,
         all_tokens: b.output_all_token_embeddings,
+        reserve_target: b.reserve_target_position,
     })
 }
 
@@ -419,7 +463,7 @@ impl StParams<'_> {
 }
 
 const SUPPORTED_LAYERS: &str =
-    "MLP, PPNet, AITMTower, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding, DIN, BST, TextCNN";
+    "MLP, PPNet, AITMTower, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding, DIN, BST, TextCNN, SeqAugment, SeqAugmentOps, AuxiliaryLoss";
 
 pub fn parse(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -694,6 +738,65 @@ pub fn parse(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 return Err(takes("`bst { hidden_size: ... }`"));
             };
             Keras::Bst(bst_layer(b, &format!("{path}.bst"))?)
+        }
+        "SeqAugment" | "SeqAugmentOps" => {
+            let default = proto::SequenceAugment::default();
+            let a = match &k.params {
+                Some(Params::SeqAug(a)) => a,
+                None => &default,
+                Some(_) => return Err(takes("`seq_aug { mask_rate: ... crop_rate: ... reorder_rate: ... }`")),
+            };
+            let at = format!("{path}.seq_aug");
+            for (field, rate) in [
+                ("mask_rate", a.mask_rate),
+                ("crop_rate", a.crop_rate),
+                ("reorder_rate", a.reorder_rate),
+            ] {
+                if !(0.0..=1.0).contains(&rate) {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.{field}"),
+                        format!("{rate} is not a share between 0 and 1"),
+                    ));
+                }
+            }
+            Keras::SeqAugment {
+                aug: Augment {
+                    crop: a.crop_rate,
+                    mask: a.mask_rate,
+                    reorder: a.reorder_rate,
+                },
+                vector_mask: class == "SeqAugmentOps",
+            }
+        }
+        "AuxiliaryLoss" => {
+            params_for("st_params")?;
+            st.check_keys(&["loss_type", "loss_weight", "temperature"], class)?;
+            let kind = st
+                .string("loss_type")?
+                .ok_or_else(|| ConfigError::invalid(&st.path, "AuxiliaryLoss needs `loss_type`"))?;
+            let t = st.number("temperature")?.unwrap_or(0.1) as f32;
+            if t <= 0.0 || !t.is_finite() {
+                return Err(ConfigError::invalid(
+                    format!("{}.temperature", st.path),
+                    format!("{t} is not a positive temperature"),
+                ));
+            }
+            let loss = match kind {
+                "l2_loss" => Some(AuxLoss::L2),
+                "nce_loss" => Some(AuxLoss::Contrast(Contrast::Nce { t })),
+                "info_nce" => Some(AuxLoss::Contrast(Contrast::InfoNce { t })),
+                other => {
+                    log::warn!(
+                        "{}.loss_type: `{other}` is none of l2_loss, nce_loss, info_nce; EasyRec's AuxiliaryLoss adds no loss for it, nor does this",
+                        st.path
+                    );
+                    None
+                }
+            };
+            Keras::AuxiliaryLoss {
+                loss,
+                weight: st.number("loss_weight")?.unwrap_or(1.0) as f32,
+            }
         }
         "TextCNN" => {
             let Some(Params::TextCnn(t)) = &k.params else {
