@@ -104,6 +104,14 @@ impl DataPlan {
                 "training needs a label field",
             ));
         }
+        // EasyRec splits a label of label_dim > 1 by its label_sep into a
+        // vector (a multi-class distillation's soft labels).
+        if let Some((i, d)) = data.label_dim.iter().enumerate().find(|(_, d)| **d > 1) {
+            return Err(ConfigError::unsupported(
+                format!("data_config.label_dim[{i}]"),
+                format!("a label of {d} values per row"),
+            ));
+        }
         let fields = input_fields(data)?;
         let sample_weight = data.sample_weight.clone().filter(|w| !w.is_empty());
         if let Some(w) = sample_weight.as_deref() {
