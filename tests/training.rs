@@ -202,6 +202,7 @@ model_config { model_class: "DeepFM"
         "RankModel with a DIN layer and Dice" => common::models::DIN_LAYER,
         "RankModel with a BST layer" => common::models::BST_LAYER,
         "CL4SRec with a BST package" => common::models::CL4SREC,
+        "RankModel with contrastive item towers" => common::models::CONTRASTIVE,
         "CMBF" => common::models::CMBF,
         "Uniter" => common::models::UNITER,
         "DropoutNet" => common::models::DROPOUTNET,
@@ -280,7 +281,11 @@ model_config { model_class: "MultiTowerBST"
 /// Networks for the CPU executor against burn's reference, each with a
 /// different wiring of its head, interaction, activation, batch norm or
 /// dropout; together they use every op the builders emit.
-const EXECUTOR_VARIANTS: [(&str, &str); 57] = [
+const EXECUTOR_VARIANTS: [(&str, &str); 58] = [
+    (
+        "Contrastive item towers: an input layer's dropout, reset_input, info_nce",
+        common::models::CONTRASTIVE,
+    ),
     (
         "CL4SRec: backbone packages, sequence augmentation and a contrastive loss",
         common::models::CL4SREC,
@@ -1218,6 +1223,43 @@ fn package_runs_share_their_variables_and_the_auxiliary_loss_trains() {
     plain.model.graph.penalties.clear();
     let without = plain.loss_and_grads(&batch, &inputs).loss;
     assert!(g.loss - without > 0.01, "{} vs {without}", g.loss);
+}
+
+/// EasyRec's contrastive-learning example: the item package's input layer
+/// drops out in the two runs of the loss (which runs first, read by the
+/// top block only to order it) and not in the top block's run, reset to no
+/// dropout; the info_nce loss joins the loss at its weight.
+#[test]
+fn reset_input_changes_a_packages_input_layer_from_that_run_on() {
+    use rustrec::model::graph::Op;
+    let dir = tempfile::tempdir().unwrap();
+    let t = trainer(dir.path(), "RankModel with contrastive item towers");
+    let graph = &t.model.graph;
+    let dropouts: Vec<usize> = (0..graph.nodes.len())
+        .filter(|i| matches!(graph.nodes[*i].op, Op::Dropout { rate, .. } if rate == 0.1))
+        .collect();
+    assert_eq!(
+        dropouts.len(),
+        2,
+        "the loss's two runs drop out, the top block's does not"
+    );
+    let loss = graph
+        .nodes
+        .iter()
+        .position(|n| matches!(n.op, Op::Contrastive { .. }))
+        .unwrap();
+    assert!(dropouts.iter().all(|d| *d < loss), "both runs feed the loss");
+    let p = graph
+        .penalties
+        .iter()
+        .find(|p| p.name == "contrastive_learning_info_nce_loss");
+    assert_eq!(p.map(|p| p.weight), Some(0.05), "{:?}", graph.penalties);
+    let names: Vec<&str> = t.model.params.specs.iter().map(|s| s.name.as_str()).collect();
+    let encoders = names.iter().filter(|n| n.starts_with("item_encoder/")).count();
+    assert!(
+        encoders > 0 && encoders == names.iter().filter(|n| n.starts_with("user_tower/")).count(),
+        "{names:?}"
+    );
 }
 
 /// `--skip_nonfinite_batches`: a batch whose gradient is not finite (an

@@ -491,10 +491,7 @@ fn try_config(path: &Path, dir: &Path) -> Outcome {
         let summary = trainer.run()?;
         // A dead_line already past ends training after its first step, as
         // EasyRec's hook checks it after each step.
-        let past = plan
-            .train
-            .dead_line
-            .is_some_and(|d| d < chrono::Utc::now().timestamp());
+        let past = plan.train.dead_line.is_some_and(|d| d < chrono::Utc::now().timestamp());
         let steps = if past { 1 } else { 3 };
         anyhow::ensure!(trainer.step == steps, "trained to step {}, not {steps}", trainer.step);
         anyhow::ensure!(summary.last_loss.is_finite(), "loss {}", summary.last_loss);

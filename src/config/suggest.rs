@@ -26,7 +26,6 @@ const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
             "multi_head_attention",
             "nary_dis_embedding",
             "overlap",
-            "seq_aug",
             "text_encoder",
             "transformer",
         ],
@@ -143,14 +142,14 @@ mod tests {
             "blocks".into(),
             "keras_layer".into(),
         ];
-        let m = unknown_field_message("seq_aug", &path, "protos.KerasLayer", &[]);
+        let m = unknown_field_message("transformer", &path, "protos.KerasLayer", &[]);
         assert_eq!(
             m,
-            "`model_config.backbone.blocks.keras_layer.seq_aug` is an EasyRec option that is not supported by this trainer"
+            "`model_config.backbone.blocks.keras_layer.transformer` is an EasyRec option that is not supported by this trainer"
         );
         // The same name in another message is not EasyRec's.
-        let m = unknown_field_message("seq_aug", &["train_config".to_string()], "protos.TrainConfig", &[]);
-        assert!(m.starts_with("unknown field `seq_aug`"), "{m}");
+        let m = unknown_field_message("transformer", &["train_config".to_string()], "protos.TrainConfig", &[]);
+        assert!(m.starts_with("unknown field `transformer`"), "{m}");
         assert!(easyrec_only_enum_value("EUCLID", "simi_func", "protos.Similarity").is_some());
         assert!(easyrec_only_enum_value("EUCLIDEAN", "simi_func", "protos.Similarity").is_none());
     }

@@ -313,6 +313,32 @@ model_config { model_class: "RankModel"
   }
   model_params { } }"#;
 
+/// EasyRec's contrastive-learning example in small: an item-tower package
+/// (an input layer with dropout, then an MLP) run twice for an info_nce
+/// auxiliary loss, and once more, its input layer reset to no dropout,
+/// beside the user tower; the loss block is read only to run first
+/// (`ignore_input`).
+pub const CONTRASTIVE: &str = r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "c3", "d2"] }
+  backbone {
+    blocks { name: "user_tower" inputs { feature_group_name: "user" } keras_layer { class_name: "MLP" mlp { hidden_units: [6, 4] } } }
+    packages { name: "item_tower"
+      blocks { name: "item" inputs { feature_group_name: "item" } input_layer { dropout_rate: 0.1 } }
+      blocks { name: "item_encoder" inputs { block_name: "item" } keras_layer { class_name: "MLP" mlp { hidden_units: [6, 4] } } } }
+    blocks { name: "contrastive_learning" inputs { package_name: "item_tower" } inputs { package_name: "item_tower" }
+      merge_inputs_into_list: true
+      keras_layer { class_name: "AuxiliaryLoss" st_params {
+        fields { key: "loss_type" value { string_value: "info_nce" } }
+        fields { key: "loss_weight" value { number_value: 0.05 } }
+        fields { key: "temperature" value { number_value: 0.5 } } } } }
+    blocks { name: "top_mlp" inputs { block_name: "contrastive_learning" ignore_input: true } inputs { block_name: "user_tower" }
+      inputs { package_name: "item_tower" reset_input { } }
+      keras_layer { class_name: "MLP" mlp { hidden_units: [4] } } }
+    concat_blocks: "top_mlp"
+  }
+  model_params { l2_regularization: 1e-4 } }"#;
+
 /// DropoutNet: content and (row-dropped) preference groups per side, its
 /// losses list of sigmoid cross entropy and the pairwise loss.
 pub const DROPOUTNET: &str = r#"model_config { model_class: "DropoutNet"
@@ -361,6 +387,7 @@ model_config { model_class: "MultiTowerDIN"
 
 pub const MODELS: &[(&str, &str)] = &[
     ("CL4SRec", CL4SREC),
+    ("Contrastive item towers", CONTRASTIVE),
     (
         "DSSM",
         r#"model_config { model_class: "DSSM"

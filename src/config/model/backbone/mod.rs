@@ -95,6 +95,9 @@ impl Block {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockInput {
     pub source: Source,
+    /// `ignore_input`: read (a package run all the same) but left out of
+    /// the block's inputs; the block still runs after it.
+    pub ignore: bool,
     /// `input_slice` then `input_fn`.
     pub slice: Option<Expr>,
     pub input_fn: Option<Expr>,
@@ -108,10 +111,12 @@ pub enum Source {
     /// A block of the backbone, read from inside a package.
     Outer(String),
     /// Package `name` run on `input`: a block beside the reader, or
-    /// another package run on nothing.
+    /// another package run on nothing; with `reset`, its input layers
+    /// follow that config from this run on (EasyRec's `reset_input`).
     Package {
         name: String,
         input: Option<String>,
+        reset: Option<InputLayer>,
     },
     /// The value a package runs on (`use_package_input`).
     PackageInput,
@@ -158,11 +163,14 @@ pub enum Layer {
 
 /// A feature group's input layer: what it outputs, and whether it batch
 /// normalises its features first (`do_batch_norm`: the tensor by one batch
-/// norm, the features of the list by another, as EasyRec's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// norm, the features of the list by another, as EasyRec's), then drops
+/// out in training (`dropout_rate`: the tensor, and each listed feature
+/// apart where a list is output).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct InputLayer {
     pub mode: InputMode,
     pub batch_norm: bool,
+    pub dropout: f32,
 }
 
 impl InputLayer {
@@ -170,6 +178,7 @@ impl InputLayer {
     pub const TENSOR: InputLayer = InputLayer {
         mode: InputMode::Tensor,
         batch_norm: false,
+        dropout: 0.0,
     };
 }
 
@@ -259,9 +268,8 @@ pub fn expr(text: &str, path: &str, slice: bool) -> Result<Expr, ConfigError> {
 }
 
 fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigError> {
-    let refused: [(&str, bool); 4] = [
+    let refused: [(&str, bool); 3] = [
         ("do_layer_norm", l.do_layer_norm()),
-        ("dropout_rate", l.dropout_rate() > 0.0),
         ("feature_dropout_rate", l.feature_dropout_rate() > 0.0),
         (
             "concat_seq_feature",
@@ -282,6 +290,7 @@ fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigEr
         return Ok(InputLayer {
             mode: InputMode::SeqAndNormal,
             batch_norm: false,
+            dropout: 0.0,
         });
     }
     let mode = if l.only_output_feature_list() {
@@ -293,9 +302,12 @@ fn input_layer(l: &proto::InputLayer, path: &str) -> Result<InputLayer, ConfigEr
     } else {
         InputMode::Tensor
     };
+    // EasyRec drops out only at a rate strictly between 0 and 1.
+    let rate = l.dropout_rate();
     Ok(InputLayer {
         mode,
         batch_norm: l.do_batch_norm(),
+        dropout: if 0.0 < rate && rate < 1.0 { rate } else { 0.0 },
     })
 }
 
@@ -584,7 +596,7 @@ fn resolve(blocks: &mut Vec<Block>, reach: &Reach, dag: &mut Dag, path: &str) ->
                     }
                     continue;
                 }
-                Source::Package { name, input } => {
+                Source::Package { name, input, .. } => {
                     if !reach.packages.contains(name) {
                         return Err(bad(
                             &blk.name,
@@ -625,6 +637,7 @@ fn resolve(blocks: &mut Vec<Block>, reach: &Reach, dag: &mut Dag, path: &str) ->
                         name: name.clone(),
                         inputs: vec![BlockInput {
                             source: Source::Group(name.clone()),
+                            ignore: false,
                             slice: None,
                             input_fn: None,
                         }],
@@ -692,7 +705,7 @@ fn package_cycles(packages: &[Package], path: &str) -> Result<(), ConfigError> {
             .iter()
             .flat_map(|b| &b.inputs)
             .flat_map(|i| match &i.source {
-                Source::Package { name, input } => {
+                Source::Package { name, input, .. } => {
                     let mut v = vec![name.as_str()];
                     v.extend(input.as_deref());
                     v
@@ -797,7 +810,7 @@ fn topological(blocks: Vec<Block>, dag: &Dag, path: &str) -> Result<Vec<Block>, 
     Ok(order.into_iter().filter_map(|i| slots.remove(&dag.nodes[i])).collect())
 }
 
-/// A block's inputs, in order, less those marked ignore_input.
+/// A block's inputs, in order (those marked ignore_input too).
 fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, ConfigError> {
     let mut inputs = Vec::new();
     for (j, inp) in blk.inputs.iter().enumerate() {
@@ -809,6 +822,11 @@ fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, Conf
             Some(Name::PackageName(p)) => Source::Package {
                 name: p.clone(),
                 input: inp.package_input.clone(),
+                reset: inp
+                    .reset_input
+                    .as_ref()
+                    .map(|r| input_layer(r, &format!("{ipath}.reset_input")))
+                    .transpose()?,
             },
             Some(Name::UsePackageInput(true)) => Source::PackageInput,
             Some(Name::UsePackageInput(false)) => {
@@ -828,27 +846,18 @@ fn block_inputs(blk: &proto::Block, bpath: &str) -> Result<Vec<BlockInput>, Conf
         if inp.package_input.is_some() && !is_package {
             log::warn!("{ipath}.package_input: read only with package_name; ignored, as EasyRec ignores it");
         }
-        for (field, set, what) in [
-            (
-                "reset_input",
-                inp.reset_input.is_some(),
-                "resetting a package's input layers",
-            ),
-            (
-                "package_input_fn",
-                inp.package_input_fn.is_some(),
+        if inp.package_input_fn.is_some() && is_package {
+            return Err(ConfigError::unsupported(
+                format!("{ipath}.package_input_fn"),
                 "a Python function over a package's input",
-            ),
-        ] {
-            if set && is_package {
-                return Err(ConfigError::unsupported(format!("{ipath}.{field}"), what));
-            }
+            ));
         }
-        if inp.ignore_input() {
-            continue;
+        if inp.reset_input.is_some() && !is_package {
+            log::warn!("{ipath}.reset_input: read only with package_name; ignored, as EasyRec ignores it");
         }
         inputs.push(BlockInput {
             source,
+            ignore: inp.ignore_input(),
             slice: inp
                 .input_slice
                 .as_deref()
@@ -875,6 +884,7 @@ mod tests {
                 .iter()
                 .map(|r| BlockInput {
                     source: Source::Block(r.to_string()),
+                    ignore: false,
                     slice: None,
                     input_fn: None,
                 })
@@ -1018,11 +1028,22 @@ mod tests {
         };
         let mut b = tower(vec![
             keras_block("user_seq", vec![input("seq", true)], "Add"),
-            keras_block("contrastive", vec![run("enc", Some("aug")), run("enc", Some("aug"))], "Add"),
-            keras_block("main", vec![run("enc", Some("user_seq")), input("user", true), input("item", true)], "Add"),
+            keras_block(
+                "contrastive",
+                vec![run("enc", Some("aug")), run("enc", Some("aug"))],
+                "Add",
+            ),
+            keras_block(
+                "main",
+                vec![run("enc", Some("user_seq")), input("user", true), input("item", true)],
+                "Add",
+            ),
         ]);
         b.packages = vec![
-            package("aug", vec![keras_block("augment", vec![input("user_seq", false)], "Add")]),
+            package(
+                "aug",
+                vec![keras_block("augment", vec![input("user_seq", false)], "Add")],
+            ),
             package("enc", vec![keras_block("BST", vec![own], "Add")]),
         ];
         b.concat_blocks = vec!["main".into()];
@@ -1051,7 +1072,10 @@ mod tests {
         refused(b, "reads package `nope`, which packages do not define");
         let mut b = cl4srec();
         b.blocks[2].inputs[0] = run("enc", Some("nope"));
-        refused(b, "runs package `enc` on `nope`, which is neither a block beside it nor a package");
+        refused(
+            b,
+            "runs package `enc` on `nope`, which is neither a block beside it nor a package",
+        );
         let mut b = cl4srec();
         b.blocks[2].inputs[0] = b.packages[1].blocks[0].inputs[0].clone();
         refused(b, "reads use_package_input outside a package");
@@ -1059,8 +1083,11 @@ mod tests {
         b.packages[1].blocks[0].inputs.push(run("enc", None));
         refused(b, "package `enc` runs itself");
         let mut b = cl4srec();
-        b.blocks[2].inputs[0].reset_input = Some(Default::default());
-        refused(b, "backbone.blocks[2].inputs[0].reset_input: resetting a package's input layers is not supported");
+        b.blocks[2].inputs[0].package_input_fn = Some("lambda x: x".into());
+        refused(
+            b,
+            "backbone.blocks[2].inputs[0].package_input_fn: a Python function over a package's input is not supported",
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod keras;
 mod value;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use anyhow::{bail, Context};
@@ -104,6 +105,9 @@ struct Env<'a> {
     b: &'a Backbone,
     groups: &'a [GroupLayout],
     xs: &'a [NodeId],
+    /// The input-layer config a package's runs follow since a run with
+    /// `reset_input` (EasyRec keeps it on the package).
+    resets: RefCell<HashMap<String, InputLayer>>,
 }
 
 /// The values of blocks built so far, by name.
@@ -115,8 +119,13 @@ const MAX_PACKAGE_DEPTH: usize = 32;
 /// The backbone's output: its output blocks and top MLP.
 fn body(b: &Backbone, groups: &[GroupLayout], xs: &[NodeId], g: &mut Graph, s: &mut Scope) -> anyhow::Result<Val> {
     let first = (s.params.specs.len(), s.buffers.specs.len());
-    let env = Env { b, groups, xs };
-    let outs = run_blocks(&env, &b.blocks, (None, None), 0, g, s)?;
+    let env = Env {
+        b,
+        groups,
+        xs,
+        resets: RefCell::default(),
+    };
+    let outs = run_blocks(&env, &b.blocks, (None, None, None), 0, g, s)?;
     let blocks_end = (s.params.specs.len(), s.buffers.specs.len());
     let mut out = output(&b.output, b.output_as_list, &outs, g).context("backbone concat_blocks")?;
     if let Some(m) = &b.top_mlp {
@@ -177,19 +186,21 @@ fn name_071(name: &str, in_blocks: bool, dice: &mut usize) -> String {
     }
 }
 
-/// Builds `blocks` in order: the backbone's (`main` none) or a package's,
-/// `main` then being the backbone's values and `input` the package's.
+/// Builds `blocks` in order: the backbone's (`main` none) or package
+/// `package`'s, `main` then being the backbone's values and `input` the
+/// package's.
 fn run_blocks(
     env: &Env,
     blocks: &[Block],
-    (main, input): (Option<&Outs>, Option<&Val>),
+    (main, input, package): (Option<&Outs>, Option<&Val>, Option<&str>),
     depth: usize,
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<Outs> {
     let mut outs = Outs::new();
     for blk in blocks {
-        let v = block(env, blk, (&outs, main, input), depth, g, s)
+        let reset = package.and_then(|p| env.resets.borrow().get(p).copied());
+        let v = block(env, blk, (&outs, main, input), (depth, reset), g, s)
             .with_context(|| format!("backbone block `{}`", blk.name))?;
         outs.insert(blk.name.clone(), v);
     }
@@ -230,7 +241,10 @@ fn source(
         Source::PackageInput => input
             .cloned()
             .context("use_package_input in a package run without a package_input"),
-        Source::Package { name, input: on } => {
+        Source::Package { name, input: on, reset } => {
+            if let Some(r) = reset {
+                env.resets.borrow_mut().insert(name.clone(), *r);
+            }
             let backbone = main.unwrap_or(outs);
             let arg = match on {
                 None => None,
@@ -266,21 +280,24 @@ fn package(
         .with_context(|| format!("no package `{name}`"))?;
     let reuse = (s.params.reuse, s.buffers.reuse);
     (s.params.reuse, s.buffers.reuse) = (true, true);
-    let outs = run_blocks(env, &p.blocks, (Some(main), input), depth + 1, g, s);
+    let outs = run_blocks(env, &p.blocks, (Some(main), input, Some(name)), depth + 1, g, s);
     (s.params.reuse, s.buffers.reuse) = reuse;
     let outs = outs.with_context(|| format!("package `{name}`"))?;
     output(&p.output, p.output_as_list, &outs, g).with_context(|| format!("package `{name}`'s output"))
 }
 
+/// Builds block `blk`; its input layer follows `reset` when given (its
+/// package's `reset_input`).
 fn block(
     env: &Env,
     blk: &Block,
     at: (&Outs, Option<&Outs>, Option<&Val>),
-    depth: usize,
+    (depth, reset): (usize, Option<InputLayer>),
     g: &mut Graph,
     s: &mut Scope,
 ) -> anyhow::Result<Val> {
     if let Some(il) = blk.input_layer() {
+        let il = reset.unwrap_or(il);
         let Source::Group(name) = &blk.inputs[0].source else {
             unreachable!("typed as a group input")
         };
@@ -299,6 +316,9 @@ fn block(
             Source::Group(_) => unreachable!("group inputs resolve to input-layer blocks"),
         };
         let mut v = source(env, &inp.source, at, depth, g, s)?;
+        if inp.ignore {
+            continue;
+        }
         if let Some(e) = inp.slice {
             v = apply(e, v, g).with_context(|| format!("input_slice of `{name}`"))?;
         }
@@ -383,11 +403,19 @@ fn input_layer(
         InputMode::Tensor | InputMode::TensorAndList => norm(g, s, "batch_normalization"),
         _ => x,
     };
+    // `dropout_rate`: each listed feature apart, and the tensor.
     let list = |g: &mut Graph| -> Vec<NodeId> {
         l.feature_columns()
             .into_iter()
-            .map(|(col, width)| g.slice(listed, col, width))
+            .map(|(col, width)| {
+                let f = g.slice(listed, col, width);
+                g.dropout(f, il.dropout)
+            })
             .collect()
+    };
+    let x = match mode {
+        InputMode::Tensor | InputMode::TensorAndList => g.dropout(x, il.dropout),
+        _ => x,
     };
     Ok(match mode {
         InputMode::SeqAndNormal => seq_input(l, x, g)?,
