@@ -1262,6 +1262,45 @@ fn reset_input_changes_a_packages_input_layer_from_that_run_on() {
     );
 }
 
+/// A package whose runs would need variables of another shape (an MLP
+/// package run on inputs of two widths) is refused naming the variable,
+/// as EasyRec's reused variable cannot take the second shape either.
+#[test]
+fn a_package_run_on_inputs_of_another_width_is_refused() {
+    let block = r#"model_config { model_class: "RankModel"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "c3", "d2"] }
+  backbone {
+    packages { name: "tower"
+      blocks { name: "mlp" inputs { use_package_input: true } keras_layer { class_name: "MLP" mlp { hidden_units: [4] } } } }
+    blocks { name: "u" inputs { feature_group_name: "user" } }
+    blocks { name: "i" inputs { feature_group_name: "item" } }
+    blocks { name: "both" inputs { package_name: "tower" package_input: "u" } inputs { package_name: "tower" package_input: "i" } }
+    concat_blocks: "both"
+  }
+  model_params { } }"#;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.csv");
+    write_data(&data, 16, 5);
+    let text = COMMON
+        .replace("DATA", data.to_str().unwrap())
+        .replace("MODEL_DIR", dir.path().join("model").to_str().unwrap())
+        + block;
+    let cfg = dir.path().join("p.config");
+    std::fs::write(&cfg, text).unwrap();
+    let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+    let e = Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap())
+        .err()
+        .expect("refused");
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains(
+            "package `tower` runs on an input of another shape than before: its variable `mlp/layer_0/dense/kernel`"
+        ),
+        "{msg}"
+    );
+}
+
 /// `--skip_nonfinite_batches`: a batch whose gradient is not finite (an
 /// infinite raw value, which the readers refuse but a bad batch can hold)
 /// leaves every parameter as it was and moves the step on, while the

@@ -68,13 +68,12 @@ impl ParamStore {
     /// Adds a `[rows, cols]` parameter; returns its index.
     pub fn add(&mut self, name: &str, rows: usize, cols: usize, init: Init, l2: bool, rng: &mut Rng) -> usize {
         if self.reuse {
-            if let Some(i) = self.by_name(name) {
-                let s = &self.specs[i];
-                assert_eq!(
-                    (s.rows, s.cols),
-                    (rows, cols),
-                    "parameter `{name}` called again with another shape"
-                );
+            // Of another shape, a second parameter of the name is added:
+            // the builder reusing names refuses it (`reused_with_new_shape`).
+            if let Some(i) = self
+                .by_name(name)
+                .filter(|&i| (self.specs[i].rows, self.specs[i].cols) == (rows, cols))
+            {
                 return i;
             }
         }
@@ -118,6 +117,15 @@ impl ParamStore {
             l2,
         });
         self.specs.len() - 1
+    }
+
+    /// A parameter added from `from` on under a name an earlier one has
+    /// (with another shape, which `reuse` does not share): its name.
+    pub fn reused_with_new_shape(&self, from: usize) -> Option<&ParamSpec> {
+        self.specs
+            .iter()
+            .skip(from)
+            .find(|s| self.specs[..from].iter().any(|e| e.name == s.name))
     }
 
     pub fn slice(&self, i: usize) -> &[f32] {

@@ -279,10 +279,23 @@ fn package(
         .find(|p| p.name == name)
         .with_context(|| format!("no package `{name}`"))?;
     let reuse = (s.params.reuse, s.buffers.reuse);
+    let before = (s.params.specs.len(), s.buffers.specs.len());
     (s.params.reuse, s.buffers.reuse) = (true, true);
     let outs = run_blocks(env, &p.blocks, (Some(main), input, Some(name)), depth + 1, g, s);
     (s.params.reuse, s.buffers.reuse) = reuse;
     let outs = outs.with_context(|| format!("package `{name}`"))?;
+    let again = s
+        .params
+        .reused_with_new_shape(before.0)
+        .or_else(|| s.buffers.reused_with_new_shape(before.1));
+    if let Some(v) = again {
+        bail!(
+            "package `{name}` runs on an input of another shape than before: its variable `{}` would be {}x{} here",
+            v.name,
+            v.rows,
+            v.cols
+        );
+    }
     output(&p.output, p.output_as_list, &outs, g).with_context(|| format!("package `{name}`'s output"))
 }
 
