@@ -111,6 +111,10 @@ pub(in crate::model::builders::backbone) fn numeric_out(
 }
 
 /// EasyRec's BST Keras layer (`Keras::Bst`) over `(seq, len, target)`.
+/// Without target features (CL4SRec's encoder) the positions go alone,
+/// masked as EasyRec's additive mask of the row's length does (a row of
+/// none attends to every position alike); out comes the head position's
+/// output, or every position's.
 pub(in crate::model::builders::backbone) fn bst(
     v: &Val,
     b: &BstLayer,
@@ -119,14 +123,16 @@ pub(in crate::model::builders::backbone) fn bst(
     s: &mut Scope,
 ) -> anyhow::Result<NodeId> {
     let SeqIn { x, n, d, len, target } = seq_of(v, Some(b.max_position), g).context("BST")?;
-    let Some(target) = target else {
-        return bst_sequence_alone((x, n, d, len), b, name, g, s);
-    };
-    if g.width(target) != d {
-        bail!(
+    match target {
+        Some(t) if g.width(t) != d => bail!(
             "BST: the sequence is {d} wide and the target features {}; EasyRec needs them equal",
-            g.width(target)
-        );
+            g.width(t)
+        ),
+        None if b.all_tokens && b.reserve_target => bail!(
+            "BST: output_all_token_embeddings without target features and with reserve_target_position: \
+             EasyRec's attention mask then holds one position more than the sequence, which it cannot run"
+        ),
+        _ => {}
     }
     // Projected to the hidden size with ReLU (tf.layers.dense with the
     // block's l2 regularizer) when their width differs.
@@ -142,72 +148,22 @@ pub(in crate::model::builders::backbone) fn bst(
     let rows = g.unfold(x, n);
     let rows = project(g, rows, "seq_project");
     let seq = g.fold(rows, n);
-    let target = project(g, target, "target_project");
-    let all = g.concat(&[target, seq]);
-    let m = n + 1;
+    let (all, m) = match target {
+        Some(t) => {
+            let t = project(g, t, "target_project");
+            (g.concat(&[t, seq]), n + 1)
+        }
+        None => (seq, n),
+    };
     let post = (spec.init_range, spec.hidden_dropout);
     let rows = crate::model::builders::transformer::embedding_postprocessor(g, s, (all, m), (name, name), post);
-    // The target and the row's first `len` positions.
-    let live = g.shift(len, 1.0);
-    let out = crate::model::builders::transformer::encoder(
-        g,
-        s,
-        rows,
-        Keys::Live(live),
-        spec,
-        &format!("{name}/transformer"),
-    );
+    let keys = match target {
+        // The target and the row's first `len` positions.
+        Some(_) => Keys::Live(g.shift(len, 1.0)),
+        None => Keys::Mask(g.prefix_mask(len, n)),
+    };
+    let out = crate::model::builders::transformer::encoder(g, s, rows, keys, spec, &format!("{name}/transformer"));
     let out = g.fold(out, m);
-    Ok(if b.all_tokens {
-        out
-    } else {
-        g.slice(out, 0, spec.hidden)
-    })
-}
-
-/// EasyRec's BST over a sequence without target features (CL4SRec's
-/// encoder): the positions alone (projected when their width differs from
-/// the hidden size), position embeddings, the encoder with EasyRec's
-/// additive mask of the row's length (a row of none attends to every
-/// position alike), then the head position's output, or every position's.
-fn bst_sequence_alone(
-    (x, n, d, len): (NodeId, usize, usize, NodeId),
-    b: &BstLayer,
-    name: &str,
-    g: &mut Graph,
-    s: &mut Scope,
-) -> anyhow::Result<NodeId> {
-    if b.all_tokens && b.reserve_target {
-        bail!(
-            "BST: output_all_token_embeddings without target features and with reserve_target_position: \
-             EasyRec's attention mask then holds one position more than the sequence, which it cannot run"
-        );
-    }
-    let spec = &b.encoder;
-    let mut rows = g.unfold(x, n);
-    if d != spec.hidden {
-        rows = s.layer(
-            g,
-            rows,
-            &format!("{name}/seq_project"),
-            spec.hidden,
-            Kernel::DENSE,
-            Activation::Relu,
-        );
-    }
-    let seq = g.fold(rows, n);
-    let post = (spec.init_range, spec.hidden_dropout);
-    let rows = crate::model::builders::transformer::embedding_postprocessor(g, s, (seq, n), (name, name), post);
-    let mask = g.prefix_mask(len, n);
-    let out = crate::model::builders::transformer::encoder(
-        g,
-        s,
-        rows,
-        Keys::Mask(mask),
-        spec,
-        &format!("{name}/transformer"),
-    );
-    let out = g.fold(out, n);
     Ok(if b.all_tokens {
         out
     } else {
