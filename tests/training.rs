@@ -1174,6 +1174,97 @@ fn every_model_learns_and_a_restored_checkpoint_predicts_the_same() {
     }
 }
 
+/// A multi-class DeepFM distilled from a soft label of five values per row
+/// (`label_dim`, EasyRec's `deepfm_multi_cls_small`): the hard labels say
+/// nothing, the teacher's probabilities put each `c1 % 5` first, and the
+/// student learns the teacher's class, whether the soft label's digits are
+/// split into single bytes (an empty `label_sep`) or by a separator, by
+/// the softmaxes' log loss or their KL divergence.
+#[test]
+fn a_multi_class_task_learns_from_a_soft_label_of_several_values() {
+    for (sep, loss) in [("", "KL_DIVERGENCE_LOSS"), (";", "CROSS_ENTROPY_LOSS")] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data.csv");
+        let mut rows = String::new();
+        let mut teacher = Vec::new();
+        for i in 0..320u64 {
+            // Each id comes with every hard label once in each five rows
+            // (a batch holds whole fives): alone, they leave its classes
+            // even.
+            let c1 = (i / 5) % 20;
+            let class = (c1 % 5) as usize;
+            let soft: Vec<&str> = (0..5)
+                .map(|k| match (k == class, sep.is_empty()) {
+                    (true, true) => "9",
+                    (false, true) => "0",
+                    (true, false) => "0.996",
+                    (false, false) => "0.001",
+                })
+                .collect();
+            rows.push_str(&format!("{},{c1},{}\n", i % 5, soft.join(sep)));
+            teacher.push(class);
+        }
+        std::fs::write(&data, rows).unwrap();
+        let text = format!(
+            r#"train_input_path: "{data}"
+eval_input_path: "{data}"
+model_dir: "{model}"
+train_config {{
+  optimizer_config {{ adam_optimizer {{ learning_rate {{ constant_learning_rate {{ learning_rate: 0.05 }} }} }} }}
+  num_steps: 150
+}}
+eval_config {{ metrics_set {{ accuracy {{}} }} metrics_set {{ recall_at_topk {{ topk: 2 }} }} }}
+data_config {{
+  input_type: CSVInput
+  batch_size: 40
+  num_epochs: 20
+  shuffle: false
+  input_fields {{ input_name: "label" input_type: INT64 }}
+  input_fields {{ input_name: "c1" input_type: STRING }}
+  input_fields {{ input_name: "kd_soft" input_type: STRING }}
+  label_fields: ["label", "kd_soft"]
+  label_dim: [1, 5]
+  label_sep: ["", "{sep}"]
+}}
+feature_configs {{ input_names: "c1" feature_type: IdFeature num_buckets: 20 embedding_dim: 8 }}
+model_config {{ model_class: "DeepFM"
+  feature_groups {{ group_name: "wide" feature_names: ["c1"] wide_deep: WIDE }}
+  feature_groups {{ group_name: "deep" feature_names: ["c1"] wide_deep: DEEP }}
+  deepfm {{ wide_output_dim: 4 dnn {{ hidden_units: [16] }} final_dnn {{ hidden_units: [16] }} }}
+  kd {{ soft_label_name: "kd_soft" pred_name: "logits" loss_type: {loss} loss_weight: 20.0 temperature: 2.0 }}
+  num_class: 5 }}"#,
+            data = data.display(),
+            model = dir.path().join("model").display()
+        );
+        let cfg = dir.path().join("pipeline.config");
+        std::fs::write(&cfg, text).unwrap();
+        let loaded = load_pipeline(&cfg, &Default::default()).unwrap();
+        let mut t = Trainer::new(TrainingPlan::from_config(&loaded.config).unwrap()).unwrap();
+        let batch = first_batch(&t);
+        assert_eq!(batch.labels[1].len(), batch.size * 5, "{loss}: five soft values a row");
+        let paths = t.plan.data.train_paths.clone();
+        let agreeing = |t: &Trainer| {
+            let st = t.evaluate(&paths).unwrap();
+            let probs = &st[0].preds;
+            assert_eq!(probs.len(), teacher.len() * 5);
+            probs
+                .chunks_exact(5)
+                .zip(&teacher)
+                .filter(|(p, &c)| (0..5).all(|k| k == c || p[k] < p[c]))
+                .count() as f64
+                / teacher.len() as f64
+        };
+        let before = agreeing(&t);
+        t.run().unwrap();
+        assert_eq!(t.step, 150);
+        let after = agreeing(&t);
+        assert!(
+            after > 0.8 && after > before + 0.5,
+            "{loss}: the teacher's class first on {before} -> {after} of rows"
+        );
+    }
+}
+
 /// CL4SRec's backbone packages: the encoder package runs three times (on
 /// two augmented views, each from a run of the augment package, and on the
 /// sequence itself) over one set of variables, and the nce loss between

@@ -26,6 +26,11 @@ pub struct DataPlan {
     /// Input columns in file order (CSV) or by name (Parquet).
     pub fields: Vec<InputField>,
     pub label_fields: Vec<String>,
+    /// Per label field, its values per row (`data_config.label_dim`, 1
+    /// where unset) and the separator its text is split by where over 1
+    /// (`label_sep`; empty: into single bytes, as TensorFlow's
+    /// `string_split`).
+    pub label_shapes: Vec<LabelShape>,
     /// `data_config.sample_weight`: the field that weighs each example's
     /// loss (TensorFlow's losses divide the weighted sum by the count of
     /// non-zero weights; a match model's listwise loss by their sum).
@@ -104,15 +109,8 @@ impl DataPlan {
                 "training needs a label field",
             ));
         }
-        // EasyRec splits a label of label_dim > 1 by its label_sep into a
-        // vector (a multi-class distillation's soft labels).
-        if let Some((i, d)) = data.label_dim.iter().enumerate().find(|(_, d)| **d > 1) {
-            return Err(ConfigError::unsupported(
-                format!("data_config.label_dim[{i}]"),
-                format!("a label of {d} values per row"),
-            ));
-        }
         let fields = input_fields(data)?;
+        let label_shapes = label_shapes(data, &fields)?;
         let sample_weight = data.sample_weight.clone().filter(|w| !w.is_empty());
         if let Some(w) = sample_weight.as_deref() {
             match fields.iter().find(|f| f.name == w) {
@@ -139,6 +137,7 @@ impl DataPlan {
             num_epochs: data.num_epochs(),
             fields,
             label_fields: data.label_fields.clone(),
+            label_shapes,
             sample_weight,
             shuffle: data.shuffle(),
             shuffle_buffer_size: data.shuffle_buffer_size().max(1) as usize,
@@ -163,6 +162,77 @@ impl DataPlan {
         }
     }
 }
+
+/// A label field's values per row and, over one, what splits its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelShape {
+    pub dim: usize,
+    pub separator: String,
+}
+
+impl LabelShape {
+    /// One value per row.
+    pub fn scalar() -> Self {
+        LabelShape {
+            dim: 1,
+            separator: String::new(),
+        }
+    }
+}
+
+/// `data_config.label_dim` and `label_sep` per label field. EasyRec splits
+/// a STRING label of `label_dim > 1` by its `label_sep` into that many
+/// values per row (a multi-class distillation's soft labels); other
+/// fields it leaves one value per row, which no `label_dim > 1` can be.
+fn label_shapes(data: &proto::DatasetConfig, fields: &[InputField]) -> Result<Vec<LabelShape>, ConfigError> {
+    if data.label_dim.len() > data.label_fields.len() {
+        return Err(ConfigError::invalid(
+            "data_config.label_dim",
+            format!(
+                "{} entries for {} label_fields",
+                data.label_dim.len(),
+                data.label_fields.len()
+            ),
+        ));
+    }
+    data.label_fields
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let dim = data.label_dim.get(i).copied().unwrap_or(1).max(1) as usize;
+            if dim == 1 {
+                return Ok(LabelShape::scalar());
+            }
+            let path = format!("data_config.label_dim[{i}]");
+            if dim > MAX_LABEL_DIM {
+                return Err(ConfigError::invalid(
+                    path,
+                    format!("{dim} values per row is over the {MAX_LABEL_DIM} a label may have"),
+                ));
+            }
+            match fields.iter().find(|f| f.name == *name) {
+                Some(f) if f.ty != ColumnType::Str => {
+                    return Err(ConfigError::invalid(
+                        path,
+                        format!("{dim} values per row are split from text; `{name}` is not a STRING field"),
+                    ))
+                }
+                _ => {}
+            }
+            let separator = data.label_sep.get(i).cloned().ok_or_else(|| {
+                ConfigError::invalid(
+                    format!("data_config.label_sep[{i}]"),
+                    format!("`{name}` has {dim} values per row and needs the separator between them"),
+                )
+            })?;
+            Ok(LabelShape { dim, separator })
+        })
+        .collect()
+}
+
+/// The most values per row a label may have (`label_dim`): bounds what a
+/// row's split may allocate.
+pub const MAX_LABEL_DIM: usize = 1 << 16;
 
 /// `data_config.input_type` and what it reads with: the binary input's
 /// parts (`binary_parts`, which only CriteoInput reads), separators,

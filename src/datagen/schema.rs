@@ -51,7 +51,19 @@ fn token(rng: &mut Rng, buckets: &Bucketing) -> String {
 
 /// A value for `field` that every feature reading it accepts.
 fn cell(plan: &TrainingPlan, field: &str, ty: ColumnType, rng: &mut Rng) -> Cell {
-    if plan.data.label_fields.iter().any(|l| l == field) {
+    if let Some(l) = plan.data.label_fields.iter().position(|l| l == field) {
+        // A soft label of several values: probabilities, single digits
+        // (tenths) where the separator is empty (split into bytes).
+        if let Some(shape) = plan.data.label_shapes.get(l).filter(|s| s.dim > 1) {
+            let values: Vec<String> = (0..shape.dim)
+                .map(|_| match shape.separator.is_empty() {
+                    true => rng.below(10).to_string(),
+                    false => format!("{:.3}", rng.uniform()),
+                })
+                .collect();
+            let sep = shape.separator.chars().next().map(String::from).unwrap_or_default();
+            return Cell::Str(values.join(&sep));
+        }
         return match ty {
             ColumnType::Float => Cell::Float(rng.below(2) as f64),
             ColumnType::Str => Cell::Str(rng.below(2).to_string()),

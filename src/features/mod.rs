@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Context};
 
+use crate::config::data_plan::LabelShape;
 use crate::config::feature_plan::{Bucketing, FeatureKind, MultiValue, PositionCombiner};
 use crate::config::typed::TrainingPlan;
 use crate::data::{Column, Projection, RawBatch};
@@ -46,7 +47,8 @@ pub enum Encoded {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     pub size: usize,
-    /// One value per row for each of `data_config.label_fields`.
+    /// For each of `data_config.label_fields`, its values row by row: one
+    /// per row, or `label_dim` (a distillation's soft labels).
     pub labels: Vec<Vec<f32>>,
     pub features: Vec<Encoded>,
     /// Hashed `uid_field` per row, when a GAUC metric needs it.
@@ -73,9 +75,12 @@ impl Batch {
 
     /// Marks the last `n` rows as sampled items: they lose their labels.
     pub fn mark_sampled(&mut self, n: usize) {
+        let size = self.size;
         self.sampled = n;
         let rows = self.examples();
-        self.labels.iter_mut().for_each(|l| l.truncate(rows));
+        self.labels
+            .iter_mut()
+            .for_each(|l| l.truncate(rows * (l.len() / size.max(1))));
         if let Some(u) = &mut self.uids {
             u.truncate(rows);
         }
@@ -343,6 +348,8 @@ pub struct Encoder {
     /// must lie in [0, 1]; a multi-class one, so they must be class
     /// indices (whole numbers below the count given).
     label_kinds: Vec<LabelKind>,
+    /// Per label field, its values per row and their separator.
+    label_shapes: Vec<LabelShape>,
     uid_col: Option<usize>,
     /// `ModelPlan::in_batch_item`'s column.
     item_col: Option<usize>,
@@ -551,6 +558,7 @@ impl Encoder {
                     }
                 })
                 .collect(),
+            label_shapes: plan.data.label_shapes.clone(),
             uid_col,
             item_col,
             weight_col,
@@ -593,20 +601,16 @@ impl Encoder {
 
     fn encode_columns(&self, raw: &RawBatch) -> anyhow::Result<Batch> {
         let n = raw.num_rows;
-        let labels = self
+        let scalar = LabelShape::scalar();
+        let mut labels = self
             .label_cols
             .iter()
-            .map(|&c| match &raw.columns[c] {
-                Column::Float(v) => Ok(v.iter().map(|x| *x as f32).collect()),
-                Column::Int(v) => Ok(v.iter().map(|x| *x as f32).collect()),
-                other => bail!(
-                    "label column `{}` holds {} values; it must be numeric",
-                    self.projection.columns[c].name,
-                    other.type_name()
-                ),
+            .enumerate()
+            .map(|(i, &c)| {
+                let shape = self.label_shapes.get(i).unwrap_or(&scalar);
+                label_values(&raw.columns[c], shape, &self.projection.columns[c].name)
             })
             .collect::<anyhow::Result<Vec<Vec<f32>>>>()?;
-        let mut labels = labels;
         for &(a, b) in &self.label_products {
             let product = labels[a].iter().zip(&labels[b]).map(|(x, y)| x * y).collect();
             labels.push(product);
@@ -680,6 +684,53 @@ impl Encoder {
             sampled: 0,
             hard_negatives: Vec::new(),
         })
+    }
+}
+
+/// A label column's values: numbers as they are; text as numbers, as
+/// EasyRec's `string_to_number`, each row split into `shape.dim` of them
+/// where over one (by any character of the separator, empty parts
+/// skipped, or into single bytes by an empty one: TensorFlow's
+/// `string_split`).
+fn label_values(col: &Column, shape: &LabelShape, name: &str) -> anyhow::Result<Vec<f32>> {
+    let number = |t: &str| {
+        t.trim()
+            .parse::<f32>()
+            .with_context(|| format!("label column `{name}` holds `{t}`, which is not a number"))
+    };
+    match col {
+        Column::Float(v) if shape.dim == 1 => Ok(v.iter().map(|x| *x as f32).collect()),
+        Column::Int(v) if shape.dim == 1 => Ok(v.iter().map(|x| *x as f32).collect()),
+        Column::Str(s) if shape.dim == 1 => (0..s.len()).map(|r| number(s.get(r))).collect(),
+        Column::Str(s) => {
+            let mut out = Vec::with_capacity(s.len());
+            for r in 0..s.len() {
+                let text = s.get(r);
+                let before = out.len();
+                if shape.separator.is_empty() {
+                    for k in 0..text.len() {
+                        out.push(number(text.get(k..k + 1).unwrap_or("\u{fffd}"))?);
+                    }
+                } else {
+                    for part in text.split(|c| shape.separator.contains(c)).filter(|p| !p.is_empty()) {
+                        out.push(number(part)?);
+                    }
+                }
+                let got = out.len() - before;
+                if got != shape.dim {
+                    bail!(
+                        "label column `{name}` holds `{text}`: {got} value(s) where data_config.label_dim gives {}",
+                        shape.dim
+                    );
+                }
+            }
+            Ok(out)
+        }
+        other => bail!(
+            "label column `{name}` holds {} values; it must be numbers{}",
+            other.type_name(),
+            if shape.dim > 1 { " split from text" } else { "" }
+        ),
     }
 }
 
@@ -1265,5 +1316,39 @@ mod tests {
         assert_eq!(bucketized_value(0.1, None), 0.1f32);
         assert_eq!(scaled(7.0, Some((5.0, 0.0))), 7.0);
         assert_eq!(scaled(7.0, Some((-3.0, 0.0))), 10.0 / 3.0);
+    }
+
+    /// Labels as EasyRec reads them: text as numbers (`string_to_number`),
+    /// a row of `label_dim` values split by any character of `label_sep`
+    /// (empty parts skipped) or into bytes by an empty one; a row of
+    /// another count, or text that is no number, is named.
+    #[test]
+    fn labels_are_numbers_split_from_text_as_easyrec_splits_them() {
+        use super::{label_values, Column, LabelShape};
+        use crate::data::column::StrColumn;
+        let text = |rows: &[&str]| {
+            let mut c = StrColumn::new();
+            rows.iter().for_each(|r| c.push(r));
+            Column::Str(c)
+        };
+        let shape = |dim, sep: &str| LabelShape {
+            dim,
+            separator: sep.into(),
+        };
+        let one = LabelShape::scalar();
+        assert_eq!(label_values(&text(&["1", " 0.5"]), &one, "y").unwrap(), [1.0, 0.5]);
+        assert_eq!(
+            label_values(&text(&["091", "100"]), &shape(3, ""), "s").unwrap(),
+            [0.0, 9.0, 1.0, 1.0, 0.0, 0.0]
+        );
+        assert_eq!(
+            label_values(&text(&["0.2,0.8", "0.5;;0.5"]), &shape(2, ",;"), "s").unwrap(),
+            [0.2, 0.8, 0.5, 0.5]
+        );
+        let err = |col, shape| format!("{:#}", label_values(&col, &shape, "s").unwrap_err());
+        assert!(err(text(&["0.2,0.8,0.1"]), shape(2, ","))
+            .contains("`0.2,0.8,0.1`: 3 value(s) where data_config.label_dim gives 2"));
+        assert!(err(text(&["a"]), one.clone()).contains("label column `s` holds `a`, which is not a number"));
+        assert!(err(Column::Int(vec![1]), shape(2, ",")).contains("numbers split from text"));
     }
 }

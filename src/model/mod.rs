@@ -178,7 +178,7 @@ impl Model {
         rng: &mut Rng,
     ) -> PassGrads {
         let b = self.rows_of(x);
-        let users = targets.labels.first().map_or(b, Vec::len);
+        let users = targets.rows;
         let mut bn_stats = Vec::new();
         let mode = Mode::Train {
             rng,
@@ -224,7 +224,7 @@ impl Model {
     /// with the task's batch loss, penalties and summaries (`heads::evaluate`).
     pub fn evaluate_batch(&self, x: &[Vec<f32>], targets: Targets, tasks: &[Task]) -> (Vec<BatchEval>, Vec<f64>) {
         let b = self.rows_of(x);
-        let users = targets.labels.first().map_or(b, Vec::len);
+        let users = targets.rows;
         let tape = (users > 0).then(|| self.forward_on(&*self.exec, x, b, Mode::Infer));
         heads::evaluate(&self.graph, tape.as_deref(), tasks, targets, users)
     }

@@ -54,7 +54,9 @@ impl ModelPlan {
         let groups = groups::resolve(model, kind, features)?;
         let (arch, l2_regularization, multi) = arch(model, &data.label_fields)?;
         let mut tasks = model_tasks(model, kind, multi, &data.label_fields, eval_metrics)?;
-        tasks::add_kd(model, &data.label_fields, &mut tasks)?;
+        let label_dims: Vec<usize> = data.label_shapes.iter().map(|s| s.dim).collect();
+        tasks::add_kd(model, (&data.label_fields, &label_dims), &mut tasks)?;
+        tasks::check_scalar_labels(&tasks, &data.label_fields, &label_dims)?;
         let in_batch_item = match tasks.iter().any(|t| t.in_batch()) {
             true => mind::in_batch_item(model, &data.fields)?,
             false => None,

@@ -99,6 +99,10 @@ pub struct KdTerm {
     pub temperature: f32,
     /// The soft labels are logits (else probabilities).
     pub label_is_logits: bool,
+    /// The task's logits per row, and the soft label's values per row
+    /// (`data_config.label_dim`): over 1, a multi-class task distilled
+    /// through softmaxes.
+    pub classes: usize,
 }
 
 impl KdTerm {
@@ -113,12 +117,17 @@ impl KdTerm {
     }
 }
 
-/// The losses EasyRec's `build_kd_loss` computes for one-logit tasks.
+/// The losses EasyRec's `build_kd_loss` computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KdKind {
     /// `CROSS_ENTROPY_LOSS`: TensorFlow's `log_loss` (epsilon 1e-7) of
-    /// `sigmoid(z / T)` against `sigmoid(soft / T)`.
+    /// `sigmoid(z / T)` against `sigmoid(soft / T)`; of a multi-class
+    /// task, elementwise over `softmax(z / T)` against `softmax(soft / T)`.
     CrossEntropy,
+    /// `KL_DIVERGENCE_LOSS`: Keras' KLD (both sides clipped to [1e-7, 1])
+    /// of the distributions `[1 - σ, σ]` (one logit) or the softmaxes over
+    /// the temperature, summed over a row's classes, averaged over rows.
+    KlDivergence,
     /// `BINARY_CROSS_ENTROPY_LOSS`: sigmoid cross entropy of `z / T`
     /// against `sigmoid(soft / T)`.
     BinaryCrossEntropy,
@@ -128,7 +137,12 @@ pub enum KdKind {
 }
 
 /// `model_config.kd`, each entry on the task whose logits it names.
-pub fn add_kd(model: &proto::EasyRecModel, label_fields: &[String], tasks: &mut [Task]) -> Result<(), ConfigError> {
+/// `label_dims` are the label fields' values per row.
+pub fn add_kd(
+    model: &proto::EasyRecModel,
+    (label_fields, label_dims): (&[String], &[usize]),
+    tasks: &mut [Task],
+) -> Result<(), ConfigError> {
     for (i, kd) in model.kd.iter().enumerate() {
         let path = format!("model_config.kd[{i}]");
         if kd.task_space_indicator_name.as_deref().is_some_and(|n| !n.is_empty()) {
@@ -158,10 +172,21 @@ pub fn add_kd(model: &proto::EasyRecModel, label_fields: &[String], tasks: &mut 
                     ),
                 )
             })?;
-        if task.logit_width() > 1 {
+        let classes = task.logit_width();
+        if classes != task.classes() {
             return Err(ConfigError::unsupported(
                 format!("{path}.pred_name"),
-                format!("distilling a task of {} logits per row", task.logit_width()),
+                format!("distilling a task of {classes} logits per row that are no classes"),
+            ));
+        }
+        let dim = label_dims.get(label).copied().unwrap_or(1);
+        if dim != classes {
+            return Err(ConfigError::invalid(
+                format!("{path}.soft_label_name"),
+                format!(
+                    "`{}` has {dim} value(s) per row (data_config.label_dim) where `{}` has {classes} logits",
+                    kd.soft_label_name, kd.pred_name
+                ),
             ));
         }
         if !kd.pred_is_logits() {
@@ -174,11 +199,12 @@ pub fn add_kd(model: &proto::EasyRecModel, label_fields: &[String], tasks: &mut 
             proto::LossType::CrossEntropyLoss => KdKind::CrossEntropy,
             proto::LossType::BinaryCrossEntropyLoss => KdKind::BinaryCrossEntropy,
             proto::LossType::L2Loss => KdKind::L2,
+            proto::LossType::KlDivergenceLoss => KdKind::KlDivergence,
             other => {
                 return Err(ConfigError::unsupported(
                     format!("{path}.loss_type"),
                     format!(
-                        "distillation by {} (supported: CROSS_ENTROPY_LOSS, BINARY_CROSS_ENTROPY_LOSS, L2_LOSS)",
+                        "distillation by {} (supported: CROSS_ENTROPY_LOSS, BINARY_CROSS_ENTROPY_LOSS, KL_DIVERGENCE_LOSS, L2_LOSS)",
                         other.as_str_name()
                     ),
                 ))
@@ -190,7 +216,32 @@ pub fn add_kd(model: &proto::EasyRecModel, label_fields: &[String], tasks: &mut 
             weight: kd.loss_weight(),
             temperature: kd.temperature(),
             label_is_logits: kd.label_is_logits(),
+            classes,
         });
+    }
+    Ok(())
+}
+
+/// A task trains and is evaluated on one label value per row: a label of
+/// several (`label_dim`, a distillation's soft labels) is refused as a
+/// task's label or mask.
+pub fn check_scalar_labels(tasks: &[Task], label_fields: &[String], label_dims: &[usize]) -> Result<(), ConfigError> {
+    for t in tasks {
+        for l in std::iter::once(t.label).chain(t.masked_by) {
+            let dim = label_dims.get(l).copied().unwrap_or(1);
+            if dim > 1 {
+                let name = label_fields.get(l).map_or("", String::as_str);
+                let task = if t.name.is_empty() {
+                    "the model".into()
+                } else {
+                    format!("task `{}`", t.name)
+                };
+                return Err(ConfigError::invalid(
+                    "data_config.label_dim",
+                    format!("`{name}` has {dim} values per row; {task} trains on one (a soft label of several is read by model_config.kd)"),
+                ));
+            }
+        }
     }
     Ok(())
 }

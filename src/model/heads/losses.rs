@@ -323,24 +323,43 @@ const KD_EPS: f64 = 1e-7;
 /// over the temperature through a sigmoid), or as it is for L2: a constant
 /// of the loss, which the reference executor reads from here too.
 pub fn kd_target(kd: &KdTerm, soft: f32) -> f64 {
+    if kd.kind == KdKind::L2 {
+        return soft as f64;
+    }
+    sigmoid(kd_label_logit(kd, soft) / kd.divisor() as f64)
+}
+
+/// A soft label as a logit (before the temperature), as `build_kd_loss`
+/// makes it: as it is, else the log of a probability (a multi-class or
+/// cross-entropy term's) or its log-odds (a binary one's).
+pub fn kd_label_logit(kd: &KdTerm, soft: f32) -> f64 {
     let s = soft as f64;
-    let t = kd.divisor() as f64;
-    let logit = match (kd.kind, kd.label_is_logits) {
-        (KdKind::L2, _) => return s,
-        (_, true) => s,
+    match (kd.kind, kd.label_is_logits) {
+        (KdKind::L2, _) | (_, true) => s,
         (KdKind::CrossEntropy, false) => (s + KD_EPS).ln(),
-        (KdKind::BinaryCrossEntropy, false) => {
+        (KdKind::KlDivergence, false) if kd.classes > 1 => (s + KD_EPS).ln(),
+        (KdKind::BinaryCrossEntropy | KdKind::KlDivergence, false) => {
             let p = s.clamp(KD_EPS, 1.0 - KD_EPS);
             (p / (1.0 - p)).ln()
         }
-    };
-    sigmoid(logit / t)
+    }
 }
 
 /// A knowledge-distillation term's loss on `logits` against the soft
 /// labels `soft` (EasyRec's `build_kd_loss`), times its weight, and its
-/// gradient with respect to each logit.
+/// gradient with respect to each logit. A multi-class task's logits and
+/// soft labels are `[rows, classes]` row-major.
 pub fn kd_loss_grad(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>) {
+    match kd.kind {
+        KdKind::KlDivergence => kd_kl_divergence(kd, logits, soft),
+        KdKind::CrossEntropy if kd.classes > 1 => kd_softmax_log_loss(kd, logits, soft),
+        _ => kd_elementwise(kd, logits, soft),
+    }
+}
+
+/// The terms whose loss is a mean over every logit: the cross entropies
+/// of one-logit tasks, the binary cross entropy and L2 of any.
+fn kd_elementwise(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>) {
     let b = logits.len().max(1) as f64;
     let t = kd.divisor() as f64;
     let w = kd.weight as f64;
@@ -353,18 +372,109 @@ pub fn kd_loss_grad(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>
             let (l, dz) = match kd.kind {
                 KdKind::CrossEntropy => {
                     let p = sigmoid(z / t);
-                    let l = -(y * (p + KD_EPS).ln() + (1.0 - y) * (1.0 - p + KD_EPS).ln());
-                    let dp = -(y / (p + KD_EPS) - (1.0 - y) / (1.0 - p + KD_EPS));
+                    let (l, dp) = log_loss(y, p);
                     (l, dp * p * (1.0 - p) / t)
                 }
                 KdKind::BinaryCrossEntropy => (softplus(z / t) - y * z / t, (sigmoid(z / t) - y) / t),
                 KdKind::L2 => ((z - y) * (z - y), 2.0 * (z - y)),
+                KdKind::KlDivergence => unreachable!("answered by kd_kl_divergence"),
             };
             total += l;
             (w * dz / b) as f32
         })
         .collect();
     ((w * total / b) as f32, grad)
+}
+
+/// TensorFlow's `log_loss` of a probability `p` against `y` (epsilon
+/// 1e-7), and its slope by `p`.
+fn log_loss(y: f64, p: f64) -> (f64, f64) {
+    let l = -(y * (p + KD_EPS).ln() + (1.0 - y) * (1.0 - p + KD_EPS).ln());
+    (l, -(y / (p + KD_EPS) - (1.0 - y) / (1.0 - p + KD_EPS)))
+}
+
+/// `softmax(v / t)` of one row.
+fn softmax_over(v: impl Iterator<Item = f64>, t: f64) -> Vec<f64> {
+    let v: Vec<f64> = v.map(|x| x / t).collect();
+    let m = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = v.iter().map(|x| (x - m).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / sum).collect()
+}
+
+/// The gradient by a row's logits of a loss whose slopes by that row's
+/// `softmax(z / t)` are `g`: `p_j (g_j - Σ g_c p_c) / t`.
+fn through_softmax(p: &[f64], g: &[f64], t: f64) -> Vec<f64> {
+    let dot: f64 = p.iter().zip(g).map(|(p, g)| p * g).sum();
+    p.iter().zip(g).map(|(p, g)| p * (g - dot) / t).collect()
+}
+
+/// A multi-class task's CROSS_ENTROPY_LOSS: `log_loss` elementwise of
+/// `softmax(z / T)` against `softmax(soft / T)`, the mean over every
+/// element.
+fn kd_softmax_log_loss(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>) {
+    let (c, t, w) = (kd.classes, kd.divisor() as f64, kd.weight as f64);
+    let n = logits.len().max(1) as f64;
+    let mut total = 0.0f64;
+    let mut grad = Vec::with_capacity(logits.len());
+    for (z, s) in logits.chunks_exact(c).zip(soft.chunks_exact(c)) {
+        let y = softmax_over(s.iter().map(|&s| kd_label_logit(kd, s)), t);
+        let p = softmax_over(z.iter().map(|&z| z as f64), t);
+        let g: Vec<f64> = y
+            .iter()
+            .zip(&p)
+            .map(|(&y, &p)| {
+                let (l, dp) = log_loss(y, p);
+                total += l;
+                dp
+            })
+            .collect();
+        grad.extend(through_softmax(&p, &g, t).into_iter().map(|d| (w * d / n) as f32));
+    }
+    ((w * total / n) as f32, grad)
+}
+
+/// KL_DIVERGENCE_LOSS: per row, Keras' KLD `Σ y log(y / p)` (both clipped
+/// to [1e-7, 1], the clip's slope 0 outside) of the teacher's
+/// distribution against the student's, `[1 - σ, σ]` of one logit or the
+/// softmax of several over the temperature; the mean over rows.
+fn kd_kl_divergence(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>) {
+    let (c, t, w) = (kd.classes, kd.divisor() as f64, kd.weight as f64);
+    let rows = (logits.len() / c.max(1)).max(1) as f64;
+    let clip = |x: f64| x.clamp(KD_EPS, 1.0);
+    // A class's loss `y log(y / q)` and its slope by `q`.
+    let term = |y: f64, q: f64| {
+        let (y, qc) = (clip(y), clip(q));
+        let slope = if (KD_EPS..=1.0).contains(&q) { -y / qc } else { 0.0 };
+        (y * (y / qc).ln(), slope)
+    };
+    let mut total = 0.0f64;
+    let mut grad = Vec::with_capacity(logits.len());
+    if c == 1 {
+        for (&z, &s) in logits.iter().zip(soft) {
+            let y = sigmoid(kd_label_logit(kd, s) / t);
+            let p = sigmoid(z as f64 / t);
+            let ((l1, g1), (l0, g0)) = (term(y, p), term(1.0 - y, 1.0 - p));
+            total += l1 + l0;
+            grad.push((w * (g1 - g0) * p * (1.0 - p) / t / rows) as f32);
+        }
+    } else {
+        for (z, s) in logits.chunks_exact(c).zip(soft.chunks_exact(c)) {
+            let y = softmax_over(s.iter().map(|&s| kd_label_logit(kd, s)), t);
+            let p = softmax_over(z.iter().map(|&z| z as f64), t);
+            let g: Vec<f64> = y
+                .iter()
+                .zip(&p)
+                .map(|(&y, &p)| {
+                    let (l, g) = term(y, p);
+                    total += l;
+                    g
+                })
+                .collect();
+            grad.extend(through_softmax(&p, &g, t).into_iter().map(|d| (w * d / rows) as f32));
+        }
+    }
+    ((w * total / rows) as f32, grad)
 }
 
 /// EasyRec's ORDER_CALIBRATE_LOSS of a task over a relation task, from
@@ -417,6 +527,7 @@ mod tests {
             weight: 0.5,
             temperature: 2.0,
             label_is_logits,
+            classes: 1,
         };
         // One row: z = 1, soft logit 2, T = 2: p = sigmoid(0.5), y = sigmoid(1).
         let (l, _) = kd_loss_grad(&kd(KdKind::CrossEntropy, true), &[1.0], &[2.0]);
@@ -430,10 +541,81 @@ mod tests {
             (kd(KdKind::BinaryCrossEntropy, true), [1.5f32, -0.5, 0.2, 3.0]),
             (kd(KdKind::BinaryCrossEntropy, false), [0.9f32, 0.1, 0.5, 0.99]),
             (kd(KdKind::L2, true), [1.5f32, -0.5, 0.2, 3.0]),
+            (kd(KdKind::KlDivergence, true), [1.5f32, -0.5, 0.2, 3.0]),
+            (kd(KdKind::KlDivergence, false), [0.9f32, 0.1, 0.5, 0.99]),
         ] {
             let (_, g) = kd_loss_grad(&term, &logits, &soft);
             let what = format!("{term:?}");
             assert_slopes(&what, |z| kd_loss_grad(&term, z, &soft).0, &logits, &g, (&[], 1e-3));
+        }
+    }
+
+    /// Distillation of a multi-class task (and KL of a one-logit one):
+    /// EasyRec's formula by hand for the softmaxes' log loss, gradients by
+    /// central differences, and values and gradients equal to burn's
+    /// autodiff of the reference (`oracle::kd_loss_of`).
+    #[test]
+    fn multi_class_distillation_matches_easyrec_finite_differences_and_the_reference() {
+        use crate::model::heads::oracle as reference;
+        use burn::tensor::{Tensor, TensorData};
+        let kd = |kind, label_is_logits, classes| KdTerm {
+            label: 1,
+            kind,
+            weight: 0.7,
+            temperature: 2.0,
+            label_is_logits,
+            classes,
+        };
+        let z = [0.3f32, -1.2, 2.0, 0.0, 1.5, -0.4];
+        let probs = [0.2f32, 0.5, 0.3, 0.05, 0.05, 0.9];
+        let logits_soft = [1.0f32, -2.0, 0.5, 0.3, 0.3, -1.0];
+        // By hand: softmax(log(q + eps) / 2) against softmax(z / 2), TF's
+        // log_loss over the 6 elements, times 0.7.
+        let softmax = |v: &[f64]| {
+            let e: Vec<f64> = v.iter().map(|x| (x / 2.0).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(|x| x / s).collect::<Vec<_>>()
+        };
+        let mut want = 0.0;
+        for r in 0..2 {
+            let y = softmax(
+                &probs[3 * r..3 * r + 3]
+                    .iter()
+                    .map(|q| (*q as f64 + 1e-7).ln())
+                    .collect::<Vec<_>>(),
+            );
+            let p = softmax(&z[3 * r..3 * r + 3].iter().map(|x| *x as f64).collect::<Vec<_>>());
+            for (y, p) in y.iter().zip(&p) {
+                want -= y * (p + 1e-7).ln() + (1.0 - y) * (1.0 - p + 1e-7).ln();
+            }
+        }
+        want *= 0.7 / 6.0;
+        let (l, _) = kd_loss_grad(&kd(KdKind::CrossEntropy, false, 3), &z, &probs);
+        assert!((l as f64 - want).abs() < 1e-6, "{l} vs {want}");
+        let cases = [
+            (kd(KdKind::CrossEntropy, false, 3), &probs[..], 3),
+            (kd(KdKind::CrossEntropy, true, 3), &logits_soft[..], 3),
+            (kd(KdKind::KlDivergence, false, 3), &probs[..], 3),
+            (kd(KdKind::KlDivergence, true, 3), &logits_soft[..], 3),
+            (kd(KdKind::BinaryCrossEntropy, false, 3), &probs[..], 3),
+            (kd(KdKind::L2, true, 3), &logits_soft[..], 3),
+            (kd(KdKind::KlDivergence, false, 1), &probs[..], 1),
+            (kd(KdKind::KlDivergence, true, 1), &logits_soft[..], 1),
+            (kd(KdKind::CrossEntropy, false, 1), &probs[..], 1),
+        ];
+        for (term, soft, c) in cases {
+            let what = format!("{term:?}");
+            let (l, g) = kd_loss_grad(&term, &z, soft);
+            assert_slopes(&what, |z| kd_loss_grad(&term, z, soft).0, &z, &g, (&[], 1e-3));
+            let device = burn::tensor::Device::flex().autodiff();
+            let t = Tensor::<2>::from_data(TensorData::new(z.to_vec(), [6 / c, c]), &device).require_grad();
+            let r = reference::kd_loss_of(&term, t.clone(), soft);
+            let rl: f32 = r.clone().into_scalar();
+            assert!((rl - l).abs() < 1e-5, "{what}: {rl} vs {l}");
+            let rg = crate::model::graph::params::to_vec(t.grad(&r.backward()).unwrap());
+            for (k, (a, b)) in g.iter().zip(&rg).enumerate() {
+                assert!((a - b).abs() < 1e-5, "{what}, logit {k}: cpu {a} vs reference {b}");
+            }
         }
     }
 

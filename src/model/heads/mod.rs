@@ -240,6 +240,9 @@ pub fn scores(graph: &Graph, tape: &dyn Tape, tasks: &[Task]) -> Vec<TaskScores>
 /// which sampled rows are whose hard negatives.
 #[derive(Debug, Clone, Copy)]
 pub struct Targets<'a> {
+    /// The examples (a batch's rows before any sampled items).
+    pub rows: usize,
+    /// Per label field, its values row by row (`Batch::labels`).
     pub labels: &'a [Vec<f32>],
     pub weights: Option<&'a [f32]>,
     pub hard_negatives: &'a [(usize, usize)],
@@ -254,6 +257,7 @@ pub struct Targets<'a> {
 impl<'a> Targets<'a> {
     pub fn of(batch: &'a Batch) -> Self {
         Targets {
+            rows: batch.examples(),
             labels: &batch.labels,
             weights: batch.weights.as_deref(),
             hard_negatives: &batch.hard_negatives,

@@ -62,7 +62,7 @@ pub fn in_batch_loss_of(
     targets: Targets,
     ignore_in_batch: bool,
 ) -> Tensor<1> {
-    let b = targets.labels.first().map_or(0, Vec::len);
+    let b = targets.rows;
     let hard = targets.hard_negatives;
     let rows = v.dims()[0];
     let shared = rows - hard.len();
@@ -181,25 +181,50 @@ pub fn penalty_of(p: &Penalty, v: Tensor<2>, weights: Option<&[f32]>) -> Tensor<
 /// `losses::kd_loss_grad` (the soft labels are constants).
 pub fn kd_loss_of(kd: &KdTerm, logits: Tensor<2>, soft: &[f32]) -> Tensor<1> {
     let device = logits.device();
-    let b = soft.len();
+    let [b, c] = logits.dims();
     let t = kd.divisor();
     let eps = 1e-7f32;
-    let targets: Vec<f32> = soft.iter().map(|&s| super::losses::kd_target(kd, s) as f32).collect();
-    let y = Tensor::<2>::from_data(TensorData::new(targets, [b, 1]), &device);
-    let per_row = match kd.kind {
-        KdKind::CrossEntropy => {
-            let p = sigmoid(logits.div_scalar(t));
-            let one_minus = p.clone().neg().add_scalar(1.0);
-            let ny = y.clone().neg().add_scalar(1.0);
-            (y * p.add_scalar(eps).log() + ny * one_minus.add_scalar(eps).log()).neg()
-        }
-        KdKind::BinaryCrossEntropy => sigmoid_ce(logits.div_scalar(t), y),
-        KdKind::L2 => {
-            let d = logits - y;
-            d.clone() * d
+    let constant = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [b, c]), &device);
+    // The teacher's probabilities: per logit (sigmoid), or per row over
+    // a multi-class task's classes (softmax: its CE and KL terms), from
+    // the soft labels as logits.
+    let teacher = || {
+        let logits: Vec<f32> = soft
+            .iter()
+            .map(|&s| super::losses::kd_label_logit(kd, s) as f32)
+            .collect();
+        let logits = constant(logits).div_scalar(t);
+        match (c, kd.kind) {
+            (2.., KdKind::CrossEntropy | KdKind::KlDivergence) => softmax(logits, 1),
+            _ => sigmoid(logits),
         }
     };
-    per_row.mean().mul_scalar(kd.weight)
+    let log_loss = |y: Tensor<2>, p: Tensor<2>| {
+        let one_minus = p.clone().neg().add_scalar(1.0);
+        let ny = y.clone().neg().add_scalar(1.0);
+        (y * p.add_scalar(eps).log() + ny * one_minus.add_scalar(eps).log()).neg()
+    };
+    // Keras' KLD terms `y log(y / p)`, both clipped to [eps, 1].
+    let kld = |y: Tensor<2>, p: Tensor<2>| {
+        let y = y.clamp(eps, 1.0);
+        y.clone() * (y.log() - p.clamp(eps, 1.0).log())
+    };
+    match kd.kind {
+        KdKind::CrossEntropy if c > 1 => log_loss(teacher(), softmax(logits.div_scalar(t), 1)).mean(),
+        KdKind::CrossEntropy => log_loss(teacher(), sigmoid(logits.div_scalar(t))).mean(),
+        KdKind::KlDivergence if c > 1 => kld(teacher(), softmax(logits.div_scalar(t), 1)).sum_dim(1).mean(),
+        KdKind::KlDivergence => {
+            let (y, p) = (teacher(), sigmoid(logits.div_scalar(t)));
+            let one = |x: Tensor<2>| x.neg().add_scalar(1.0);
+            (kld(y.clone(), p.clone()) + kld(one(y), one(p))).mean()
+        }
+        KdKind::BinaryCrossEntropy => sigmoid_ce(logits.div_scalar(t), teacher()).mean(),
+        KdKind::L2 => {
+            let d = logits - constant(soft.to_vec());
+            (d.clone() * d).mean()
+        }
+    }
+    .mul_scalar(kd.weight)
 }
 
 /// `log(1 + exp(z))`, stable, with the slope `sigmoid(z)` attached
@@ -373,6 +398,7 @@ mod tests {
         let weights = [0.5f32, 2.0, 1.0, 0.0];
         for (ignore, items) in [(false, &items[..]), (true, &[][..]), (false, &[][..])] {
             let targets = Targets {
+                rows: b,
                 labels: &labels,
                 weights: Some(&weights),
                 hard_negatives: &hard,
