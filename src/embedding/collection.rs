@@ -282,14 +282,26 @@ impl Collection {
     }
 
     /// Applies each table's optimizer at global step `step` to its touched
-    /// rows, gradients scaled by `scale` (clipping). Returns a table with
-    /// a row that is not finite after the update, if any.
+    /// rows (and, under TensorFlow's Adam, the rows it still moves),
+    /// gradients scaled by `scale` (clipping); a table marked in `frozen`
+    /// is left as it is. Returns a table with a row that is not finite
+    /// after the update, if any.
     #[must_use = "a table that is no longer finite stops training"]
-    pub fn apply(&mut self, grads: &[RowGrads], optimizers: &[OptimizerSpec], step: u64, scale: f32) -> Option<usize> {
+    pub fn apply(
+        &mut self,
+        grads: &[RowGrads],
+        optimizers: &[OptimizerSpec],
+        (step, frozen): (u64, &[bool]),
+        scale: f32,
+    ) -> Option<usize> {
         self.tables
             .par_iter_mut()
             .zip(grads)
-            .map(|(table, rg)| {
+            .enumerate()
+            .map(|(i, (table, rg))| {
+                if frozen.get(i).copied().unwrap_or(false) {
+                    return true;
+                }
                 let spec = &optimizers[table.optimizer];
                 let mut rule = Rule::at(spec, step);
                 rule.lr *= spec.embedding_lr_multiplier.unwrap_or(1.0);

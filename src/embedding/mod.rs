@@ -558,6 +558,62 @@ pub fn apply_rows(table: &mut Table, grads: &RowGrads, rule: &Rule, scale: f32) 
         rule.apply_at(&mut table.weights[range.clone()], &g, &mut table.state, range.clone());
         finite &= table.weights[range].iter().fold(true, |ok, v| ok & v.is_finite());
     }
+    if rule.kind.moves_untouched_rows() && matches!(table.storage, Storage::Array) {
+        finite &= apply_untouched(table, grads, rule);
+    }
+    finite
+}
+
+/// The rows (global ids) of an array table that a dense-update rule
+/// (`OptimizerKind::moves_untouched_rows`) still moves without a gradient:
+/// those whose first moment is not zero. Incremental updates carry them.
+pub fn moving_rows(table: &Table) -> Vec<u64> {
+    let dim = table.dim.max(1);
+    match (&table.storage, table.state.slots.first()) {
+        (Storage::Array, Some(m)) => m
+            .chunks_exact(dim)
+            .enumerate()
+            .filter(|(_, row)| row.iter().any(|x| *x != 0.0))
+            .map(|(l, _)| table.sharding.global(l))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The rest of a dense-update rule's step on an array table: every row
+/// the batch left alone takes the update of a zero gradient. TensorFlow's
+/// `AdamOptimizer` (EasyRec's `adam_optimizer`) applies a sparse
+/// gradient so: every row's moments decay and every row moves by them;
+/// LazyAdam and the other rules update only the batch's rows. Returns
+/// whether those rows stay finite.
+fn apply_untouched(table: &mut Table, grads: &RowGrads, rule: &Rule) -> bool {
+    let dim = table.dim;
+    let rows = table.weights.len() / dim.max(1);
+    let mut touched: Vec<usize> = grads.rows.iter().filter_map(|&r| table.slot(r)).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    // Runs of untouched rows, updated in spans of at most this many values.
+    const SPAN: usize = 1 << 14;
+    let zeros = vec![0.0f32; SPAN.max(dim)];
+    let span_rows = (SPAN / dim.max(1)).max(1);
+    let mut finite = true;
+    let mut start = 0;
+    for end in touched.iter().copied().chain(std::iter::once(rows)) {
+        let mut a = start;
+        while a < end {
+            let b = end.min(a + span_rows);
+            let range = a * dim..b * dim;
+            rule.apply_at(
+                &mut table.weights[range.clone()],
+                &zeros[..range.len()],
+                &mut table.state,
+                range.clone(),
+            );
+            finite &= table.weights[range].iter().fold(true, |ok, v| ok & v.is_finite());
+            a = b;
+        }
+        start = end + 1;
+    }
     finite
 }
 
@@ -587,6 +643,69 @@ mod tests {
         );
         t.weights = weights;
         t
+    }
+
+    /// TensorFlow's `AdamOptimizer` on a sparse gradient moves every row
+    /// by its momentum, trained in the step or not (one never trained stays
+    /// put); LazyAdam moves only the step's rows. Two steps on a 3-row
+    /// table, row 0 trained in the first, row 1 in the second.
+    #[test]
+    fn adam_moves_rows_with_momentum_that_a_step_does_not_train_and_lazy_adam_does_not() {
+        for (kind, dense) in [
+            (
+                OptimizerKind::Adam {
+                    beta1: 0.9,
+                    beta2: 0.999,
+                },
+                true,
+            ),
+            (
+                OptimizerKind::LazyAdam {
+                    beta1: 0.9,
+                    beta2: 0.999,
+                },
+                false,
+            ),
+        ] {
+            assert_eq!(kind.moves_untouched_rows(), dense);
+            let mut t = Table::new(
+                ("t", 3, 2),
+                &EmbeddingInit::Default,
+                1,
+                (0, &kind),
+                Sharding::Replicated,
+            );
+            t.weights = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+            let grads = |row: u64| {
+                let mut g = RowGrads::default();
+                g.add(row, &[0.5, -0.25]);
+                g
+            };
+            let rule = |t: u64| Rule {
+                kind: kind.clone(),
+                lr: 0.1,
+                t,
+            };
+            assert!(apply_rows(&mut t, &grads(0), &rule(1), 1.0));
+            let after_one = t.weights.clone();
+            assert_ne!(after_one[..2], [1.0, 2.0]);
+            assert_eq!(after_one[2..], [3.0, 4.0, 5.0, 6.0]);
+            assert!(apply_rows(&mut t, &grads(1), &rule(2), 1.0));
+            // Row 0 in the second step: Adam's update of a zero gradient.
+            let (mut w, mut m, mut v) = (after_one[..2].to_vec(), vec![0.0f32; 2], vec![0.0f32; 2]);
+            let first = rule(1);
+            first.apply(&mut [1.0, 2.0], &[0.5, -0.25], &mut [&mut m, &mut v]);
+            rule(2).apply(&mut w, &[0.0, 0.0], &mut [&mut m, &mut v]);
+            if dense {
+                assert_eq!(t.weights[..2], w[..]);
+                assert_ne!(w, after_one[..2]);
+                assert_eq!(moving_rows(&t), [0, 1]);
+            } else {
+                assert_eq!(t.weights[..2], after_one[..2]);
+            }
+            assert_ne!(t.weights[2..4], [3.0, 4.0]);
+            assert_eq!(t.weights[4..], [5.0, 6.0], "a row never trained stays put");
+        }
     }
 
     /// TensorFlow's safe embedding lookup: a sum keeps entries of weight

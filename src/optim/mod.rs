@@ -127,6 +127,15 @@ pub struct Rule {
     pub t: u64,
 }
 
+impl OptimizerKind {
+    /// Whether a step moves an embedding table's rows that have no
+    /// gradient in it: TensorFlow's `AdamOptimizer` decays every row's
+    /// moments and applies them (see `embedding::apply_rows`).
+    pub fn moves_untouched_rows(&self) -> bool {
+        matches!(self, OptimizerKind::Adam { .. })
+    }
+}
+
 impl Rule {
     pub fn at(spec: &OptimizerSpec, global_step: u64) -> Self {
         Rule {

@@ -337,7 +337,16 @@ impl Trainer {
     fn write_sparse_update(&mut self, step: u64) -> anyhow::Result<()> {
         let incr = self.incr.as_mut().expect("incremental updates started");
         incr.last_sparse = (step, Instant::now());
-        let touched: Vec<Vec<u64>> = incr.touched.iter_mut().map(Touched::take_sorted).collect();
+        let mut touched: Vec<Vec<u64>> = incr.touched.iter_mut().map(Touched::take_sorted).collect();
+        // Under TensorFlow's Adam every row with momentum moves each step,
+        // trained in this interval or not.
+        for (set, t) in touched.iter_mut().zip(&self.embeddings.tables) {
+            if self.plan.train.optimizers[t.optimizer].kind.moves_untouched_rows() {
+                set.extend(crate::embedding::moving_rows(t));
+                set.sort_unstable();
+                set.dedup();
+            }
+        }
         let mut evicted: Vec<Vec<u64>> = self.embeddings.tables.iter_mut().map(|t| t.take_evicted()).collect();
         if self.embeddings.sharding.is_sharded() {
             let mut merged = vec![Vec::new(); evicted.len()];

@@ -316,7 +316,10 @@ impl Trainer {
             prof,
             step("table update"),
             |_| Some(Work::Bytes(f32_bytes(5 * touched))),
-            || self.embeddings.apply(&g.rows, optimizers, self.step, g.scale),
+            || {
+                self.embeddings
+                    .apply(&g.rows, optimizers, (self.step, &self.frozen.tables), g.scale)
+            },
         );
         timed(
             prof,

@@ -250,7 +250,9 @@ impl Server {
             keys.sort_unstable();
             table.admit(&keys, step);
         }
-        let table = t.embeddings.apply(&row_grads, &t.plan.train.optimizers, step, 1.0);
+        let table = t
+            .embeddings
+            .apply(&row_grads, &t.plan.train.optimizers, (step, &t.frozen.tables), 1.0);
         Ok(t.check_updated(table, step)?)
     }
 
