@@ -409,12 +409,16 @@ fn through_softmax(p: &[f64], g: &[f64], t: f64) -> Vec<f64> {
     p.iter().zip(g).map(|(p, g)| p * (g - dot) / t).collect()
 }
 
-/// A multi-class task's CROSS_ENTROPY_LOSS: `log_loss` elementwise of
-/// `softmax(z / T)` against `softmax(soft / T)`, the mean over every
-/// element.
-fn kd_softmax_log_loss(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>) {
+/// A multi-class term over the softmaxes at the temperature, row by row:
+/// `term(y, p)` is one class's loss and its slope by `p`; the total is
+/// divided by `per` (and times the weight).
+fn kd_softmax_rows(
+    kd: &KdTerm,
+    (logits, soft): (&[f32], &[f32]),
+    per: f64,
+    term: impl Fn(f64, f64) -> (f64, f64),
+) -> (f32, Vec<f32>) {
     let (c, t, w) = (kd.classes, kd.divisor() as f64, kd.weight as f64);
-    let n = logits.len().max(1) as f64;
     let mut total = 0.0f64;
     let mut grad = Vec::with_capacity(logits.len());
     for (z, s) in logits.chunks_exact(c).zip(soft.chunks_exact(c)) {
@@ -424,14 +428,21 @@ fn kd_softmax_log_loss(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f
             .iter()
             .zip(&p)
             .map(|(&y, &p)| {
-                let (l, dp) = log_loss(y, p);
+                let (l, slope) = term(y, p);
                 total += l;
-                dp
+                slope
             })
             .collect();
-        grad.extend(through_softmax(&p, &g, t).into_iter().map(|d| (w * d / n) as f32));
+        grad.extend(through_softmax(&p, &g, t).into_iter().map(|d| (w * d / per) as f32));
     }
-    ((w * total / n) as f32, grad)
+    ((w * total / per) as f32, grad)
+}
+
+/// A multi-class task's CROSS_ENTROPY_LOSS: `log_loss` elementwise of
+/// `softmax(z / T)` against `softmax(soft / T)`, the mean over every
+/// element.
+fn kd_softmax_log_loss(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>) {
+    kd_softmax_rows(kd, (logits, soft), logits.len().max(1) as f64, log_loss)
 }
 
 /// KL_DIVERGENCE_LOSS: per row, Keras' KLD `Σ y log(y / p)` (both clipped
@@ -448,31 +459,17 @@ fn kd_kl_divergence(kd: &KdTerm, logits: &[f32], soft: &[f32]) -> (f32, Vec<f32>
         let slope = if (KD_EPS..=1.0).contains(&q) { -y / qc } else { 0.0 };
         (y * (y / qc).ln(), slope)
     };
+    if c > 1 {
+        return kd_softmax_rows(kd, (logits, soft), rows, term);
+    }
     let mut total = 0.0f64;
     let mut grad = Vec::with_capacity(logits.len());
-    if c == 1 {
-        for (&z, &s) in logits.iter().zip(soft) {
-            let y = sigmoid(kd_label_logit(kd, s) / t);
-            let p = sigmoid(z as f64 / t);
-            let ((l1, g1), (l0, g0)) = (term(y, p), term(1.0 - y, 1.0 - p));
-            total += l1 + l0;
-            grad.push((w * (g1 - g0) * p * (1.0 - p) / t / rows) as f32);
-        }
-    } else {
-        for (z, s) in logits.chunks_exact(c).zip(soft.chunks_exact(c)) {
-            let y = softmax_over(s.iter().map(|&s| kd_label_logit(kd, s)), t);
-            let p = softmax_over(z.iter().map(|&z| z as f64), t);
-            let g: Vec<f64> = y
-                .iter()
-                .zip(&p)
-                .map(|(&y, &p)| {
-                    let (l, g) = term(y, p);
-                    total += l;
-                    g
-                })
-                .collect();
-            grad.extend(through_softmax(&p, &g, t).into_iter().map(|d| (w * d / rows) as f32));
-        }
+    for (&z, &s) in logits.iter().zip(soft) {
+        let y = sigmoid(kd_label_logit(kd, s) / t);
+        let p = sigmoid(z as f64 / t);
+        let ((l1, g1), (l0, g0)) = (term(y, p), term(1.0 - y, 1.0 - p));
+        total += l1 + l0;
+        grad.push((w * (g1 - g0) * p * (1.0 - p) / t / rows) as f32);
     }
     ((w * total / rows) as f32, grad)
 }
