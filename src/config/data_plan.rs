@@ -230,8 +230,9 @@ fn label_shapes(data: &proto::DatasetConfig, fields: &[InputField]) -> Result<Ve
         .collect()
 }
 
-/// The most values per row a label may have (`label_dim`): bounds what a
-/// row's split may allocate.
+/// The most values per row a label may have (`label_dim`). A row's split
+/// is bounded by its text; this bounds what the config asks for (and what
+/// the data generator writes per row).
 pub const MAX_LABEL_DIM: usize = 1 << 16;
 
 /// `data_config.input_type` and what it reads with: the binary input's

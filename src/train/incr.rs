@@ -339,9 +339,11 @@ impl Trainer {
         incr.last_sparse = (step, Instant::now());
         let mut touched: Vec<Vec<u64>> = incr.touched.iter_mut().map(Touched::take_sorted).collect();
         // Under TensorFlow's Adam every row with momentum moves each step,
-        // trained in this interval or not.
-        for (set, t) in touched.iter_mut().zip(&self.embeddings.tables) {
-            if self.plan.train.optimizers[t.optimizer].kind.moves_untouched_rows() {
+        // trained in this interval or not (a frozen table does not move).
+        let frozen = &self.frozen.tables;
+        for (i, (set, t)) in touched.iter_mut().zip(&self.embeddings.tables).enumerate() {
+            let moving = self.plan.train.optimizers[t.optimizer].kind.moves_untouched_rows();
+            if moving && !frozen.get(i).copied().unwrap_or(false) {
                 set.extend(crate::embedding::moving_rows(t));
                 set.sort_unstable();
                 set.dedup();
