@@ -24,7 +24,6 @@ const EASYREC_ONLY_FIELDS: &[(&str, &[&str])] = &[
             "dot_product",
             "gate",
             "multi_head_attention",
-            "nary_dis_embedding",
             "overlap",
             "text_encoder",
             "transformer",

@@ -355,7 +355,8 @@ pub const DROPOUTNET: &str = r#"model_config { model_class: "DropoutNet"
     item_tower { hidden_units: [6, 3] use_bn: false activation: "tanh" }
     user_dropout_rate: 0.3 item_dropout_rate: 0.5 l2_regularization: 1e-4 } }"#;
 
-/// A RankModel over PeriodicEmbedding and AutoDisEmbedding of raw values.
+/// A RankModel over PeriodicEmbedding, AutoDisEmbedding and (two replicas,
+/// averaged digits) NaryDisEmbedding of raw values.
 pub const NUMERIC_EMBEDDINGS: &str = r#"model_config { model_class: "RankModel"
   feature_groups { group_name: "num" feature_names: ["d1", "d2"] }
   feature_groups { group_name: "ids" feature_names: ["c1", "c2"] }
@@ -364,10 +365,14 @@ pub const NUMERIC_EMBEDDINGS: &str = r#"model_config { model_class: "RankModel"
              keras_layer { class_name: "PeriodicEmbedding" periodic_embedding { embedding_dim: 4 sigma: 0.5 output_tensor_list: true } } }
     blocks { name: "autodis" inputs { feature_group_name: "num" }
              keras_layer { class_name: "AutoDisEmbedding" auto_dis_embedding { embedding_dim: 4 num_bins: 3 temperature: 0.5 output_3d_tensor: true } } }
+    blocks { name: "nary" inputs { feature_group_name: "num" }
+             keras_layer { class_name: "NaryDisEmbedding" nary_dis_embedding { embedding_dim: 2 carries: [2, 5] multiplier: 100
+                           intra_ary_pooling: "mean" num_replicas: 2 output_tensor_list: true } } }
     blocks { name: "id_list" inputs { feature_group_name: "ids" } input_layer { only_output_feature_list: true } }
-    blocks { name: "fm" inputs { block_name: "id_list" } inputs { block_name: "periodic" input_slice: "[1]" } keras_layer { class_name: "FM" } }
+    blocks { name: "fm" inputs { block_name: "id_list" } inputs { block_name: "periodic" input_slice: "[1]" }
+             inputs { block_name: "nary" input_slice: "[3]" } keras_layer { class_name: "FM" } }
     blocks { name: "deep" inputs { block_name: "autodis" input_slice: "[0]" } inputs { block_name: "periodic" input_slice: "[0]" }
-             keras_layer { class_name: "MLP" mlp { hidden_units: [4] } } }
+             inputs { block_name: "nary" input_slice: "[0]" } keras_layer { class_name: "MLP" mlp { hidden_units: [4] } } }
     concat_blocks: ["fm", "deep"]
   }
   model_params { } }"#;

@@ -11,6 +11,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use super::{Executor, Mode};
 use crate::config::model::Activation;
 use crate::model::exec::cpu::kernels;
+use crate::model::graph::nary::Nary;
 use crate::model::graph::params::{to_vec, ParamStore};
 use crate::model::graph::{
     augment, BnStats, Contrast, Graph, Keys, NodeId, Op, BN_EPS, DICE_EPS, L2_EPS, MASK_ADDER, SQUASH_EPS, VD_EPS,
@@ -476,6 +477,38 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                     Some(bi) => y + ctx.p[*bi].clone(),
                     None => y,
                 }
+            }
+            Op::NaryEmbed {
+                x,
+                table,
+                nary,
+                cols: (c0, w),
+            } => {
+                // The digits' rows (from the values on the host), padded to
+                // the longest base with row 0 at weight 0, gathered and
+                // pooled by their weights.
+                let (n, bases) = (graph.width(*x), nary.carries.len());
+                let most = nary.carries.iter().map(|&c| Nary::positions(c)).max().unwrap_or(1);
+                let slots = b * n * bases * most;
+                let (mut idx, mut weight) = (vec![0i64; slots], vec![0.0f32; slots]);
+                for (i, &xv) in to_vec(v[x.0].clone()).iter().enumerate() {
+                    let u = Nary::value(xv);
+                    for k in 0..bases {
+                        let at = (i * bases + k) * most;
+                        let mut j = 0;
+                        let digits = nary.rows(i % n, k, u, |r| {
+                            idx[at + j] = r as i64;
+                            j += 1;
+                        });
+                        let s = if nary.mean { 1.0 / digits as f32 } else { 1.0 };
+                        weight[at..at + digits].iter_mut().for_each(|x| *x = s);
+                    }
+                }
+                let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [slots]), ctx.device);
+                let weight = Tensor::<2>::from_data(TensorData::new(weight, [slots, 1]), ctx.device);
+                let rows = ctx.p[*table].clone().narrow(1, *c0, *w).select(0, idx) * weight;
+                let pooled: Tensor<3> = rows.reshape([b * n * bases, most, *w]).sum_dim(1);
+                pooled.reshape([b, width])
             }
             Op::SinCos { x, n } => {
                 let e = width / (2 * n);

@@ -9,6 +9,7 @@ use super::{Executor, Mode};
 use crate::config::model::{Activation, DnnSpec};
 use crate::model::graph::augment::Augment;
 use crate::model::graph::capsule;
+use crate::model::graph::nary::Nary;
 use crate::model::graph::params::{Init, ParamStore};
 use crate::model::graph::{Contrast, Graph, Keys, NodeId, Op, Routing, Scope};
 use crate::util::Rng;
@@ -213,6 +214,21 @@ fn cases() -> Vec<Case> {
             let w2 = s.params.add("w2", 12, 1, Init::Uniform(0.8), true, s.rng);
             let y = g.grouped_linear(y, s.params, w2, None, 3);
             g.shift(y, 0.3)
+        }),
+        // Not smooth: the values are cast to integers (nothing flows back
+        // to them). Times 37, the inputs hold negative values (read as
+        // 32-bit two's complement: every position) and small ones.
+        case("N-ary embeddings, summed and averaged", false, |g, s, x| {
+            let y = g.scale(x[0], 37.0, None);
+            let sum = Nary::new(vec![2, 3], false);
+            let rows = 6 * sum.vocab();
+            let t = s
+                .params
+                .add("nary/embed_table", rows, 5, Init::GlorotUniform, false, s.rng);
+            let a = g.nary_embed(y, s.params, t, sum, (0, 2));
+            let b = g.nary_embed(y, s.params, t, Nary::new(vec![2, 3], true), (2, 3));
+            let both = g.concat(&[a, b]);
+            g.act(both, tanh)
         }),
         case("transpose and outer product", true, |g, _, x| {
             let t = g.transpose(x[0], 2);

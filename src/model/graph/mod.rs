@@ -13,6 +13,7 @@
 
 pub mod augment;
 pub mod capsule;
+pub mod nary;
 pub mod params;
 pub mod scope;
 
@@ -161,6 +162,18 @@ pub enum Op {
         w: usize,
         b: Option<usize>,
         n: usize,
+    },
+    /// EasyRec's NaryDisEmbedding lookup of `x`'s `n` raw values
+    /// (`nary::Nary`): per value and base, the pooled columns `cols.0 ..
+    /// cols.0 + cols.1` of its digits' rows of table `table` (a parameter
+    /// of `n * nary.vocab()` rows); `[r, n] -> [r, n * bases * cols.1]`,
+    /// value-major. Nothing flows back to `x` (EasyRec casts it to
+    /// integers).
+    NaryEmbed {
+        x: NodeId,
+        table: usize,
+        nary: nary::Nary,
+        cols: (usize, usize),
     },
     /// `[r, n * e] -> [r, n * 2e]`: per column block its sines, then its
     /// cosines.
@@ -414,6 +427,7 @@ impl Op {
             | Op::Transpose { x, .. }
             | Op::GroupedLinear { x, .. }
             | Op::SinCos { x, .. }
+            | Op::NaryEmbed { x, .. }
             | Op::Dice { x, .. }
             | Op::VariationalDropout { x, .. }
             | Op::StopGradient { x }
@@ -892,6 +906,28 @@ impl Graph {
         self.push(Op::GroupedLinear { x, w, b, n }, width)
     }
 
+    /// `Op::NaryEmbed` of `x` in `nary`'s bases, columns `cols` of `table`.
+    pub fn nary_embed(
+        &mut self,
+        x: NodeId,
+        p: &ParamStore,
+        table: usize,
+        nary: nary::Nary,
+        cols: (usize, usize),
+    ) -> NodeId {
+        let (n, spec) = (self.width(x), &p.specs[table]);
+        assert!(
+            spec.rows == n * nary.vocab() && cols.0 + cols.1 <= spec.cols && cols.1 > 0,
+            "table `{}` of {}x{} for {n} values of {} rows, columns {cols:?}",
+            spec.name,
+            spec.rows,
+            spec.cols,
+            nary.vocab()
+        );
+        let width = n * nary.carries.len() * cols.1;
+        self.push(Op::NaryEmbed { x, table, nary, cols }, width)
+    }
+
     /// `Op::SinCos` of `n` blocks.
     pub fn sin_cos(&mut self, x: NodeId, n: usize) -> NodeId {
         let w = self.width(x);
@@ -1069,6 +1105,7 @@ impl Graph {
                 | Op::Cross { .. }
                 | Op::LayerNorm { .. }
                 | Op::GroupedLinear { .. }
+                | Op::NaryEmbed { .. }
                 | Op::Dice { .. }
                 | Op::SeqAugment { .. }
                 | Op::VariationalDropout { .. } => true,

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 
 use super::kernels::{self};
 use super::{accumulate, capsule, contrast, narrow, split_columns, Saved, Tape};
+use crate::model::graph::nary::Nary;
 use crate::model::graph::params::ParamStore;
 use crate::model::graph::{augment, NodeId, Op, L2_EPS};
 use crate::profile::{Level, Work};
@@ -505,6 +506,35 @@ impl Tape<'_> {
                             }
                         });
                         accumulate(&mut grads, needs, *x, dx);
+                    }
+                }
+                Op::NaryEmbed {
+                    x,
+                    table,
+                    nary,
+                    cols: (c0, w),
+                } => {
+                    // Into the table's rows only: the cast to integers
+                    // passes nothing back to `x`.
+                    let (n, bases) = (g.width(*x), nary.carries.len());
+                    let tcols = p.specs[*table].cols;
+                    let dt = &mut dense[p.specs[*table].range()];
+                    for (row, d) in self.value(*x).chunks_exact(n).zip(dy.chunks_exact(width)) {
+                        for (f, &v) in row.iter().enumerate() {
+                            let u = Nary::value(v);
+                            for k in 0..bases {
+                                let dk = &d[(f * bases + k) * w..][..*w];
+                                let s = if nary.mean {
+                                    1.0 / nary.rows(f, k, u, |_| ()) as f32
+                                } else {
+                                    1.0
+                                };
+                                nary.rows(f, k, u, |r| {
+                                    let o = &mut dt[r * tcols + c0..][..*w];
+                                    o.iter_mut().zip(dk).for_each(|(o, g)| *o += s * g);
+                                });
+                            }
+                        }
                     }
                 }
                 Op::SinCos { x, n } => {

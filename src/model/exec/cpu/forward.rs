@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use super::kernels::{self, RowKeys};
 use super::{capsule, column_stats, contrast, narrow, Saved, Tape};
 use crate::model::exec::Mode;
+use crate::model::graph::nary::Nary;
 use crate::model::graph::params::ParamStore;
 use crate::model::graph::{augment, Keys, NodeId, Op, DICE_EPS};
 
@@ -385,6 +386,35 @@ impl Tape<'_> {
                     .zip(self.value(*x).par_chunks(din))
                     .with_min_len(kernels::ROWS)
                     .for_each(|(out, row)| kernels::grouped_linear_row(row, wv, bv, *n, out));
+                (y, Saved::None)
+            }
+            Op::NaryEmbed {
+                x,
+                table,
+                nary,
+                cols: (c0, w),
+            } => {
+                let (n, bases) = (self.graph.width(*x), nary.carries.len());
+                let (tv, tcols) = (p.slice(*table), p.specs[*table].cols);
+                let mut y = vec![0.0f32; b * width];
+                y.par_chunks_mut(width)
+                    .zip(self.value(*x).par_chunks(n))
+                    .with_min_len(kernels::ROWS)
+                    .for_each(|(out, row)| {
+                        for (f, &v) in row.iter().enumerate() {
+                            let u = Nary::value(v);
+                            for k in 0..bases {
+                                let o = &mut out[(f * bases + k) * w..][..*w];
+                                let digits = nary.rows(f, k, u, |r| {
+                                    let t = &tv[r * tcols + c0..][..*w];
+                                    o.iter_mut().zip(t).for_each(|(o, t)| *o += t);
+                                });
+                                if nary.mean {
+                                    o.iter_mut().for_each(|o| *o /= digits as f32);
+                                }
+                            }
+                        }
+                    });
                 (y, Saved::None)
             }
             Op::SinCos { x, n } => {

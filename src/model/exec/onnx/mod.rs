@@ -23,6 +23,7 @@ use crate::config::feature_plan::FeatureSpec;
 use crate::config::model::tasks::{LossKind, Task, ZilnPrediction};
 use crate::config::model::Activation;
 use crate::model::exec::cpu::kernels;
+use crate::model::graph::nary::Nary;
 use crate::model::graph::{Keys, BN_EPS, DICE_EPS, MASK_ADDER};
 use crate::model::heads::losses;
 use crate::model::{Model, Op, ParamStore, SeqPartKind};
@@ -290,6 +291,8 @@ struct Builder<'a> {
 }
 
 const CAST_TO_FLOAT: i64 = 1;
+const CAST_TO_INT64: i64 = 7;
+const CAST_TO_DOUBLE: i64 = 11;
 
 impl Builder<'_> {
     fn param(&mut self, i: usize) -> String {
@@ -548,6 +551,81 @@ impl Builder<'_> {
         let ks: Vec<f32> = (0..n).map(|k| k as f32).collect();
         let ks = self.g.f32s(None, &[1, n], &ks);
         self.g.op("Less", &[&ks, len])
+    }
+
+    /// `Op::NaryEmbed` of `x`'s `n` values, columns `c0 .. c0 + w` of
+    /// parameter `table`. The arithmetic is in doubles, which hold every
+    /// 32-bit value and quotient exactly (tract 0.23 got int64 comparisons
+    /// and quotients with constants past 32 bits, and casts to int64 of
+    /// values past them, wrong in our tests): the value truncated and
+    /// saturated to 32 bits, read unsigned; per base the quotients `q_j =
+    /// floor(u / c^j)`, digits `q_j - c * floor(q_j / c)` and their rows,
+    /// gathered, weighted by whether the value reaches position `j` (`q_j >
+    /// 0`; position 0 always) and pooled.
+    fn nary_embed(&mut self, x: &str, n: usize, (table, c0, w): (usize, usize, usize), nary: &Nary) -> String {
+        let f64s = |b: &mut Self, dims: &[usize], data: &[f64]| b.g.f64s(dims, data);
+        let d = self.g.node("Cast", &[x], vec![("to", Attr::Int(CAST_TO_DOUBLE))], None);
+        let zero = f64s(self, &[], &[0.0]);
+        let negative = self.g.op("Less", &[&d, &zero]);
+        let up = self.g.op("Ceil", &[&d]);
+        let down = self.g.op("Floor", &[&d]);
+        let t = self.g.op("Where", &[&negative, &up, &down]);
+        let lo = f64s(self, &[], &[f64::from(i32::MIN)]);
+        let hi = f64s(self, &[], &[f64::from(i32::MAX)]);
+        let t = self.g.op("Max", &[&t, &lo]);
+        let t = self.g.op("Min", &[&t, &hi]);
+        // NaN is 0, as Rust's saturating cast has it.
+        let number = self.g.op("Equal", &[&t, &t]);
+        let t = self.g.op("Where", &[&number, &t, &zero]);
+        let negative = self.g.op("Less", &[&t, &zero]);
+        let wrap = f64s(self, &[], &[4294967296.0]);
+        let wrapped = self.g.op("Add", &[&t, &wrap]);
+        let u = self.g.op("Where", &[&negative, &wrapped, &t]);
+        let u = self.reshape(&u, &[-1, n as i64, 1]);
+        let table = self.param(table);
+        let table = self.slice(&table, 1, c0, w);
+        let mut pooled = Vec::with_capacity(nary.carries.len());
+        for (k, &c) in nary.carries.iter().enumerate() {
+            let positions = Nary::positions(c);
+            let c = f64::from(c);
+            let powers: Vec<f64> = (0..positions as i32).map(|j| c.powi(j)).collect();
+            let pow = f64s(self, &[1, 1, positions], &powers);
+            let q = self.g.op("Div", &[&u, &pow]);
+            let q = self.g.op("Floor", &[&q]);
+            let cc = f64s(self, &[], &[c]);
+            let next = self.g.op("Div", &[&q, &cc]);
+            let next = self.g.op("Floor", &[&next]);
+            let carried = self.g.op("Mul", &[&next, &cc]);
+            let digit = self.g.op("Sub", &[&q, &carried]);
+            // Row of digit 0 at each position of each feature.
+            let mut first = Vec::with_capacity(n * positions);
+            for f in 0..n {
+                let r0 = nary.first_row(f, k) as f64;
+                first.extend((0..positions).map(|j| r0 + j as f64 * c));
+            }
+            let first = f64s(self, &[1, n, positions], &first);
+            let rows = self.g.op("Add", &[&digit, &first]);
+            let rows = self
+                .g
+                .node("Cast", &[&rows], vec![("to", Attr::Int(CAST_TO_INT64))], None);
+            let mut below = vec![0.0; positions];
+            below[0] = -1.0;
+            let below = f64s(self, &[1, 1, positions], &below);
+            let live = self.g.op("Less", &[&below, &q]);
+            let mut weight = self.cast_f32(&live);
+            if nary.mean {
+                let digits = self.reduce_sum(&weight, 2, true);
+                weight = self.g.op("Div", &[&weight, &digits]);
+            }
+            let weight = self.reshape(&weight, &[-1, n as i64, positions as i64, 1]);
+            let gathered = self
+                .g
+                .node("Gather", &[&table, &rows], vec![("axis", Attr::Int(0))], None);
+            let weighted = self.g.op("Mul", &[&gathered, &weight]);
+            pooled.push(self.reduce_sum(&weighted, 2, false));
+        }
+        let all = self.concat(&pooled, 2);
+        self.reshape(&all, &[-1, (n * nary.carries.len() * w) as i64])
     }
 
     fn cast_f32(&mut self, x: &str) -> String {
@@ -976,6 +1054,12 @@ impl Builder<'_> {
                         None => y,
                     }
                 }
+                Op::NaryEmbed {
+                    x,
+                    table,
+                    nary,
+                    cols: (c0, w),
+                } => self.nary_embed(&v[x.0], graph.width(*x), (*table, *c0, *w), nary),
                 Op::SinCos { x, n } => {
                     let e = (width / (2 * n)) as i64;
                     let x3 = self.reshape(&v[x.0], &[-1, *n as i64, e]);
@@ -1102,4 +1186,91 @@ impl Builder<'_> {
 /// The summed widths of a dot op's operands.
 fn node_widths(graph: &crate::model::Graph, op: &Op) -> usize {
     op.operands().iter().map(|x| graph.width(*x)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::exec::{cpu::Cpu, Executor, Mode};
+    use crate::model::graph::params::Init;
+    use crate::util::Rng;
+    use tract_onnx::prelude::{tract_ndarray, tvec, Framework, InferenceModelExt, IntoRunnable, Tensor};
+
+    /// `Op::NaryEmbed`'s lowering, run by tract, against the CPU executor:
+    /// positive, negative, fractional, zero and out-of-range values, both
+    /// poolings, a column range of the table.
+    #[test]
+    fn nary_embeddings_lower_to_onnx_as_the_cpu_computes_them() {
+        let values: Vec<f32> = vec![
+            0.0, 1.0, 57.0, 1957.0, -1.0, -57.6, 3.9, 1e12, 8.0, 6560.0, 6561.0, 4294.5, -3e9, 0.4, 2.0, 511.0,
+        ];
+        let (b, n) = (values.len() / 2, 2);
+        for (mean, carries) in [
+            (false, vec![9]),
+            (false, vec![2, 2]),
+            (false, vec![2, 9, 3]),
+            (true, vec![2, 9, 3]),
+        ] {
+            let nary = Nary::new(carries.clone(), mean);
+            let mut params = ParamStore::default();
+            let mut rng = Rng::new(5);
+            let t = params.add(
+                "nary/embed_table",
+                n * nary.vocab(),
+                5,
+                Init::GlorotUniform,
+                false,
+                &mut rng,
+            );
+            // Row r, column c holds 1000 c + r: a sum names its rows.
+            params
+                .slice_mut(t)
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = (i / 5) as f32 + (i % 5) as f32 * 1000.0);
+            let mut g = crate::model::Graph::default();
+            let x = g.input(0, n);
+            let y = g.nary_embed(x, &params, t, nary.clone(), (1, 3));
+            let cpu = Cpu::default();
+            let (buffers, xs) = (ParamStore::default(), [values.clone()]);
+            let tape = cpu.forward(&g, (&params, &buffers), &xs, b, Mode::Infer);
+            let want = tape.value(y).to_vec();
+
+            let mut bld = Builder {
+                g: proto::Graph::default(),
+                params: &params,
+                buffers: &buffers,
+                named: HashMap::new(),
+                named_buffers: HashMap::new(),
+            };
+            let xin = bld
+                .g
+                .input("x", Elem::F32, &[Dim::Named("batch".into()), Dim::Fixed(n)]);
+            let out = bld.nary_embed(&xin, n, (t, 1, 3), &nary);
+            let width = n * carries.len() * 3;
+            let out = bld.g.node("Identity", &[&out], vec![], Some("y"));
+            bld.g
+                .output(&out, Elem::F32, &[Dim::Named("batch".into()), Dim::Fixed(width)]);
+            let dir = tempfile::tempdir().unwrap();
+            bld.g.write(dir.path(), "model.onnx.data", usize::MAX).unwrap();
+            let model = tract_onnx::onnx()
+                .model_for_path(dir.path().join("model.onnx"))
+                .unwrap()
+                .into_optimized()
+                .unwrap()
+                .into_runnable()
+                .unwrap();
+            let input = tract_ndarray::Array2::from_shape_vec((b, n), values.clone()).unwrap();
+            let got = model.run(tvec!(Tensor::from(input).into())).unwrap();
+            let got: Vec<f32> = got[0].to_plain_array_view::<f32>().unwrap().iter().copied().collect();
+            assert_eq!(got.len(), want.len());
+            for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - w).abs() <= 1e-6 * w.abs().max(1.0),
+                    "{carries:?}, mean {mean}: value {i} (row {}): onnx {a} vs cpu {w}",
+                    i / width
+                );
+            }
+        }
+    }
 }

@@ -34,6 +34,7 @@ pub enum Dim {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Elem {
     F32,
+    F64,
     I64,
 }
 
@@ -41,6 +42,7 @@ impl Elem {
     fn code(self) -> i32 {
         match self {
             Elem::F32 => DataType::Float as i32,
+            Elem::F64 => DataType::Double as i32,
             Elem::I64 => DataType::Int64 as i32,
         }
     }
@@ -149,6 +151,20 @@ impl Graph {
         self.inits.push(TensorProto {
             dims: dims.iter().map(|&d| d as i64).collect(),
             data_type: Elem::F32.code(),
+            name: name.clone(),
+            raw_data: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ..Default::default()
+        });
+        name
+    }
+
+    /// A double constant.
+    pub fn f64s(&mut self, dims: &[usize], data: &[f64]) -> String {
+        assert_eq!(dims.iter().product::<usize>(), data.len(), "initializer shape");
+        let name = self.fresh("const");
+        self.inits.push(TensorProto {
+            dims: dims.iter().map(|&d| d as i64).collect(),
+            data_type: Elem::F64.code(),
             name: name.clone(),
             raw_data: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
             ..Default::default()

@@ -10,6 +10,7 @@ use super::parse::{
 use crate::config::model::backbone::{Expr, Release};
 use crate::config::model::layers::{Mlp, MlpLayer};
 use crate::config::model::Activation;
+use crate::model::graph::nary::Nary;
 use crate::model::graph::params::Init;
 use crate::model::graph::{Graph, Kernel, Keys, NodeId, Reduce, Scope};
 
@@ -545,6 +546,53 @@ pub(in crate::model::builders::backbone) fn keras(
             let x_hat = g.fold(w, n);
             let emb = g.grouped_linear(x_hat, s.params, meta, None, n);
             numeric_out(emb, n, d, *out, g)
+        }
+        Keras::NaryDis {
+            dim,
+            carries,
+            multiplier,
+            mean,
+            replicas,
+            out,
+        } => {
+            let x = tensor(&v, g).context("NaryDisEmbedding")?;
+            let x = if *multiplier == 1.0 {
+                x
+            } else {
+                g.scale(x, *multiplier, None)
+            };
+            let n = g.width(x);
+            let nary = Nary::new(carries.clone(), *mean);
+            // Keras' add_weight: glorot_uniform over `[rows, columns]`.
+            let table = s.params.add(
+                &format!("{name}/embed_table"),
+                n * nary.vocab(),
+                dim * replicas,
+                Init::GlorotUniform,
+                false,
+                s.rng,
+            );
+            let width = carries.len() * dim;
+            let embs: Vec<NodeId> = (0..*replicas)
+                .map(|r| g.nary_embed(x, s.params, table, nary.clone(), (r * dim, *dim)))
+                .collect();
+            if let [emb] = embs[..] {
+                numeric_out(emb, n, width, *out, g)
+            } else {
+                // Each replica's output, then (with output_tensor_list or
+                // output_3d_tensor) each one's per-feature form.
+                let mut items: Vec<Val> = embs.iter().map(|&e| Val::T(e)).collect();
+                for &e in &embs {
+                    match out {
+                        NumericOut::Tensor => {}
+                        NumericOut::AndStacked => items.push(Val::S { x: e, n, d: width }),
+                        NumericOut::AndList => {
+                            items.push(Val::L((0..n).map(|k| Val::T(g.slice(e, k * width, width))).collect()))
+                        }
+                    }
+                }
+                Val::L(items)
+            }
         }
         Keras::MaskBlock(blk) => {
             let (net, mask_input) = match &v {

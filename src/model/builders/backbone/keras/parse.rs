@@ -100,6 +100,19 @@ pub enum Keras {
         temperature: f32,
         out: NumericOut,
     },
+    /// EasyRec's NaryDisEmbedding of raw values `[batch, n]`: each value
+    /// times `multiplier`, as a 32-bit integer, in each base of `carries`,
+    /// its digits' embeddings pooled per base (`graph::nary`), the bases'
+    /// side by side per feature; `replicas` such embeddings of `dim`, each
+    /// its own output.
+    NaryDis {
+        dim: usize,
+        carries: Vec<u32>,
+        multiplier: f32,
+        mean: bool,
+        replicas: usize,
+        out: NumericOut,
+    },
     /// EasyRec's MaskBlock layer over `[net, mask_input]` (or one input
     /// for both).
     MaskBlock(MaskBlock),
@@ -434,6 +447,21 @@ impl StParams<'_> {
         })
     }
 
+    fn numbers(&self, key: &str) -> Result<Option<Vec<f64>>, ConfigError> {
+        use prost_types::value::Kind;
+        self.value(key, "list of numbers", |k| match k {
+            Kind::ListValue(l) => l
+                .values
+                .iter()
+                .map(|v| match v.kind {
+                    Some(Kind::NumberValue(x)) => Some(x),
+                    _ => None,
+                })
+                .collect(),
+            _ => None,
+        })
+    }
+
     fn boolean(&self, key: &str) -> Result<Option<bool>, ConfigError> {
         use prost_types::value::Kind;
         self.value(key, "bool_value", |k| match k {
@@ -463,7 +491,7 @@ impl StParams<'_> {
 }
 
 const SUPPORTED_LAYERS: &str =
-    "MLP, PPNet, AITMTower, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding, DIN, BST, TextCNN, SeqAugment, SeqAugmentOps, AuxiliaryLoss";
+    "MLP, PPNet, AITMTower, Dense, Dropout, Add, FM, DotInteraction, Cross, CIN, MaskNet, Highway, SENet, FiBiNet, BiLinear, MMoE, MaskBlock, Gate, PeriodicEmbedding, AutoDisEmbedding, NaryDisEmbedding, DIN, BST, TextCNN, SeqAugment, SeqAugmentOps, AuxiliaryLoss";
 
 pub fn parse(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
     use proto::keras_layer::Params;
@@ -692,6 +720,7 @@ pub fn parse(k: &proto::KerasLayer, path: &str) -> Result<Keras, ConfigError> {
                 out,
             }
         }
+        "NaryDisEmbedding" => nary_dis(k, &st, path)?,
         "DIN" => {
             let Some(Params::Din(d)) = &k.params else {
                 return Err(takes("`din { attention_dnn { ... } }`"));
@@ -1049,5 +1078,133 @@ fn ppnet(p: &proto::PpNet, path: &str) -> Result<Keras, ConfigError> {
         gate,
         eager,
         full_gate_input: p.full_gate_input(),
+    })
+}
+
+/// The largest NaryDisEmbedding table, in values (1 GiB of f32): its rows
+/// grow with the bases (`carries`), its columns with `embedding_dim` times
+/// `num_replicas`, per input feature.
+const MAX_NARY_TABLE_PER_FEATURE: u128 = 1 << 28;
+
+/// EasyRec's NaryDisEmbedding parameters, read as its `Parameter` reads
+/// them: unset fields take the layer's defaults (`carries` [2, 9],
+/// `multiplier` 1, `intra_ary_pooling` sum, one replica).
+fn nary_dis(k: &proto::KerasLayer, st: &StParams<'_>, path: &str) -> Result<Keras, ConfigError> {
+    use proto::keras_layer::Params;
+    let (dim, carries, multiplier, pooling, replicas, out) = match &k.params {
+        Some(Params::NaryDisEmbedding(p)) => {
+            if p.inter_ary_pooling() != "concat" {
+                // EasyRec reads no inter_ary_pooling ("not supported yet").
+                log::warn!(
+                    "{path}.nary_dis_embedding.inter_ary_pooling: `{}` is ignored, as EasyRec ignores it: \
+                     the bases' embeddings are concatenated",
+                    p.inter_ary_pooling()
+                );
+            }
+            (
+                f64::from(p.embedding_dim),
+                p.carries.iter().map(|&c| f64::from(c)).collect::<Vec<_>>(),
+                p.multiplier(),
+                p.intra_ary_pooling().to_string(),
+                f64::from(p.num_replicas()),
+                NumericOut::of(p.output_tensor_list(), p.output_3d_tensor()),
+            )
+        }
+        None | Some(Params::StParams(_)) => {
+            st.check_keys(
+                &[
+                    "embedding_dim",
+                    "carries",
+                    "multiplier",
+                    "intra_ary_pooling",
+                    "num_replicas",
+                    "output_3d_tensor",
+                    "output_tensor_list",
+                ],
+                "NaryDisEmbedding",
+            )?;
+            // EasyRec's check_required on st_params.
+            for key in ["embedding_dim", "carries"] {
+                if !st.fields.contains_key(key) {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.st_params.{key}"),
+                        format!("NaryDisEmbedding needs `{key}`"),
+                    ));
+                }
+            }
+            (
+                st.number("embedding_dim")?.unwrap_or(0.0),
+                st.numbers("carries")?.unwrap_or_default(),
+                st.number("multiplier")?.unwrap_or(1.0) as f32,
+                st.string("intra_ary_pooling")?.unwrap_or("sum").to_string(),
+                st.number("num_replicas")?.unwrap_or(1.0),
+                NumericOut::of(
+                    st.boolean("output_tensor_list")?.unwrap_or(false),
+                    st.boolean("output_3d_tensor")?.unwrap_or(false),
+                ),
+            )
+        }
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                path,
+                format!("Keras layer NaryDisEmbedding takes `nary_dis_embedding` or st_params, not `{other:?}`"),
+            ))
+        }
+    };
+    let whole = |x: f64, field: &str, least: f64| -> Result<usize, ConfigError> {
+        if x >= least && x.fract() == 0.0 && x <= f64::from(u32::MAX) {
+            Ok(x as usize)
+        } else {
+            Err(ConfigError::invalid(
+                format!("{path}.{field}"),
+                format!("NaryDisEmbedding's {field} must be a whole number of at least {least}, not {x}"),
+            ))
+        }
+    };
+    let dim = whole(dim, "embedding_dim", 1.0)?;
+    let replicas = whole(replicas, "num_replicas", 1.0)?;
+    // An empty list takes EasyRec's default bases.
+    let carries = if carries.is_empty() { vec![2.0, 9.0] } else { carries };
+    let carries = carries
+        .into_iter()
+        .map(|c| whole(c, "carries", 2.0).map(|c| c as u32))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows: u128 = carries
+        .iter()
+        .map(|&c| crate::model::graph::nary::Nary::length(c) as u128)
+        .sum();
+    if rows * (dim * replicas) as u128 > MAX_NARY_TABLE_PER_FEATURE {
+        return Err(ConfigError::invalid(
+            format!("{path}.carries"),
+            format!(
+                "NaryDisEmbedding's table would hold {rows} rows of {} values per feature, over the {} values allowed",
+                dim * replicas,
+                MAX_NARY_TABLE_PER_FEATURE
+            ),
+        ));
+    }
+    if !multiplier.is_finite() {
+        return Err(ConfigError::invalid(
+            format!("{path}.multiplier"),
+            "NaryDisEmbedding needs a finite multiplier",
+        ));
+    }
+    let mean = match pooling.as_str() {
+        "sum" => false,
+        "mean" => true,
+        other => {
+            return Err(ConfigError::invalid(
+                format!("{path}.intra_ary_pooling"),
+                format!("NaryDisEmbedding pools by `sum` or `mean`, not `{other}`"),
+            ))
+        }
+    };
+    Ok(Keras::NaryDis {
+        dim,
+        carries,
+        multiplier,
+        mean,
+        replicas,
+        out,
     })
 }
