@@ -31,4 +31,50 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn nary_dis_embedding_reads_easyrecs_defaults_and_refuses_what_it_cannot_encode() {
+        use proto::keras_layer::Params;
+        let layer = |p: proto::NaryDisEmbedding| proto::KerasLayer {
+            class_name: "NaryDisEmbedding".into(),
+            params: Some(Params::NaryDisEmbedding(p)),
+        };
+        let base = proto::NaryDisEmbedding {
+            embedding_dim: 4,
+            ..Default::default()
+        };
+        // No carries: EasyRec's default bases [2, 9], summed, one replica.
+        match super::parse(&layer(base.clone()), "k").unwrap() {
+            super::Keras::NaryDis {
+                carries,
+                mean,
+                replicas,
+                multiplier,
+                ..
+            } => assert_eq!((carries, mean, replicas, multiplier), (vec![2, 9], false, 1, 1.0)),
+            other => panic!("{other:?}"),
+        }
+        let err = |p: proto::NaryDisEmbedding| super::parse(&layer(p), "k").unwrap_err().to_string();
+        let e = err(proto::NaryDisEmbedding {
+            carries: vec![2, 1],
+            ..base.clone()
+        });
+        assert!(e.starts_with("k.carries:") && e.contains("at least 2"), "{e}");
+        let e = err(proto::NaryDisEmbedding {
+            intra_ary_pooling: Some("max".into()),
+            ..base.clone()
+        });
+        assert!(e.starts_with("k.intra_ary_pooling:"), "{e}");
+        // A base so large its table cannot be allocated names `carries`.
+        let e = err(proto::NaryDisEmbedding {
+            carries: vec![4_000_000_000],
+            ..base.clone()
+        });
+        assert!(e.starts_with("k.carries:") && e.contains("rows"), "{e}");
+        let e = err(proto::NaryDisEmbedding {
+            embedding_dim: 0,
+            ..base
+        });
+        assert!(e.starts_with("k.embedding_dim:"), "{e}");
+    }
 }
