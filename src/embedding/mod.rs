@@ -582,11 +582,15 @@ pub fn moving_rows(table: &Table) -> Vec<u64> {
 
 /// The rest of a dense-update rule's step on an array table: every row
 /// the batch left alone takes the update of a zero gradient. TensorFlow's
-/// `AdamOptimizer` (EasyRec's `adam_optimizer`) applies a sparse
-/// gradient so: every row's moments decay and every row moves by them;
-/// LazyAdam and the other rules update only the batch's rows. Returns
-/// whether those rows stay finite.
+/// `AdamOptimizer` (EasyRec's `adam_optimizer`, and the Adam part of its
+/// `adamw_optimizer`) applies a sparse gradient so: every row's moments
+/// decay and every row moves by them; LazyAdam and the other rules update
+/// only the batch's rows. Returns whether those rows stay finite.
 fn apply_untouched(table: &mut Table, grads: &RowGrads, rule: &Rule) -> bool {
+    let rule = &Rule {
+        kind: rule.kind.untouched_rows_rule(),
+        ..rule.clone()
+    };
     let dim = table.dim;
     let rows = table.weights.len() / dim.max(1);
     let mut touched: Vec<usize> = grads.rows.iter().filter_map(|&r| table.slot(r)).collect();
@@ -647,11 +651,20 @@ mod tests {
 
     /// TensorFlow's `AdamOptimizer` on a sparse gradient moves every row
     /// by its momentum, trained in the step or not (one never trained stays
-    /// put); LazyAdam moves only the step's rows. Two steps on a 3-row
-    /// table, row 0 trained in the first, row 1 in the second.
+    /// put); so does EasyRec's AdamW, whose weight decay reaches only the
+    /// step's rows; LazyAdam moves only the step's rows. Two steps on a
+    /// 3-row table, row 0 trained in the first, row 1 in the second.
     #[test]
     fn adam_moves_rows_with_momentum_that_a_step_does_not_train_and_lazy_adam_does_not() {
         for (kind, dense) in [
+            (
+                OptimizerKind::AdamW {
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    weight_decay: 0.05,
+                },
+                true,
+            ),
             (
                 OptimizerKind::Adam {
                     beta1: 0.9,
@@ -695,7 +708,11 @@ mod tests {
             let (mut w, mut m, mut v) = (after_one[..2].to_vec(), vec![0.0f32; 2], vec![0.0f32; 2]);
             let first = rule(1);
             first.apply(&mut [1.0, 2.0], &[0.5, -0.25], &mut [&mut m, &mut v]);
-            rule(2).apply(&mut w, &[0.0, 0.0], &mut [&mut m, &mut v]);
+            let untouched = Rule {
+                kind: kind.untouched_rows_rule(),
+                ..rule(2)
+            };
+            untouched.apply(&mut w, &[0.0, 0.0], &mut [&mut m, &mut v]);
             if dense {
                 assert_eq!(t.weights[..2], w[..]);
                 assert_ne!(w, after_one[..2]);

@@ -130,9 +130,22 @@ pub struct Rule {
 impl OptimizerKind {
     /// Whether a step moves an embedding table's rows that have no
     /// gradient in it: TensorFlow's `AdamOptimizer` decays every row's
-    /// moments and applies them (see `embedding::apply_rows`).
+    /// moments and applies them (see `embedding::apply_rows`), and so does
+    /// EasyRec's `AdamWOptimizer`, which is that optimizer after a weight
+    /// decay of the batch's rows.
     pub fn moves_untouched_rows(&self) -> bool {
-        matches!(self, OptimizerKind::Adam { .. })
+        matches!(self, OptimizerKind::Adam { .. } | OptimizerKind::AdamW { .. })
+    }
+
+    /// The rule a row without a gradient takes where the rule moves such
+    /// rows: AdamW's weight decay reaches only the batch's rows
+    /// (TensorFlow's `_decay_weights_sparse_op` scatters it to the
+    /// gradient's indices), so the others take Adam's step alone.
+    pub fn untouched_rows_rule(&self) -> OptimizerKind {
+        match *self {
+            OptimizerKind::AdamW { beta1, beta2, .. } => OptimizerKind::Adam { beta1, beta2 },
+            ref other => other.clone(),
+        }
     }
 }
 
