@@ -146,13 +146,20 @@ impl Graph {
 
     /// A float initializer (a weight, or a constant when `name` is `None`).
     pub fn f32s(&mut self, name: Option<&str>, dims: &[usize], data: &[f32]) -> String {
-        assert_eq!(dims.iter().product::<usize>(), data.len(), "initializer shape");
         let name = name.map_or_else(|| self.fresh("const"), str::to_string);
+        let raw = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.initializer(name, (dims, data.len()), Elem::F32, raw)
+    }
+
+    /// Initializer `name` of `dims` (holding `len` values) of `elem`, from
+    /// its little-endian bytes.
+    fn initializer(&mut self, name: String, (dims, len): (&[usize], usize), elem: Elem, raw_data: Vec<u8>) -> String {
+        assert_eq!(dims.iter().product::<usize>(), len, "initializer shape");
         self.inits.push(TensorProto {
             dims: dims.iter().map(|&d| d as i64).collect(),
-            data_type: Elem::F32.code(),
+            data_type: elem.code(),
             name: name.clone(),
-            raw_data: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            raw_data,
             ..Default::default()
         });
         name
@@ -160,16 +167,9 @@ impl Graph {
 
     /// A double constant.
     pub fn f64s(&mut self, dims: &[usize], data: &[f64]) -> String {
-        assert_eq!(dims.iter().product::<usize>(), data.len(), "initializer shape");
         let name = self.fresh("const");
-        self.inits.push(TensorProto {
-            dims: dims.iter().map(|&d| d as i64).collect(),
-            data_type: Elem::F64.code(),
-            name: name.clone(),
-            raw_data: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            ..Default::default()
-        });
-        name
+        let raw = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.initializer(name, (dims, data.len()), Elem::F64, raw)
     }
 
     /// An int64 constant.
@@ -180,16 +180,8 @@ impl Graph {
 
     /// An int64 initializer under `name`.
     pub fn named_i64s(&mut self, name: &str, dims: &[usize], data: &[i64]) -> String {
-        assert_eq!(dims.iter().product::<usize>(), data.len(), "initializer shape");
-        let name = name.to_string();
-        self.inits.push(TensorProto {
-            dims: dims.iter().map(|&d| d as i64).collect(),
-            data_type: Elem::I64.code(),
-            name: name.clone(),
-            raw_data: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            ..Default::default()
-        });
-        name
+        let raw = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.initializer(name.to_string(), (dims, data.len()), Elem::I64, raw)
     }
 
     pub fn input(&mut self, name: &str, elem: Elem, dims: &[Dim]) -> String {
