@@ -13,7 +13,7 @@ BIN := $(CARGO_TARGET_DIR)/debug
 APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config libvulkan1 mesa-vulkan-drivers
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build test demo odl-demo ml100k bench bench-gpu parity fuzz lint fmt clean
+.PHONY: deps build test demo odl-demo ml100k bench bench-gpu parity parity-steps fuzz lint fmt clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -192,6 +192,12 @@ $(EASYREC_VENV)/easyrec-installed:
 # trained by both (EasyRec three times), all scored with exact metrics.
 parity: build data/ml100k/train.csv $(EASYREC_VENV)/easyrec-installed
 	python3 bench/parity.py --bin $(BIN) --python $(EASYREC_VENV)/bin/python
+
+# Training steps beside EasyRec: each parity model trained three steps by
+# EasyRec and by us from EasyRec's initial checkpoint, in file order without
+# dropout, every variable compared after each step.
+parity-steps: build data/ml100k/train.csv $(EASYREC_VENV)/easyrec-installed
+	$(EASYREC_VENV)/bin/python bench/parity_step.py --bin $(BIN)
 
 # Coverage-guided fuzzing (cargo fuzz, libFuzzer) of every reader of files
 # and requests written elsewhere: each target runs FUZZ_SECONDS from the seed
