@@ -331,21 +331,25 @@ impl StreamSpec {
 
     /// Runs the whole stream on the calling thread, calling `emit` per batch
     /// until it returns false.
-    pub fn run(&self, mut emit: impl FnMut(RawBatch) -> bool) -> Result<(), DataError> {
+    ///
+    /// With `shuffle`, the splits of each epoch come in a random order and
+    /// rows pass through TensorFlow's shuffle buffer (EasyRec's
+    /// `dataset.shuffle(shuffle_buffer_size)` before `repeat`): each row out
+    /// is drawn from the next `shuffle_buffer` rows read, and the buffer is
+    /// drained at the end of every epoch. A small buffer keeps the file's
+    /// order nearly as it is, as in EasyRec.
+    pub fn run(&self, emit: impl FnMut(RawBatch) -> bool) -> Result<(), DataError> {
         let splits = self.splits()?;
         let chunk_rows = self.shuffle_buffer.max(self.batch_size).max(4096);
-        let mut pending: Option<RawBatch> = None;
-        let mut skip = self.skip_batches;
-        let mut rows_out: u64 = 0;
-        let mut epoch: u32 = 0;
-        let mut emit_full = |b: RawBatch, skip: &mut u64, rows_out: &mut u64| -> bool {
-            *rows_out += b.num_rows as u64;
-            if *skip > 0 {
-                *skip -= 1;
-                return true;
-            }
-            emit(b)
+        let mut out = Batcher {
+            batch_size: self.batch_size,
+            max_rows: self.max_rows,
+            pending: None,
+            skip: self.skip_batches,
+            rows_out: 0,
+            emit,
         };
+        let mut epoch: u32 = 0;
         while self.epochs.is_none_or(|e| epoch < e) {
             let mut order: Vec<usize> = (0..splits.len()).collect();
             let mut rng = Rng::new(self.seed ^ (0x5eed_0000 + epoch as u64));
@@ -353,6 +357,8 @@ impl StreamSpec {
                 rng.shuffle(&mut order);
             }
             let mut any = false;
+            // Rows read and not yet drawn from the shuffle buffer.
+            let mut held: Option<RawBatch> = None;
             let mut ahead: Option<(usize, OpenAhead)> = None;
             for (pos, &si) in order.iter().enumerate() {
                 let chunks = match ahead.take() {
@@ -367,27 +373,34 @@ impl StreamSpec {
                 for chunk in chunks {
                     let chunk = chunk?;
                     any |= chunk.num_rows > 0;
-                    let mut rows: Vec<usize> = (0..chunk.num_rows).collect();
-                    if self.shuffle {
-                        rng.shuffle(&mut rows);
-                    }
-                    let mut at = 0;
-                    while at < rows.len() {
-                        let p = pending.get_or_insert_with(|| chunk.empty_like());
-                        let mut take = (self.batch_size - p.num_rows).min(rows.len() - at);
-                        if self.max_rows > 0 {
-                            take = take.min((self.max_rows - rows_out - p.num_rows as u64) as usize);
+                    if !self.shuffle {
+                        let rows: Vec<usize> = (0..chunk.num_rows).collect();
+                        if !out.push(&chunk, &rows) {
+                            return Ok(());
                         }
-                        p.extend_from(&chunk, &rows[at..at + take]);
-                        at += take;
-                        let limit_hit = self.max_rows > 0 && rows_out + p.num_rows as u64 >= self.max_rows;
-                        if p.num_rows == self.batch_size || limit_hit {
-                            let b = pending.take().expect("pending batch");
-                            if !emit_full(b, &mut skip, &mut rows_out) || limit_hit {
-                                return Ok(());
-                            }
-                        }
+                        continue;
                     }
+                    let window = match held.take() {
+                        Some(mut h) => {
+                            let rows: Vec<usize> = (0..chunk.num_rows).collect();
+                            h.extend_from(&chunk, &rows);
+                            h
+                        }
+                        None => chunk,
+                    };
+                    let (drawn, kept) = shuffle_buffer_order(window.num_rows, self.shuffle_buffer, false, &mut rng);
+                    if !out.push(&window, &drawn) {
+                        return Ok(());
+                    }
+                    let mut h = window.empty_like();
+                    h.extend_from(&window, &kept);
+                    held = Some(h);
+                }
+            }
+            if let Some(h) = held.take() {
+                let (drawn, _) = shuffle_buffer_order(h.num_rows, self.shuffle_buffer, true, &mut rng);
+                if !out.push(&h, &drawn) {
+                    return Ok(());
                 }
             }
             if !any {
@@ -395,10 +408,83 @@ impl StreamSpec {
             }
             epoch += 1;
         }
-        if let Some(b) = pending.take().filter(|b| b.num_rows > 0) {
-            emit_full(b, &mut skip, &mut rows_out);
-        }
+        out.finish();
         Ok(())
+    }
+}
+
+/// The order in which TensorFlow's shuffle buffer of `buffer` rows gives
+/// out rows `0..n` read in order: each row out is drawn at random from the
+/// buffer and its place taken by the next row read. Returns the rows given
+/// out and, unless this is the `last` of the input (then the buffer is
+/// drained at random), the rows still in the buffer, in its order.
+fn shuffle_buffer_order(n: usize, buffer: usize, last: bool, rng: &mut Rng) -> (Vec<usize>, Vec<usize>) {
+    let size = buffer.max(1).min(n);
+    let mut held: Vec<usize> = (0..size).collect();
+    let mut drawn = Vec::with_capacity(n);
+    for next in size..n {
+        let j = rng.below(held.len() as u64) as usize;
+        drawn.push(held[j]);
+        held[j] = next;
+    }
+    if last {
+        while !held.is_empty() {
+            let j = rng.below(held.len() as u64) as usize;
+            drawn.push(held.swap_remove(j));
+        }
+    }
+    (drawn, held)
+}
+
+/// Rows gathered into batches of `batch_size` for `emit`, after skipping
+/// `skip` batches (a resumed job) and up to `max_rows` rows in all.
+struct Batcher<F: FnMut(RawBatch) -> bool> {
+    batch_size: usize,
+    max_rows: u64,
+    pending: Option<RawBatch>,
+    skip: u64,
+    /// Rows in the batches handed on or skipped.
+    rows_out: u64,
+    emit: F,
+}
+
+impl<F: FnMut(RawBatch) -> bool> Batcher<F> {
+    /// Adds `rows` of `src`; false once `emit` or the row limit stops the stream.
+    fn push(&mut self, src: &RawBatch, rows: &[usize]) -> bool {
+        let mut at = 0;
+        while at < rows.len() {
+            let p = self.pending.get_or_insert_with(|| src.empty_like());
+            let mut take = (self.batch_size - p.num_rows).min(rows.len() - at);
+            if self.max_rows > 0 {
+                take = take.min((self.max_rows - self.rows_out - p.num_rows as u64) as usize);
+            }
+            p.extend_from(src, &rows[at..at + take]);
+            at += take;
+            let limit_hit = self.max_rows > 0 && self.rows_out + p.num_rows as u64 >= self.max_rows;
+            if p.num_rows == self.batch_size || limit_hit {
+                let b = self.pending.take().expect("pending batch");
+                if !self.hand_on(b) || limit_hit {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn hand_on(&mut self, b: RawBatch) -> bool {
+        self.rows_out += b.num_rows as u64;
+        if self.skip > 0 {
+            self.skip -= 1;
+            return true;
+        }
+        (self.emit)(b)
+    }
+
+    /// Hands on the last, partial batch.
+    fn finish(&mut self) {
+        if let Some(b) = self.pending.take().filter(|b| b.num_rows > 0) {
+            self.hand_on(b);
+        }
     }
 }
 
@@ -609,6 +695,93 @@ mod tests {
         };
         assert_eq!(read("x.csv.gz"), read("x.csv"));
         assert_eq!(read("x.csv.gz")[0].num_rows, 3);
+    }
+
+    #[test]
+    fn the_shuffle_buffer_draws_each_row_from_the_next_rows_read() {
+        let mut rng = Rng::new(7);
+        // A buffer of one keeps the order.
+        assert_eq!(shuffle_buffer_order(5, 1, true, &mut rng).0, [0, 1, 2, 3, 4]);
+        let (drawn, kept) = shuffle_buffer_order(100, 8, false, &mut rng);
+        assert_eq!((drawn.len(), kept.len()), (92, 8));
+        // The i-th row out was read among the first i + 8.
+        assert!(drawn.iter().enumerate().all(|(i, &r)| r < i + 8), "{drawn:?}");
+        let mut all: Vec<usize> = drawn.iter().chain(&kept).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..100).collect::<Vec<_>>());
+        assert_ne!(drawn, (0..92).collect::<Vec<_>>());
+        // Fewer rows than the buffer: all held, or all drawn at the end.
+        assert_eq!(shuffle_buffer_order(3, 8, false, &mut rng), (vec![], vec![0, 1, 2]));
+        let mut last = shuffle_buffer_order(3, 8, true, &mut rng).0;
+        last.sort_unstable();
+        assert_eq!(last, [0, 1, 2]);
+    }
+
+    /// The stream's shuffle is EasyRec's: a buffer of `shuffle_buffer_size`
+    /// rows carried across chunks and files, drained at each epoch's end.
+    #[test]
+    fn a_shuffled_stream_keeps_rows_near_their_place_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fields = vec![InputField {
+            name: "a".into(),
+            ty: ColumnType::Int,
+            default_val: String::new(),
+        }];
+        let mut projection = Projection::default();
+        projection.add("a", &fields, false);
+        let rows = 10_000;
+        let path = dir.path().join("x.csv");
+        let text: String = (0..rows).map(|i| format!("{i}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        let read = |buffer: usize, seed: u64| {
+            let spec = StreamSpec {
+                files: vec![path.clone()],
+                format: InputFormat::Csv {
+                    separator: ",".into(),
+                    with_header: false,
+                },
+                fields: fields.clone(),
+                projection: projection.clone(),
+                batch_size: 300,
+                epochs: Some(2),
+                shuffle: true,
+                shuffle_buffer: buffer,
+                seed,
+                shard: (0, 1),
+                skip_batches: 0,
+                max_rows: 0,
+            };
+            let mut out = Vec::new();
+            spec.run(|b| {
+                let Column::Int(v) = &b.columns[0] else { panic!("ints") };
+                out.extend(v.iter().copied());
+                true
+            })
+            .unwrap();
+            out
+        };
+        let got = read(32, 1);
+        assert_eq!(got.len(), 2 * rows);
+        for epoch in got.chunks(rows) {
+            let mut sorted = epoch.to_vec();
+            sorted.sort_unstable();
+            assert_eq!(
+                sorted,
+                (0..rows as i64).collect::<Vec<_>>(),
+                "each epoch holds every row once"
+            );
+            assert!(
+                epoch.iter().enumerate().all(|(i, &r)| (r as usize) < i + 32),
+                "drawn from the next 32"
+            );
+            assert_ne!(epoch, sorted.as_slice());
+        }
+        assert_ne!(got[..rows], got[rows..], "each epoch is shuffled again");
+        assert_eq!(got, read(32, 1), "one seed, one order");
+        assert_ne!(got, read(32, 2));
+        // A buffer as large as the data mixes rows from its whole length.
+        let wide = read(rows, 1);
+        assert!(wide[..100].iter().any(|&r| r > 5000), "{:?}", &wide[..100]);
     }
 
     #[test]
