@@ -51,17 +51,28 @@ impl Bundle {
         let tf = checkpoint::tensorflow::find(dir)
             .map(|prefix| checkpoint::tensorflow::TfCheckpoint::open(&prefix).map(|c| (prefix, c)))
             .transpose()?;
-        if let Some((prefix, ckpt)) = &tf {
-            names::follow_release_of(&mut plan.model.arch, ckpt, prefix);
-        }
+        // Ours: its tensor names say the same (a backbone fine-tuned from 0.7.1).
+        let own = match &tf {
+            Some((prefix, ckpt)) => {
+                names::follow_release_of(&mut plan.model.arch, ckpt, prefix);
+                None
+            }
+            None => {
+                let own = checkpoint::load(dir)?;
+                let held: Vec<String> = own.1.keys().cloned().collect();
+                names::follow_release_of_own(&mut plan.model.arch, &held, dir);
+                Some(own)
+            }
+        };
         let enc = Encoder::for_inference(&plan).map_err(crate::config::ConfigError::unbuildable)?;
         let sampled = plan.data.negative_sampling.is_some();
         let seed = plan.train.seed;
         let mut model = Model::new(&plan.model, &plan.features, sampled, &enc, seed)
             .map_err(crate::config::ConfigError::unbuildable)?;
-        let (step, mut tensors) = match &tf {
-            Some((_, ckpt)) => easyrec_tensors(&model, ckpt)?,
-            None => checkpoint::load(dir)?,
+        let (step, mut tensors) = match (&tf, own) {
+            (Some((_, ckpt)), _) => easyrec_tensors(&model, ckpt)?,
+            (None, Some(own)) => own,
+            (None, None) => checkpoint::load(dir)?,
         };
         let mut take = |name: &str, shape: &[usize]| checkpoint::take(&mut tensors, name, shape, dir);
         for store in [&mut model.params, &mut model.buffers] {

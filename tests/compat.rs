@@ -237,6 +237,54 @@ fn assert_predicts_like_easyrec(name: &str, dir: &Path, ckpt: &str) {
     }
 }
 
+/// A backbone fine-tuned from EasyRec 0.7.1's checkpoint trains under
+/// that release's names and biases, and its own checkpoints are read so
+/// again: by `eval`, `export`, `predict` and a resumed `train_eval`.
+#[test]
+fn a_backbone_fine_tuned_from_easyrec_071_keeps_its_names_in_our_checkpoints() {
+    let (_tmp, dir) = fixture("backbone_din");
+    let train = |steps: &str, more: &[&str]| {
+        let edit = format!(r#"{{"train_config.num_steps": {steps}}}"#);
+        let mut args = vec![
+            "--pipeline_config_path",
+            "pipeline.config",
+            "--model_dir",
+            "tuned",
+            "--fine_tune_checkpoint",
+            "model/model.ckpt-300",
+            "--edit_config_json",
+            &edit,
+        ];
+        args.extend(more);
+        run(env!("CARGO_BIN_EXE_train_eval"), &dir, &args)
+    };
+    let o = train("2", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest = std::fs::read_to_string(dir.join("tuned/model.ckpt-2/manifest.json")).unwrap();
+    assert!(
+        manifest.contains("backbone/item_mlp/dnn_0/bias"),
+        "0.7.1's names and biases"
+    );
+    for (bin, args) in [
+        (env!("CARGO_BIN_EXE_eval"), vec!["--checkpoint_path", "tuned"]),
+        (
+            env!("CARGO_BIN_EXE_export"),
+            vec!["--model_dir", "tuned", "--export_dir", "tuned_export"],
+        ),
+    ] {
+        let mut all = vec!["--pipeline_config_path", "pipeline.config"];
+        all.extend(args);
+        let o = run(bin, &dir, &all);
+        assert!(o.status.success(), "{bin}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = run(env!("CARGO_BIN_EXE_predict"), &dir, &predict_args("tuned"));
+    assert!(o.status.success(), "predict: {}", String::from_utf8_lossy(&o.stderr));
+    // Resumed from our step 2 (the fine-tune checkpoint is not read again).
+    let o = train("4", &["--continue_train"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(dir.join("tuned/model.ckpt-4/manifest.json").is_file());
+}
+
 /// Runs `eval` in fixture `dir` with checkpoint `ckpt`: its results and
 /// the fixture's `easyrec_eval.json`.
 fn eval_beside_easyrec(name: &str, dir: &Path, ckpt: &str) -> (serde_json::Value, serde_json::Value) {

@@ -341,6 +341,21 @@ impl StreamOffsets {
     }
 }
 
+/// The tensor names checkpoint `dir`'s manifest lists (none where it has
+/// no readable manifest).
+pub fn tensor_names(dir: &Path) -> Vec<String> {
+    let Ok(text) = fs::read_to_string(dir.join("manifest.json")) else {
+        return Vec::new();
+    };
+    match serde_json::from_str::<Value>(&text) {
+        Ok(m) => m["tensors"]
+            .as_object()
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
+}
+
 pub fn seed_of(dir: &Path) -> Option<u64> {
     let text = fs::read_to_string(dir.join("manifest.json")).ok()?;
     serde_json::from_str::<Value>(&text).ok()?["seed"].as_u64()

@@ -94,18 +94,43 @@ pub fn table_variables(
 }
 
 /// Names a backbone's variables after the EasyRec release that wrote the
-/// TensorFlow checkpoint in `dir` (see `backbone::Release`), when there is
-/// one and the model has a backbone; otherwise leaves `arch` as it is.
-pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> Result<(), Unusable> {
+/// TensorFlow checkpoint in `dir` (see `backbone::Release`), or that a
+/// checkpoint of ours in `dir` (a model_dir's latest, or the checkpoint
+/// itself) was trained under (a backbone fine-tuned from EasyRec 0.7.1
+/// keeps that release's variables), when the model has a backbone;
+/// otherwise leaves `arch` as it is.
+pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> anyhow::Result<()> {
     // Only a backbone looks: other models read no checkpoint here.
     if arch.backbone_mut().is_none() {
         return Ok(());
     }
-    let Some(prefix) = crate::checkpoint::tensorflow::find(dir) else {
+    if let Some(prefix) = crate::checkpoint::tensorflow::find(dir) {
+        follow_release_of(arch, &TfCheckpoint::open(&prefix)?, &prefix);
         return Ok(());
+    }
+    let own = match dir.join("manifest.json").is_file() {
+        true => Some(dir.to_path_buf()),
+        false => crate::checkpoint::latest(dir)?,
     };
-    follow_release_of(arch, &TfCheckpoint::open(&prefix)?, &prefix);
+    if let Some(own) = own {
+        follow_release_of_own(arch, &crate::checkpoint::tensor_names(&own), &own);
+    }
     Ok(())
+}
+
+/// `follow_checkpoint_release` for a checkpoint of ours at `dir` holding
+/// tensors `names`.
+pub fn follow_release_of_own(arch: &mut Arch, names: &[String], dir: &std::path::Path) {
+    let Some(b) = arch.backbone_mut() else {
+        return;
+    };
+    b.release = Release::detect(names.iter().map(String::as_str));
+    if b.release == Release::V071 {
+        log::info!(
+            "{}: a backbone trained from EasyRec 0.7.1's checkpoint, under that release's names",
+            dir.display()
+        );
+    }
 }
 
 /// `follow_checkpoint_release` with the TensorFlow checkpoint (at

@@ -101,14 +101,20 @@ impl Trainer {
         comm: Rc<dyn Communicator>,
         ps_options: &ps::PsOptions,
     ) -> anyhow::Result<Self> {
-        // An EasyRec checkpoint the run resumes from or fine-tunes from
-        // decides whose names a backbone's variables carry.
-        let fine_tune = plan
-            .train
-            .fine_tune
-            .as_ref()
-            .and_then(|f| crate::checkpoint::resolve(&f.checkpoint).ok());
-        for dir in [Some(plan.model_dir.clone()), fine_tune].into_iter().flatten() {
+        // The checkpoint the run resumes from (EasyRec's or ours), else the
+        // one it fine-tunes from, decides whose names a backbone's
+        // variables carry.
+        let resumes = crate::checkpoint::latest(&plan.model_dir)?.is_some()
+            || crate::checkpoint::tensorflow::find(&plan.model_dir).is_some();
+        let from = match resumes {
+            true => Some(plan.model_dir.clone()),
+            false => plan
+                .train
+                .fine_tune
+                .as_ref()
+                .and_then(|f| crate::checkpoint::resolve(&f.checkpoint).ok()),
+        };
+        if let Some(dir) = from {
             crate::model::names::follow_checkpoint_release(&mut plan.model.arch, &dir)?;
         }
         let mut roles = None;
