@@ -63,7 +63,10 @@ impl Builder<'_> {
     }
 
     /// EasyRec's MMoE layer over `x`: the experts, then per task a softmax
-    /// gate (`mmoe/gate_<t>/dnn`) mixing their outputs.
+    /// gate (`mmoe/gate_<t>/dnn`) mixing their outputs. EasyRec's MMoE and
+    /// DBMTL build the layer without `is_training`, so its experts run as
+    /// in inference in training too: batch norms on moving averages that
+    /// stay at their initial values, no dropout.
     pub(super) fn mixture(
         &self,
         g: &mut Graph,
@@ -75,7 +78,7 @@ impl Builder<'_> {
         let outs: Vec<NodeId> = experts
             .iter()
             .enumerate()
-            .map(|(e, spec)| s.dnn(g, x, &format!("mmoe/expert_{e}"), spec))
+            .map(|(e, spec)| s.dnn_inference(g, x, &format!("mmoe/expert_{e}"), spec))
             .collect();
         (0..tasks)
             .map(|t| gate(g, s, x, &outs, &format!("mmoe/gate_{t}/dnn")))

@@ -287,6 +287,7 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 var,
                 act,
                 examples_only,
+                fixed,
             } => {
                 let x = v[x.0].clone();
                 let stat = if *examples_only && ctx.training {
@@ -294,7 +295,14 @@ pub fn forward(graph: &Graph, ctx: &mut Ctx, x: &[Tensor<2>]) -> Vec<Tensor<2>> 
                 } else {
                     x.clone()
                 };
-                let (m, var) = ctx.column_stats(stat, (*mean, *var), width);
+                let (m, var) = if *fixed {
+                    (
+                        ctx.constant(ctx.buffers.slice(*mean).to_vec(), 1, width),
+                        ctx.constant(ctx.buffers.slice(*var).to_vec(), 1, width),
+                    )
+                } else {
+                    ctx.column_stats(stat, (*mean, *var), width)
+                };
                 let inv = var.add_scalar(BN_EPS).sqrt().recip();
                 activate(*act, (x - m) * inv * ctx.p[*gamma].clone() + ctx.p[*beta].clone())
             }

@@ -96,6 +96,16 @@ fn cases() -> Vec<Case> {
             }
             y
         }),
+        case("batch norm on its moving averages", true, |g, s, x| {
+            // The dropout rate is not applied: EasyRec's is_training=False.
+            let spec = DnnSpec {
+                hidden_units: vec![5],
+                activation: tanh,
+                use_bn: true,
+                dropout: vec![0.5],
+            };
+            s.dnn_inference(g, x[0], "frozen", &spec)
+        }),
         case("act", true, |g, _, x| g.act(x[0], tanh)),
         case("dice", true, |g, s, x| s.dice(g, x[0], "d")),
         case("linear then dice", true, |g, s, x| {
@@ -173,6 +183,20 @@ fn cases() -> Vec<Case> {
             let e2 = g.slice(x[0], 4, 2);
             let e3 = g.slice(x[1], 3, 2);
             g.weighted_sum(gate, &[e1, e2, e3])
+        }),
+        // A learned constant (UNITER's `cls_emb`, CMBF's `img_map_matrix`):
+        // its parameter is trained though nothing below it is.
+        case("bias over zeros", true, |g, s, x| {
+            let b = s.params.add("b", 1, 6, Init::GlorotUniform, false, s.rng);
+            let z = g.zeros(x[0], 6);
+            let c = g.bias(z, b);
+            g.mul(c, x[1])
+        }),
+        case("scale by a parameter of a constant", true, |g, s, x| {
+            let w = s.params.add("w", 1, 1, Init::Ones, false, s.rng);
+            let c = g.ones(x[0], 6);
+            let c = g.scale(c, 0.5, Some(w));
+            g.mul(c, x[1])
         }),
         case("zeros", true, |g, _, x| {
             let z = g.zeros(x[0], 6);

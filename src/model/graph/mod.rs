@@ -42,7 +42,9 @@ pub enum Op {
     /// training, the moving averages (`mean`, `var` in the buffer store)
     /// otherwise. `examples_only`: the statistics are over the batch's
     /// examples, not the sampled items after them (a match model's user
-    /// tower, which EasyRec runs on the examples alone).
+    /// tower, which EasyRec runs on the examples alone). `fixed`: the
+    /// moving averages in every mode, never updated (EasyRec's layers built
+    /// with `is_training=False`: MMoE's experts).
     BatchNorm {
         x: NodeId,
         gamma: usize,
@@ -51,6 +53,7 @@ pub enum Op {
         var: usize,
         act: Activation,
         examples_only: bool,
+        fixed: bool,
     },
     Act {
         x: NodeId,
@@ -1108,7 +1111,9 @@ impl Graph {
                 | Op::NaryEmbed { .. }
                 | Op::Dice { .. }
                 | Op::SeqAugment { .. }
-                | Op::VariationalDropout { .. } => true,
+                | Op::VariationalDropout { .. }
+                | Op::Bias { .. }
+                | Op::Scale { w: Some(_), .. } => true,
                 Op::Zeros { .. }
                 | Op::StopGradient { .. }
                 | Op::PrefixMask { .. }

@@ -102,17 +102,30 @@ impl Scope<'_> {
     /// `dnn`'s hidden layers' outputs, in order (EasyRec's
     /// `hidden_layer_feature_output`).
     pub fn dnn_layers(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> Vec<NodeId> {
+        self.dnn_layers_in(g, x, name, spec, true)
+    }
+
+    /// EasyRec's DNN built with `is_training=False` (EasyRec's MMoE layer
+    /// builds its experts so, in training too): batch norms on their
+    /// moving averages, which training leaves as they are, and no dropout.
+    pub fn dnn_inference(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec) -> NodeId {
+        self.dnn_layers_in(g, x, name, spec, false).last().copied().unwrap_or(x)
+    }
+
+    fn dnn_layers_in(&mut self, g: &mut Graph, x: NodeId, name: &str, spec: &DnnSpec, training: bool) -> Vec<NodeId> {
         let mut x = x;
         let mut layers = Vec::with_capacity(spec.hidden_units.len());
         for (i, &units) in spec.hidden_units.iter().enumerate() {
             let lname = format!("{name}/dnn_{i}");
             x = if spec.use_bn {
                 let z = self.layer(g, x, &lname, units, Kernel::DENSE, Activation::Linear);
-                self.batch_norm(g, z, &format!("{lname}/bn"), spec.activation)
+                self.batch_norm_in(g, z, &format!("{lname}/bn"), spec.activation, training)
             } else {
                 self.layer(g, x, &lname, units, Kernel::DENSE, spec.activation)
             };
-            x = g.dropout(x, spec.dropout.get(i).copied().unwrap_or(0.0));
+            if training {
+                x = g.dropout(x, spec.dropout.get(i).copied().unwrap_or(0.0));
+            }
             layers.push(x);
         }
         layers
@@ -191,8 +204,15 @@ impl Scope<'_> {
     /// Batch norm named `name/gamma`, `name/beta`, `name/moving_mean`,
     /// `name/moving_variance`, then `act`.
     pub fn batch_norm(&mut self, g: &mut Graph, x: NodeId, name: &str, act: Activation) -> NodeId {
+        self.batch_norm_in(g, x, name, act, true)
+    }
+
+    /// `batch_norm`; unless `training`, it normalises by its moving
+    /// averages in training too and never updates them (TensorFlow's
+    /// `batch_normalization(training=False)`).
+    fn batch_norm_in(&mut self, g: &mut Graph, x: NodeId, name: &str, act: Activation, training: bool) -> NodeId {
         if act == Activation::Dice {
-            let y = self.batch_norm(g, x, name, Activation::Linear);
+            let y = self.batch_norm_in(g, x, name, Activation::Linear, training);
             return self.dice(g, y, name);
         }
         let d = g.width(x);
@@ -209,6 +229,7 @@ impl Scope<'_> {
                 var,
                 act,
                 examples_only: false,
+                fixed: !training,
             },
             d,
         )

@@ -94,13 +94,17 @@ impl Tape<'_> {
                     beta,
                     act,
                     examples_only,
+                    fixed,
                     ..
                 } => {
                     let Saved::Bn { xhat, inv } = &self.saved[i] else {
                         unreachable!("backward runs on a training tape")
                     };
                     kernels::mul_slope(*act, &mut dy, &self.vals[i], width);
-                    let rows = if *examples_only {
+                    // Fixed statistics: no row moves a mean or variance.
+                    let rows = if *fixed {
+                        0
+                    } else if *examples_only {
                         self.examples * g.nodes[i].rows
                     } else {
                         b

@@ -47,10 +47,16 @@ impl Tape<'_> {
                 var,
                 act,
                 examples_only,
+                fixed,
             } => {
                 let mut z = self.value(*x).to_vec();
                 let stat_rows = if *examples_only { self.examples * rows } else { b };
-                let (m, v, train) = column_stats(mode, &z[..stat_rows * width], width, (*mean, *var), buffers);
+                let (m, v, train) = if *fixed {
+                    let moving = (buffers.slice(*mean).to_vec(), buffers.slice(*var).to_vec());
+                    (moving.0, moving.1, matches!(mode, Mode::Train { .. }))
+                } else {
+                    column_stats(mode, &z[..stat_rows * width], width, (*mean, *var), buffers)
+                };
                 let inv = kernels::bn_inv(&v);
                 let a = kernels::bn_apply(&mut z, width, (&m, &inv), (p.slice(*gamma), p.slice(*beta)), *act);
                 (a, if train { Saved::Bn { xhat: z, inv } } else { Saved::None })
