@@ -115,6 +115,9 @@ def compare(tf, easyrec_dir, ours_dir, step, before):
         if o.size < e.size and e.ndim == 2 and o.ndim == 2 and o.shape[1] == e.shape[1]:
             # A table we size smaller (rows EasyRec never reads): its first rows.
             e = e[: o.shape[0]]
+        if o.shape != e.shape and o.size == e.size:
+            # One variable kept in another shape (UNITER's `cls_emb`, [1, 1, d] in EasyRec).
+            o = o.reshape(e.shape)
         if o.shape != e.shape:
             bad.append((n, f"shape ours {o.shape}, EasyRec {e.shape}"))
             continue
@@ -128,6 +131,7 @@ def compare(tf, easyrec_dir, ours_dir, step, before):
         if n in moments:
             me, mo = moments[n]
             me = me[: mo.shape[0]] if me.ndim == 2 and mo.ndim == 2 and me.shape[1] == mo.shape[1] else me
+            mo = mo.reshape(me.shape) if mo.size == me.size else mo
             if me.shape != mo.shape:
                 bad.append((n, f"weights {w:.2e}; first moments of shape ours {mo.shape}, EasyRec {me.shape}"))
                 continue
