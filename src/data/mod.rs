@@ -599,11 +599,9 @@ impl<T> Drop for Prefetch<T> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_reader_that_panics_ends_in_an_error_not_the_end_of_the_data() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.csv");
-        std::fs::write(&path, "a\n1\n2\n").unwrap();
+    /// A stream of CSV file `path` holding one int column `a`: batches of
+    /// one row, one epoch, in file order.
+    fn int_column_stream(path: &Path, with_header: bool) -> StreamSpec {
         let fields = vec![InputField {
             name: "a".into(),
             ty: ColumnType::Int,
@@ -611,11 +609,11 @@ mod tests {
         }];
         let mut projection = Projection::default();
         projection.add("a", &fields, false);
-        let spec = StreamSpec {
-            files: vec![path],
+        StreamSpec {
+            files: vec![path.to_path_buf()],
             format: InputFormat::Csv {
                 separator: ",".into(),
-                with_header: true,
+                with_header,
             },
             fields,
             projection,
@@ -627,7 +625,15 @@ mod tests {
             shard: (0, 1),
             skip_batches: 0,
             max_rows: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn a_reader_that_panics_ends_in_an_error_not_the_end_of_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.csv");
+        std::fs::write(&path, "a\n1\n2\n").unwrap();
+        let spec = int_column_stream(&path, true);
         let mut batches = Prefetch::start(spec, 2, |raw| -> anyhow::Result<usize> {
             assert!(raw.num_rows == 0, "a reader bug");
             Ok(raw.num_rows)
@@ -722,34 +728,18 @@ mod tests {
     #[test]
     fn a_shuffled_stream_keeps_rows_near_their_place_in_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let fields = vec![InputField {
-            name: "a".into(),
-            ty: ColumnType::Int,
-            default_val: String::new(),
-        }];
-        let mut projection = Projection::default();
-        projection.add("a", &fields, false);
         let rows = 10_000;
         let path = dir.path().join("x.csv");
         let text: String = (0..rows).map(|i| format!("{i}\n")).collect();
         std::fs::write(&path, text).unwrap();
         let read = |buffer: usize, seed: u64| {
             let spec = StreamSpec {
-                files: vec![path.clone()],
-                format: InputFormat::Csv {
-                    separator: ",".into(),
-                    with_header: false,
-                },
-                fields: fields.clone(),
-                projection: projection.clone(),
                 batch_size: 300,
                 epochs: Some(2),
                 shuffle: true,
                 shuffle_buffer: buffer,
                 seed,
-                shard: (0, 1),
-                skip_batches: 0,
-                max_rows: 0,
+                ..int_column_stream(&path, false)
             };
             let mut out = Vec::new();
             spec.run(|b| {
