@@ -69,10 +69,10 @@ impl Bundle {
         let seed = plan.train.seed;
         let mut model = Model::new(&plan.model, &plan.features, sampled, &enc, seed)
             .map_err(crate::config::ConfigError::unbuildable)?;
-        let (step, mut tensors) = match (&tf, own) {
-            (Some((_, ckpt)), _) => easyrec_tensors(&model, ckpt)?,
-            (None, Some(own)) => own,
-            (None, None) => checkpoint::load(dir)?,
+        let (step, mut tensors) = match (own, &tf) {
+            (Some(own), _) => own,
+            (None, Some((_, ckpt))) => easyrec_tensors(&model, ckpt)?,
+            (None, None) => unreachable!("ours is read where EasyRec's checkpoint is not"),
         };
         let mut take = |name: &str, shape: &[usize]| checkpoint::take(&mut tensors, name, shape, dir);
         for store in [&mut model.params, &mut model.buffers] {

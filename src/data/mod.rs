@@ -380,21 +380,20 @@ impl StreamSpec {
                         }
                         continue;
                     }
-                    let window = match held.take() {
-                        Some(mut h) => {
-                            let rows: Vec<usize> = (0..chunk.num_rows).collect();
-                            h.extend_from(&chunk, &rows);
-                            h
-                        }
-                        None => chunk,
-                    };
-                    let (drawn, kept) = shuffle_buffer_order(window.num_rows, self.shuffle_buffer, false, &mut rng);
-                    if !out.push(&window, &drawn) {
+                    // The buffer's rows, then the chunk's: each row is copied
+                    // once into its batch, never into a window of both.
+                    let before = held.as_ref().map_or(0, |h| h.num_rows);
+                    let n = before + chunk.num_rows;
+                    let (drawn, kept) = shuffle_buffer_order(n, self.shuffle_buffer, false, &mut rng);
+                    if !in_runs((held.as_ref(), &chunk), &drawn, |src, rows| out.push(src, rows)) {
                         return Ok(());
                     }
-                    let mut h = window.empty_like();
-                    h.extend_from(&window, &kept);
-                    held = Some(h);
+                    let mut next = chunk.empty_like();
+                    in_runs((held.as_ref(), &chunk), &kept, |src, rows| {
+                        next.extend_from(src, rows);
+                        true
+                    });
+                    held = Some(next);
                 }
             }
             if let Some(h) = held.take() {
@@ -434,6 +433,35 @@ fn shuffle_buffer_order(n: usize, buffer: usize, last: bool, rng: &mut Rng) -> (
         }
     }
     (drawn, held)
+}
+
+/// Rows `rows` of `held` then `chunk` (an index past `held`'s rows is
+/// `chunk`'s) handed to `f` in order, in runs from one of the two; false
+/// once `f` returns false.
+fn in_runs(
+    (held, chunk): (Option<&RawBatch>, &RawBatch),
+    rows: &[usize],
+    mut f: impl FnMut(&RawBatch, &[usize]) -> bool,
+) -> bool {
+    let before = held.map_or(0, |h| h.num_rows);
+    let mut run: Vec<usize> = Vec::new();
+    let mut from_held = false;
+    for &r in rows {
+        let h = r < before;
+        if h != from_held && !run.is_empty() {
+            let src = if from_held { held.expect("held rows") } else { chunk };
+            if !f(src, &run) {
+                return false;
+            }
+            run.clear();
+        }
+        from_held = h;
+        run.push(if h { r } else { r - before });
+    }
+    if run.is_empty() {
+        return true;
+    }
+    f(if from_held { held.expect("held rows") } else { chunk }, &run)
 }
 
 /// Rows gathered into batches of `batch_size` for `emit`, after skipping

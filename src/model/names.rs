@@ -121,31 +121,35 @@ pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> anyh
 /// `follow_checkpoint_release` for a checkpoint of ours at `dir` holding
 /// tensors `names`.
 pub fn follow_release_of_own(arch: &mut Arch, names: &[String], dir: &std::path::Path) {
+    follow_release_named(
+        arch,
+        names.iter().map(String::as_str),
+        dir,
+        "a backbone trained from EasyRec 0.7.1's checkpoint, under that release's names",
+    );
+}
+
+/// Sets a backbone's release from a checkpoint's tensor `names`, logging
+/// `what` for 0.7.1's.
+fn follow_release_named<'a>(arch: &mut Arch, names: impl Iterator<Item = &'a str>, at: &std::path::Path, what: &str) {
     let Some(b) = arch.backbone_mut() else {
         return;
     };
-    b.release = Release::detect(names.iter().map(String::as_str));
+    b.release = Release::detect(names);
     if b.release == Release::V071 {
-        log::info!(
-            "{}: a backbone trained from EasyRec 0.7.1's checkpoint, under that release's names",
-            dir.display()
-        );
+        log::info!("{}: {what}", at.display());
     }
 }
 
 /// `follow_checkpoint_release` with the TensorFlow checkpoint (at
 /// `prefix`) already open.
 pub fn follow_release_of(arch: &mut Arch, ckpt: &TfCheckpoint, prefix: &std::path::Path) {
-    let Some(b) = arch.backbone_mut() else {
-        return;
-    };
-    b.release = Release::detect(ckpt.entries.keys().map(String::as_str));
-    if b.release == Release::V071 {
-        log::info!(
-            "{}: a backbone written by EasyRec 0.7.1, read by that release's names",
-            prefix.display()
-        );
-    }
+    follow_release_named(
+        arch,
+        ckpt.entries.keys().map(String::as_str),
+        prefix,
+        "a backbone written by EasyRec 0.7.1, read by that release's names",
+    );
 }
 
 /// The shape TensorFlow gives a dense parameter: kernels are matrices,

@@ -52,8 +52,8 @@ impl Tape<'_> {
                 let mut z = self.value(*x).to_vec();
                 let stat_rows = if *examples_only { self.examples * rows } else { b };
                 let (m, v, train) = if *fixed {
-                    let moving = (buffers.slice(*mean).to_vec(), buffers.slice(*var).to_vec());
-                    (moving.0, moving.1, matches!(mode, Mode::Train { .. }))
+                    let (m, v) = (buffers.slice(*mean).to_vec(), buffers.slice(*var).to_vec());
+                    (m, v, matches!(mode, Mode::Train { .. }))
                 } else {
                     column_stats(mode, &z[..stat_rows * width], width, (*mean, *var), buffers)
                 };
