@@ -153,6 +153,15 @@ fn cases() -> Vec<Case> {
         case("dot", true, |g, _, x| {
             g.dot(&[x[0], x[1]], 2, vec![(0, 1), (0, 0), (2, 5), (3, 4), (1, 5)])
         }),
+        // A vector in five pairs (its dot products run four side by side,
+        // then one), of an odd width.
+        case("dot, four pairs sharing a vector", true, |g, _, x| {
+            g.dot(&[x[0], x[1]], 3, vec![(3, 0), (3, 1), (3, 2), (3, 3), (3, 1), (1, 0)])
+        }),
+        // Width 6: each gradient's elements four side by side, then two.
+        case("dot, width 6", true, |g, _, x| {
+            g.dot(&[x[0], x[1]], 6, vec![(0, 0), (1, 0), (1, 1)])
+        }),
         case("cross", true, |g, s, x| {
             let w = s.params.add("w", 6, 1, Init::GlorotUniform, true, s.rng);
             let b = s.params.add("b", 1, 6, Init::Zeros, false, s.rng);

@@ -683,10 +683,16 @@ pub const LANES: usize = 16;
 /// at once. The vectors are held sample-minor, `[vector * dim +
 /// element][sample]`, so one pair's dot products for the whole block are
 /// lane-wise multiply-adds with no horizontal sums.
+///
+/// Each sum runs in its own order (over elements forward, over partners
+/// backward), but `JOINT` of them run side by side: one sum alone is a
+/// chain of dependent adds that waits on the add's latency, several
+/// independent chains keep the vector units busy, and the shared operand
+/// is loaded once for all of them.
 pub struct Interact {
     dim: usize,
-    /// `(i, j)` of each output column.
-    pairs: Vec<(usize, usize)>,
+    /// The pairs grouped by their first vector: `(i, [(pair, j)])`.
+    by_first: Vec<(usize, Vec<(usize, usize)>)>,
     pub a: Vec<[f32; LANES]>,
     /// Gradients of `a`.
     pub da: Vec<[f32; LANES]>,
@@ -696,16 +702,24 @@ pub struct Interact {
     partners: Vec<Vec<(usize, usize)>>,
 }
 
+/// Sums computed side by side in `Interact`.
+const JOINT: usize = 4;
+
 impl Interact {
     pub fn new(n: usize, dim: usize, pairs: &[(usize, usize)]) -> Self {
         let mut partners = vec![Vec::new(); n];
+        let mut by_first: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
         for (p, &(i, j)) in pairs.iter().enumerate() {
             partners[i].push((p, j));
             partners[j].push((p, i));
+            match by_first.last_mut() {
+                Some((first, list)) if *first == i => list.push((p, j)),
+                _ => by_first.push((i, vec![(p, j)])),
+            }
         }
         Interact {
             dim,
-            pairs: pairs.to_vec(),
+            by_first,
             partners,
             a: vec![[0.0; LANES]; n * dim],
             da: vec![[0.0; LANES]; n * dim],
@@ -731,40 +745,80 @@ impl Interact {
 
     /// `out[p] = a_i · a_j` for every pair `p = (i, j)`.
     pub fn forward(&mut self) {
-        let dim = self.dim;
-        for (o, &(i, j)) in self.out.iter_mut().zip(&self.pairs) {
-            let mut acc = [0.0f32; LANES];
-            for (x, y) in self.a[i * dim..(i + 1) * dim]
-                .iter()
-                .zip(&self.a[j * dim..(j + 1) * dim])
-            {
-                for l in 0..LANES {
-                    acc[l] += x[l] * y[l];
+        let (dim, a) = (self.dim, &self.a);
+        for (i, list) in &self.by_first {
+            let x = &a[i * dim..(i + 1) * dim];
+            let mut chunks = list.chunks_exact(JOINT);
+            for c in &mut chunks {
+                let sums = dots::<JOINT>(x, std::array::from_fn(|t| &a[c[t].1 * dim..(c[t].1 + 1) * dim]));
+                for (t, &(p, _)) in c.iter().enumerate() {
+                    self.out[p] = sums[t];
                 }
             }
-            *o = acc;
+            for &(p, j) in chunks.remainder() {
+                self.out[p] = dots::<1>(x, [&a[j * dim..(j + 1) * dim]])[0];
+            }
         }
     }
 
     /// `da` from the gradients in `out`: d(a_i · a_j) sends `a_j` into
     /// `a_i`'s gradient and `a_i` into `a_j`'s (twice `a_i` when i = j).
     /// Each gradient element is summed in registers over its vector's
-    /// partners.
+    /// partners, `JOINT` elements of a vector at once.
     pub fn backward(&mut self) {
         let dim = self.dim;
         for (u, partners) in self.partners.iter().enumerate() {
-            for k in 0..dim {
-                let mut acc = [0.0f32; LANES];
-                for &(p, v) in partners {
-                    let (g, x) = (&self.out[p], &self.a[v * dim + k]);
-                    for l in 0..LANES {
-                        acc[l] += g[l] * x[l];
-                    }
-                }
-                self.da[u * dim + k] = acc;
+            let mut k = 0;
+            while k + JOINT <= dim {
+                let sums = partner_sums::<JOINT>(&self.out, &self.a, partners, dim, k);
+                self.da[u * dim + k..u * dim + k + JOINT].copy_from_slice(&sums);
+                k += JOINT;
+            }
+            for k in k..dim {
+                self.da[u * dim + k] = partner_sums::<1>(&self.out, &self.a, partners, dim, k)[0];
             }
         }
     }
+}
+
+/// `x · y_t` lane-wise for each of the `N` vectors `ys`, summed over the
+/// elements in order.
+#[inline(always)]
+fn dots<const N: usize>(x: &[[f32; LANES]], ys: [&[[f32; LANES]]; N]) -> [[f32; LANES]; N] {
+    let mut acc = [[0.0f32; LANES]; N];
+    for (k, xk) in x.iter().enumerate() {
+        for t in 0..N {
+            let yk = &ys[t][k];
+            for l in 0..LANES {
+                acc[t][l] += xk[l] * yk[l];
+            }
+        }
+    }
+    acc
+}
+
+/// For elements `k..k + N` of one vector: the sum over its `partners`
+/// `(pair, other)` of the pair's gradient times the other's element, in
+/// the partners' order.
+#[inline(always)]
+fn partner_sums<const N: usize>(
+    out: &[[f32; LANES]],
+    a: &[[f32; LANES]],
+    partners: &[(usize, usize)],
+    dim: usize,
+    k: usize,
+) -> [[f32; LANES]; N] {
+    let mut acc = [[0.0f32; LANES]; N];
+    for &(p, v) in partners {
+        let g = &out[p];
+        let x = &a[v * dim + k..v * dim + k + N];
+        for t in 0..N {
+            for l in 0..LANES {
+                acc[t][l] += g[l] * x[t][l];
+            }
+        }
+    }
+    acc
 }
 
 /// `logit(σ(a)·σ(b)) = −log(e^−a + e^−b + e^−(a+b))` and its slopes in
