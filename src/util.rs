@@ -24,6 +24,39 @@ pub fn keep_freed_memory() {
     }
 }
 
+/// `len` copies of `value` in memory the kernel may back with huge pages
+/// (2 MiB on x86-64 Linux, where transparent huge pages are left to
+/// `madvise`, as Debian's default is): for embedding tables and their
+/// optimizer slots, read and written at random rows. With 4 KiB pages each
+/// of a batch's row lookups in tables of hundreds of MiB also misses the
+/// TLB and walks the page table; 2 MiB pages keep the whole of a model's
+/// tables within the TLB's reach. The advice is given before the first
+/// write, when the pages are faulted in. Elsewhere a plain vector.
+pub fn table_buffer(value: f32, len: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    advise_huge_pages(v.as_mut_ptr().cast(), len * std::mem::size_of::<f32>());
+    v.resize(len, value);
+    v
+}
+
+/// Asks for huge pages on the whole 2 MiB pages inside `bytes` at `ptr`.
+fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = (ptr as usize).next_multiple_of(HUGE);
+        let end = (ptr as usize).saturating_add(bytes) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: the range lies inside an allocation of this process;
+            // MADV_HUGEPAGE changes how its pages are backed, never their
+            // contents. A refusal (no THP in this kernel) leaves 4 KiB pages.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, bytes);
+}
+
 /// Makes the calling thread one of the threads of rayon's global pool (the
 /// pool is then sized as rayon sizes it: RAYON_NUM_THREADS, else the
 /// cores). Call it first thing on the thread that trains or scores. From

@@ -80,7 +80,7 @@ impl Table {
     ) -> Self {
         let local_rows = sharding.local_rows(rows);
         let state = SlotState::new(kind, local_rows * dim);
-        let mut weights = vec![0.0f32; local_rows * dim];
+        let mut weights = crate::util::table_buffer(0.0, local_rows * dim);
         weights
             .par_chunks_mut(dim)
             .enumerate()
@@ -483,12 +483,18 @@ impl RowGrads {
     }
 
     pub fn slot(&mut self, row: u64, dim: usize) -> &mut [f32] {
-        let i = *self.index.entry(row).or_insert_with(|| {
-            self.rows.push(row);
-            self.grads.extend(std::iter::repeat_n(0.0, dim));
-            self.rows.len() - 1
-        });
+        let i = self.index_of(row);
+        self.grads.resize(self.rows.len() * dim, 0.0);
         &mut self.grads[i * dim..(i + 1) * dim]
+    }
+
+    /// Row `row`'s place in `rows`, added at the end when new; its
+    /// gradient is left to the caller (`grads` resized).
+    fn index_of(&mut self, row: u64) -> usize {
+        *self.index.entry(row).or_insert_with(|| {
+            self.rows.push(row);
+            self.rows.len() - 1
+        })
     }
 
     /// Adds `grad` to row `row`'s gradient.
@@ -505,7 +511,14 @@ impl RowGrads {
 
 /// Scatters the gradient of the pooled output (`grad[b * stride + col..]`)
 /// back onto the ids it was pooled from, summing duplicates.
+///
+/// The ids' places are found first, then the gradients added: each id's
+/// hash lookup and its gradient's read-modify-write miss the caches, and
+/// one after the other per id they wait on each other (alone, 26 tables of
+/// 2048 ids on one thread: 8-10 ms interleaved, 2.5 ms in two passes).
 pub fn scatter_grad(j: &Jagged, mean: bool, grad: &[f32], stride: usize, col: usize, dim: usize, acc: &mut RowGrads) {
+    let places: Vec<usize> = j.ids.iter().map(|&id| acc.index_of(id)).collect();
+    acc.grads.resize(acc.rows.len() * dim, 0.0);
     for b in 0..j.offsets.len() - 1 {
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
         if s == e {
@@ -517,9 +530,10 @@ pub fn scatter_grad(j: &Jagged, mean: bool, grad: &[f32], stride: usize, col: us
         } else {
             1.0
         };
-        for i in s..e {
+        for (i, &place) in places.iter().enumerate().take(e).skip(s) {
             let w = pooled_weight(j, i, mean) / if wsum > 0.0 { wsum } else { 1.0 };
-            for (a, x) in acc.slot(j.ids[i], dim).iter_mut().zip(g) {
+            let at = place * dim;
+            for (a, x) in acc.grads[at..at + dim].iter_mut().zip(g) {
                 *a += w * x;
             }
         }

@@ -302,7 +302,10 @@ pub struct SlotState {
 impl SlotState {
     pub fn new(kind: &OptimizerKind, len: usize) -> Self {
         SlotState {
-            slots: slot_inits(kind).into_iter().map(|v| vec![v; len]).collect(),
+            slots: slot_inits(kind)
+                .into_iter()
+                .map(|v| crate::util::table_buffer(v, len))
+                .collect(),
         }
     }
 

@@ -287,15 +287,24 @@ impl Trainer {
             }
             // A whole table, of which a sharded one keeps its own rows.
             let (sharding, dim) = (t.sharding, t.dim);
-            let mine = |v: Vec<f32>| -> Vec<f32> { sharding.own_rows(&v, dim) };
+            // Into the table's own buffers where the sizes agree (they
+            // keep their huge pages, `util::table_buffer`).
+            let put = |into: &mut Vec<f32>, v: Vec<f32>| {
+                let v = sharding.own_rows(&v, dim);
+                if into.len() == v.len() {
+                    into.copy_from_slice(&v);
+                } else {
+                    *into = v;
+                }
+            };
             if let Some(v) = values.remove(var) {
-                t.weights = mine(v);
+                put(&mut t.weights, v);
             }
             if slots {
                 let kind = &self.plan.train.optimizers[t.optimizer].kind;
                 for k in 0..t.state.slots.len() {
                     if let Some(v) = values.remove(&names::slot_variable(var, kind, k)) {
-                        t.state.slots[k] = mine(v);
+                        put(&mut t.state.slots[k], v);
                     }
                 }
             }
