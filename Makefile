@@ -9,8 +9,10 @@ BIN := $(CARGO_TARGET_DIR)/debug
 
 # System packages: OpenMPI for distributed training, clang/libclang for the
 # MPI bindings, pkg-config to find them; the Vulkan loader and Mesa's
-# software Vulkan driver (lavapipe), the GPU executor's device in tests.
-APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config libvulkan1 mesa-vulkan-drivers
+# software Vulkan driver (lavapipe), the GPU executor's device in tests;
+# OpenBLAS (its thread-safe pthread build), loaded at run time for the CPU
+# executor's matrix products.
+APT_PACKAGES := openmpi-bin libopenmpi-dev clang libclang-dev pkg-config libvulkan1 mesa-vulkan-drivers libopenblas0-pthread
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: deps build test demo odl-demo ml100k bench bench-gpu parity parity-steps fuzz lint fmt clean

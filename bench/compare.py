@@ -49,7 +49,9 @@ def main():
     p.add_argument("--models", default="DLRM,WideAndDeep,DeepFM,DCN,MMoE")
     a = p.parse_args()
 
-    isa = ours(a, a.models.split(",")[0], batch=64).get("isa", "unknown ISA")
+    first = ours(a, a.models.split(",")[0], batch=64)
+    isa = first.get("isa", "unknown ISA")
+    print(f"rustrec's matrix products by {first.get('kernels', 'unknown kernels')}")
     where = f"the GPU (host {isa})" if a.device == "gpu" else isa
     print(f"== rustrec vs PyTorch on {where}: {a.threads} threads, batch {a.batch_size}, tables capped at {a.cap} rows, "
           f"{a.steps} timed steps, {a.reps} repetitions (median)")

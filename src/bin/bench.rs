@@ -31,6 +31,7 @@ use rustrec::config::typed::TrainingPlan;
 use rustrec::config::{load_pipeline, Overrides};
 use rustrec::datagen::{generate, GenSpec};
 use rustrec::dist::Communicator;
+use rustrec::model::exec::cpu::blas::kernels;
 use rustrec::model::ExecutorKind;
 use rustrec::profile::{cpu_isa, cpu_model, report, step_phase, timed, Profile};
 use rustrec::train::Trainer;
@@ -603,13 +604,15 @@ fn profile_models(data: &Path, args: &Args) -> anyhow::Result<()> {
     let after = gemm_peak();
     let peak = before.max(after);
     println!(
-        "per-phase account: {} ({}), {} threads, batch {}, {} timed steps; fp32 GEMM peak {peak:.1} GFLOP/s \
-         (the best {n}x{n} product on all threads; {before:.1} before the models, {after:.1} after)",
+        "per-phase account: {} ({}), {} threads, batch {}, {} timed steps; matrix products by {}; fp32 GEMM peak \
+         {peak:.1} GFLOP/s (the best {n}x{n} product on all threads through them; {before:.1} before the models, \
+         {after:.1} after)",
         cpu_model(),
         cpu_isa(),
         args.threads,
         args.batch_size,
         args.steps,
+        kernels().describe(),
         n = PEAK_N
     );
     for (model, m, entries) in measured {
@@ -733,6 +736,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
                     "table_rows": m.table_rows,
                     "peak_mb": peak_mb(),
                     "isa": cpu_isa(),
+                    "kernels": kernels().describe(),
                     "device": format!("{:?}", args.device).to_lowercase(),
                 })
             );
@@ -740,9 +744,10 @@ fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{} ({}): threads {}, batch {}, {} timed steps, tables capped at {} rows",
+        "{} ({}; matrix products by {}): threads {}, batch {}, {} timed steps, tables capped at {} rows",
         cpu_model(),
         cpu_isa(),
+        kernels().describe(),
         args.threads,
         args.batch_size,
         args.steps,

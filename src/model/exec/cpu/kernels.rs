@@ -69,6 +69,12 @@ unsafe fn gemm_into(
     acc: bool,
 ) {
     debug_assert!(a.len() == m * k && b.len() == k * n);
+    if let super::blas::Kernels::OpenBlas(blas) = super::blas::kernels() {
+        // SAFETY: this function's own contract.
+        if unsafe { blas.matmul(c, (a, ta), (b, tb), (m, k, n), acc) } {
+            return;
+        }
+    }
     let (a_rs, a_cs) = if ta { (1, m as isize) } else { (k as isize, 1) };
     let (b_rs, b_cs) = if tb { (1, k as isize) } else { (n as isize, 1) };
     // SAFETY: the caller's contract bounds every index gemm forms from

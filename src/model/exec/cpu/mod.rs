@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 mod backward;
+pub mod blas;
 pub mod capsule;
 mod contrast;
 mod forward;
