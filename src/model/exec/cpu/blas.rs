@@ -1,15 +1,17 @@
 //! OpenBLAS's `cblas_sgemm`, loaded at run time where the system has it,
 //! for the CPU executor's matrix products.
 //!
-//! Measured on a 2-core AMD EPYC with AVX2 only (November 2026, same process,
-//! alternating): OpenBLAS 0.3.21's Haswell kernels ran the training shapes
-//! ([2048x429]·[429x256], [2048x1024]·[1024x512], their transposed backward
-//! products) 10-30% faster than the `gemm` crate, and a product of 13-wide
-//! inputs twice as fast; a 2048x2048 square at 161 GFLOP/s against 119-138.
-//! So it is used where it loads, and the `gemm` crate otherwise (or when
-//! `RUSTREC_MATMUL=gemm` asks for it), and for narrow products always
-//! (`NARROW`). OpenBLAS picks its kernels by CPU at
-//! run time, as `gemm` does: one binary for every x86-64 machine.
+//! Measured on a 2-core AMD EPYC with AVX2 only (Zen 3, November 2026, same
+//! process, alternating): OpenBLAS 0.3.21's Zen kernels ran the training
+//! shapes with every side from 128 up 10-40% faster than the `gemm` crate's
+//! AVX2 kernel (a 2048x2048 square at 164-174 GFLOP/s against 117-125), and
+//! narrow ones slower (`NARROW`). On CPUs with AVX-512 the `gemm` crate's
+//! AVX-512 kernels were the fastest measured (2.2-2.6x PyTorch's training
+//! there) and OpenBLAS has not been measured against them, so by default
+//! OpenBLAS runs the products on CPUs without AVX-512F where it loads, and
+//! the `gemm` crate everywhere else. `RUSTREC_MATMUL=openblas` or `=gemm`
+//! chooses either on any CPU (to measure). Both pick their kernels by CPU
+//! at run time: one binary for every x86-64 machine.
 //!
 //! Each product is split among the compute pool's threads (rayon's), each
 //! part one single-threaded OpenBLAS call: OpenBLAS's own threads would
@@ -55,21 +57,37 @@ impl Kernels {
     }
 }
 
-/// The matrix kernels of this process, decided on first use: OpenBLAS
-/// where it loads, else the `gemm` crate. Held once per process like the
-/// CPU-feature detection of the kernels themselves (the library, once
-/// loaded, stays loaded; nothing in it changes).
+/// The matrix kernels of this process, decided on first use (see the
+/// module's text): `RUSTREC_MATMUL` when set, else OpenBLAS on a CPU
+/// without AVX-512F where it loads, else the `gemm` crate. Held once per
+/// process like the CPU-feature detection of the kernels themselves (the
+/// library, once loaded, stays loaded; nothing in it changes).
 pub fn kernels() -> &'static Kernels {
     static KERNELS: OnceLock<Kernels> = OnceLock::new();
     KERNELS.get_or_init(|| {
-        if std::env::var("RUSTREC_MATMUL").is_ok_and(|v| v == "gemm") {
-            return Kernels::Gemm("RUSTREC_MATMUL=gemm".into());
+        let asked = std::env::var("RUSTREC_MATMUL").ok();
+        match asked.as_deref() {
+            Some("gemm") => return Kernels::Gemm("RUSTREC_MATMUL=gemm".into()),
+            Some("openblas") | None => {}
+            Some(other) => {
+                log::warn!("RUSTREC_MATMUL={other} is neither gemm nor openblas; choosing by CPU");
+            }
+        }
+        if asked.as_deref() != Some("openblas") && has_avx512f() {
+            return Kernels::Gemm("its AVX-512 kernels on this CPU".into());
         }
         match load() {
             Ok(b) => Kernels::OpenBlas(b),
             Err(why) => Kernels::Gemm(why),
         }
     })
+}
+
+fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 fn load() -> Result<Blas, String> {
@@ -209,11 +227,12 @@ mod tests {
     /// transposed or not, written or added, equal the definition.
     #[test]
     fn openblas_products_split_among_threads_equal_the_definition() {
-        let blas = match kernels() {
-            Kernels::OpenBlas(b) => b,
-            Kernels::Gemm(why) if why.starts_with("RUSTREC_MATMUL") => return,
-            Kernels::Gemm(why) => panic!("OpenBLAS not used ({why}): `make deps` installs libopenblas0-pthread"),
+        // Loaded here whatever `kernels()` chose for this CPU.
+        let blas = match load() {
+            Ok(b) => b,
+            Err(why) => panic!("OpenBLAS does not load ({why}): `make deps` installs libopenblas0-pthread"),
         };
+        let blas = &blas;
         let mut rng = crate::util::Rng::new(9);
         for (threads, (m, k, n)) in [
             (2, (300, 100, 70)),
