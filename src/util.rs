@@ -31,11 +31,14 @@ pub fn keep_freed_memory() {
 /// of a batch's row lookups in tables of hundreds of MiB also misses the
 /// TLB and walks the page table; 2 MiB pages keep the whole of a model's
 /// tables within the TLB's reach. The advice is given before the first
-/// write, when the pages are faulted in. Elsewhere a plain vector.
+/// write, when the pages are faulted in; the values are written on the
+/// compute pool's threads, as faulting in gigabytes of tables on one thread
+/// would lengthen start-up. Elsewhere a plain vector.
 pub fn table_buffer(value: f32, len: usize) -> Vec<f32> {
+    use rayon::iter::ParallelExtend;
     let mut v: Vec<f32> = Vec::with_capacity(len);
     advise_huge_pages(v.as_mut_ptr().cast(), len * std::mem::size_of::<f32>());
-    v.resize(len, value);
+    v.par_extend(rayon::iter::repeat_n(value, len));
     v
 }
 
