@@ -84,6 +84,16 @@ fn cases() -> Vec<Case> {
             let d = s.dense(g, x[0], "d", 11, Activation::Linear);
             g.concat(&[a, c, d])
         }),
+        // One product for layers apart in the graph, one of them unread
+        // (its gradient never comes: zeros in the side-by-side gradient).
+        case("linears sharing an input, apart and unread", true, |g, s, x| {
+            let a = s.dense(g, x[1], "a", 12, tanh);
+            let _unread = s.dense(g, x[1], "u", 7, Activation::Relu);
+            let a2 = s.dense(g, a, "a2", 5, tanh);
+            let w = s.params.add("k", 6, 9, Init::GlorotUniform, true, s.rng);
+            let c = g.linear(x[1], s.params, w, None, Activation::Sigmoid);
+            g.concat(&[a2, c])
+        }),
         case("batch norm+tanh", true, |g, s, x| s.batch_norm(g, x[0], "bn", tanh)),
         case("product logit", true, |g, _, x| {
             let (a, b) = (g.slice(x[0], 1, 1), g.slice(x[1], 4, 1));
