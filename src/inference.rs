@@ -54,13 +54,13 @@ impl Bundle {
         // Ours: its tensor names say the same (a backbone fine-tuned from 0.7.1).
         let own = match &tf {
             Some((prefix, ckpt)) => {
-                names::follow_release_of(&mut plan.model.arch, ckpt, prefix);
+                names::follow_release_of(&mut plan.model.arch, ckpt, prefix)?;
                 None
             }
             None => {
                 let own = checkpoint::load(dir)?;
                 let held: Vec<String> = own.1.keys().cloned().collect();
-                names::follow_release_of_own(&mut plan.model.arch, &held, dir);
+                names::follow_release_of_own(&mut plan.model.arch, &held, dir)?;
                 Some(own)
             }
         };

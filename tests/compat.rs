@@ -285,6 +285,45 @@ fn a_backbone_fine_tuned_from_easyrec_071_keeps_its_names_in_our_checkpoints() {
     assert!(dir.join("tuned/model.ckpt-4/manifest.json").is_file());
 }
 
+/// A backbone holding a Keras layer whose variables EasyRec 0.7.1 names
+/// by Keras' automatic layer names (SENet here) is refused by name on that
+/// release's checkpoint, before anything is read or trained from it.
+#[test]
+fn easyrec_071_checkpoints_of_automatically_named_keras_layers_are_refused_by_name() {
+    let (_tmp, dir) = fixture("backbone_din");
+    let config = std::fs::read_to_string(dir.join("pipeline.config")).unwrap();
+    let senet = r#"blocks { name: "se" inputs { block_name: "user_mlp" } inputs { block_name: "item_mlp" }
+      merge_inputs_into_list: true keras_layer { class_name: "SENet" senet { reduction_ratio: 2 } } }
+    top_mlp"#;
+    assert!(config.contains("top_mlp"), "the fixture's backbone has a top MLP");
+    std::fs::write(dir.join("senet.config"), config.replacen("top_mlp", senet, 1)).unwrap();
+    let mut args = predict_args("model/model.ckpt-300");
+    args[1] = "senet.config";
+    for (bin, args) in [
+        (env!("CARGO_BIN_EXE_predict"), args.to_vec()),
+        (
+            env!("CARGO_BIN_EXE_train_eval"),
+            vec![
+                "--pipeline_config_path",
+                "senet.config",
+                "--model_dir",
+                "tuned",
+                "--fine_tune_checkpoint",
+                "model/model.ckpt-300",
+            ],
+        ),
+    ] {
+        let o = run(bin, &dir, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{bin}: {err}");
+        assert!(
+            err.contains("keras_layer is a SENet") && err.contains("automatic layer names"),
+            "{bin}: {err}"
+        );
+    }
+    assert!(!dir.join("tuned/checkpoint").exists(), "nothing trained");
+}
+
 /// Runs `eval` in fixture `dir` with checkpoint `ckpt`: its results and
 /// the fixture's `easyrec_eval.json`.
 fn eval_beside_easyrec(name: &str, dir: &Path, ckpt: &str) -> (serde_json::Value, serde_json::Value) {

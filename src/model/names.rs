@@ -105,51 +105,66 @@ pub fn follow_checkpoint_release(arch: &mut Arch, dir: &std::path::Path) -> anyh
         return Ok(());
     }
     if let Some(prefix) = crate::checkpoint::tensorflow::find(dir) {
-        follow_release_of(arch, &TfCheckpoint::open(&prefix)?, &prefix);
-        return Ok(());
+        return follow_release_of(arch, &TfCheckpoint::open(&prefix)?, &prefix);
     }
     let own = match dir.join("manifest.json").is_file() {
         true => Some(dir.to_path_buf()),
         false => crate::checkpoint::latest(dir)?,
     };
-    if let Some(own) = own {
-        follow_release_of_own(arch, &crate::checkpoint::tensor_names(&own), &own);
+    match own {
+        Some(own) => follow_release_of_own(arch, &crate::checkpoint::tensor_names(&own), &own),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `follow_checkpoint_release` for a checkpoint of ours at `dir` holding
 /// tensors `names`.
-pub fn follow_release_of_own(arch: &mut Arch, names: &[String], dir: &std::path::Path) {
+pub fn follow_release_of_own(arch: &mut Arch, names: &[String], dir: &std::path::Path) -> anyhow::Result<()> {
     follow_release_named(
         arch,
         names.iter().map(String::as_str),
         dir,
         "a backbone trained from EasyRec 0.7.1's checkpoint, under that release's names",
-    );
+    )
 }
 
 /// Sets a backbone's release from a checkpoint's tensor `names`, logging
-/// `what` for 0.7.1's.
-fn follow_release_named<'a>(arch: &mut Arch, names: impl Iterator<Item = &'a str>, at: &std::path::Path, what: &str) {
+/// `what` for 0.7.1's; refuses 0.7.1's names for a Keras layer that
+/// release names by Keras' automatic names (which are not reproduced).
+fn follow_release_named<'a>(
+    arch: &mut Arch,
+    names: impl Iterator<Item = &'a str>,
+    at: &std::path::Path,
+    what: &str,
+) -> anyhow::Result<()> {
     let Some(b) = arch.backbone_mut() else {
-        return;
+        return Ok(());
     };
     b.release = Release::detect(names);
-    if b.release == Release::V071 {
-        log::info!("{}: {what}", at.display());
+    if b.release != Release::V071 {
+        return Ok(());
     }
+    if let Some((path, class)) = b.named_automatically_in_071() {
+        anyhow::bail!(
+            "{}: {what}, but {path} is a {class}: EasyRec 0.7.1 names that layer's variables after Keras' \
+             automatic layer names (`se_net_1/...`, `mask_block/...`, unnamed `dense_<k>`), which are not \
+             supported; a checkpoint written by later EasyRec (variables under the block's name) is read",
+            at.display()
+        );
+    }
+    log::info!("{}: {what}", at.display());
+    Ok(())
 }
 
 /// `follow_checkpoint_release` with the TensorFlow checkpoint (at
 /// `prefix`) already open.
-pub fn follow_release_of(arch: &mut Arch, ckpt: &TfCheckpoint, prefix: &std::path::Path) {
+pub fn follow_release_of(arch: &mut Arch, ckpt: &TfCheckpoint, prefix: &std::path::Path) -> anyhow::Result<()> {
     follow_release_named(
         arch,
         ckpt.entries.keys().map(String::as_str),
         prefix,
         "a backbone written by EasyRec 0.7.1, read by that release's names",
-    );
+    )
 }
 
 /// The shape TensorFlow gives a dense parameter: kernels are matrices,

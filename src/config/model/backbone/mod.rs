@@ -56,6 +56,40 @@ impl Release {
     }
 }
 
+/// Keras layers whose variables EasyRec 0.7.1 names after Keras'
+/// automatic layer name rather than the block's: that release's
+/// constructors of these classes hand their `name` to Keras' `trainable`
+/// argument, so a FiBiNet's SENet is `se_net_1/W1` or a MaskNet's blocks
+/// `mask_block[_k]/...`, numbered in the order the whole graph made them,
+/// beside unnamed `dense[_k]` and `LayerNorm[_k]` layers.
+const UNNAMED_IN_071: &[&str] = &[
+    "SENet",
+    "BiLinear",
+    "FiBiNet",
+    "MaskBlock",
+    "MaskNet",
+    "PeriodicEmbedding",
+    "AutoDisEmbedding",
+];
+
+impl Backbone {
+    /// The first Keras layer (its config path and class) whose variables
+    /// EasyRec 0.7.1 names by Keras' automatic names (`UNNAMED_IN_071`).
+    pub fn named_automatically_in_071(&self) -> Option<(String, String)> {
+        let blocks = self.blocks.iter().chain(self.packages.iter().flat_map(|p| &p.blocks));
+        blocks.flat_map(|b| &b.layers).find_map(|layer| {
+            let k = match layer {
+                Layer::Keras(k) | Layer::Recurrent { layer: k, .. } | Layer::Repeat { layer: k, .. } => k,
+                Layer::Input(_) | Layer::Lambda(_) => return None,
+            };
+            let class = k.proto.class_name.as_str();
+            UNNAMED_IN_071
+                .contains(&class)
+                .then(|| (k.path.clone(), class.to_string()))
+        })
+    }
+}
+
 /// A block package (`packages`, EasyRec's `Package`): blocks run as one
 /// wherever an input names it (`package_name`), on the value its
 /// `package_input` names; every run shares its layers' variables
