@@ -84,8 +84,8 @@ fn cases() -> Vec<Case> {
             let d = s.dense(g, x[0], "d", 11, Activation::Linear);
             g.concat(&[a, c, d])
         }),
-        // One product for layers apart in the graph, one of them unread
-        // (its gradient never comes: zeros in the side-by-side gradient).
+        // Readers of one input apart in the graph (one feeding another
+        // layer before the input's gradient is whole), one of them unread.
         case("linears sharing an input, apart and unread", true, |g, s, x| {
             let a = s.dense(g, x[1], "a", 12, tanh);
             let _unread = s.dense(g, x[1], "u", 7, Activation::Relu);
