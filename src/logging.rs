@@ -48,11 +48,17 @@ pub fn rank_prefix() -> String {
 /// Installs the logger (once per process; later calls do nothing).
 pub fn init() {
     let (rank, _) = crate::dist::launch_layout();
-    let default = if rank == 0 {
+    init_at(if rank == 0 {
         LevelFilter::Info
     } else {
         LevelFilter::Warn
-    };
+    });
+}
+
+/// Installs the logger showing `default` and above unless `RUST_LOG`
+/// says otherwise (once per process; later calls do nothing): tools whose
+/// output is their report show warnings only.
+pub fn init_at(default: LevelFilter) {
     let level = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| v.parse::<LevelFilter>().ok())

@@ -772,6 +772,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     rustrec::util::keep_freed_memory();
+    // Warnings (an unknown RUSTREC_MATMUL, say) beside the report.
+    rustrec::logging::init_at(log::LevelFilter::Warn);
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
