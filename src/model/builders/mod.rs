@@ -205,9 +205,7 @@ pub fn input_layer_order(arch: &Arch, groups: &[GroupLayout]) -> Vec<usize> {
         Arch::Esmm { .. } => named(&["all"]),
         // The groups in the order their input-layer blocks run.
         Arch::Backbone(b) | Arch::MultiTaskBackbone { backbone: b, .. } | Arch::MatchBackbone { backbone: b, .. } => b
-            .blocks
-            .iter()
-            .chain(b.packages.iter().flat_map(|p| &p.blocks))
+            .all_blocks()
             .filter(|blk| blk.input_layer().is_some())
             .filter_map(|blk| match &blk.inputs.first()?.source {
                 crate::config::model::backbone::Source::Group(n) => named_group(groups, n),

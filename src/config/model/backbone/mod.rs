@@ -73,11 +73,15 @@ const UNNAMED_IN_071: &[&str] = &[
 ];
 
 impl Backbone {
+    /// Every block: the backbone's, then its packages'.
+    pub fn all_blocks(&self) -> impl Iterator<Item = &Block> {
+        self.blocks.iter().chain(self.packages.iter().flat_map(|p| &p.blocks))
+    }
+
     /// The first Keras layer (its config path and class) whose variables
     /// EasyRec 0.7.1 names by Keras' automatic names (`UNNAMED_IN_071`).
     pub fn named_automatically_in_071(&self) -> Option<(String, String)> {
-        let blocks = self.blocks.iter().chain(self.packages.iter().flat_map(|p| &p.blocks));
-        blocks.flat_map(|b| &b.layers).find_map(|layer| {
+        self.all_blocks().flat_map(|b| &b.layers).find_map(|layer| {
             let k = match layer {
                 Layer::Keras(k) | Layer::Recurrent { layer: k, .. } | Layer::Repeat { layer: k, .. } => k,
                 Layer::Input(_) | Layer::Lambda(_) => return None,
