@@ -61,8 +61,13 @@ struct Args {
     /// the bytes each sample costs in collectives.
     #[arg(long)]
     distributed: bool,
-    /// Models to time, in order.
-    #[arg(long, value_delimiter = ',', default_value = "DLRM,WideAndDeep,DeepFM,DCN,MMoE")]
+    /// Models to time, in order (of DLRM, WideAndDeep, DeepFM, DCN, MMoE).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "DLRM,WideAndDeep,DeepFM,DCN,MMoE",
+        value_parser = clap::builder::PossibleValuesParser::new(MODELS)
+    )]
     models: Vec<String>,
     /// One JSON line per model (samples/s, peak memory) instead of a table;
     /// `bench/compare.py` runs one model per process this way.
@@ -144,6 +149,9 @@ fn key_value_config(model: &str, data: &Path, batch: usize, cap: u64) -> String 
     )
 }
 
+/// The models the bench times (`--models`).
+const MODELS: [&str; 5] = ["DLRM", "WideAndDeep", "DeepFM", "DCN", "MMoE"];
+
 fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
     let model_block = match model {
         "DLRM" => format!(
@@ -180,7 +188,7 @@ fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
             names("I", 13),
             names("C", 26)
         ),
-        _ => format!(
+        "WideAndDeep" => format!(
             "model_config {{ model_class: \"WideAndDeep\"
   feature_groups {{ group_name: \"wide\" feature_names: [{c}] wide_deep: WIDE }}
   feature_groups {{ group_name: \"deep\" feature_names: [{}, {c}] wide_deep: DEEP }}
@@ -188,6 +196,7 @@ fn config(model: &str, data: &Path, batch: usize, cap: u64) -> String {
             names("I", 13),
             c = names("C", 26)
         ),
+        other => unreachable!("--models takes only the bench's models (MODELS), not {other}"),
     };
     // WideAndDeep's three-optimizer rule: wide tables, deep tables, dense.
     let table_opts = if model == "WideAndDeep" { 2 } else { 1 };
@@ -774,7 +783,10 @@ fn main() -> ExitCode {
     rustrec::util::keep_freed_memory();
     // Warnings (an unknown RUSTREC_MATMUL, say) beside the report.
     rustrec::logging::init_at(log::LevelFilter::Warn);
-    let args = Args::parse();
+    let args: Args = match rustrec::cli::tool_args() {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

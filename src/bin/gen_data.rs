@@ -34,7 +34,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args: Args = match rustrec::cli::tool_args() {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
     if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Err(e) = std::fs::create_dir_all(dir) {
             eprintln!("error: cannot create {}: {e}", dir.display());

@@ -33,7 +33,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args: Args = match rustrec::cli::tool_args() {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
     let prepared = if args.by_time {
         rustrec::datagen::prepare_movielens_by_time(&args.input, &args.output, args.eval_fraction)
     } else {

@@ -326,6 +326,21 @@ impl ConfigArgs {
     }
 }
 
+/// A tool binary's flags (`bench`, `gen_data`, `prep_movielens`), or the
+/// exit code its command line ends with: clap's message printed, 1 for a
+/// flag or value it refused (the user's error, as in `main_with`; clap's own
+/// exit code 2 is this project's internal error), 0 after `--help`.
+pub fn tool_args<T: Parser>() -> Result<T, ExitCode> {
+    T::try_parse().map_err(|e| {
+        let _ = e.print();
+        if e.use_stderr() {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
+}
+
 /// `main_with` for a binary whose main thread does the computing (training,
 /// evaluation, export, prediction): that thread joins rayon's pool first
 /// (`util::compute_on_this_thread`).
