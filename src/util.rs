@@ -101,10 +101,6 @@ impl std::hash::Hasher for IdHasher {
 /// A hash map keyed by row ids.
 pub type IdMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
 
-/// The stable string hash behind `hash_bucket_size`: 64-bit FNV-1a over the
-/// UTF-8 bytes, then the splitmix64 finalizer. Integers are hashed through
-/// their decimal text, so CSV and Parquet inputs give the same buckets.
-/// The export feature spec names this function, so it must never change.
 /// The message a caught panic carried (`panic!`'s text), or "" when it
 /// carried something else.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -115,6 +111,10 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
+/// The stable string hash behind `hash_bucket_size`: 64-bit FNV-1a over the
+/// UTF-8 bytes, then the splitmix64 finalizer. Integers are hashed through
+/// their decimal text, so CSV and Parquet inputs give the same buckets.
+/// The export feature spec names this function, so it must never change.
 pub fn hash_str(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.as_bytes() {
