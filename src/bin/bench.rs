@@ -61,11 +61,11 @@ struct Args {
     /// the bytes each sample costs in collectives.
     #[arg(long)]
     distributed: bool,
-    /// Models to time, in order (of DLRM, WideAndDeep, DeepFM, DCN, MMoE).
+    /// Models to time, in order (all of them by default).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "DLRM,WideAndDeep,DeepFM,DCN,MMoE",
+        default_values = MODELS,
         value_parser = clap::builder::PossibleValuesParser::new(MODELS)
     )]
     models: Vec<String>,

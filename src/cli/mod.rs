@@ -327,18 +327,22 @@ impl ConfigArgs {
 }
 
 /// A tool binary's flags (`bench`, `gen_data`, `prep_movielens`), or the
-/// exit code its command line ends with: clap's message printed, 1 for a
-/// flag or value it refused (the user's error, as in `main_with`; clap's own
-/// exit code 2 is this project's internal error), 0 after `--help`.
+/// exit code its command line ends with (`clap_exit`, as in `main_with`).
 pub fn tool_args<T: Parser>() -> Result<T, ExitCode> {
-    T::try_parse().map_err(|e| {
-        let _ = e.print();
-        if e.use_stderr() {
-            ExitCode::from(1)
-        } else {
-            ExitCode::SUCCESS
-        }
-    })
+    T::try_parse().map_err(|e| clap_exit(&e))
+}
+
+/// Prints clap's message (a refused flag, `--help`, `--version`) and gives
+/// the exit code it ends with: 1 for a refused flag or value (the user's
+/// error; clap's own exit code 2 is this project's internal error), 0 for
+/// help and version.
+fn clap_exit(e: &clap::Error) -> ExitCode {
+    let _ = e.print();
+    if e.use_stderr() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// `main_with` for a binary whose main thread does the computing (training,
@@ -372,12 +376,7 @@ pub fn main_with(run: impl FnOnce(Vec<OsString>) -> anyhow::Result<()>) -> ExitC
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             if let Some(clap_err) = err.downcast_ref::<clap::Error>() {
-                let _ = clap_err.print();
-                return if clap_err.use_stderr() {
-                    ExitCode::from(1)
-                } else {
-                    ExitCode::SUCCESS
-                };
+                return clap_exit(clap_err);
             }
             crate::logging::write_line(&format!("{}error: {err:#}\n", crate::logging::rank_prefix()));
             ExitCode::from(exit_code(&err))
