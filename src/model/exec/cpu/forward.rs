@@ -138,31 +138,20 @@ impl Tape<'_> {
                 }
             }
             Op::Concat(xs) => {
-                let mut y = vec![0.0f32; b * width];
-                let mut col = 0;
-                for x in xs {
-                    let w = w_of(x);
-                    if w == 0 {
-                        continue;
+                // Each output row written once, its parts in turn.
+                let parts: Vec<(&[f32], usize)> = xs.iter().map(|x| (self.value(*x), w_of(x))).collect();
+                let y = kernels::written_rows(b, width, |r, mut out| {
+                    for &(v, w) in &parts {
+                        out = kernels::write_row(out, &v[r * w..(r + 1) * w]);
                     }
-                    let v = self.value(*x);
-                    y.par_chunks_mut(width)
-                        .zip(v.par_chunks(w))
-                        .with_min_len(kernels::ROWS)
-                        .for_each(|(row, src)| row[col..col + w].copy_from_slice(&src[..w]));
-                    col += w;
-                }
+                });
                 (y, Saved::None)
             }
             Op::Slice { x, start } => {
-                let w = w_of(x);
-                let mut y = vec![0.0f32; b * width];
-                if width > 0 {
-                    y.par_chunks_mut(width)
-                        .zip(self.value(*x).par_chunks(w))
-                        .with_min_len(kernels::ROWS)
-                        .for_each(|(o, row)| o.copy_from_slice(&row[*start..start + width]));
-                }
+                let (w, v) = (w_of(x), self.value(*x));
+                let y = kernels::written_rows(b, width, |r, out| {
+                    kernels::write_row(out, &v[r * w + start..r * w + start + width]);
+                });
                 (y, Saved::None)
             }
             Op::Add(xs) => {

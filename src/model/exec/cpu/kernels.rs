@@ -3,6 +3,8 @@
 //! batch norm with f64 statistics, inverted dropout, and the dot
 //! interaction over blocks of samples held sample-minor.
 
+use std::mem::MaybeUninit;
+
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -32,6 +34,34 @@ pub fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n)
     // SAFETY: `c` holds the m x n destination (asserted), and does not
     // alias `a` or `b` (borrow rules).
     unsafe { gemm_into(c.as_mut_ptr(), (a, ta), (b, tb), (m, k, n), acc) }
+}
+
+/// A new `[rows, width]` row-major matrix whose rows `fill(row, out)`
+/// writes whole (`write_row`), on the pool's threads: no pass zeroing it
+/// first, for ops that copy (a concatenation, its gradient's split).
+pub fn written_rows(rows: usize, width: usize, fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync) -> Vec<f32> {
+    let mut y: Vec<f32> = Vec::with_capacity(rows * width);
+    if width > 0 {
+        y.spare_capacity_mut()[..rows * width]
+            .par_chunks_mut(width)
+            .with_min_len(ROWS)
+            .enumerate()
+            .for_each(|(r, out)| fill(r, out));
+    }
+    // SAFETY: the capacity holds rows * width values, and `fill` wrote
+    // every element of every row (its contract).
+    unsafe { y.set_len(rows * width) };
+    y
+}
+
+/// Copies `src` into the start of `out` (a row of `written_rows`); returns
+/// the rest of `out`.
+pub fn write_row<'a>(out: &'a mut [MaybeUninit<f32>], src: &[f32]) -> &'a mut [MaybeUninit<f32>] {
+    let (head, rest) = out.split_at_mut(src.len());
+    head.iter_mut().zip(src).for_each(|(o, v)| {
+        o.write(*v);
+    });
+    rest
 }
 
 /// `op(a)[m, k] · op(b)[k, n]` as a new matrix, written once by gemm: no

@@ -324,15 +324,11 @@ fn split_columns(x: &[f32], total: usize, widths: &[usize]) -> Vec<Vec<f32>> {
     widths
         .iter()
         .map(|&w| {
-            let mut out = vec![0.0f32; rows * w];
-            if w > 0 {
-                out.par_chunks_mut(w)
-                    .zip(x.par_chunks(total))
-                    .with_min_len(kernels::ROWS)
-                    .for_each(|(o, row)| o.copy_from_slice(&row[col..col + w]));
-            }
+            let c = col;
             col += w;
-            out
+            kernels::written_rows(rows, w, |r, out| {
+                kernels::write_row(out, &x[r * total + c..r * total + c + w]);
+            })
         })
         .collect()
 }
