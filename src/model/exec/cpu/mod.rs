@@ -5,6 +5,8 @@
 //! Nothing flows into nodes that depend on no parameter and no trained
 //! input.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 mod backward;
@@ -212,59 +214,86 @@ impl<'a> Tape<'a> {
         let zw = pairs.len();
         let src = self.sources(xs);
         let n = src.iter().map(|(_, w)| w).sum::<usize>() / dim;
-        let mut z = vec![0.0f32; b * zw];
         if zw == 0 {
-            return z;
+            return Vec::new();
         }
-        z.par_chunks_mut(zw * ROWS).enumerate().for_each(|(c, zc)| {
-            let mut dots = Interact::new(n, dim, pairs);
-            for (q, zq) in zc.chunks_mut(zw * LANES).enumerate() {
-                let r0 = c * ROWS + q * LANES;
-                let count = zq.len() / zw;
-                dots.load(&src, r0, count);
-                dots.forward();
-                for (k, zr) in zq.chunks_exact_mut(zw).enumerate() {
-                    for (o, v) in zr.iter_mut().zip(&dots.out) {
-                        *o = v[k];
-                    }
-                }
-            }
-        });
-        z
-    }
-
-    /// Gradients of a dot op's operands from that of its output.
-    fn dot_bwd(&self, b: usize, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)], dz: &[f32]) -> Vec<Vec<f32>> {
-        let zw = pairs.len();
-        let src = self.sources(xs);
-        let widths: Vec<usize> = src.iter().map(|(_, w)| *w).collect();
-        let total: usize = widths.iter().sum();
-        let n = total / dim;
-        // Gradient of the operands side by side, then split.
-        let mut dall = vec![0.0f32; b * total];
-        if zw > 0 {
-            dall.par_chunks_mut(total * ROWS).enumerate().for_each(|(c, dc)| {
+        let mut z: Vec<f32> = Vec::with_capacity(b * zw);
+        z.spare_capacity_mut()[..b * zw]
+            .par_chunks_mut(zw * ROWS)
+            .enumerate()
+            .for_each(|(c, zc)| {
                 let mut dots = Interact::new(n, dim, pairs);
-                for (q, dq) in dc.chunks_mut(total * LANES).enumerate() {
+                for (q, zq) in zc.chunks_mut(zw * LANES).enumerate() {
                     let r0 = c * ROWS + q * LANES;
-                    let count = dq.len() / total;
+                    let count = zq.len() / zw;
                     dots.load(&src, r0, count);
-                    for k in 0..count {
-                        let dzr = &dz[(r0 + k) * zw..(r0 + k + 1) * zw];
-                        for (g, v) in dots.out.iter_mut().zip(dzr) {
-                            g[k] = *v;
-                        }
-                    }
-                    dots.backward();
-                    for (k, dr) in dq.chunks_exact_mut(total).enumerate() {
-                        for (o, v) in dr.iter_mut().zip(&dots.da) {
-                            *o = v[k];
+                    dots.forward();
+                    for (k, zr) in zq.chunks_exact_mut(zw).enumerate() {
+                        for (o, v) in zr.iter_mut().zip(&dots.out) {
+                            o.write(v[k]);
                         }
                     }
                 }
             });
+        // SAFETY: the capacity holds b * zw values and the chunks above
+        // wrote every one (each row's zw pair values).
+        unsafe { z.set_len(b * zw) };
+        z
+    }
+
+    /// Gradients of a dot op's operands from that of its output, each
+    /// operand's written once, row by row.
+    fn dot_bwd(&self, b: usize, xs: &[NodeId], dim: usize, pairs: &[(usize, usize)], dz: &[f32]) -> Vec<Vec<f32>> {
+        let zw = pairs.len();
+        let src = self.sources(xs);
+        let widths: Vec<usize> = src.iter().map(|(_, w)| *w).collect();
+        let n = widths.iter().sum::<usize>() / dim;
+        if zw == 0 {
+            return widths.iter().map(|w| vec![0.0; b * w]).collect();
         }
-        split_columns(&dall, total, &widths)
+        let mut outs: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(b * w)).collect();
+        // Per block of ROWS rows, that block's rows of every operand.
+        let mut blocks: Vec<Vec<&mut [MaybeUninit<f32>]>> = (0..b.div_ceil(ROWS)).map(|_| Vec::new()).collect();
+        for (out, &w) in outs.iter_mut().zip(&widths) {
+            if w == 0 {
+                blocks.iter_mut().for_each(|parts| parts.push(&mut []));
+                continue;
+            }
+            let rows = out.spare_capacity_mut()[..b * w].chunks_mut(w * ROWS);
+            blocks.iter_mut().zip(rows).for_each(|(parts, r)| parts.push(r));
+        }
+        blocks.into_par_iter().enumerate().for_each(|(c, mut parts)| {
+            let mut dots = Interact::new(n, dim, pairs);
+            let count_all = ROWS.min(b - c * ROWS);
+            for q in 0..count_all.div_ceil(LANES) {
+                let r0 = c * ROWS + q * LANES;
+                let count = LANES.min(count_all - q * LANES);
+                dots.load(&src, r0, count);
+                for k in 0..count {
+                    let dzr = &dz[(r0 + k) * zw..(r0 + k + 1) * zw];
+                    for (g, v) in dots.out.iter_mut().zip(dzr) {
+                        g[k] = *v;
+                    }
+                }
+                dots.backward();
+                for k in 0..count {
+                    let row = q * LANES + k;
+                    let mut col = 0;
+                    for (part, &w) in parts.iter_mut().zip(&widths) {
+                        for (o, v) in part[row * w..(row + 1) * w].iter_mut().zip(&dots.da[col..col + w]) {
+                            o.write(v[k]);
+                        }
+                        col += w;
+                    }
+                }
+            }
+        });
+        for (out, w) in outs.iter_mut().zip(&widths) {
+            // SAFETY: the capacity holds b * w values, and the blocks above
+            // wrote every row of every operand.
+            unsafe { out.set_len(b * w) };
+        }
+        outs
     }
 }
 
