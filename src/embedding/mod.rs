@@ -376,10 +376,21 @@ pub fn pool_rows(
     for (k, row_out) in out.chunks_exact_mut(stride).enumerate() {
         let b = first + k;
         let dst = &mut row_out[col..col + dim];
-        dst.fill(0.0);
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
-        let mut wsum = 0.0f32;
-        for i in s..e {
+        if s == e {
+            dst.fill(0.0);
+            continue;
+        }
+        // The first id's row written, not added to a zeroed row: a zeroing
+        // pass (a call to memset for a few bytes), then loads of what it
+        // had just stored, cost more than the sum (`0.0 + w * x` keeps a
+        // zero's sign as the sum onto zeros did).
+        let w = pooled_weight(j, s, mean);
+        let mut wsum = w;
+        for (d, x) in dst.iter_mut().zip(table.row(j.ids[s])) {
+            *d = 0.0 + w * x;
+        }
+        for i in s + 1..e {
             let w = pooled_weight(j, i, mean);
             wsum += w;
             for (d, x) in dst.iter_mut().zip(table.row(j.ids[i])) {
