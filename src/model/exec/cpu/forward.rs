@@ -221,8 +221,10 @@ impl Tape<'_> {
                 // One sweep per row: its scalar xl · w, then the output.
                 let d = width.max(1);
                 let (wv, bias) = (p.slice(*w), p.slice(*bias));
-                let (mut y, mut s) = (vec![0.0f32; b * width], vec![0.0f32; b]);
-                y.par_chunks_mut(d)
+                // The output written once, not zeroed first.
+                let (mut y, mut s) = (Vec::with_capacity(b * width), vec![0.0f32; b]);
+                y.spare_capacity_mut()[..b * width]
+                    .par_chunks_mut(d)
                     .zip(s.par_iter_mut())
                     .zip(self.value(*xl).par_chunks(d))
                     .zip(self.value(*x0).par_chunks(d))
@@ -230,9 +232,12 @@ impl Tape<'_> {
                     .for_each(|(((out, sr), xr), x0r)| {
                         *sr = kernels::dot(xr, wv);
                         for c in 0..d {
-                            out[c] = xr[c] + (x0r[c] * *sr + bias[c]);
+                            out[c].write(xr[c] + (x0r[c] * *sr + bias[c]));
                         }
                     });
+                // SAFETY: the capacity holds b * width values and every row
+                // of them (width values each) was written above.
+                unsafe { y.set_len(b * width) };
                 (y, Saved::Scalars(s))
             }
             Op::Softmax { x } => {
