@@ -140,18 +140,31 @@ impl Tape<'_> {
             Op::Concat(xs) => {
                 // Each output row written once, its parts in turn.
                 let parts: Vec<(&[f32], usize)> = xs.iter().map(|x| (self.value(*x), w_of(x))).collect();
-                let y = kernels::written_rows(b, width, |r, mut out| {
-                    for &(v, w) in &parts {
-                        out = kernels::write_row(out, &v[r * w..(r + 1) * w]);
-                    }
-                });
+                assert_eq!(
+                    parts.iter().map(|p| p.1).sum::<usize>(),
+                    width,
+                    "a concatenation's width"
+                );
+                // SAFETY: the parts' widths add up to the row's (asserted),
+                // and each part's values are written in turn.
+                let y = unsafe {
+                    kernels::written_rows(b, width, |r, mut out| {
+                        for &(v, w) in &parts {
+                            out = kernels::write_row(out, &v[r * w..(r + 1) * w]);
+                        }
+                    })
+                };
                 (y, Saved::None)
             }
             Op::Slice { x, start } => {
                 let (w, v) = (w_of(x), self.value(*x));
-                let y = kernels::written_rows(b, width, |r, out| {
-                    kernels::write_row(out, &v[r * w + start..r * w + start + width]);
-                });
+                // SAFETY: each row is given `width` values (a slice of
+                // that length, or a panic out of bounds).
+                let y = unsafe {
+                    kernels::written_rows(b, width, |r, out| {
+                        kernels::write_row(out, &v[r * w + start..r * w + start + width]);
+                    })
+                };
                 (y, Saved::None)
             }
             Op::Add(xs) => {

@@ -39,7 +39,15 @@ pub fn matmul(c: &mut [f32], a: &[f32], ta: bool, b: &[f32], tb: bool, (m, k, n)
 /// A new `[rows, width]` row-major matrix whose rows `fill(row, out)`
 /// writes whole (`write_row`), on the pool's threads: no pass zeroing it
 /// first, for ops that copy (a concatenation, its gradient's split).
-pub fn written_rows(rows: usize, width: usize, fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync) -> Vec<f32> {
+///
+/// # Safety
+/// `fill` must write every one of the `width` elements of each row it is
+/// handed (the rest would be read uninitialised).
+pub unsafe fn written_rows(
+    rows: usize,
+    width: usize,
+    fill: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
+) -> Vec<f32> {
     let mut y: Vec<f32> = Vec::with_capacity(rows * width);
     if width > 0 {
         y.spare_capacity_mut()[..rows * width]
@@ -49,7 +57,7 @@ pub fn written_rows(rows: usize, width: usize, fill: impl Fn(usize, &mut [MaybeU
             .for_each(|(r, out)| fill(r, out));
     }
     // SAFETY: the capacity holds rows * width values, and `fill` wrote
-    // every element of every row (its contract).
+    // every element of every row (this function's contract).
     unsafe { y.set_len(rows * width) };
     y
 }

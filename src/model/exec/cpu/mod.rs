@@ -355,9 +355,13 @@ fn split_columns(x: &[f32], total: usize, widths: &[usize]) -> Vec<Vec<f32>> {
         .map(|&w| {
             let c = col;
             col += w;
-            kernels::written_rows(rows, w, |r, out| {
-                kernels::write_row(out, &x[r * total + c..r * total + c + w]);
-            })
+            // SAFETY: each row is given its `w` values (a slice of that
+            // length, or a panic out of bounds).
+            unsafe {
+                kernels::written_rows(rows, w, |r, out| {
+                    kernels::write_row(out, &x[r * total + c..r * total + c + w]);
+                })
+            }
         })
         .collect()
 }
