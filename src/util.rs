@@ -79,6 +79,27 @@ pub fn compute_on_this_thread(threads: Option<usize>) -> Result<(), rayon::Threa
     pool.build_global()
 }
 
+/// The sum of the squares of `x` in f64, over eight interleaved partial
+/// sums added pairwise at the end (a fixed order: the same result on every
+/// run). One running sum waits on each addition before the next (four
+/// cycles each): a gradient of a million values took 0.6-0.85 ms a step
+/// that way, where eight lanes keep the adder busy.
+pub fn sum_of_squares(x: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += (*v as f64) * (*v as f64);
+        }
+    }
+    for (a, v) in acc.iter_mut().zip(tail) {
+        *a += (*v as f64) * (*v as f64);
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+}
+
 /// Hasher for maps keyed by row ids: one splitmix64 mix instead of SipHash
 /// (ids are not attacker-chosen keys here, and lookups sit on the hot path).
 #[derive(Debug, Clone, Copy, Default)]
@@ -211,6 +232,24 @@ mod tests {
         // Pinned: exported feature specs depend on these values.
         assert_eq!(hash_str(""), mix64(0xcbf2_9ce4_8422_2325));
         assert_ne!(hash_str("a"), hash_str("b"));
+    }
+
+    /// Every length (the eight lanes and the tail) sums every square once.
+    #[test]
+    fn sum_of_squares_counts_every_value_once() {
+        let mut rng = Rng::new(3);
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 1000, 1003] {
+            let x: Vec<f32> = (0..n).map(|_| rng.uniform() as f32 * 4.0 - 2.0).collect();
+            let want: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+            let got = sum_of_squares(&x);
+            assert!(
+                (got - want).abs() <= 1e-12 * want.max(1.0),
+                "{n} values: {got} against {want}"
+            );
+        }
+        assert_eq!(sum_of_squares(&[3.0, 4.0]), 25.0);
+        // In f64: the squares of the largest f32 do not overflow.
+        assert!(sum_of_squares(&[f32::MAX; 9]).is_finite());
     }
 
     #[test]
