@@ -343,6 +343,21 @@ pub fn prefetch(row: &[f32]) {
     let _ = row;
 }
 
+/// Asks for the part `col..col + dim` of row `row + 8` of the `rows`-row
+/// matrix `m` (`stride` wide), if there is one. A loop over one part of
+/// each row of a wide matrix (a table's columns of a group input, or of
+/// its gradient) touches a cache line or two a row, one row a stride
+/// apart, which the hardware does not fetch ahead by itself: 8 rows ahead
+/// the loop's loads and stores stop waiting on them.
+#[inline]
+fn prefetch_part_ahead(m: &[f32], (row, rows): (usize, usize), (stride, col, dim): (usize, usize, usize)) {
+    const AHEAD: usize = 8;
+    if row + AHEAD < rows {
+        let at = (row + AHEAD) * stride + col;
+        prefetch(&m[at..at + dim]);
+    }
+}
+
 /// The weight id `i` of `j` is pooled with: its own, or 1 without weights.
 /// A mean (any combiner but sum) leaves out ids of weight <= 0, as
 /// TensorFlow's `safe_embedding_lookup_sparse` prunes them for EasyRec's
@@ -373,16 +388,10 @@ pub fn pool_rows(
     for &id in &j.ids[s..e] {
         prefetch(table.row(id));
     }
-    // Each output row's part is a cache line or two of a wide matrix, one
-    // row a stride apart, and each table's part of a row a line of its own:
-    // asked for this many rows ahead, the stores stop waiting on them (as
-    // `scatter_grad`'s loads; DLRM's pooling 6.2-8.0 ms a step to 3.9-4.7).
-    const AHEAD: usize = 8;
     for k in 0..rows {
-        if k + AHEAD < rows {
-            let at = (k + AHEAD) * stride + col;
-            prefetch(&out[at..at + dim]);
-        }
+        // The stores waited on each row's part (DLRM's pooling 6.2-8.0 ms a
+        // step; asked for ahead, 3.9-4.7).
+        prefetch_part_ahead(out, (k, rows), (stride, col, dim));
         let b = first + k;
         let dst = &mut out[k * stride + col..k * stride + col + dim];
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
@@ -539,17 +548,11 @@ impl RowGrads {
 pub fn scatter_grad(j: &Jagged, mean: bool, grad: &[f32], stride: usize, col: usize, dim: usize, acc: &mut RowGrads) {
     let places: Vec<usize> = j.ids.iter().map(|&id| acc.index_of(id)).collect();
     acc.grads.resize(acc.rows.len() * dim, 0.0);
-    // Each batch row's gradient is `dim` values of a wide matrix, a cache
-    // line or two a row a stride apart: asked for this many rows ahead,
-    // the sums stop waiting on them (DLRM's 26 tables on 2 threads: 4.3 ms
-    // a step to 2.1).
-    const AHEAD: usize = 8;
     let batch = j.offsets.len() - 1;
     for b in 0..batch {
-        if b + AHEAD < batch {
-            let at = (b + AHEAD) * stride + col;
-            prefetch(&grad[at..at + dim]);
-        }
+        // The sums waited on each row's gradient (DLRM's 26 tables on 2
+        // threads: 4.3 ms a step; asked for ahead, 2.1).
+        prefetch_part_ahead(grad, (b, batch), (stride, col, dim));
         let (s, e) = (j.offsets[b] as usize, j.offsets[b + 1] as usize);
         if s == e {
             continue;
