@@ -2283,6 +2283,136 @@ model_config {"#,
     }
 }
 
+/// Dense parameters lent to the executor's device between steps (a
+/// GPU's under `--device gpu`; burn's CPU backend offers the same, which
+/// this test runs) train as the CPU executor trains them in host memory:
+/// under every dense optimizer, with l2 regularization, variational
+/// dropout, a frozen kernel and gradient clipping, over checkpoints that
+/// read them back in the middle of the run (and lend them again).
+#[test]
+fn dense_parameters_lent_to_a_device_train_as_in_host_memory() {
+    lent_trains_as_in_host_memory(|| std::sync::Arc::new(Burn::reference()));
+}
+
+/// The same on the GPU executor's device (lavapipe where there is no GPU):
+/// the update rules' kernels there.
+#[cfg(feature = "gpu")]
+#[test]
+fn dense_parameters_lent_to_the_gpu_train_as_in_host_memory() {
+    lent_trains_as_in_host_memory(|| rustrec::model::ExecutorKind::Gpu.executor(0).unwrap());
+}
+
+/// Trains a DeepFM under each dense optimizer on the CPU executor and on
+/// `exec`, which keeps the dense parameters on its device: the same
+/// parameters and slots.
+fn lent_trains_as_in_host_memory(exec: impl Fn() -> std::sync::Arc<dyn rustrec::model::Executor>) {
+    use rustrec::config::train_plan::OptimizerKind;
+    let optimizers = [
+        OptimizerKind::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+        },
+        OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            weight_decay: 0.01,
+        },
+        OptimizerKind::Adagrad {
+            initial_accumulator: 0.1,
+        },
+        OptimizerKind::Ftrl {
+            lr_power: -0.5,
+            initial_accumulator: 0.1,
+            l1: 0.001,
+            l2: 0.01,
+            l2_shrinkage: 0.0,
+        },
+        OptimizerKind::Momentum { momentum: 0.9 },
+        OptimizerKind::MomentumW {
+            momentum: 0.9,
+            weight_decay: 0.01,
+        },
+        OptimizerKind::RmsProp {
+            momentum: 0.5,
+            decay: 0.9,
+            epsilon: 1e-6,
+        },
+    ];
+    // Without batch norms: a bias a batch norm follows has no gradient but
+    // rounding noise, which Adam turns into whole steps on any two executors.
+    let block = model_block("DeepFM with variational dropout")
+        .replace(
+            "model_config {",
+            r#"train_config { freeze_gradient: ["dnn_0/kernel:0$"] save_checkpoints_steps: 4 gradient_clipping_by_norm: 0.5 }
+model_config {"#,
+        )
+        .replace("hidden_units: [", "use_bn: false hidden_units: [");
+    for kind in optimizers {
+        let dir = tempfile::tempdir().unwrap();
+        let trained = |name: &str, lent: bool| {
+            let sub = dir.path().join(name);
+            std::fs::create_dir_all(&sub).unwrap();
+            let mut t = trainer_of(&sub, "DeepFM lent", &block);
+            t.plan.train.optimizers[t.dense.optimizer].kind = kind.clone();
+            t.dense =
+                rustrec::train::dense::Dense::new(&t.plan.train.optimizers, t.dense.optimizer, t.model.params.len());
+            t.plan.model.l2_regularization = 1e-2;
+            if lent {
+                t.model.exec = exec();
+                assert!(t.model.exec.resident_device().is_some());
+            }
+            t.run().unwrap();
+            let ckpts = std::fs::read_dir(&t.plan.model_dir)
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with("model.ckpt-")
+                })
+                .count();
+            assert!(ckpts >= 3, "{kind:?}: checkpoints at 4, 8 and 10");
+            t
+        };
+        let (host, lent) = (trained("host", false), trained("lent", true));
+        assert!(host.frozen.dense.contains(&true) && !host.model.dropout_logits.is_empty());
+        let near = |a: &[f32], b: &[f32], what: &str| {
+            assert_eq!(a.len(), b.len(), "{kind:?} {what}");
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                    "{kind:?} {what}[{i}]: lent {x} vs host {y}"
+                );
+            }
+        };
+        near(&lent.model.params.values, &host.model.params.values, "parameters");
+        assert_eq!(lent.dense.slots.slots.len(), host.dense.slots.slots.len());
+        for (k, (a, b)) in lent.dense.slots.slots.iter().zip(&host.dense.slots.slots).enumerate() {
+            near(a, b, &format!("slot {k}"));
+        }
+        // The frozen kernel kept its initial values; the others moved.
+        let fresh_dir = dir.path().join("fresh");
+        std::fs::create_dir_all(&fresh_dir).unwrap();
+        let fresh = trainer_of(&fresh_dir, "DeepFM lent", &block);
+        assert_ne!(lent.model.params.values, fresh.model.params.values, "{kind:?}");
+        for (s, _) in host
+            .model
+            .params
+            .specs
+            .iter()
+            .zip(&host.frozen.dense)
+            .filter(|(_, f)| **f)
+        {
+            let (now, then) = (
+                &lent.model.params.values[s.range()],
+                &fresh.model.params.values[s.range()],
+            );
+            assert_eq!(now, then, "{kind:?}: {}", s.name);
+        }
+    }
+}
+
 /// EasyRec's ExprFeature (its `multi_tower_on_taobao_for_expr` kind of
 /// expressions) in a deep group: each row's value is what EasyRec's
 /// TensorFlow expression computes, and the model trains, evaluates and

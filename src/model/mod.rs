@@ -20,7 +20,8 @@ pub mod names;
 
 use std::sync::Arc;
 
-pub use exec::{Executor, ExecutorKind, Mode, Tape};
+pub use exec::resident::Resident;
+pub use exec::{DenseGrad, Executor, ExecutorKind, Mode, Tape};
 pub use graph::params::{ParamSpec, ParamStore};
 pub use graph::{BnStats, Graph, NodeId, Op};
 pub use heads::{score_columns, BatchEval, Interests, Targets, TaskScores};
@@ -178,6 +179,41 @@ impl Model {
         rng: &mut Rng,
     ) -> PassGrads {
         let b = self.rows_of(x);
+        let (loss, dense, inputs, bn_stats) =
+            self.pass_grads(|mode| self.forward_on(exec, x, b, mode), (targets, tasks), rng);
+        PassGrads {
+            loss,
+            dense: dense.into_host(),
+            inputs,
+            bn_stats,
+        }
+    }
+
+    /// `loss_and_grads` on the parameters `resident` holds on a device
+    /// (the model's own are lent to it): the dense gradient is left there.
+    pub fn loss_and_grads_resident(
+        &self,
+        resident: &Resident,
+        x: &[Vec<f32>],
+        (targets, tasks): (Targets, &[Task]),
+        rng: &mut Rng,
+    ) -> (f32, DenseGrad, Vec<Vec<f32>>, Vec<BnStats>) {
+        let b = self.rows_of(x);
+        self.pass_grads(
+            |mode| resident.forward(&self.graph, &self.buffers, x, b, mode),
+            (targets, tasks),
+            rng,
+        )
+    }
+
+    /// The training pass `forward` runs (in the mode given), its heads'
+    /// loss and the backward from them.
+    fn pass_grads<'t>(
+        &self,
+        forward: impl FnOnce(Mode) -> Box<dyn Tape + 't>,
+        (targets, tasks): (Targets, &[Task]),
+        rng: &mut Rng,
+    ) -> (f32, DenseGrad, Vec<Vec<f32>>, Vec<BnStats>) {
         let users = targets.rows;
         let mut bn_stats = Vec::new();
         let mode = Mode::Train {
@@ -185,17 +221,12 @@ impl Model {
             stats: &mut bn_stats,
             examples: users,
         };
-        let tape = self.forward_on(exec, x, b, mode);
+        let tape = forward(mode);
         let (loss, seeds) = heads::train(&self.graph, &*tape, tasks, targets, users);
         let needs = self.graph.needs_grad(&self.trained_inputs());
-        let mut dense = vec![0.0f32; self.params.values.len()];
-        let inputs = tape.backward(&self.params, seeds, &needs, &mut dense);
-        PassGrads {
-            loss,
-            dense,
-            inputs,
-            bn_stats,
-        }
+        let (dense, inputs) = tape.backward_dense(&self.params, seeds, &needs);
+        drop(tape);
+        (loss, dense, inputs, bn_stats)
     }
 
     /// The graph outputs besides the tasks' that an export carries: a match

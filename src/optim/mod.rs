@@ -1,6 +1,8 @@
 //! Update rules shared by dense parameters and embedding rows, with
 //! TensorFlow's formulas, and EasyRec's multi-optimizer assignment.
 
+mod tensor;
+
 use rayon::prelude::*;
 
 use crate::config::model::ModelKind;

@@ -65,6 +65,12 @@ impl Frozen {
         for (s, _) in specs.iter().zip(&self.dense).filter(|(_, f)| **f) {
             dense[s.range()].iter_mut().for_each(|g| *g = 0.0);
         }
+        self.clear_rows(rows);
+    }
+
+    /// `clear` of the tables' rows alone (the dense gradient is on a
+    /// device, which clears its own: `DeviceDense::clear_frozen`).
+    pub fn clear_rows(&self, rows: &mut [RowGrads]) {
         for (r, _) in rows.iter_mut().zip(&self.tables).filter(|(_, f)| **f) {
             *r = RowGrads::default();
         }

@@ -317,6 +317,7 @@ impl Trainer {
     }
 
     fn write_dense_update(&mut self, step: u64) -> anyhow::Result<()> {
+        self.settle_dense();
         let incr = self.incr.as_mut().expect("incremental updates started");
         incr.last_dense = (step, Instant::now());
         if self.comm.rank() != 0 {

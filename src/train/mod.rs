@@ -2,6 +2,7 @@
 //! step), its checkpoints, evaluation, and the step loop.
 
 pub mod dense;
+pub mod device_dense;
 pub mod divergence;
 pub mod freeze;
 pub mod incr;
@@ -80,6 +81,11 @@ pub struct Trainer {
     trace: Option<stream::RowTrace>,
     /// Where each step's phases are timed (`set_profile`), when anywhere.
     profile: Option<std::sync::Arc<crate::profile::Profile>>,
+    /// The dense parameters and their optimizer slots, while they are lent
+    /// to the executor's device between steps (`lend_dense`): the model's
+    /// `params.values` and `dense.slots` are empty meanwhile, until
+    /// `settle_dense` reads them back.
+    device_dense: Option<device_dense::DeviceDense>,
 }
 
 impl Trainer {
@@ -222,7 +228,39 @@ impl Trainer {
             resumed_stream: None,
             trace,
             profile: None,
+            device_dense: None,
         })
+    }
+
+    /// Lends the dense parameters and their optimizer slots to the model's
+    /// executor's device, where it keeps them between steps (a GPU's: see
+    /// `Executor::resident_device`), unless they are there already. Not
+    /// under asynchronous parameter servers, whose workers take the
+    /// parameters from the servers each step.
+    fn lend_dense(&mut self) {
+        if self.device_dense.is_some() || self.ps.is_some() {
+            return;
+        }
+        let Some(device) = self.model.exec.resident_device() else {
+            return;
+        };
+        let resident = crate::model::Resident::upload(&device, &self.model.params, &self.dense.slots.slots);
+        self.model.params.values = Vec::new();
+        self.dense.slots.slots.iter_mut().for_each(|s| *s = Vec::new());
+        let d = device_dense::DeviceDense::new(resident, &self.model, &self.plan.model, &self.frozen);
+        self.device_dense = Some(d);
+    }
+
+    /// Reads the dense parameters and their slots back from the device they
+    /// are lent to, if they are: before anything reads them on the host
+    /// (a checkpoint, an evaluation, an export, an incremental update, a
+    /// restore). The next step lends them again.
+    pub fn settle_dense(&mut self) {
+        if let Some(d) = self.device_dense.take() {
+            let (params, slots) = d.resident.download();
+            self.model.params.values = params;
+            self.dense.slots.slots = slots;
+        }
     }
 
     /// Times each training step's phases into `profile` from now on, and

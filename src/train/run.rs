@@ -273,6 +273,7 @@ impl Trainer {
         last_loss: f32,
         after_eval: &mut AfterEval,
     ) -> anyhow::Result<RunSummary> {
+        self.settle_dense();
         let p = self.plan.clone();
         let target = p.train.num_steps.map(u64::from);
         // Every incremental update handed to the writer is out before the end.
@@ -478,7 +479,7 @@ impl Trainer {
         log::info!(
             "{} features, {} dense parameters, {} tables of {:.1} MiB (weights and optimizer state) on this rank: {}",
             p.features.len(),
-            self.model.params.values.len(),
+            self.model.params.len(),
             tables.len(),
             mib(held),
             listed.join(", ")

@@ -3,16 +3,23 @@
 //! dense all-reduce, embedding backward (row gradients to their updaters),
 //! clipping, then every optimizer.
 
+use burn::tensor::{Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::dense::{squared_norm, Exchange};
+use super::device_dense::DeviceDense;
 use super::Trainer;
 use crate::embedding::RowGrads;
 use crate::features::Batch;
+use crate::model::graph::params::to_vec;
 use crate::model::graph::{update_bn_buffers, BnStats};
-use crate::model::{Executor, TaskScores};
+use crate::model::{DenseGrad, Executor, TaskScores};
+use crate::optim::Rule;
 use crate::profile::{step_phase as step, timed, Work, MODEL_PASS};
 use crate::util::Rng;
+
+/// A gradient on a device without lent parameters: a bug of the step.
+const LENT: &str = "a dense gradient on a device is of parameters lent to it";
 
 /// Bytes of `n` f32 values.
 fn f32_bytes(n: usize) -> f64 {
@@ -55,8 +62,9 @@ pub struct StepGrads {
     pub loss: f32,
     /// The regularizers' loss.
     pub reg: f64,
-    /// The dense gradient, summed over the ranks and clipped.
-    pub dense: Vec<f32>,
+    /// The dense gradient, summed over the ranks and clipped: on the
+    /// device where the parameters are lent to one (`lend_dense`).
+    pub dense: DenseGrad,
     /// Each table's row gradients, before clipping.
     pub rows: Vec<RowGrads>,
     pub norm: f32,
@@ -123,6 +131,26 @@ impl Trainer {
         self.loss_and_grads_with(&*self.model.exec, batch, inputs)
     }
 
+    /// `loss_and_grads` on the parameters where they are: lent to the
+    /// executor's device (`lend_dense`), whose gradient stays there, or
+    /// the model's own.
+    fn pass(&self, batch: &Batch, inputs: &[Vec<f32>]) -> (f32, DenseGrad, Vec<Vec<f32>>, Vec<BnStats>) {
+        let Some(d) = &self.device_dense else {
+            let g = self.loss_and_grads(batch, inputs);
+            return (g.loss, DenseGrad::Host(g.dense), g.inputs, g.bn_stats);
+        };
+        let mut rng = self.dropout_rng();
+        let targets = crate::model::Targets::of(batch);
+        self.model
+            .loss_and_grads_resident(&d.resident, inputs, (targets, &self.plan.model.tasks), &mut rng)
+    }
+
+    /// The dense side of parameters lent to the executor's device, which
+    /// a gradient on that device is of.
+    fn lent(&self) -> &DeviceDense {
+        self.device_dense.as_ref().expect(LENT)
+    }
+
     /// What the batch's mean loss divides by: its examples, or with sample
     /// weights the count of non-zero ones (a listwise loss: their sum).
     /// A rank's loss counts by its share of the global batch's mass.
@@ -171,20 +199,15 @@ impl Trainer {
         let b = batch.examples();
         let groups = &self.model.groups;
         let prof = self.profile.as_deref();
-        let Grads {
-            loss: local_loss,
-            dense: mut dense_grad,
-            inputs: mut input_grads,
-            bn_stats,
-        } = if b > 0 {
-            timed(prof, step(MODEL_PASS), |_| None, || self.loss_and_grads(batch, inputs))
+        let (local_loss, mut dense_grad, mut input_grads, bn_stats) = if b > 0 {
+            timed(prof, step(MODEL_PASS), |_| None, || self.pass(batch, inputs))
         } else {
-            Grads {
-                loss: 0.0,
-                dense: vec![0.0; self.model.params.values.len()],
-                inputs: inputs.iter().map(|_| Vec::new()).collect(),
-                bn_stats: Vec::new(),
-            }
+            let n = self.model.params.len();
+            let dense = match &self.device_dense {
+                Some(d) => DenseGrad::Device(Box::new(Tensor::<1>::zeros([n], d.resident.device()))),
+                None => DenseGrad::Host(vec![0.0; n]),
+            };
+            (0.0, dense, inputs.iter().map(|_| Vec::new()).collect(), Vec::new())
         };
         let mass = self.loss_mass(batch);
         let mut totals = [mass, local_loss as f64 * mass, b as f64];
@@ -194,14 +217,25 @@ impl Trainer {
         let loss = (totals[1] / global_mass) as f32;
         if ex.ranks() > 1 {
             let share = (mass / global_mass) as f32;
-            let n = dense_grad.len();
+            let n = self.model.params.len();
             timed(
                 prof,
                 step("dense gradient all-reduce"),
                 |_| Some(Work::Bytes(f32_bytes(2 * n))),
                 || {
-                    dense_grad.iter_mut().for_each(|g| *g *= share);
-                    ex.sum_f32(&mut dense_grad);
+                    let sum = |g: &mut Vec<f32>| {
+                        g.iter_mut().for_each(|g| *g *= share);
+                        ex.sum_f32(g);
+                    };
+                    match &mut dense_grad {
+                        DenseGrad::Host(g) => sum(g),
+                        // Read back, summed with the other ranks', sent again.
+                        DenseGrad::Device(t) => {
+                            let mut g = to_vec((**t).clone());
+                            sum(&mut g);
+                            **t = Tensor::<1>::from_data(TensorData::new(g, [n]), &t.device());
+                        }
+                    }
                     for gin in &mut input_grads {
                         gin.iter_mut().for_each(|g| *g *= share);
                     }
@@ -212,13 +246,21 @@ impl Trainer {
             return Err(format!("the loss is {loss}"));
         }
         // Identical on every rank: the dense gradient is summed already.
-        let mut reg = timed(
+        // On a device their loss is read back with the norm.
+        let (mut reg, device_reg) = timed(
             prof,
             step("dense regularizers"),
             |_| None,
-            || {
-                self.dense
-                    .regularize(&self.model, &self.plan.model, &mut dense_grad, global_rows)
+            || match &mut dense_grad {
+                DenseGrad::Device(t) => {
+                    let (g, reg) = self.lent().regularize((**t).clone(), global_rows);
+                    **t = g;
+                    (0.0, reg)
+                }
+                DenseGrad::Host(g) => (
+                    self.dense.regularize(&self.model, &self.plan.model, g, global_rows),
+                    None,
+                ),
             },
         );
 
@@ -238,18 +280,31 @@ impl Trainer {
             || ex.rows(&self.embeddings, (groups, batch), &input_grads),
         );
         if self.frozen.any() {
-            self.frozen.clear(&self.model.params.specs, &mut dense_grad, &mut rows);
+            match &mut dense_grad {
+                DenseGrad::Device(t) => **t = self.lent().clear_frozen((**t).clone()),
+                DenseGrad::Host(g) => self.frozen.clear(&self.model.params.specs, g, &mut []),
+            }
+            self.frozen.clear_rows(&mut rows);
         }
 
         // Global-norm clipping over every gradient, as tf.clip_by_global_norm.
+        let n = self.model.params.len();
         let norm = timed(
             prof,
             step("gradient norm"),
-            |_| Some(Work::Bytes(f32_bytes(dense_grad.len() + row_values(&rows)))),
+            |_| Some(Work::Bytes(f32_bytes(n + row_values(&rows)))),
             || {
                 let table_sq = ex.rows_squared_norm(&self.embeddings, &rows);
                 ex.sum(&mut emb_reg_loss);
-                (squared_norm(&dense_grad) + table_sq).sqrt() as f32
+                let dense_sq = match &dense_grad {
+                    DenseGrad::Device(t) => {
+                        let (sq, r) = self.lent().norm(t, device_reg);
+                        reg += r;
+                        sq
+                    }
+                    DenseGrad::Host(g) => squared_norm(g),
+                };
+                (dense_sq + table_sq).sqrt() as f32
             },
         );
         reg += emb_reg_loss[0];
@@ -258,7 +313,10 @@ impl Trainer {
         }
         let scale = self.clip_scale(norm);
         if scale != 1.0 {
-            dense_grad.iter_mut().for_each(|g| *g *= scale);
+            match &mut dense_grad {
+                DenseGrad::Host(g) => g.iter_mut().for_each(|g| *g *= scale),
+                DenseGrad::Device(t) => **t = (**t).clone().mul_scalar(scale),
+            }
         }
         Ok(StepGrads {
             loss,
@@ -276,6 +334,7 @@ impl Trainer {
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let profile = self.profile.clone();
         let prof = profile.as_deref();
+        self.lend_dense();
         timed(
             prof,
             step("embedding admission"),
@@ -293,20 +352,24 @@ impl Trainer {
             Ok(g) => g,
             Err(what) => return self.skip_or_stop(what),
         };
-        let n = self.model.params.values.len();
+        let n = self.model.params.len();
         let optimizers = &self.plan.train.optimizers;
+        let dense_optimizer = &optimizers[self.dense.optimizer];
         // A gradient read, a parameter and two slots read and written.
         timed(
             prof,
             step("dense update"),
             |_| Some(Work::Bytes(f32_bytes(7 * n))),
-            || {
-                self.dense.apply(
+            || match g.dense {
+                DenseGrad::Device(t) => (self.device_dense.as_mut())
+                    .expect(LENT)
+                    .apply(*t, &Rule::at(dense_optimizer, self.step)),
+                DenseGrad::Host(dense) => self.dense.apply(
                     &mut self.model.params,
-                    (&g.dense, 0..n),
+                    (&dense, 0..n),
                     optimizers,
                     (self.step, &self.frozen),
-                )
+                ),
             },
         );
         // A gradient read, a row's value and slot read and written (and
@@ -321,6 +384,11 @@ impl Trainer {
                     .apply(&g.rows, optimizers, (self.step, &self.frozen.tables), g.scale)
             },
         );
+        let dense_finite = self.device_dense.as_ref().is_none_or(|d| d.finite());
+        if !dense_finite {
+            // Read back to name the parameter.
+            self.settle_dense();
+        }
         timed(
             prof,
             step("finite check of dense parameters"),

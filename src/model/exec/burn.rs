@@ -8,7 +8,7 @@ use std::cell::OnceCell;
 use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::{Executor, Mode};
+use super::{DenseGrad, Executor, Mode};
 use crate::config::model::Activation;
 use crate::model::exec::cpu::kernels;
 use crate::model::graph::nary::Nary;
@@ -61,51 +61,81 @@ impl Executor for Burn {
         rows: usize,
         mode: Mode,
     ) -> Box<dyn super::Tape + 'a> {
-        let device = &self.device;
-        let p = params.tensors(device, true);
-        let xs: Vec<Tensor<2>> = inputs
-            .iter()
-            .map(|v| {
-                let width = v.len().checked_div(rows).unwrap_or(0);
-                Tensor::<2>::from_data(TensorData::new(v.clone(), [rows, width]), device).require_grad()
-            })
-            .collect();
-        let (training, rng, examples) = match &mode {
-            Mode::Train { rng, examples, .. } => (true, (**rng).clone(), *examples),
-            Mode::Infer => (false, Rng::new(0), rows),
-        };
-        let mut ctx = Ctx {
-            p: &p,
-            buffers,
-            training,
-            device,
-            rng,
-            bn_stats: Vec::new(),
-            examples,
-        };
-        let values = forward(graph, &mut ctx, &xs);
-        if let Mode::Train { rng, stats, .. } = mode {
-            *rng = ctx.rng;
-            stats.extend(ctx.bn_stats);
-        }
-        Box::new(BurnTape {
-            graph,
-            host: values.iter().map(|_| OnceCell::new()).collect(),
-            values,
-            params: p,
-            xs,
+        let p = params.tensors(&self.device, true);
+        Box::new(pass(&self.device, graph, (p, buffers), (inputs, rows), mode, None))
+    }
+
+    fn resident_device(&self) -> Option<Device> {
+        Some(self.device.clone().inner())
+    }
+}
+
+/// Runs `graph` forward on `device` (with autodiff) from the parameters
+/// `p` (autodiff leaves, `ParamStore` order) over the group inputs; with
+/// `resident` (a `Resident`'s layout) the tape's `backward_dense` leaves
+/// the parameters' gradient on the device.
+pub(super) fn pass<'a>(
+    device: &Device,
+    graph: &'a Graph,
+    (p, buffers): (Vec<Tensor<2>>, &ParamStore),
+    (inputs, rows): (&'a [Vec<f32>], usize),
+    mode: Mode,
+    resident: Option<FlatLayout>,
+) -> BurnTape<'a> {
+    let xs: Vec<Tensor<2>> = inputs
+        .iter()
+        .map(|v| {
+            let width = v.len().checked_div(rows).unwrap_or(0);
+            Tensor::<2>::from_data(TensorData::new(v.clone(), [rows, width]), device).require_grad()
         })
+        .collect();
+    let (training, rng, examples) = match &mode {
+        Mode::Train { rng, examples, .. } => (true, (**rng).clone(), *examples),
+        Mode::Infer => (false, Rng::new(0), rows),
+    };
+    let mut ctx = Ctx {
+        p: &p,
+        buffers,
+        training,
+        device,
+        rng,
+        bn_stats: Vec::new(),
+        examples,
+    };
+    let values = forward(graph, &mut ctx, &xs);
+    if let Mode::Train { rng, stats, .. } = mode {
+        *rng = ctx.rng;
+        stats.extend(read_stats(ctx.bn_stats));
+    }
+    BurnTape {
+        graph,
+        host: values.iter().map(|_| OnceCell::new()).collect(),
+        values,
+        params: p,
+        xs,
+        resident,
     }
 }
 
 /// A forward pass on burn: every node's tensor, read back to the host
 /// when asked.
-struct BurnTape<'a> {
+pub(super) struct BurnTape<'a> {
     graph: &'a Graph,
     values: Vec<Tensor<2>>,
     host: Vec<OnceCell<Vec<f32>>>,
     params: Vec<Tensor<2>>,
     xs: Vec<Tensor<2>>,
+    /// Of a `Resident`'s pass: where its gradient goes.
+    resident: Option<FlatLayout>,
+}
+
+/// The flat layout of a `Resident`'s parameters: each one's range (in
+/// `ParamStore::specs` order, one after another), their length, and the
+/// device (without autodiff) that holds them.
+pub(super) struct FlatLayout {
+    pub ranges: Vec<std::ops::Range<usize>>,
+    pub len: usize,
+    pub device: Device,
 }
 
 impl super::Tape for BurnTape<'_> {
@@ -120,6 +150,73 @@ impl super::Tape for BurnTape<'_> {
         needs: &[bool],
         dense: &mut [f32],
     ) -> Vec<Vec<f32>> {
+        let (params, inputs) = self.gradients(seeds, needs);
+        // Every gradient read back in one transfer (on a GPU each read is a
+        // round trip): the parameters' that flowed, then the inputs'.
+        let parts: Vec<Tensor<1>> = params.iter().chain(&inputs).map(|(_, g)| g.clone()).collect();
+        let flat = if parts.is_empty() {
+            Vec::new()
+        } else {
+            to_vec(Tensor::cat(parts, 0))
+        };
+        let mut at = 0;
+        for (i, _) in &params {
+            let range = p.specs[*i].range();
+            let n = range.len();
+            dense[range]
+                .iter_mut()
+                .zip(&flat[at..at + n])
+                .for_each(|(d, v)| *d += v);
+            at += n;
+        }
+        self.input_grads(&inputs, &flat[at..])
+    }
+
+    fn backward_dense(
+        &self,
+        p: &ParamStore,
+        seeds: Vec<(NodeId, Vec<f32>)>,
+        needs: &[bool],
+    ) -> (DenseGrad, Vec<Vec<f32>>) {
+        let Some(layout) = &self.resident else {
+            let mut dense = vec![0.0f32; p.len()];
+            let inputs = self.backward(p, seeds, needs, &mut dense);
+            return (DenseGrad::Host(dense), inputs);
+        };
+        let (params, inputs) = self.gradients(seeds, needs);
+        // The parameters' gradient stays on the device, in the flat layout
+        // (zeros where none flowed); the inputs' are read back at once.
+        let mut flowed: Vec<Option<Tensor<1>>> = vec![None; layout.ranges.len()];
+        for (i, g) in params {
+            flowed[i] = Some(g);
+        }
+        let parts: Vec<Tensor<1>> = (layout.ranges.iter().zip(flowed))
+            .filter(|(r, _)| !r.is_empty())
+            .map(|(r, g)| g.unwrap_or_else(|| Tensor::<1>::zeros([r.len()], &layout.device)))
+            .collect();
+        let dense = match parts.is_empty() {
+            true => Tensor::<1>::zeros([layout.len], &layout.device),
+            false => Tensor::cat(parts, 0),
+        };
+        let parts: Vec<Tensor<1>> = inputs.iter().map(|(_, g)| g.clone()).collect();
+        let flat = if parts.is_empty() {
+            Vec::new()
+        } else {
+            to_vec(Tensor::cat(parts, 0))
+        };
+        (DenseGrad::Device(Box::new(dense)), self.input_grads(&inputs, &flat))
+    }
+}
+
+impl BurnTape<'_> {
+    /// Backward from `seeds`: the flattened gradient of each parameter one
+    /// flowed to (by index), and of each group input `needs` trains.
+    #[allow(clippy::type_complexity)]
+    fn gradients(
+        &self,
+        seeds: Vec<(NodeId, Vec<f32>)>,
+        needs: &[bool],
+    ) -> (Vec<(usize, Tensor<1>)>, Vec<(usize, Tensor<1>)>) {
         // The seeds' inner product with their nodes: its gradient is the
         // vector-Jacobian product the seeds ask for.
         let objective = seeds
@@ -130,55 +227,33 @@ impl super::Tape for BurnTape<'_> {
                 (v.clone() * seed).sum()
             })
             .reduce(|a, b| a + b);
-        let grads = objective.map(|o| o.backward());
-        // Every gradient read back in one transfer (on a GPU each read is a
-        // round trip): the parameters' that flowed, then the inputs'.
-        let trained_inputs = self.trained_inputs(needs);
-        let mut parts = Vec::new();
-        let mut param_parts = Vec::new();
-        let mut input_parts = Vec::new();
-        if let Some(gr) = grads.as_ref() {
-            for (i, t) in self.params.iter().enumerate() {
-                if let Some(g) = t.grad(gr) {
-                    param_parts.push(i);
-                    parts.push(g.flatten::<1>(0, 1));
-                }
-            }
-            for (group, x) in self.xs.iter().enumerate() {
-                if trained_inputs.contains(&group) {
-                    if let Some(g) = x.grad(gr) {
-                        input_parts.push(group);
-                        parts.push(g.flatten::<1>(0, 1));
-                    }
-                }
-            }
-        }
-        let flat = if parts.is_empty() {
-            Vec::new()
-        } else {
-            to_vec(Tensor::cat(parts, 0))
+        let Some(gr) = objective.map(|o| o.backward()) else {
+            return (Vec::new(), Vec::new());
         };
-        let mut at = 0;
-        for i in param_parts {
-            let range = p.specs[i].range();
-            let n = range.len();
-            dense[range]
-                .iter_mut()
-                .zip(&flat[at..at + n])
-                .for_each(|(d, v)| *d += v);
-            at += n;
-        }
+        let trained_inputs = self.trained_inputs(needs);
+        let params = (self.params.iter().enumerate())
+            .filter_map(|(i, t)| Some((i, t.grad(&gr)?.flatten::<1>(0, 1))))
+            .collect();
+        let inputs = (self.xs.iter().enumerate())
+            .filter(|(group, _)| trained_inputs.contains(group))
+            .filter_map(|(group, x)| Some((group, x.grad(&gr)?.flatten::<1>(0, 1))))
+            .collect();
+        (params, inputs)
+    }
+
+    /// Each group input's gradient: those of `flowed` read back into
+    /// `flat` one after another, zeros for the others.
+    fn input_grads(&self, flowed: &[(usize, Tensor<1>)], flat: &[f32]) -> Vec<Vec<f32>> {
         let mut dx: Vec<Vec<f32>> = self.xs.iter().map(|x| vec![0.0; x.dims().iter().product()]).collect();
-        for group in input_parts {
-            let n = dx[group].len();
-            dx[group].copy_from_slice(&flat[at..at + n]);
+        let mut at = 0;
+        for (group, _) in flowed {
+            let n = dx[*group].len();
+            dx[*group].copy_from_slice(&flat[at..at + n]);
             at += n;
         }
         dx
     }
-}
 
-impl BurnTape<'_> {
     /// The group inputs a gradient flows to (`needs`, per node).
     fn trained_inputs(&self, needs: &[bool]) -> Vec<usize> {
         self.graph
@@ -193,6 +268,34 @@ impl BurnTape<'_> {
     }
 }
 
+/// The batch statistics of a pass read back, in one transfer (on a GPU
+/// each read is a round trip).
+fn read_stats(pending: Vec<((usize, usize), Tensor<2>, Tensor<2>)>) -> Vec<BnStats> {
+    if pending.is_empty() {
+        return Vec::new();
+    }
+    let parts = pending
+        .iter()
+        .flat_map(|(_, m, v)| [m.clone().flatten::<1>(0, 1), v.clone().flatten::<1>(0, 1)])
+        .collect();
+    let flat = to_vec(Tensor::cat(parts, 0));
+    let mut at = 0;
+    let mut take = |t: &Tensor<2>| {
+        let n = t.dims().iter().product::<usize>();
+        at += n;
+        flat[at - n..at].to_vec()
+    };
+    pending
+        .iter()
+        .map(|((mean_buffer, var_buffer), m, v)| BnStats {
+            mean_buffer: *mean_buffer,
+            var_buffer: *var_buffer,
+            mean: take(m),
+            var: take(v),
+        })
+        .collect()
+}
+
 /// Per-pass state of a forward pass.
 pub struct Ctx<'a> {
     /// Trainable parameters, indexed like `ParamStore::specs`.
@@ -203,8 +306,10 @@ pub struct Ctx<'a> {
     pub device: &'a Device,
     /// Dropout masks come from here, in node order.
     pub rng: Rng,
-    /// Batch statistics seen in training, in node order.
-    pub bn_stats: Vec<BnStats>,
+    /// Batch statistics seen in training, in node order: the buffers
+    /// they are for, and their mean and variance on the device (read back
+    /// together at the end of the pass, `read_stats`).
+    pub bn_stats: Vec<((usize, usize), Tensor<2>, Tensor<2>)>,
     /// The leading rows that are examples (the rest sampled items).
     pub examples: usize,
 }
@@ -222,12 +327,8 @@ impl Ctx<'_> {
             let m = stat.clone().mean_dim(0);
             let c = stat - m.clone();
             let v = (c.clone() * c).mean_dim(0);
-            self.bn_stats.push(BnStats {
-                mean_buffer: mean,
-                var_buffer: var,
-                mean: to_vec(m.clone()),
-                var: to_vec(v.clone()),
-            });
+            self.bn_stats
+                .push(((mean, var), m.clone().detach(), v.clone().detach()));
             (m, v)
         } else {
             (

@@ -24,9 +24,12 @@ pub mod gpu;
 pub mod onnx;
 #[cfg(test)]
 mod op_tests;
+pub mod resident;
 
 use std::fmt;
 use std::sync::Arc;
+
+use ::burn::tensor::{Device, Tensor};
 
 use super::graph::params::ParamStore;
 use super::graph::{BnStats, Graph, NodeId};
@@ -63,6 +66,33 @@ pub trait Executor: fmt::Debug + Send + Sync {
         rows: usize,
         mode: Mode,
     ) -> Box<dyn Tape + 'a>;
+
+    /// The device on which this executor can keep the dense parameters
+    /// and their optimizer state between steps (`resident::Resident`),
+    /// without autodiff; `None` where it reads the host's every pass (the
+    /// CPU executor: they are in its memory already).
+    fn resident_device(&self) -> Option<Device> {
+        None
+    }
+}
+
+/// The dense parameters' gradient of a backward pass, flat in
+/// `ParamStore` layout: in host memory, or left on the device that holds
+/// the parameters (`resident::Resident`), without autodiff.
+pub enum DenseGrad {
+    Host(Vec<f32>),
+    /// (Boxed: a tensor's handle is large beside a `Vec`'s.)
+    Device(Box<Tensor<1>>),
+}
+
+impl DenseGrad {
+    /// In host memory (read back from the device if it is there).
+    pub fn into_host(self) -> Vec<f32> {
+        match self {
+            DenseGrad::Host(g) => g,
+            DenseGrad::Device(t) => super::graph::params::to_vec(*t),
+        }
+    }
 }
 
 /// The values of one forward pass, and the way back.
@@ -82,6 +112,20 @@ pub trait Tape {
         needs: &[bool],
         dense: &mut [f32],
     ) -> Vec<Vec<f32>>;
+
+    /// `backward` into a fresh gradient, left where the pass's parameters
+    /// were: on the device for a `Resident`'s pass, in host memory
+    /// otherwise. Returns it with each group input's gradient.
+    fn backward_dense(
+        &self,
+        params: &ParamStore,
+        seeds: Vec<(NodeId, Vec<f32>)>,
+        needs: &[bool],
+    ) -> (DenseGrad, Vec<Vec<f32>>) {
+        let mut dense = vec![0.0f32; params.len()];
+        let inputs = self.backward(params, seeds, needs, &mut dense);
+        (DenseGrad::Host(dense), inputs)
+    }
 }
 
 /// The executors a model can run on, chosen at run time (`--device`).

@@ -128,6 +128,16 @@ impl ParamStore {
             .find(|s| self.specs[..from].iter().any(|e| e.name == s.name))
     }
 
+    /// The values the parameters hold (the extent of their ranges): the
+    /// same while `values` is lent to a device (`exec::resident`).
+    pub fn len(&self) -> usize {
+        self.specs.iter().map(|s| s.range().end).max().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn slice(&self, i: usize) -> &[f32] {
         &self.values[self.specs[i].range()]
     }

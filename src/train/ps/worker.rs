@@ -183,7 +183,7 @@ impl Worker {
                 update_bn_buffers(&mut t.model.buffers, g.bn_stats);
                 Computed {
                     loss: g.loss + g.reg as f32,
-                    dense: g.dense,
+                    dense: g.dense.into_host(),
                     rows: g.rows,
                     nonfinite: None,
                 }

@@ -1,0 +1,119 @@
+//! Dense parameters and their optimizer slots kept on an executor's device
+//! between training steps (`--device gpu`): uploaded once, trained there
+//! (`train::device_dense` runs the update), read back when the host needs
+//! them (checkpoints, evaluation, exports, incremental updates). A pass
+//! over them slices each parameter out of the flat buffer as an autodiff
+//! leaf, and its backward leaves the parameters' gradient on the device in
+//! the same flat layout (`Tape::backward_dense`).
+
+use std::ops::Range;
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::burn::{pass, FlatLayout};
+use super::{Mode, Tape};
+use crate::model::graph::params::{to_vec, ParamStore};
+use crate::model::graph::Graph;
+
+/// The dense parameters (`ParamStore` layout, flat) and each optimizer
+/// slot (as long), on a device without autodiff.
+pub struct Resident {
+    /// The passes' device: the parameters' with autodiff.
+    passes: Device,
+    /// The device that holds them, without autodiff.
+    device: Device,
+    pub params: Tensor<1>,
+    pub slots: Vec<Tensor<1>>,
+    /// Each parameter's range and `[rows, cols]`, in `specs` order.
+    shapes: Vec<(Range<usize>, [usize; 2])>,
+    len: usize,
+}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Resident({} values, {} slots)", self.len, self.slots.len())
+    }
+}
+
+impl Resident {
+    /// `params`' values and the optimizer's `slots` (each as long) on
+    /// `device` (an executor's `resident_device`), one transfer each.
+    pub fn upload(device: &Device, params: &ParamStore, slots: &[Vec<f32>]) -> Self {
+        let len = params.len();
+        debug_assert!(params.values.len() == len && slots.iter().all(|s| s.len() == len));
+        let flat = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [len]), device);
+        Resident {
+            passes: device.clone().autodiff(),
+            device: device.clone(),
+            params: flat(&params.values),
+            slots: slots.iter().map(|s| flat(s)).collect(),
+            shapes: params.specs.iter().map(|s| (s.range(), [s.rows, s.cols])).collect(),
+            len,
+        }
+    }
+
+    /// The device that holds them (without autodiff).
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// How many values each of them holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The parameters and each slot read back, in one transfer.
+    pub fn download(&self) -> (Vec<f32>, Vec<Vec<f32>>) {
+        if self.len == 0 {
+            return (Vec::new(), vec![Vec::new(); self.slots.len()]);
+        }
+        let all = to_vec(Tensor::cat(
+            std::iter::once(&self.params).chain(&self.slots).cloned().collect(),
+            0,
+        ));
+        let mut parts = all.chunks(self.len).map(<[f32]>::to_vec);
+        let params = parts.next().unwrap_or_default();
+        (params, parts.collect())
+    }
+
+    /// `Executor::forward` on these parameters (`buffers`, the batch-norm
+    /// statistics, from the host); the tape's `backward_dense` leaves their
+    /// gradient here.
+    pub fn forward<'a>(
+        &self,
+        graph: &'a Graph,
+        buffers: &ParamStore,
+        inputs: &'a [Vec<f32>],
+        rows: usize,
+        mode: Mode,
+    ) -> Box<dyn Tape + 'a> {
+        let p: Vec<Tensor<2>> = self
+            .shapes
+            .iter()
+            .map(|(r, shape)| {
+                let t = match r.is_empty() {
+                    true => Tensor::<2>::zeros(*shape, &self.device),
+                    false => self.params.clone().narrow(0, r.start, r.len()).reshape(*shape),
+                };
+                t.autodiff().require_grad()
+            })
+            .collect();
+        let layout = FlatLayout {
+            ranges: self.shapes.iter().map(|(r, _)| r.clone()).collect(),
+            len: self.len,
+            device: self.device.clone(),
+        };
+        Box::new(pass(
+            &self.passes,
+            graph,
+            (p, buffers),
+            (inputs, rows),
+            mode,
+            Some(layout),
+        ))
+    }
+}
