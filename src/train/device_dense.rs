@@ -127,6 +127,14 @@ impl DeviceDense {
         }
     }
 
+    /// Waits for the device's queued work: a profile's phases time their
+    /// own kernels this way, not the queueing of them.
+    pub fn sync(&self) {
+        if let Err(e) = self.resident.device().sync() {
+            log::warn!("waiting for the device: {e:?}");
+        }
+    }
+
     /// Whether every parameter is finite (one value read back).
     pub fn finite(&self) -> bool {
         let w = &self.resident.params;

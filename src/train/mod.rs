@@ -236,9 +236,9 @@ impl Trainer {
     /// executor's device, where it keeps them between steps (a GPU's: see
     /// `Executor::resident_device`), unless they are there already. Not
     /// under asynchronous parameter servers, whose workers take the
-    /// parameters from the servers each step.
+    /// parameters from the servers each step, nor for a model without any.
     fn lend_dense(&mut self) {
-        if self.device_dense.is_some() || self.ps.is_some() {
+        if self.device_dense.is_some() || self.ps.is_some() || self.model.params.is_empty() {
             return;
         }
         let Some(device) = self.model.exec.resident_device() else {

@@ -255,6 +255,9 @@ impl Trainer {
                 DenseGrad::Device(t) => {
                     let (g, reg) = self.lent().regularize((**t).clone(), global_rows);
                     **t = g;
+                    if prof.is_some() {
+                        self.lent().sync();
+                    }
                     (0.0, reg)
                 }
                 DenseGrad::Host(g) => (
@@ -361,9 +364,13 @@ impl Trainer {
             step("dense update"),
             |_| Some(Work::Bytes(f32_bytes(7 * n))),
             || match g.dense {
-                DenseGrad::Device(t) => (self.device_dense.as_mut())
-                    .expect(LENT)
-                    .apply(*t, &Rule::at(dense_optimizer, self.step)),
+                DenseGrad::Device(t) => {
+                    let d = self.device_dense.as_mut().expect(LENT);
+                    d.apply(*t, &Rule::at(dense_optimizer, self.step));
+                    if prof.is_some() {
+                        d.sync();
+                    }
+                }
                 DenseGrad::Host(dense) => self.dense.apply(
                     &mut self.model.params,
                     (&dense, 0..n),

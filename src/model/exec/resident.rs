@@ -41,6 +41,12 @@ impl Resident {
     pub fn upload(device: &Device, params: &ParamStore, slots: &[Vec<f32>]) -> Self {
         let len = params.len();
         debug_assert!(params.values.len() == len && slots.iter().all(|s| s.len() == len));
+        // A pass's gradient is its parameters' gradients one after another.
+        let mut end = 0;
+        for s in &params.specs {
+            assert_eq!(s.offset, end, "`{}`: parameters are laid out one after another", s.name);
+            end = s.range().end;
+        }
         let flat = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [len]), device);
         Resident {
             passes: device.clone().autodiff(),
