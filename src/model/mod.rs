@@ -222,6 +222,7 @@ impl Model {
             examples: users,
         };
         let tape = forward(mode);
+        tape.prefetch(&heads::train_reads(&self.graph, tasks));
         let (loss, seeds) = heads::train(&self.graph, &*tape, tasks, targets, users);
         let needs = self.graph.needs_grad(&self.trained_inputs());
         let (dense, inputs) = tape.backward_dense(&self.params, seeds, &needs);

@@ -100,6 +100,12 @@ pub trait Tape {
     /// The value of node `n`, `[rows * node rows, width]` row-major.
     fn value(&self, n: NodeId) -> &[f32];
 
+    /// Says `value` will be asked of each of `nodes`: an executor whose
+    /// every read is a round trip (a GPU's) reads them in one.
+    fn prefetch(&self, nodes: &[NodeId]) {
+        let _ = nodes;
+    }
+
     /// Backward from the gradients of some nodes (`seeds`, each shaped as
     /// the node's value): accumulates every parameter's gradient into
     /// `dense` (`ParamStore` layout) and returns the gradient of each

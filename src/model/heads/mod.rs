@@ -71,6 +71,30 @@ fn towers<'t>(
     ([us, v, u], towers)
 }
 
+/// The nodes `train` reads off a tape for `tasks`: the trained tasks'
+/// outputs (a match model's towers for an in-batch task), those their
+/// calibrations read, and the graph's penalties. An executor whose reads
+/// are round trips reads them in one (`Tape::prefetch`).
+pub fn train_reads(graph: &Graph, tasks: &[Task]) -> Vec<NodeId> {
+    let outs = task_outputs(graph, tasks);
+    let mut nodes = Vec::new();
+    for (t, &out) in tasks.iter().zip(&outs) {
+        match (t.trained(), t.in_batch()) {
+            (true, true) => nodes.extend(tower_outputs(graph)),
+            (true, false) => nodes.push(out),
+            (false, _) => {}
+        }
+        if !t.calibrate.is_empty() {
+            nodes.push(out);
+            nodes.extend(t.calibrate.iter().map(|&(r, _)| outs[r]));
+        }
+    }
+    nodes.extend(graph.penalties.iter().map(|p| p.node));
+    nodes.sort_by_key(|n| n.0);
+    nodes.dedup();
+    nodes
+}
+
 /// Training: the batch's loss over the trained tasks (weighted and
 /// summed, distillation terms added as they are) and the graph's
 /// penalties, with the gradient seed of every output node it reads. The
