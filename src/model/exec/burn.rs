@@ -61,13 +61,47 @@ impl Executor for Burn {
         rows: usize,
         mode: Mode,
     ) -> Box<dyn super::Tape + 'a> {
-        let p = params.tensors(&self.device, true);
+        // One upload of every parameter, sliced into leaves there (on a GPU
+        // each upload is a transfer of its own).
+        let p = match params.values.is_empty() {
+            true => params.tensors(&self.device, true),
+            false => {
+                let inner = self.device.clone().inner();
+                let values = TensorData::new(params.values.clone(), [params.values.len()]);
+                leaves(&Tensor::<1>::from_data(values, &inner), &shapes(params), &inner)
+            }
+        };
         Box::new(pass(&self.device, graph, (p, buffers), (inputs, rows), mode, None))
     }
 
     fn resident_device(&self) -> Option<Device> {
         Some(self.device.clone().inner())
     }
+}
+
+/// Each parameter's range in the flat values and its `[rows, cols]`, in
+/// `specs` order.
+pub(super) fn shapes(params: &ParamStore) -> Vec<(std::ops::Range<usize>, [usize; 2])> {
+    params.specs.iter().map(|s| (s.range(), [s.rows, s.cols])).collect()
+}
+
+/// Every parameter of the flat values `flat` (on `device`, without
+/// autodiff) as an autodiff leaf of its shape.
+pub(super) fn leaves(
+    flat: &Tensor<1>,
+    shapes: &[(std::ops::Range<usize>, [usize; 2])],
+    device: &Device,
+) -> Vec<Tensor<2>> {
+    shapes
+        .iter()
+        .map(|(r, shape)| {
+            let t = match r.is_empty() {
+                true => Tensor::<2>::zeros(*shape, device),
+                false => flat.clone().narrow(0, r.start, r.len()).reshape(*shape),
+            };
+            t.autodiff().require_grad()
+        })
+        .collect()
 }
 
 /// Runs `graph` forward on `device` (with autodiff) from the parameters

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use super::burn::{pass, FlatLayout};
+use super::burn::{leaves, pass, shapes, FlatLayout};
 use super::{Mode, Tape};
 use crate::model::graph::params::{to_vec, ParamStore};
 use crate::model::graph::Graph;
@@ -53,7 +53,7 @@ impl Resident {
             device: device.clone(),
             params: flat(&params.values),
             slots: slots.iter().map(|s| flat(s)).collect(),
-            shapes: params.specs.iter().map(|s| (s.range(), [s.rows, s.cols])).collect(),
+            shapes: shapes(params),
             len,
         }
     }
@@ -97,17 +97,7 @@ impl Resident {
         rows: usize,
         mode: Mode,
     ) -> Box<dyn Tape + 'a> {
-        let p: Vec<Tensor<2>> = self
-            .shapes
-            .iter()
-            .map(|(r, shape)| {
-                let t = match r.is_empty() {
-                    true => Tensor::<2>::zeros(*shape, &self.device),
-                    false => self.params.clone().narrow(0, r.start, r.len()).reshape(*shape),
-                };
-                t.autodiff().require_grad()
-            })
-            .collect();
+        let p = leaves(&self.params, &self.shapes, &self.device);
         let layout = FlatLayout {
             ranges: self.shapes.iter().map(|(r, _)| r.clone()).collect(),
             len: self.len,
