@@ -235,9 +235,7 @@ impl super::Tape for BurnTape<'_> {
         needs: &[bool],
     ) -> (DenseGrad, Vec<Vec<f32>>) {
         let Some(layout) = &self.resident else {
-            let mut dense = vec![0.0f32; p.len()];
-            let inputs = self.backward(p, seeds, needs, &mut dense);
-            return (DenseGrad::Host(dense), inputs);
+            return super::backward_on_host(self, p, seeds, needs);
         };
         let (params, inputs) = self.gradients(seeds, needs);
         // The parameters' gradient stays on the device, in the flat layout

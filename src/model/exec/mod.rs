@@ -128,10 +128,21 @@ pub trait Tape {
         seeds: Vec<(NodeId, Vec<f32>)>,
         needs: &[bool],
     ) -> (DenseGrad, Vec<Vec<f32>>) {
-        let mut dense = vec![0.0f32; params.len()];
-        let inputs = self.backward(params, seeds, needs, &mut dense);
-        (DenseGrad::Host(dense), inputs)
+        backward_on_host(self, params, seeds, needs)
     }
+}
+
+/// `Tape::backward` into a fresh gradient in host memory: what
+/// `backward_dense` gives for a pass on the host's parameters.
+pub fn backward_on_host<T: Tape + ?Sized>(
+    tape: &T,
+    params: &ParamStore,
+    seeds: Vec<(NodeId, Vec<f32>)>,
+    needs: &[bool],
+) -> (DenseGrad, Vec<Vec<f32>>) {
+    let mut dense = vec![0.0f32; params.len()];
+    let inputs = tape.backward(params, seeds, needs, &mut dense);
+    (DenseGrad::Host(dense), inputs)
 }
 
 /// The executors a model can run on, chosen at run time (`--device`).
