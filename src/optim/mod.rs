@@ -152,6 +152,13 @@ impl OptimizerKind {
 }
 
 impl Rule {
+    /// Adam's learning rate with both bias corrections, at this rule's
+    /// update count.
+    fn adam_lr(&self, beta1: f32, beta2: f32) -> f32 {
+        let t = self.t as i32;
+        self.lr * (1.0 - beta2.powi(t)).sqrt() / (1.0 - beta1.powi(t))
+    }
+
     pub fn at(spec: &OptimizerSpec, global_step: u64) -> Self {
         Rule {
             kind: spec.kind.clone(),
@@ -196,8 +203,7 @@ impl Rule {
                         *x -= weight_decay * *x;
                     }
                 }
-                let t = self.t as i32;
-                let lr_t = lr * (1.0 - beta2.powi(t)).sqrt() / (1.0 - beta1.powi(t));
+                let lr_t = self.adam_lr(*beta1, *beta2);
                 let [m, v] = slots else {
                     unreachable!("adam keeps two slots")
                 };

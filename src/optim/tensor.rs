@@ -35,8 +35,7 @@ impl Rule {
                     OptimizerKind::AdamW { weight_decay, .. } => w.clone() - w.mul_scalar(*weight_decay),
                     _ => w,
                 };
-                let t = self.t as i32;
-                let lr_t = lr * (1.0 - beta2.powi(t)).sqrt() / (1.0 - beta1.powi(t));
+                let lr_t = self.adam_lr(*beta1, *beta2);
                 let m = slot().mul_scalar(*beta1) + g.clone().mul_scalar(1.0 - beta1);
                 let v = slot().mul_scalar(*beta2) + g.clone().mul_scalar(1.0 - beta2) * g;
                 let step = m.clone().mul_scalar(lr_t) / v.clone().sqrt().add_scalar(1e-8);
