@@ -11,7 +11,7 @@ use burn::tensor::{Bool, Device, Tensor, TensorData};
 
 use super::freeze::Frozen;
 use crate::config::model::ModelPlan;
-use crate::model::graph::params::to_vec;
+use crate::model::graph::params::{read_all, to_vec};
 use crate::model::{Model, Resident};
 use crate::optim::Rule;
 
@@ -101,10 +101,7 @@ impl DeviceDense {
     /// read back in one transfer.
     pub fn norm(&self, g: &Tensor<1>, reg: Option<Tensor<1>>) -> (f64, f64) {
         let sq = (g.clone() * g.clone()).sum();
-        let read = to_vec(match reg {
-            Some(r) => Tensor::cat(vec![sq, r], 0),
-            None => sq,
-        });
+        let read = read_all(std::iter::once(sq).chain(reg).collect());
         (f64::from(read[0]), read.get(1).map_or(0.0, |r| f64::from(*r)))
     }
 
@@ -138,9 +135,7 @@ impl DeviceDense {
     /// Whether every parameter is finite (one value read back).
     pub fn finite(&self) -> bool {
         let w = &self.resident.params;
-        if self.resident.is_empty() {
-            return true;
-        }
+        // (Never empty: a model without dense parameters is not lent.)
         // 0 where finite, NaN where infinite or NaN: the sum says which.
         to_vec((w.clone() - w.clone()).sum())[0] == 0.0
     }

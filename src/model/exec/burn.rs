@@ -12,7 +12,7 @@ use super::{DenseGrad, Executor, Mode};
 use crate::config::model::Activation;
 use crate::model::exec::cpu::kernels;
 use crate::model::graph::nary::Nary;
-use crate::model::graph::params::{to_vec, ParamStore};
+use crate::model::graph::params::{read_all, to_vec, ParamStore};
 use crate::model::graph::{
     augment, BnStats, Contrast, Graph, Keys, NodeId, Op, BN_EPS, DICE_EPS, L2_EPS, MASK_ADDER, SQUASH_EPS, VD_EPS,
     VD_TEMP,
@@ -62,15 +62,13 @@ impl Executor for Burn {
         mode: Mode,
     ) -> Box<dyn super::Tape + 'a> {
         // One upload of every parameter, sliced into leaves there (on a GPU
-        // each upload is a transfer of its own).
-        let p = match params.values.is_empty() {
-            true => params.tensors(&self.device, true),
-            false => {
-                let inner = self.device.clone().inner();
-                let values = TensorData::new(params.values.clone(), [params.values.len()]);
-                leaves(&Tensor::<1>::from_data(values, &inner), &shapes(params), &inner)
-            }
-        };
+        // each upload is a transfer of its own); none of no values.
+        let inner = self.device.clone().inner();
+        let flat = (!params.values.is_empty()).then(|| {
+            let values = TensorData::new(params.values.clone(), [params.values.len()]);
+            Tensor::<1>::from_data(values, &inner)
+        });
+        let p = leaves(flat.as_ref(), &shapes(params), &inner);
         Box::new(pass(&self.device, graph, (p, buffers), (inputs, rows), mode, None))
     }
 
@@ -86,18 +84,19 @@ pub(super) fn shapes(params: &ParamStore) -> Vec<(std::ops::Range<usize>, [usize
 }
 
 /// Every parameter of the flat values `flat` (on `device`, without
-/// autodiff) as an autodiff leaf of its shape.
+/// autodiff; none when there are no values) as an autodiff leaf of its
+/// shape.
 pub(super) fn leaves(
-    flat: &Tensor<1>,
+    flat: Option<&Tensor<1>>,
     shapes: &[(std::ops::Range<usize>, [usize; 2])],
     device: &Device,
 ) -> Vec<Tensor<2>> {
     shapes
         .iter()
         .map(|(r, shape)| {
-            let t = match r.is_empty() {
-                true => Tensor::<2>::zeros(*shape, device),
-                false => flat.clone().narrow(0, r.start, r.len()).reshape(*shape),
+            let t = match flat.filter(|_| !r.is_empty()) {
+                Some(flat) => flat.clone().narrow(0, r.start, r.len()).reshape(*shape),
+                None => Tensor::<2>::zeros(*shape, device),
             };
             t.autodiff().require_grad()
         })
@@ -163,11 +162,12 @@ pub(super) struct BurnTape<'a> {
     resident: Option<FlatLayout>,
 }
 
-/// The flat layout of a `Resident`'s parameters: each one's range (in
-/// `ParamStore::specs` order, one after another), their length, and the
-/// device (without autodiff) that holds them.
+/// The flat layout of a `Resident`'s parameters: each one's range and
+/// shape (`shapes`: in `ParamStore::specs` order, one after another),
+/// their length, and the device (without autodiff) that holds them.
+#[derive(Clone)]
 pub(super) struct FlatLayout {
-    pub ranges: Vec<std::ops::Range<usize>>,
+    pub shapes: Vec<(std::ops::Range<usize>, [usize; 2])>,
     pub len: usize,
     pub device: Device,
 }
@@ -185,11 +185,12 @@ impl super::Tape for BurnTape<'_> {
         if unread.len() < 2 {
             return;
         }
-        let parts = unread
-            .iter()
-            .map(|n| self.values[n.0].clone().flatten::<1>(0, 1))
-            .collect();
-        let flat = to_vec(Tensor::cat(parts, 0));
+        let flat = read_all(
+            unread
+                .iter()
+                .map(|n| self.values[n.0].clone().flatten::<1>(0, 1))
+                .collect(),
+        );
         let mut at = 0;
         for n in unread {
             let len = size(&n);
@@ -209,12 +210,7 @@ impl super::Tape for BurnTape<'_> {
         let (params, inputs) = self.gradients(seeds, needs);
         // Every gradient read back in one transfer (on a GPU each read is a
         // round trip): the parameters' that flowed, then the inputs'.
-        let parts: Vec<Tensor<1>> = params.iter().chain(&inputs).map(|(_, g)| g.clone()).collect();
-        let flat = if parts.is_empty() {
-            Vec::new()
-        } else {
-            to_vec(Tensor::cat(parts, 0))
-        };
+        let flat = read_all(params.iter().chain(&inputs).map(|(_, g)| g.clone()).collect());
         let mut at = 0;
         for (i, _) in &params {
             let range = p.specs[*i].range();
@@ -240,11 +236,11 @@ impl super::Tape for BurnTape<'_> {
         let (params, inputs) = self.gradients(seeds, needs);
         // The parameters' gradient stays on the device, in the flat layout
         // (zeros where none flowed); the inputs' are read back at once.
-        let mut flowed: Vec<Option<Tensor<1>>> = vec![None; layout.ranges.len()];
+        let mut flowed: Vec<Option<Tensor<1>>> = vec![None; layout.shapes.len()];
         for (i, g) in params {
             flowed[i] = Some(g);
         }
-        let parts: Vec<Tensor<1>> = (layout.ranges.iter().zip(flowed))
+        let parts: Vec<Tensor<1>> = (layout.shapes.iter().map(|(r, _)| r).zip(flowed))
             .filter(|(r, _)| !r.is_empty())
             .map(|(r, g)| g.unwrap_or_else(|| Tensor::<1>::zeros([r.len()], &layout.device)))
             .collect();
@@ -252,12 +248,7 @@ impl super::Tape for BurnTape<'_> {
             true => Tensor::<1>::zeros([layout.len], &layout.device),
             false => Tensor::cat(parts, 0),
         };
-        let parts: Vec<Tensor<1>> = inputs.iter().map(|(_, g)| g.clone()).collect();
-        let flat = if parts.is_empty() {
-            Vec::new()
-        } else {
-            to_vec(Tensor::cat(parts, 0))
-        };
+        let flat = read_all(inputs.iter().map(|(_, g)| g.clone()).collect());
         (DenseGrad::Device(Box::new(dense)), self.input_grads(&inputs, &flat))
     }
 }
@@ -325,14 +316,11 @@ impl BurnTape<'_> {
 /// The batch statistics of a pass read back, in one transfer (on a GPU
 /// each read is a round trip).
 fn read_stats(pending: Vec<((usize, usize), Tensor<2>, Tensor<2>)>) -> Vec<BnStats> {
-    if pending.is_empty() {
-        return Vec::new();
-    }
     let parts = pending
         .iter()
         .flat_map(|(_, m, v)| [m.clone().flatten::<1>(0, 1), v.clone().flatten::<1>(0, 1)])
         .collect();
-    let flat = to_vec(Tensor::cat(parts, 0));
+    let flat = read_all(parts);
     let mut at = 0;
     let mut take = |t: &Tensor<2>| {
         let n = t.dims().iter().product::<usize>();

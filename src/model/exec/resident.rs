@@ -6,13 +6,11 @@
 //! leaf, and its backward leaves the parameters' gradient on the device in
 //! the same flat layout (`Tape::backward_dense`).
 
-use std::ops::Range;
-
 use burn::tensor::{Device, Tensor, TensorData};
 
 use super::burn::{leaves, pass, shapes, FlatLayout};
 use super::{Mode, Tape};
-use crate::model::graph::params::{to_vec, ParamStore};
+use crate::model::graph::params::{read_all, ParamStore};
 use crate::model::graph::Graph;
 
 /// The dense parameters (`ParamStore` layout, flat) and each optimizer
@@ -20,18 +18,15 @@ use crate::model::graph::Graph;
 pub struct Resident {
     /// The passes' device: the parameters' with autodiff.
     passes: Device,
-    /// The device that holds them, without autodiff.
-    device: Device,
+    /// Where each parameter is, and the device that holds them.
+    layout: FlatLayout,
     pub params: Tensor<1>,
     pub slots: Vec<Tensor<1>>,
-    /// Each parameter's range and `[rows, cols]`, in `specs` order.
-    shapes: Vec<(Range<usize>, [usize; 2])>,
-    len: usize,
 }
 
 impl std::fmt::Debug for Resident {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Resident({} values, {} slots)", self.len, self.slots.len())
+        write!(f, "Resident({} values, {} slots)", self.layout.len, self.slots.len())
     }
 }
 
@@ -50,38 +45,37 @@ impl Resident {
         let flat = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [len]), device);
         Resident {
             passes: device.clone().autodiff(),
-            device: device.clone(),
+            layout: FlatLayout {
+                shapes: shapes(params),
+                len,
+                device: device.clone(),
+            },
             params: flat(&params.values),
             slots: slots.iter().map(|s| flat(s)).collect(),
-            shapes: shapes(params),
-            len,
         }
     }
 
     /// The device that holds them (without autodiff).
     pub fn device(&self) -> &Device {
-        &self.device
+        &self.layout.device
     }
 
     /// How many values each of them holds.
     pub fn len(&self) -> usize {
-        self.len
+        self.layout.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.layout.len == 0
     }
 
     /// The parameters and each slot read back, in one transfer.
     pub fn download(&self) -> (Vec<f32>, Vec<Vec<f32>>) {
-        if self.len == 0 {
+        if self.is_empty() {
             return (Vec::new(), vec![Vec::new(); self.slots.len()]);
         }
-        let all = to_vec(Tensor::cat(
-            std::iter::once(&self.params).chain(&self.slots).cloned().collect(),
-            0,
-        ));
-        let mut parts = all.chunks(self.len).map(<[f32]>::to_vec);
+        let all = read_all(std::iter::once(&self.params).chain(&self.slots).cloned().collect());
+        let mut parts = all.chunks(self.layout.len).map(<[f32]>::to_vec);
         let params = parts.next().unwrap_or_default();
         (params, parts.collect())
     }
@@ -97,19 +91,15 @@ impl Resident {
         rows: usize,
         mode: Mode,
     ) -> Box<dyn Tape + 'a> {
-        let p = leaves(&self.params, &self.shapes, &self.device);
-        let layout = FlatLayout {
-            ranges: self.shapes.iter().map(|(r, _)| r.clone()).collect(),
-            len: self.len,
-            device: self.device.clone(),
-        };
+        let p = leaves(Some(&self.params), &self.layout.shapes, &self.layout.device);
+        let io = (inputs, rows);
         Box::new(pass(
             &self.passes,
             graph,
             (p, buffers),
-            (inputs, rows),
+            io,
             mode,
-            Some(layout),
+            Some(self.layout.clone()),
         ))
     }
 }

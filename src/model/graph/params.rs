@@ -1,9 +1,9 @@
 //! Dense parameters as one named, flat f32 buffer. burn sees them as leaf
-//! tensors built fresh each step; their gradients come back into a buffer of
+//! tensors sliced from it each pass (`exec::burn::leaves`); their gradients come back into a buffer of
 //! the same layout, so optimizers, clipping, all-reduce and checkpoints all
 //! work on plain slices.
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use crate::util::Rng;
 
@@ -150,23 +150,14 @@ impl ParamStore {
     pub fn by_name(&self, name: &str) -> Option<usize> {
         self.specs.iter().position(|s| s.name == name)
     }
+}
 
-    /// Every parameter as a tensor on `device`; with `track`, as autodiff leaves.
-    pub fn tensors(&self, device: &Device, track: bool) -> Vec<Tensor<2>> {
-        self.specs
-            .iter()
-            .map(|s| {
-                let t = Tensor::<2>::from_data(
-                    TensorData::new(self.values[s.range()].to_vec(), [s.rows, s.cols]),
-                    device,
-                );
-                if track {
-                    t.require_grad()
-                } else {
-                    t
-                }
-            })
-            .collect()
+/// Reads flat tensors back one after another, in one transfer (on a GPU
+/// each read is a round trip); none, nothing.
+pub fn read_all(parts: Vec<Tensor<1>>) -> Vec<f32> {
+    match parts.is_empty() {
+        true => Vec::new(),
+        false => to_vec(Tensor::cat(parts, 0)),
     }
 }
 
