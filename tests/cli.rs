@@ -72,6 +72,27 @@ fn train_eval_writes_effective_config_and_refuses_existing_checkpoints() {
     assert_eq!(run(&["--continue_train"]).status.code(), Some(1));
 }
 
+/// `--device_table_rows` keeps tables on a GPU: with the CPU executor it
+/// is refused by name, before anything is written.
+#[test]
+fn device_table_rows_needs_the_gpu_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::sample("dlrm_on_criteo_parquet_ep_v2.config");
+    let out = train_eval()
+        .args(["--pipeline_config_path", cfg.to_str().unwrap()])
+        .args(["--model_dir", dir.path().to_str().unwrap()])
+        .args(["--device_table_rows", "1000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--device_table_rows") && stderr.contains("--device gpu"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("pipeline.config").exists());
+}
+
 #[test]
 fn flags_use_easyrec_spelling_and_bad_flags_are_user_errors() {
     let help = train_eval().arg("--help").output().unwrap();

@@ -58,26 +58,34 @@ fn twenty_steps_on_the_gpu_equal_the_cpu() {
         let cfg = setup(dir.path(), model, "");
         let text = std::fs::read_to_string(&cfg).unwrap();
         std::fs::write(&cfg, text.replace("hidden_units: [", "use_bn: false hidden_units: [")).unwrap();
-        let (cpu, gpu) = (dir.path().join("cpu"), dir.path().join("gpu"));
+        let cpu = dir.path().join("cpu");
         train(&cfg, &cpu, "cpu", &[]);
-        train(&cfg, &gpu, "gpu", &[]);
-        let (want, got) = (weights(&cpu), weights(&gpu));
-        assert_eq!(
-            want.keys().collect::<Vec<_>>(),
-            got.keys().collect::<Vec<_>>(),
-            "{model}: the checkpoints' tensors"
-        );
-        for (name, w) in &want {
-            assert_near(&got[name], w, 1e-4, &format!("{model}: {name}"));
+        let want = weights(&cpu);
+        // The tables on the host, then kept on the GPU.
+        for (name, extra) in [("gpu", &[][..]), ("gpu tables", &[TABLES_ON_GPU][..])] {
+            let gpu = dir.path().join(name);
+            train(&cfg, &gpu, "gpu", extra);
+            let got = weights(&gpu);
+            assert_eq!(
+                want.keys().collect::<Vec<_>>(),
+                got.keys().collect::<Vec<_>>(),
+                "{model}, {name}: the checkpoints' tensors"
+            );
+            for (var, w) in &want {
+                assert_near(&got[var], w, 1e-4, &format!("{model}, {name}: {var}"));
+            }
+            let read = |d: &Path| std::fs::read_to_string(d.join("eval_result.txt")).unwrap();
+            assert_eq!(
+                read(&cpu).lines().count(),
+                read(&gpu).lines().count(),
+                "{model}, {name}: eval results"
+            );
         }
-        let read = |d: &Path| std::fs::read_to_string(d.join("eval_result.txt")).unwrap();
-        assert_eq!(
-            read(&cpu).lines().count(),
-            read(&gpu).lines().count(),
-            "{model}: eval results"
-        );
     }
 }
+
+/// Keeps every table of these tests on the GPU.
+const TABLES_ON_GPU: &str = "--device_table_rows=100000";
 
 /// The scores of a CSV `predict` wrote, by row (the reserved label
 /// first, then the model's outputs).
@@ -136,8 +144,17 @@ fn two_ranks_on_gpus_train_as_one_on_the_cpu() {
     let one = dir.path().join("one");
     train(&cfg, &one, "cpu", &NO_BN);
     let want = weights(&one);
-    for strategy in ["EmbeddingParallelStrategy", "NoStrategy", "MultiWorkerMirroredStrategy"] {
-        let two = dir.path().join(strategy);
+    for (strategy, tables) in [
+        ("EmbeddingParallelStrategy", None),
+        ("NoStrategy", None),
+        ("MultiWorkerMirroredStrategy", None),
+        // Replicated tables kept on each rank's GPU, their gradients
+        // summed over the ranks.
+        ("MultiWorkerMirroredStrategy", Some(TABLES_ON_GPU)),
+    ] {
+        let two = dir
+            .path()
+            .join(format!("{strategy}{}", if tables.is_some() { "-tables" } else { "" }));
         // Each rank half of the same global batch of 32.
         let mut c = common::mpirun();
         c.args(["-np", "2", env!("CARGO_BIN_EXE_train_eval")])
@@ -146,11 +163,12 @@ fn two_ranks_on_gpus_train_as_one_on_the_cpu() {
             .args(["--device", "gpu"])
             .args(["--train_config.num_steps=20", "--data_config.batch_size=16"])
             .arg(format!("--train_config.train_distribute={strategy}"))
-            .args(NO_BN);
+            .args(NO_BN)
+            .args(tables);
         run_ok(c);
         let got = weights(&two);
         for (name, w) in &want {
-            assert_near(&got[name], w, 1e-4, &format!("2 ranks, {strategy}: {name}"));
+            assert_near(&got[name], w, 1e-4, &format!("2 ranks, {strategy} {tables:?}: {name}"));
         }
     }
 }

@@ -2482,3 +2482,128 @@ fn expression_features_compute_easyrecs_values_and_train() {
     let spec = std::fs::read_to_string(spec).unwrap();
     assert!(spec.contains("(age>=30) & (year<(1990-5))"), "{spec}");
 }
+
+/// Small tables kept on a device (`device_table_rows`, here burn's CPU
+/// device) train as in host memory: their lookups pooled there (sums,
+/// means, a sequence by position, a table two parts read), their
+/// gradients, embedding_regularization, clipping and every sparse
+/// optimizer's touched-row semantics there, over checkpoints that read
+/// them back in the middle of the run.
+#[test]
+fn tables_kept_on_a_device_train_as_in_host_memory() {
+    tables_on_device_train_as_in_host_memory(|| std::sync::Arc::new(Burn::reference()));
+}
+
+/// The same on the GPU executor's device (lavapipe where there is no GPU).
+#[cfg(feature = "gpu")]
+#[test]
+fn tables_kept_on_the_gpu_train_as_in_host_memory() {
+    tables_on_device_train_as_in_host_memory(|| rustrec::model::ExecutorKind::Gpu.executor(0).unwrap());
+}
+
+/// Trains a MultiTowerDIN under each table optimizer on the CPU executor
+/// with every table in host memory, and on `exec` with every table kept
+/// on its device: the same parameters, rows and slots.
+fn tables_on_device_train_as_in_host_memory(exec: impl Fn() -> std::sync::Arc<dyn rustrec::model::Executor>) {
+    use rustrec::config::train_plan::OptimizerKind;
+    use rustrec::optim::SlotState;
+    let (beta1, beta2) = (0.9, 0.999);
+    let kinds = [
+        OptimizerKind::Adagrad {
+            initial_accumulator: 0.1,
+        },
+        OptimizerKind::Adam { beta1, beta2 },
+        OptimizerKind::AdamW {
+            beta1,
+            beta2,
+            weight_decay: 0.01,
+        },
+        OptimizerKind::LazyAdam { beta1, beta2 },
+        OptimizerKind::Momentum { momentum: 0.9 },
+        OptimizerKind::Ftrl {
+            lr_power: -0.5,
+            initial_accumulator: 0.1,
+            l1: 0.001,
+            l2: 0.01,
+            l2_shrinkage: 0.0,
+        },
+    ];
+    let block = r#"train_config { save_checkpoints_steps: 4 gradient_clipping_by_norm: 0.5 }
+feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
+                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
+model_config { model_class: "MultiTowerDIN"
+  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
+  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
+  seq_att_groups { group_name: "din" seq_att_map { key: "c2" hist_seq: "hist" } }
+  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
+                towers { input: "item" dnn { hidden_units: [4] } }
+                din_towers { input: "din" dnn { hidden_units: [5, 1] } }
+                final_dnn { hidden_units: [4] } } }"#;
+    for kind in kinds {
+        let dir = tempfile::tempdir().unwrap();
+        let trainer = |name: &str, lent: bool| {
+            let sub = dir.path().join(name);
+            std::fs::create_dir_all(&sub).unwrap();
+            // Without batch norms: a bias a batch norm follows has no
+            // gradient but rounding noise, which Adam turns into whole steps.
+            let block = block.replace("hidden_units: [", "use_bn: false hidden_units: [");
+            let mut t = trainer_of(&sub, "DIN with tables on a device", &block);
+            let opt = t.embeddings.tables[0].optimizer;
+            t.plan.train.optimizers[opt].kind = kind.clone();
+            for table in &mut t.embeddings.tables {
+                assert_eq!(table.optimizer, opt);
+                table.state = SlotState::new(&kind, table.weights.len());
+            }
+            if t.dense.optimizer == opt {
+                t.dense = rustrec::train::dense::Dense::new(&t.plan.train.optimizers, opt, t.model.params.len());
+            }
+            t.plan.model.embedding_regularization = 1e-3;
+            if lent {
+                t.model.exec = exec();
+                t.device_table_rows = 1000;
+            }
+            t
+        };
+        // One step keeps every table on the device, its host rows empty
+        // meanwhile; settled, they are back.
+        let mut probe = trainer("probe", true);
+        let rows: Vec<usize> = probe.embeddings.tables.iter().map(|t| t.weights.len()).collect();
+        probe.train_step(&first_batch(&probe)).unwrap();
+        assert_eq!(probe.embeddings.on_device, vec![true; rows.len()], "{kind:?}");
+        assert!(probe.embeddings.tables.iter().all(|t| t.weights.is_empty()));
+        probe.settle_device();
+        assert!(probe.embeddings.on_device.is_empty());
+        let back: Vec<usize> = probe.embeddings.tables.iter().map(|t| t.weights.len()).collect();
+        assert_eq!(back, rows);
+
+        let (mut host, mut lent) = (trainer("host", false), trainer("lent", true));
+        host.run().unwrap();
+        lent.run().unwrap();
+        let kind = &kind;
+        let within = |tol: f32| {
+            move |a: &[f32], b: &[f32], what: &str| {
+                assert_eq!(a.len(), b.len(), "{kind:?} {what}");
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (x - y).abs() <= tol * (1.0 + y.abs()),
+                        "{kind:?} {what}[{i}]: on the device {x} vs host {y}"
+                    );
+                }
+            }
+        };
+        let near = within(1e-4);
+        // DIN's attention logits go through a softmax, whose shift leaves
+        // their last bias a gradient of rounding noise only, which the
+        // dense Adam turns into steps of 1e-4: 1e-3 there.
+        within(1e-3)(&lent.model.params.values, &host.model.params.values, "dense parameters");
+        assert!(host.embeddings.tables.len() >= 4);
+        for (k, (a, b)) in lent.embeddings.tables.iter().zip(&host.embeddings.tables).enumerate() {
+            near(&a.weights, &b.weights, &format!("table {k}"));
+            for (s, (x, y)) in a.state.slots.iter().zip(&b.state.slots).enumerate() {
+                near(x, y, &format!("table {k} slot {s}"));
+            }
+        }
+        let fresh = trainer("fresh", false);
+        assert_ne!(lent.embeddings.tables[0].weights, fresh.embeddings.tables[0].weights);
+    }
+}

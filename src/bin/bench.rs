@@ -370,7 +370,7 @@ fn first_steps(
         let b = stream.next().context("data ran out")??;
         losses.push(trainer.train_step(&b)?.loss);
     }
-    trainer.settle_dense();
+    trainer.settle_device();
     Ok((losses, trainer.model.params.values.clone()))
 }
 

@@ -51,7 +51,15 @@ pub fn train_eval(args: Vec<OsString>) -> anyhow::Result<()> {
         },
         straggler: args.straggler.map(|(w, ms)| (w, std::time::Duration::from_millis(ms))),
         device: args.device.kind,
+        device_table_rows: args.device_table_rows,
     };
+    if options.device_table_rows > 0 && options.device == ExecutorKind::Cpu {
+        return Err(UserFault(anyhow::anyhow!(
+            "--device_table_rows keeps tables on the GPU: it needs --device gpu (the CPU executor reads every table \
+             in host memory)"
+        ))
+        .into());
+    }
     abort_on_error(&*comm, train_on(comm.clone(), plan, &loaded, options))
 }
 
@@ -85,6 +93,8 @@ struct TrainOptions {
     straggler: Option<(usize, std::time::Duration)>,
     /// `--device`.
     device: ExecutorKind,
+    /// `--device_table_rows`.
+    device_table_rows: usize,
 }
 
 /// The executor `--device` names, its device opened for this rank.
@@ -159,6 +169,7 @@ fn train_on(
         crate::export::exporter::TrainExporter::new(&plan, loaded.to_text())?.filter(|_| comm.rank() == 0);
     let mut trainer = Trainer::with_roles(plan, comm.clone(), &opts.ps).map_err(UserFault)?;
     trainer.model.exec = open_executor(opts.device, &*comm)?;
+    trainer.device_table_rows = opts.device_table_rows;
     trainer.skip_nonfinite_batches = opts.skip_nonfinite_batches;
     trainer.divergence = opts.divergence;
     trainer.straggler = opts.straggler;

@@ -51,7 +51,8 @@ impl std::error::Error for UserFault {
 pub struct DeviceArg {
     /// Where the model's dense part runs: cpu (the default) or gpu (a build with
     /// the cargo feature `gpu`: burn's wgpu runtime on Vulkan; under mpirun each
-    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host.
+    /// rank of a host takes its own discrete GPU). Embedding tables stay on the host (train_eval's
+    /// --device_table_rows keeps small ones on the GPU).
     #[arg(long = "device", default_value = "cpu", value_name = "cpu|gpu", value_parser = crate::model::ExecutorKind::parse)]
     pub kind: crate::model::ExecutorKind,
 }
@@ -126,6 +127,13 @@ pub struct TrainEvalArgs {
     pub seed: Option<u64>,
     #[command(flatten)]
     pub device: DeviceArg,
+    /// With --device gpu: embedding tables of at most N rows are kept and trained
+    /// on the GPU beside the dense part (lookups, pooling and their sparse updates
+    /// there), when held whole by every rank (not sharded, not ev_params) and not
+    /// frozen; under several ranks not with embedding_regularization. 0 (the
+    /// default) keeps every table on the host.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub device_table_rows: usize,
     /// Print the effective config (after all overrides) as text proto and exit.
     #[arg(long)]
     pub print_config: bool,

@@ -27,6 +27,10 @@ pub struct Collection {
     /// run loop's before an incremental update, then the save's) has
     /// nothing left to evict and is skipped on every rank alike.
     stale_evicted_at: Option<u64>,
+    /// Per table, whether a device keeps it meanwhile
+    /// (`train::device_tables`; empty for none): its host rows are empty,
+    /// and `forward`, `scatter` and `apply` leave it to the device.
+    pub on_device: Vec<bool>,
 }
 
 impl Collection {
@@ -37,7 +41,13 @@ impl Collection {
             tables,
             sharding,
             stale_evicted_at: None,
+            on_device: Vec::new(),
         }
+    }
+
+    /// Whether a device keeps table `t` meanwhile.
+    pub fn is_on_device(&self, t: usize) -> bool {
+        self.on_device.get(t).copied().unwrap_or(false)
     }
 
     /// Whether any table is a key-value table (`admit` has work to do).
@@ -123,7 +133,8 @@ impl Collection {
     }
 
     /// `forward` reading the rows of each table from `fetched` (every row
-    /// the batch uses, by table), else from this rank's tables.
+    /// the batch uses, by table), else from this rank's tables; a table a
+    /// device keeps leaves its columns zero (the device pools them).
     pub fn forward_from(
         &self,
         groups: &[GroupLayout],
@@ -151,6 +162,7 @@ impl Collection {
                     let first = blk * ROWS;
                     for p in &g.parts {
                         match (&batch.features[p.feature], p.table) {
+                            (Encoded::Sparse(_), Some(ti)) if self.is_on_device(ti) => {}
                             (Encoded::Sparse(j), Some(ti)) => {
                                 pool_rows(src(ti), j, p.mean, out, g.width, p.col, first);
                             }
@@ -168,6 +180,7 @@ impl Collection {
                             unreachable!("sequence parts read ids")
                         };
                         match p.kind {
+                            _ if p.kind.table().is_some_and(|t| self.is_on_device(t)) => {}
                             SeqPartKind::Pooled { table, mean, .. } => {
                                 pool_rows(src(table), j, mean, out, g.width, p.col, first)
                             }
@@ -236,6 +249,9 @@ impl Collection {
         // table add up in config order.
         let mut row_grads: Vec<RowGrads> = vec![RowGrads::default(); self.tables.len()];
         row_grads.par_iter_mut().enumerate().for_each(|(ti, acc)| {
+            if self.is_on_device(ti) {
+                return;
+            }
             let ids: usize = groups
                 .iter()
                 .flat_map(|g| g.sparse_parts().filter(|p| p.table == Some(ti)))
@@ -284,8 +300,9 @@ impl Collection {
     /// Applies each table's optimizer at global step `step` to its touched
     /// rows (and, under TensorFlow's Adam, the rows it still moves),
     /// gradients scaled by `scale` (clipping); a table marked in `frozen`
-    /// is left as it is. Returns a table with a row that is not finite
-    /// after the update, if any.
+    /// is left as it is, and so is one a device keeps (it updates it).
+    /// Returns a table with a row that is not finite after the update, if
+    /// any.
     #[must_use = "a table that is no longer finite stops training"]
     pub fn apply(
         &mut self,
@@ -294,12 +311,13 @@ impl Collection {
         (step, frozen): (u64, &[bool]),
         scale: f32,
     ) -> Option<usize> {
+        let on_device = |i: usize| self.on_device.get(i).copied().unwrap_or(false);
         self.tables
             .par_iter_mut()
             .zip(grads)
             .enumerate()
             .map(|(i, (table, rg))| {
-                if frozen.get(i).copied().unwrap_or(false) {
+                if frozen.get(i).copied().unwrap_or(false) || on_device(i) {
                     return true;
                 }
                 let spec = &optimizers[table.optimizer];

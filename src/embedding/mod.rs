@@ -5,6 +5,7 @@
 
 mod collection;
 mod exchange;
+mod gather;
 mod sharding;
 mod storage;
 mod table_state;
@@ -13,6 +14,7 @@ use rayon::prelude::*;
 
 pub use collection::Collection;
 pub(crate) use exchange::{pack, unpack};
+pub use gather::{gathers, touched, Gather};
 pub use sharding::Sharding;
 pub use storage::{Evictions, KeyState, KeyValue, RowInit, Storage};
 

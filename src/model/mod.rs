@@ -20,8 +20,8 @@ pub mod names;
 
 use std::sync::Arc;
 
-pub use exec::resident::Resident;
-pub use exec::{DenseGrad, Executor, ExecutorKind, Mode, Tape};
+pub use exec::resident::{Resident, TableLookups};
+pub use exec::{Backward, DenseGrad, Executor, ExecutorKind, Mode, Tape};
 pub use graph::params::{ParamSpec, ParamStore};
 pub use graph::{BnStats, Graph, NodeId, Op};
 pub use heads::{score_columns, BatchEval, Interests, Targets, TaskScores};
@@ -179,28 +179,30 @@ impl Model {
         rng: &mut Rng,
     ) -> PassGrads {
         let b = self.rows_of(x);
-        let (loss, dense, inputs, bn_stats) =
-            self.pass_grads(|mode| self.forward_on(exec, x, b, mode), (targets, tasks), rng);
+        let (loss, back, bn_stats) = self.pass_grads(|mode| self.forward_on(exec, x, b, mode), (targets, tasks), rng);
         PassGrads {
             loss,
-            dense: dense.into_host(),
-            inputs,
+            dense: back.dense.into_host(),
+            inputs: back.inputs,
             bn_stats,
         }
     }
 
     /// `loss_and_grads` on the parameters `resident` holds on a device
     /// (the model's own are lent to it): the dense gradient is left there.
+    /// With `tables`, the lookups in tables kept there too are pooled into
+    /// the group inputs there (`x` holds zeros in their columns), and
+    /// their gradients are left there.
     pub fn loss_and_grads_resident(
         &self,
-        resident: &Resident,
+        (resident, tables): (&Resident, Option<&TableLookups>),
         x: &[Vec<f32>],
         (targets, tasks): (Targets, &[Task]),
         rng: &mut Rng,
-    ) -> (f32, DenseGrad, Vec<Vec<f32>>, Vec<BnStats>) {
+    ) -> (f32, Backward, Vec<BnStats>) {
         let b = self.rows_of(x);
         self.pass_grads(
-            |mode| resident.forward(&self.graph, &self.buffers, x, b, mode),
+            |mode| resident.forward(&self.graph, &self.buffers, (x, b, tables), mode),
             (targets, tasks),
             rng,
         )
@@ -213,7 +215,7 @@ impl Model {
         forward: impl FnOnce(Mode) -> Box<dyn Tape + 't>,
         (targets, tasks): (Targets, &[Task]),
         rng: &mut Rng,
-    ) -> (f32, DenseGrad, Vec<Vec<f32>>, Vec<BnStats>) {
+    ) -> (f32, Backward, Vec<BnStats>) {
         let users = targets.rows;
         let mut bn_stats = Vec::new();
         let mode = Mode::Train {
@@ -225,9 +227,9 @@ impl Model {
         tape.prefetch(&heads::train_reads(&self.graph, tasks));
         let (loss, seeds) = heads::train(&self.graph, &*tape, tasks, targets, users);
         let needs = self.graph.needs_grad(&self.trained_inputs());
-        let (dense, inputs) = tape.backward_dense(&self.params, seeds, &needs);
+        let back = tape.backward_dense(&self.params, seeds, &needs);
         drop(tape);
-        (loss, dense, inputs, bn_stats)
+        (loss, back, bn_stats)
     }
 
     /// The graph outputs besides the tasks' that an export carries: a match

@@ -133,6 +133,13 @@ impl IncrUpdates {
             set.mark(&g.rows);
         }
     }
+
+    /// Records the rows `rows` of table `table` a step updated on a device.
+    pub fn touch_table(&mut self, table: usize, rows: &[u64]) {
+        if let Some(set) = self.touched.get_mut(table) {
+            set.mark(rows);
+        }
+    }
 }
 
 /// The rows of one table trained since the last sparse update: a bit per
@@ -317,7 +324,7 @@ impl Trainer {
     }
 
     fn write_dense_update(&mut self, step: u64) -> anyhow::Result<()> {
-        self.settle_dense();
+        self.settle_device();
         let incr = self.incr.as_mut().expect("incremental updates started");
         incr.last_dense = (step, Instant::now());
         if self.comm.rank() != 0 {
@@ -336,6 +343,7 @@ impl Trainer {
     }
 
     fn write_sparse_update(&mut self, step: u64) -> anyhow::Result<()> {
+        self.settle_device();
         let incr = self.incr.as_mut().expect("incremental updates started");
         incr.last_sparse = (step, Instant::now());
         let mut touched: Vec<Vec<u64>> = incr.touched.iter_mut().map(Touched::take_sorted).collect();

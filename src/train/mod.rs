@@ -3,6 +3,7 @@
 
 pub mod dense;
 pub mod device_dense;
+pub mod device_tables;
 pub mod divergence;
 pub mod freeze;
 pub mod incr;
@@ -82,10 +83,16 @@ pub struct Trainer {
     /// Where each step's phases are timed (`set_profile`), when anywhere.
     profile: Option<std::sync::Arc<crate::profile::Profile>>,
     /// The dense parameters and their optimizer slots, while they are lent
-    /// to the executor's device between steps (`lend_dense`): the model's
+    /// to the executor's device between steps (`lend_to_device`): the model's
     /// `params.values` and `dense.slots` are empty meanwhile, until
-    /// `settle_dense` reads them back.
+    /// `settle_device` reads them back.
     device_dense: Option<device_dense::DeviceDense>,
+    /// The tables kept on that device meanwhile (`lend_to_device`), whose
+    /// host rows are empty until `settle_device`.
+    device_tables: Option<device_tables::DeviceTables>,
+    /// `--device_table_rows`: tables of at most this many rows may be kept
+    /// on the executor's device (0: none).
+    pub device_table_rows: usize,
 }
 
 impl Trainer {
@@ -229,6 +236,8 @@ impl Trainer {
             trace,
             profile: None,
             device_dense: None,
+            device_tables: None,
+            device_table_rows: 0,
         })
     }
 
@@ -237,7 +246,9 @@ impl Trainer {
     /// `Executor::resident_device`), unless they are there already. Not
     /// under asynchronous parameter servers, whose workers take the
     /// parameters from the servers each step, nor for a model without any.
-    fn lend_dense(&mut self) {
+    /// With `device_table_rows`, the tables it allows go there too
+    /// (`device_tables`).
+    fn lend_to_device(&mut self) {
         if self.device_dense.is_some() || self.ps.is_some() || self.model.params.is_empty() {
             return;
         }
@@ -249,17 +260,38 @@ impl Trainer {
         self.dense.slots.slots.iter_mut().for_each(|s| *s = Vec::new());
         let d = device_dense::DeviceDense::new(resident, &self.model, &self.plan.model, &self.frozen);
         self.device_dense = Some(d);
+        let keep = self.tables_kept_on_device();
+        self.device_tables = device_tables::DeviceTables::lend(&mut self.embeddings, &keep, &device);
+    }
+
+    /// Per table, whether `lend_to_device` keeps it on the device: within
+    /// `device_table_rows`, not frozen, and (embedding_regularization's
+    /// gradient is not weighted for a sum over ranks) on one rank or
+    /// without that regularizer.
+    fn tables_kept_on_device(&self) -> Vec<bool> {
+        let over_ranks = self.comm.size() > 1 && self.plan.model.embedding_regularization > 0.0;
+        (self.embeddings.tables.iter().enumerate())
+            .map(|(i, t)| {
+                self.device_table_rows > 0
+                    && !over_ranks
+                    && !self.frozen.tables.get(i).copied().unwrap_or(false)
+                    && device_tables::keepable(t, self.device_table_rows)
+            })
+            .collect()
     }
 
     /// Reads the dense parameters and their slots back from the device they
-    /// are lent to, if they are: before anything reads them on the host
-    /// (a checkpoint, an evaluation, an export, an incremental update, a
-    /// restore). The next step lends them again.
-    pub fn settle_dense(&mut self) {
+    /// are lent to, if they are, and the tables kept there: before anything
+    /// reads them on the host (a checkpoint, an evaluation, an export, an
+    /// incremental update, a restore). The next step lends them again.
+    pub fn settle_device(&mut self) {
         if let Some(d) = self.device_dense.take() {
             let (params, slots) = d.resident.download();
             self.model.params.values = params;
             self.dense.slots.slots = slots;
+        }
+        if let Some(t) = self.device_tables.take() {
+            t.settle(&mut self.embeddings);
         }
     }
 

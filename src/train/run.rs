@@ -273,7 +273,7 @@ impl Trainer {
         last_loss: f32,
         after_eval: &mut AfterEval,
     ) -> anyhow::Result<RunSummary> {
-        self.settle_dense();
+        self.settle_device();
         let p = self.plan.clone();
         let target = p.train.num_steps.map(u64::from);
         // Every incremental update handed to the writer is out before the end.

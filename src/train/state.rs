@@ -60,7 +60,7 @@ impl Trainer {
     /// On several ranks, sharded tables are gathered and rank 0 writes one
     /// checkpoint that any world size can restore; the others wait for it.
     pub fn save(&mut self) -> anyhow::Result<PathBuf> {
-        self.settle_dense();
+        self.settle_device();
         // steps_to_live: key-value rows gone stale are not saved.
         self.embeddings
             .evict_stale(self.step, &*self.comm, &self.model.table_variables);
@@ -192,7 +192,7 @@ impl Trainer {
     /// Restores weights, slots and the global step (resuming training),
     /// from this trainer's checkpoint or from EasyRec's (TensorFlow's).
     pub fn restore(&mut self, dir: &Path) -> anyhow::Result<()> {
-        self.settle_dense();
+        self.settle_device();
         if let Some(prefix) = checkpoint::tensorflow::find(dir) {
             return self.restore_tensorflow(&prefix);
         }

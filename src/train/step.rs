@@ -8,8 +8,9 @@ use rayon::prelude::*;
 
 use super::dense::{squared_norm, Exchange};
 use super::device_dense::DeviceDense;
+use super::device_tables::TableGrads;
 use super::Trainer;
-use crate::embedding::RowGrads;
+use crate::embedding::{gathers, RowGrads};
 use crate::features::Batch;
 use crate::model::graph::params::to_vec;
 use crate::model::graph::{update_bn_buffers, BnStats};
@@ -29,6 +30,16 @@ fn f32_bytes(n: usize) -> f64 {
 /// Values held in a batch's row gradients.
 fn row_values(rows: &[RowGrads]) -> usize {
     rows.iter().map(|r| r.grads.len()).sum()
+}
+
+/// What a training pass gives (`Trainer::pass`).
+struct Pass {
+    loss: f32,
+    dense: DenseGrad,
+    inputs: Vec<Vec<f32>>,
+    bn_stats: Vec<BnStats>,
+    /// The gradients of the tables kept on the device, when any are.
+    tables: Option<TableGrads>,
 }
 
 /// Loss and gradients of one batch (see `Trainer::loss_and_grads`).
@@ -63,10 +74,14 @@ pub struct StepGrads {
     /// The regularizers' loss.
     pub reg: f64,
     /// The dense gradient, summed over the ranks and clipped: on the
-    /// device where the parameters are lent to one (`lend_dense`).
+    /// device where the parameters are lent to one (`lend_to_device`).
     pub dense: DenseGrad,
-    /// Each table's row gradients, before clipping.
+    /// Each table's row gradients, before clipping (none for the tables
+    /// kept on the device).
     pub rows: Vec<RowGrads>,
+    /// The gradients of the tables kept on the device, summed over the
+    /// ranks, before clipping.
+    pub tables: Option<TableGrads>,
     pub norm: f32,
     /// What clipping multiplies the gradients by.
     pub scale: f32,
@@ -117,8 +132,13 @@ impl Trainer {
 
     /// Group input matrices (row-major `[batch, width]`) for a batch, from
     /// the embedding collection. With sharded tables this is a collective:
-    /// every rank must call it.
+    /// every rank must call it. Not while tables are kept on the device
+    /// (`settle_device` first).
     pub fn group_inputs(&self, batch: &Batch) -> Vec<Vec<f32>> {
+        assert!(
+            self.device_tables.is_none(),
+            "group inputs of tables kept on the device are pooled there: settle them first"
+        );
         self.embeddings.forward(&self.model.groups, batch, &*self.comm)
     }
 
@@ -132,17 +152,41 @@ impl Trainer {
     }
 
     /// `loss_and_grads` on the parameters where they are: lent to the
-    /// executor's device (`lend_dense`), whose gradient stays there, or
-    /// the model's own.
-    fn pass(&self, batch: &Batch, inputs: &[Vec<f32>]) -> (f32, DenseGrad, Vec<Vec<f32>>, Vec<BnStats>) {
+    /// executor's device (`lend_to_device`), whose gradient stays there, or
+    /// the model's own; the lookups in tables kept on that device are
+    /// pooled there, and their gradients stay there.
+    fn pass(&self, batch: &Batch, inputs: &[Vec<f32>]) -> Pass {
         let Some(d) = &self.device_dense else {
             let g = self.loss_and_grads(batch, inputs);
-            return (g.loss, DenseGrad::Host(g.dense), g.inputs, g.bn_stats);
+            return Pass {
+                loss: g.loss,
+                dense: DenseGrad::Host(g.dense),
+                inputs: g.inputs,
+                bn_stats: g.bn_stats,
+                tables: None,
+            };
         };
         let mut rng = self.dropout_rng();
         let targets = crate::model::Targets::of(batch);
-        self.model
-            .loss_and_grads_resident(&d.resident, inputs, (targets, &self.plan.model.tasks), &mut rng)
+        let groups = &self.model.groups;
+        let gathers = (self.device_tables.as_ref()).map(|_| gathers(groups, batch, &self.embeddings.on_device));
+        let reg = self.plan.model.embedding_regularization;
+        let lookups = (self.device_tables.as_ref().zip(gathers.as_deref())).map(|(t, g)| t.lookups(g, reg));
+        let (loss, back, bn_stats) = self.model.loss_and_grads_resident(
+            (&d.resident, lookups.as_ref()),
+            inputs,
+            (targets, &self.plan.model.tasks),
+            &mut rng,
+        );
+        let tables = (self.device_tables.as_ref().zip(gathers.as_deref()))
+            .map(|(t, g)| t.grads((back.tables, back.table_reg), g, &self.embeddings));
+        Pass {
+            loss,
+            dense: back.dense,
+            inputs: back.inputs,
+            bn_stats,
+            tables,
+        }
     }
 
     /// The dense side of parameters lent to the executor's device, which
@@ -199,7 +243,13 @@ impl Trainer {
         let b = batch.examples();
         let groups = &self.model.groups;
         let prof = self.profile.as_deref();
-        let (local_loss, mut dense_grad, mut input_grads, bn_stats) = if b > 0 {
+        let Pass {
+            loss: local_loss,
+            dense: mut dense_grad,
+            inputs: mut input_grads,
+            bn_stats,
+            tables: mut table_grads,
+        } = if b > 0 {
             timed(prof, step(MODEL_PASS), |_| None, || self.pass(batch, inputs))
         } else {
             let n = self.model.params.len();
@@ -207,7 +257,13 @@ impl Trainer {
                 Some(d) => DenseGrad::Device(Box::new(Tensor::<1>::zeros([n], d.resident.device()))),
                 None => DenseGrad::Host(vec![0.0; n]),
             };
-            (0.0, dense, inputs.iter().map(|_| Vec::new()).collect(), Vec::new())
+            Pass {
+                loss: 0.0,
+                dense,
+                inputs: inputs.iter().map(|_| Vec::new()).collect(),
+                bn_stats: Vec::new(),
+                tables: self.device_tables.as_ref().map(|t| t.zero_grads(&self.embeddings)),
+            }
         };
         let mass = self.loss_mass(batch);
         let mut totals = [mass, local_loss as f64 * mass, b as f64];
@@ -238,6 +294,9 @@ impl Trainer {
                     }
                     for gin in &mut input_grads {
                         gin.iter_mut().for_each(|g| *g *= share);
+                    }
+                    if let (Some(t), Some(g)) = (&self.device_tables, &mut table_grads) {
+                        t.sum_over_ranks(g, share, ex);
                     }
                 },
             );
@@ -297,7 +356,14 @@ impl Trainer {
             step("gradient norm"),
             |_| Some(Work::Bytes(f32_bytes(n + row_values(&rows)))),
             || {
-                let table_sq = ex.rows_squared_norm(&self.embeddings, &rows);
+                let mut table_sq = ex.rows_squared_norm(&self.embeddings, &rows);
+                if let (Some(t), Some(g)) = (&self.device_tables, &table_grads) {
+                    // (Summed over the ranks already, as their regularizer
+                    // is only where there is one rank.)
+                    let (sq, reg) = t.norm(g);
+                    table_sq += sq;
+                    emb_reg_loss[0] += reg;
+                }
                 ex.sum(&mut emb_reg_loss);
                 let dense_sq = match &dense_grad {
                     DenseGrad::Device(t) => {
@@ -326,6 +392,7 @@ impl Trainer {
             reg,
             dense: dense_grad,
             rows,
+            tables: table_grads,
             norm,
             scale,
             bn_stats,
@@ -337,7 +404,7 @@ impl Trainer {
     pub fn train_step(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let profile = self.profile.clone();
         let prof = profile.as_deref();
-        self.lend_dense();
+        self.lend_to_device();
         timed(
             prof,
             step("embedding admission"),
@@ -349,7 +416,8 @@ impl Trainer {
             prof,
             step("embedding lookup and pooling"),
             |x: &Vec<Vec<f32>>| Some(Work::Bytes(2.0 * f32_bytes(x.iter().map(Vec::len).sum()))),
-            || self.group_inputs(batch),
+            // (The columns of tables kept on the device stay zero here.)
+            || self.embeddings.forward(&self.model.groups, batch, &*self.comm),
         );
         let g = match self.gradients(batch, &inputs, Exchange::Collective(&*self.comm)) {
             Ok(g) => g,
@@ -391,10 +459,26 @@ impl Trainer {
                     .apply(&g.rows, optimizers, (self.step, &self.frozen.tables), g.scale)
             },
         );
+        let touched_on_device = g.tables.as_ref().map(TableGrads::touched_rows).unwrap_or_default();
+        let table = match (g.tables, &mut self.device_tables) {
+            (Some(grads), Some(t)) => timed(
+                prof,
+                step("table update on the device"),
+                |_| None,
+                || {
+                    t.apply(grads, &self.embeddings, optimizers, (self.step, g.scale));
+                    if prof.is_some() {
+                        t.sync();
+                    }
+                    table.or_else(|| t.non_finite())
+                },
+            ),
+            _ => table,
+        };
         let dense_finite = self.device_dense.as_ref().is_none_or(|d| d.finite());
         if !dense_finite {
             // Read back to name the parameter.
-            self.settle_dense();
+            self.settle_device();
         }
         timed(
             prof,
@@ -404,6 +488,9 @@ impl Trainer {
         )?;
         if let Some(incr) = &mut self.incr {
             incr.touch(&g.rows);
+            for (t, rows) in &touched_on_device {
+                incr.touch_table(*t, rows);
+            }
         }
         update_bn_buffers(&mut self.model.buffers, g.bn_stats);
         if self.comm.size() > 1 && !self.model.buffers.values.is_empty() {

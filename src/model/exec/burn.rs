@@ -6,9 +6,10 @@
 use std::cell::OnceCell;
 
 use burn::tensor::activation::{relu, sigmoid, softmax, tanh};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use super::{DenseGrad, Executor, Mode};
+use super::resident::TableLookups;
+use super::{Backward, DenseGrad, Executor, Mode};
 use crate::config::model::Activation;
 use crate::model::exec::cpu::kernels;
 use crate::model::graph::nary::Nary;
@@ -113,7 +114,7 @@ pub(super) fn pass<'a>(
     (p, buffers): (Vec<Tensor<2>>, &ParamStore),
     (inputs, rows): (&'a [Vec<f32>], usize),
     mode: Mode,
-    resident: Option<FlatLayout>,
+    resident: Option<(FlatLayout, Option<&TableLookups>)>,
 ) -> BurnTape<'a> {
     let xs: Vec<Tensor<2>> = inputs
         .iter()
@@ -135,7 +136,11 @@ pub(super) fn pass<'a>(
         bn_stats: Vec::new(),
         examples,
     };
-    let values = forward(graph, &mut ctx, &xs);
+    let (fed, tables, table_reg) = match resident.as_ref().and_then(|(_, t)| *t) {
+        Some(lookups) => pooled_inputs(device, &xs, rows, lookups),
+        None => (xs.clone(), Vec::new(), None),
+    };
+    let values = forward(graph, &mut ctx, &fed);
     if let Mode::Train { rng, stats, .. } = mode {
         *rng = ctx.rng;
         stats.extend(read_stats(ctx.bn_stats));
@@ -146,8 +151,65 @@ pub(super) fn pass<'a>(
         values,
         params: p,
         xs,
-        resident,
+        resident: resident.map(|(layout, _)| layout),
+        tables,
+        table_reg,
     }
+}
+
+/// The group inputs `xs` (`rows` rows, autodiff leaves) with the lookups
+/// of `l` pooled into their columns on `device`, each gather one gather
+/// of rows and one scatter-add into its output; with the tables as
+/// autodiff leaves (per table of `l.tables`) and embedding
+/// regularization's loss over the pooled values.
+#[allow(clippy::type_complexity)]
+fn pooled_inputs(
+    device: &Device,
+    xs: &[Tensor<2>],
+    rows: usize,
+    l: &TableLookups,
+) -> (Vec<Tensor<2>>, Vec<Option<Tensor<2>>>, Option<Tensor<1>>) {
+    let tables: Vec<Option<Tensor<2>>> = (l.tables.iter())
+        .map(|t| t.as_ref().map(|t| t.clone().autodiff().require_grad()))
+        .collect();
+    let mut fed = xs.to_vec();
+    let n: usize = l.gathers.iter().map(|g| g.rows.len()).sum();
+    if n == 0 {
+        return (fed, tables, None);
+    }
+    // Every lookup's row and output row in one upload, the coefficients
+    // in another (on a GPU each upload is a round trip).
+    let idx: Vec<i64> = (l.gathers.iter().flat_map(|g| g.rows.iter()))
+        .chain(l.gathers.iter().flat_map(|g| g.targets.iter()))
+        .copied()
+        .collect();
+    let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [2 * n]), device);
+    let coefs: Vec<f32> = l.gathers.iter().flat_map(|g| g.coefs.iter().copied()).collect();
+    let coefs = Tensor::<1>::from_data(TensorData::new(coefs, [n]), device);
+    let (mut at, mut reg) = (0, None);
+    for g in l.gathers {
+        let k = g.rows.len();
+        if k == 0 {
+            continue;
+        }
+        let table = tables[g.table].as_ref().expect("a gather's table is on the device");
+        let looked_up = table.clone().select(0, idx.clone().narrow(0, at, k));
+        let weighted = looked_up * coefs.clone().narrow(0, at, k).reshape([k, 1]);
+        let out = Tensor::<2>::zeros([rows * g.per_row, g.dim], device)
+            .select_assign(0, idx.clone().narrow(0, n + at, k), weighted, IndexingUpdateOp::Add)
+            .reshape([rows, g.width()]);
+        if l.reg > 0.0 {
+            let r = (out.clone() * out.clone()).sum().mul_scalar(0.5 * l.reg);
+            reg = Some(match reg {
+                Some(sum) => sum + r,
+                None => r,
+            });
+        }
+        let x = &mut fed[g.group];
+        *x = x.clone().slice_assign([0..rows, g.col..g.col + g.width()], out);
+        at += k;
+    }
+    (fed, tables, reg)
 }
 
 /// A forward pass on burn: every node's tensor, read back to the host
@@ -160,6 +222,10 @@ pub(super) struct BurnTape<'a> {
     xs: Vec<Tensor<2>>,
     /// Of a `Resident`'s pass: where its gradient goes.
     resident: Option<FlatLayout>,
+    /// Of a pass over tables on the device (`TableLookups`): each one as
+    /// an autodiff leaf, and embedding regularization's loss.
+    tables: Vec<Option<Tensor<2>>>,
+    table_reg: Option<Tensor<1>>,
 }
 
 /// The flat layout of a `Resident`'s parameters: each one's range and
@@ -207,7 +273,7 @@ impl super::Tape for BurnTape<'_> {
         needs: &[bool],
         dense: &mut [f32],
     ) -> Vec<Vec<f32>> {
-        let (params, inputs) = self.gradients(seeds, needs);
+        let (params, inputs, _) = self.gradients(seeds, needs);
         // Every gradient read back in one transfer (on a GPU each read is a
         // round trip): the parameters' that flowed, then the inputs'.
         let flat = read_all(params.iter().chain(&inputs).map(|(_, g)| g.clone()).collect());
@@ -224,16 +290,11 @@ impl super::Tape for BurnTape<'_> {
         self.input_grads(&inputs, &flat[at..])
     }
 
-    fn backward_dense(
-        &self,
-        p: &ParamStore,
-        seeds: Vec<(NodeId, Vec<f32>)>,
-        needs: &[bool],
-    ) -> (DenseGrad, Vec<Vec<f32>>) {
+    fn backward_dense(&self, p: &ParamStore, seeds: Vec<(NodeId, Vec<f32>)>, needs: &[bool]) -> Backward {
         let Some(layout) = &self.resident else {
             return super::backward_on_host(self, p, seeds, needs);
         };
-        let (params, inputs) = self.gradients(seeds, needs);
+        let (params, inputs, tables) = self.gradients(seeds, needs);
         // The parameters' gradient stays on the device, in the flat layout
         // (zeros where none flowed); the inputs' are read back at once.
         let mut flowed: Vec<Option<Tensor<1>>> = vec![None; layout.shapes.len()];
@@ -249,19 +310,26 @@ impl super::Tape for BurnTape<'_> {
             false => Tensor::cat(parts, 0),
         };
         let flat = read_all(inputs.iter().map(|(_, g)| g.clone()).collect());
-        (DenseGrad::Device(Box::new(dense)), self.input_grads(&inputs, &flat))
+        Backward {
+            dense: DenseGrad::Device(Box::new(dense)),
+            inputs: self.input_grads(&inputs, &flat),
+            tables,
+            table_reg: self.table_reg.clone().map(Tensor::inner),
+        }
     }
 }
 
 impl BurnTape<'_> {
-    /// Backward from `seeds`: the flattened gradient of each parameter one
-    /// flowed to (by index), and of each group input `needs` trains.
+    /// Backward from `seeds` (and embedding regularization's loss of
+    /// tables on the device): the flattened gradient of each parameter one
+    /// flowed to (by index), of each group input `needs` trains, and of
+    /// each table on the device (zeros where none flowed).
     #[allow(clippy::type_complexity)]
     fn gradients(
         &self,
         seeds: Vec<(NodeId, Vec<f32>)>,
         needs: &[bool],
-    ) -> (Vec<(usize, Tensor<1>)>, Vec<(usize, Tensor<1>)>) {
+    ) -> (Vec<(usize, Tensor<1>)>, Vec<(usize, Tensor<1>)>, Vec<Option<Tensor<2>>>) {
         // The seeds' inner product with their nodes: its gradient is the
         // vector-Jacobian product the seeds ask for.
         let objective = seeds
@@ -271,9 +339,19 @@ impl BurnTape<'_> {
                 let seed = Tensor::<2>::from_data(TensorData::new(seed, v.dims()), &v.device());
                 (v.clone() * seed).sum()
             })
+            .chain(self.table_reg.clone())
             .reduce(|a, b| a + b);
+        let table_grads = |gr: Option<&burn::tensor::Gradients>| -> Vec<Option<Tensor<2>>> {
+            (self.tables.iter())
+                .map(|t| {
+                    let t = t.as_ref()?;
+                    let g = gr.and_then(|gr| t.grad(gr));
+                    Some(g.unwrap_or_else(|| Tensor::<2>::zeros(t.dims(), &t.clone().inner().device())))
+                })
+                .collect()
+        };
         let Some(gr) = objective.map(|o| o.backward()) else {
-            return (Vec::new(), Vec::new());
+            return (Vec::new(), Vec::new(), table_grads(None));
         };
         let trained_inputs = self.trained_inputs(needs);
         let params = (self.params.iter().enumerate())
@@ -283,7 +361,7 @@ impl BurnTape<'_> {
             .filter(|(group, _)| trained_inputs.contains(group))
             .filter_map(|(group, x)| Some((group, x.grad(&gr)?.flatten::<1>(0, 1))))
             .collect();
-        (params, inputs)
+        (params, inputs, table_grads(Some(&gr)))
     }
 
     /// Each group input's gradient: those of `flowed` read back into

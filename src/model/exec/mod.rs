@@ -121,15 +121,25 @@ pub trait Tape {
 
     /// `backward` into a fresh gradient, left where the pass's parameters
     /// were: on the device for a `Resident`'s pass, in host memory
-    /// otherwise. Returns it with each group input's gradient.
-    fn backward_dense(
-        &self,
-        params: &ParamStore,
-        seeds: Vec<(NodeId, Vec<f32>)>,
-        needs: &[bool],
-    ) -> (DenseGrad, Vec<Vec<f32>>) {
+    /// otherwise; with the gradient of each group input and, for a pass
+    /// over tables on the device (`resident::TableLookups`), theirs.
+    fn backward_dense(&self, params: &ParamStore, seeds: Vec<(NodeId, Vec<f32>)>, needs: &[bool]) -> Backward {
         backward_on_host(self, params, seeds, needs)
     }
+}
+
+/// What `Tape::backward_dense` gives.
+pub struct Backward {
+    pub dense: DenseGrad,
+    /// Each group input's gradient, `[rows, width]` row-major.
+    pub inputs: Vec<Vec<f32>>,
+    /// Of a pass over tables on the device: per table of its lookups'
+    /// `tables`, the gradient `[rows, dim]` there (`None` for a table not
+    /// on the device); empty otherwise.
+    pub tables: Vec<Option<Tensor<2>>>,
+    /// Of such a pass: embedding_regularization's loss over its lookups,
+    /// a scalar on the device.
+    pub table_reg: Option<Tensor<1>>,
 }
 
 /// `Tape::backward` into a fresh gradient in host memory: what
@@ -139,10 +149,15 @@ pub fn backward_on_host<T: Tape + ?Sized>(
     params: &ParamStore,
     seeds: Vec<(NodeId, Vec<f32>)>,
     needs: &[bool],
-) -> (DenseGrad, Vec<Vec<f32>>) {
+) -> Backward {
     let mut dense = vec![0.0f32; params.len()];
     let inputs = tape.backward(params, seeds, needs, &mut dense);
-    (DenseGrad::Host(dense), inputs)
+    Backward {
+        dense: DenseGrad::Host(dense),
+        inputs,
+        tables: Vec::new(),
+        table_reg: None,
+    }
 }
 
 /// The executors a model can run on, chosen at run time (`--device`).

@@ -10,6 +10,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::burn::{leaves, pass, shapes, FlatLayout};
 use super::{Mode, Tape};
+use crate::embedding::Gather;
 use crate::model::graph::params::{read_all, ParamStore};
 use crate::model::graph::Graph;
 
@@ -81,25 +82,35 @@ impl Resident {
     }
 
     /// `Executor::forward` on these parameters (`buffers`, the batch-norm
-    /// statistics, from the host); the tape's `backward_dense` leaves their
-    /// gradient here.
+    /// statistics, from the host) over `inputs` of `rows` rows, into which
+    /// `tables`' lookups are pooled here; the tape's `backward_dense`
+    /// leaves the parameters' gradient here, and the tables'.
     pub fn forward<'a>(
         &self,
         graph: &'a Graph,
         buffers: &ParamStore,
-        inputs: &'a [Vec<f32>],
-        rows: usize,
+        (inputs, rows, tables): (&'a [Vec<f32>], usize, Option<&TableLookups>),
         mode: Mode,
     ) -> Box<dyn Tape + 'a> {
         let p = leaves(Some(&self.params), &self.layout.shapes, &self.layout.device);
         let io = (inputs, rows);
-        Box::new(pass(
-            &self.passes,
-            graph,
-            (p, buffers),
-            io,
-            mode,
-            Some(self.layout.clone()),
-        ))
+        let resident = Some((self.layout.clone(), tables));
+        Box::new(pass(&self.passes, graph, (p, buffers), io, mode, resident))
     }
+}
+
+/// Embedding tables kept on the device beside the dense parameters
+/// (`train::device_tables`), with a batch's lookups in them: a pass pools
+/// each gather's output into its group input's columns there (the host's
+/// inputs hold zeros in them), and its backward leaves each table's
+/// gradient there.
+pub struct TableLookups<'a> {
+    /// Per table of the collection: its rows `[rows, dim]` on the
+    /// parameters' device (without autodiff), when it is kept there.
+    pub tables: &'a [Option<Tensor<2>>],
+    /// The lookups (`Gather::table` indexes `tables`).
+    pub gathers: &'a [Gather],
+    /// embedding_regularization (0 for none): `reg / 2 * Σ value²` of
+    /// every pooled value joins the loss the backward starts from.
+    pub reg: f32,
 }
