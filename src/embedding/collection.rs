@@ -198,7 +198,8 @@ impl Collection {
 
     /// Adds embedding_regularization's gradient (`reg * value` of every
     /// pooled embedding of this rank's rows) to the group input gradients;
-    /// returns its loss term, `reg / 2 * Σ value²`.
+    /// returns its loss term, `reg / 2 * Σ value²`. (A table a device
+    /// keeps has its regularizer there.)
     pub fn regularize(
         &self,
         groups: &[GroupLayout],
@@ -209,12 +210,14 @@ impl Collection {
         let mut loss = 0.0f64;
         for ((g, gin), buf) in groups.iter().zip(input_grads).zip(inputs) {
             let rows = buf.len().checked_div(g.width).unwrap_or(0);
+            let here = |t: Option<usize>| t.is_some_and(|t| !self.is_on_device(t));
             let seq = g
                 .seq_parts
                 .iter()
-                .filter(|p| p.kind.table().is_some())
+                .filter(|p| here(p.kind.table()))
                 .map(|p| (p.col, p.kind.width()));
-            for (col, width) in g.sparse_parts().map(|p| (p.col, p.dim)).chain(seq) {
+            let plain = g.sparse_parts().filter(|p| here(p.table)).map(|p| (p.col, p.dim));
+            for (col, width) in plain.chain(seq) {
                 for r in 0..rows {
                     for c in col..col + width {
                         let v = buf[r * g.width + c];

@@ -11,7 +11,7 @@ use burn::tensor::{Bool, Device, Tensor, TensorData};
 
 use super::freeze::Frozen;
 use crate::config::model::ModelPlan;
-use crate::model::graph::params::{read_all, to_vec};
+use crate::model::graph::params::read_all;
 use crate::model::{Model, Resident};
 use crate::optim::Rule;
 
@@ -97,14 +97,6 @@ impl DeviceDense {
         }
     }
 
-    /// The squared norm of `g` and the regularizers' loss (`regularize`'s),
-    /// read back in one transfer.
-    pub fn norm(&self, g: &Tensor<1>, reg: Option<Tensor<1>>) -> (f64, f64) {
-        let sq = (g.clone() * g.clone()).sum();
-        let read = read_all(std::iter::once(sq).chain(reg).collect());
-        (f64::from(read[0]), read.get(1).map_or(0.0, |r| f64::from(*r)))
-    }
-
     /// The update of `rule` from the gradient `g` (clipped already); the
     /// frozen values and their slots stay as they are.
     pub fn apply(&mut self, g: Tensor<1>, rule: &Rule) {
@@ -127,16 +119,39 @@ impl DeviceDense {
     /// Waits for the device's queued work: a profile's phases time their
     /// own kernels this way, not the queueing of them.
     pub fn sync(&self) {
-        if let Err(e) = self.resident.device().sync() {
-            log::warn!("waiting for the device: {e:?}");
-        }
+        sync(self.resident.device());
     }
 
-    /// Whether every parameter is finite (one value read back).
-    pub fn finite(&self) -> bool {
-        let w = &self.resident.params;
+    /// `finite_marker` of the parameters.
+    pub fn finite_marker(&self) -> Tensor<1> {
         // (Never empty: a model without dense parameters is not lent.)
-        // 0 where finite, NaN where infinite or NaN: the sum says which.
-        to_vec((w.clone() - w.clone()).sum())[0] == 0.0
+        finite_marker(&self.resident.params)
     }
+}
+
+/// Waits for `device`'s queued work (see `DeviceDense::sync`).
+pub fn sync(device: &Device) {
+    if let Err(e) = device.sync() {
+        log::warn!("waiting for the device: {e:?}");
+    }
+}
+
+/// `Σ t²`, a scalar on `t`'s device.
+pub fn sum_of_squares<const D: usize>(t: &Tensor<D>) -> Tensor<1> {
+    (t.clone() * t.clone()).sum()
+}
+
+/// A scalar on `w`'s device that is 0 when every value of `w` is finite
+/// and NaN otherwise (`w - w` is NaN where `w` is infinite or NaN): a
+/// finite check to read back with others.
+pub fn finite_marker<const D: usize>(w: &Tensor<D>) -> Tensor<1> {
+    (w.clone() - w.clone()).sum()
+}
+
+/// Scalars on a device (`[1]` each) read back in one transfer (on a GPU
+/// each read is a round trip); a missing one reads 0.
+pub fn read_scalars<const N: usize>(parts: [Option<Tensor<1>>; N]) -> [f64; N] {
+    let read = read_all(parts.iter().flatten().cloned().collect());
+    let mut values = read.into_iter();
+    parts.map(|p| p.map_or(0.0, |_| f64::from(values.next().expect("one value a scalar"))))
 }

@@ -22,6 +22,7 @@
 use burn::tensor::{Bool, Device, Tensor, TensorData};
 
 use super::dense::Exchange;
+use super::device_dense::{finite_marker, sum_of_squares, sync};
 use crate::config::train_plan::OptimizerSpec;
 use crate::embedding::{Collection, Gather, Table};
 use crate::model::graph::params::read_all;
@@ -50,6 +51,12 @@ pub struct TableGrads {
 }
 
 impl TableGrads {
+    /// The gradients' squared norm, a scalar on the device (none without
+    /// tables).
+    pub fn squares(&self) -> Option<Tensor<1>> {
+        self.grads.iter().flatten().map(sum_of_squares).reduce(|a, b| a + b)
+    }
+
     /// The rows (global ids) each table on the device touched, for
     /// incremental updates.
     pub fn touched_rows(&self) -> Vec<(usize, Vec<u64>)> {
@@ -200,17 +207,6 @@ impl DeviceTables {
         }
     }
 
-    /// The gradients' squared norm and embedding_regularization's loss,
-    /// read back in one transfer.
-    pub fn norm(&self, g: &TableGrads) -> (f64, f64) {
-        let sq = g.grads.iter().flatten().map(|t| (t.clone() * t.clone()).sum());
-        let Some(sq) = sq.reduce(|a, b| a + b) else {
-            return (0.0, 0.0);
-        };
-        let read = read_all(std::iter::once(sq).chain(g.reg.clone()).collect());
-        (f64::from(read[0]), read.get(1).map_or(0.0, |r| f64::from(*r)))
-    }
-
     /// Each table's optimizer at global step `step` on its touched rows
     /// (and the rows TensorFlow's Adam moves), gradients scaled by `scale`
     /// (clipping); `emb` says which optimizer each table takes.
@@ -229,52 +225,47 @@ impl DeviceTables {
             let g = flat(grad).mul_scalar(scale);
             let (w, slots) = (flat(w), self.slots[i].drain(..).map(flat).collect::<Vec<_>>());
             let (new_w, new_slots) = rule.apply_tensors(w.clone(), g.clone(), slots.clone());
-            let per_value: Vec<f32> = touched.iter().flat_map(|x| std::iter::repeat_n(*x, t.dim)).collect();
-            let mask: Tensor<1, Bool> =
-                Tensor::<1>::from_data(TensorData::new(per_value, [shape[0] * shape[1]]), &self.device)
-                    .greater_elem(0.5);
-            // What the rows the step did not touch become: as they were,
-            // or under TensorFlow's Adam the update of a zero gradient
-            // (theirs is zero), without AdamW's weight decay.
             let untouched = rule.kind.untouched_rows_rule();
-            let (rest_w, rest_slots) = if !rule.kind.moves_untouched_rows() {
-                (w, slots)
-            } else if untouched == rule.kind {
-                (new_w.clone(), new_slots.clone())
-            } else {
+            let back = |x: Tensor<1>| x.reshape(shape);
+            if rule.kind.moves_untouched_rows() && untouched == rule.kind {
+                // TensorFlow's Adam: every row takes the update (the rows
+                // the step did not touch, that of their zero gradient).
+                self.weights[i] = Some(back(new_w));
+                self.slots[i] = new_slots.into_iter().map(back).collect();
+                continue;
+            }
+            // What the rows the step did not touch become: as they were,
+            // or under AdamW Adam's update of their zero gradient, without
+            // the weight decay.
+            let (rest_w, rest_slots) = if rule.kind.moves_untouched_rows() {
                 Rule {
                     kind: untouched,
                     ..rule
                 }
                 .apply_tensors(w, g, slots)
+            } else {
+                (w, slots)
             };
-            self.weights[i] = Some(rest_w.mask_where(mask.clone(), new_w).reshape(shape));
+            let per_value: Vec<f32> = touched.iter().flat_map(|x| std::iter::repeat_n(*x, t.dim)).collect();
+            let mask: Tensor<1, Bool> =
+                Tensor::<1>::from_data(TensorData::new(per_value, [shape[0] * shape[1]]), &self.device)
+                    .greater_elem(0.5);
+            self.weights[i] = Some(back(rest_w.mask_where(mask.clone(), new_w)));
             self.slots[i] = (rest_slots.into_iter().zip(new_slots))
-                .map(|(rest, new)| rest.mask_where(mask.clone(), new).reshape(shape))
+                .map(|(rest, new)| back(rest.mask_where(mask.clone(), new)))
                 .collect();
         }
     }
 
-    /// The first table that holds a value that is not finite (one
-    /// transfer for all).
-    pub fn non_finite(&self) -> Option<usize> {
-        let kept: Vec<usize> = (0..self.weights.len()).filter(|i| self.weights[*i].is_some()).collect();
-        // 0 where finite, NaN where infinite or NaN: each sum says which.
-        let sums = kept
-            .iter()
-            .map(|i| {
-                let w = self.weights[*i].clone().expect("kept");
-                (w.clone() - w).sum()
-            })
-            .collect();
-        let read = read_all(sums);
-        kept.into_iter().zip(read).find(|(_, s)| *s != 0.0).map(|(i, _)| i)
+    /// Per table on the device, its `device_dense::finite_marker`.
+    pub fn finite_markers(&self) -> Vec<(usize, Tensor<1>)> {
+        (self.weights.iter().enumerate())
+            .filter_map(|(i, w)| Some((i, finite_marker(w.as_ref()?))))
+            .collect()
     }
 
     /// Waits for the device's queued work (profiles).
     pub fn sync(&self) {
-        if let Err(e) = self.device.sync() {
-            log::warn!("waiting for the device: {e:?}");
-        }
+        sync(&self.device);
     }
 }

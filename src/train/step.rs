@@ -7,12 +7,12 @@ use burn::tensor::{Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::dense::{squared_norm, Exchange};
-use super::device_dense::DeviceDense;
+use super::device_dense::{read_scalars, sum_of_squares, DeviceDense};
 use super::device_tables::TableGrads;
 use super::Trainer;
 use crate::embedding::{gathers, RowGrads};
 use crate::features::Batch;
-use crate::model::graph::params::to_vec;
+use crate::model::graph::params::{read_all, to_vec};
 use crate::model::graph::{update_bn_buffers, BnStats};
 use crate::model::{DenseGrad, Executor, TaskScores};
 use crate::optim::Rule;
@@ -168,18 +168,18 @@ impl Trainer {
         };
         let mut rng = self.dropout_rng();
         let targets = crate::model::Targets::of(batch);
-        let groups = &self.model.groups;
-        let gathers = (self.device_tables.as_ref()).map(|_| gathers(groups, batch, &self.embeddings.on_device));
+        // The tables on the device with the batch's lookups in them.
+        let kept =
+            (self.device_tables.as_ref()).map(|t| (t, gathers(&self.model.groups, batch, &self.embeddings.on_device)));
         let reg = self.plan.model.embedding_regularization;
-        let lookups = (self.device_tables.as_ref().zip(gathers.as_deref())).map(|(t, g)| t.lookups(g, reg));
+        let lookups = kept.as_ref().map(|(t, g)| t.lookups(g, reg));
         let (loss, back, bn_stats) = self.model.loss_and_grads_resident(
             (&d.resident, lookups.as_ref()),
             inputs,
             (targets, &self.plan.model.tasks),
             &mut rng,
         );
-        let tables = (self.device_tables.as_ref().zip(gathers.as_deref()))
-            .map(|(t, g)| t.grads((back.tables, back.table_reg), g, &self.embeddings));
+        let tables = kept.map(|(t, g)| t.grads((back.tables, back.table_reg), &g, &self.embeddings));
         Pass {
             loss,
             dense: back.dense,
@@ -357,22 +357,27 @@ impl Trainer {
             |_| Some(Work::Bytes(f32_bytes(n + row_values(&rows)))),
             || {
                 let mut table_sq = ex.rows_squared_norm(&self.embeddings, &rows);
-                if let (Some(t), Some(g)) = (&self.device_tables, &table_grads) {
-                    // (Summed over the ranks already, as their regularizer
-                    // is only where there is one rank.)
-                    let (sq, reg) = t.norm(g);
-                    table_sq += sq;
-                    emb_reg_loss[0] += reg;
-                }
-                ex.sum(&mut emb_reg_loss);
                 let dense_sq = match &dense_grad {
                     DenseGrad::Device(t) => {
-                        let (sq, r) = self.lent().norm(t, device_reg);
+                        // The dense gradient's squared norm and regularizers'
+                        // loss with the same of the tables on the device (summed
+                        // over the ranks already; their regularizer is only
+                        // where there is one rank), in one transfer.
+                        let kept = table_grads.as_ref();
+                        let [sq, r, kept_sq, kept_reg] = read_scalars([
+                            Some(sum_of_squares(&**t)),
+                            device_reg,
+                            kept.and_then(TableGrads::squares),
+                            kept.and_then(|g| g.reg.clone()),
+                        ]);
                         reg += r;
+                        table_sq += kept_sq;
+                        emb_reg_loss[0] += kept_reg;
                         sq
                     }
                     DenseGrad::Host(g) => squared_norm(g),
                 };
+                ex.sum(&mut emb_reg_loss);
                 (dense_sq + table_sq).sqrt() as f32
             },
         );
@@ -459,9 +464,13 @@ impl Trainer {
                     .apply(&g.rows, optimizers, (self.step, &self.frozen.tables), g.scale)
             },
         );
-        let touched_on_device = g.tables.as_ref().map(TableGrads::touched_rows).unwrap_or_default();
-        let table = match (g.tables, &mut self.device_tables) {
-            (Some(grads), Some(t)) => timed(
+        // (Incremental updates record them; nothing else reads them.)
+        let touched_on_device = match (&self.incr, &g.tables) {
+            (Some(_), Some(t)) => t.touched_rows(),
+            _ => Vec::new(),
+        };
+        if let (Some(grads), Some(t)) = (g.tables, &mut self.device_tables) {
+            timed(
                 prof,
                 step("table update on the device"),
                 |_| None,
@@ -470,12 +479,11 @@ impl Trainer {
                     if prof.is_some() {
                         t.sync();
                     }
-                    table.or_else(|| t.non_finite())
                 },
-            ),
-            _ => table,
-        };
-        let dense_finite = self.device_dense.as_ref().is_none_or(|d| d.finite());
+            );
+        }
+        let (dense_finite, table_on_device) = self.finite_on_device();
+        let table = table.or(table_on_device);
         if !dense_finite {
             // Read back to name the parameter.
             self.settle_device();
@@ -506,6 +514,23 @@ impl Trainer {
             grad_norm: g.norm,
             skipped: false,
         })
+    }
+
+    /// Whether the dense parameters lent to the device are finite, and
+    /// the first table kept there that is not: one transfer for all.
+    fn finite_on_device(&self) -> (bool, Option<usize>) {
+        let dense = self.device_dense.as_ref().map(DeviceDense::finite_marker);
+        let tables = (self.device_tables.as_ref()).map_or_else(Vec::new, |t| t.finite_markers());
+        let markers = dense.iter().cloned().chain(tables.iter().map(|(_, m)| m.clone()));
+        let read = read_all(markers.collect());
+        let (dense_finite, rest) = match dense {
+            Some(_) => (read[0] == 0.0, &read[1..]),
+            None => (true, &read[..]),
+        };
+        let table = (tables.iter().zip(rest))
+            .find(|(_, v)| **v != 0.0)
+            .map(|((i, _), _)| *i);
+        (dense_finite, table)
     }
 
     /// What gradients of global norm `norm` are multiplied by: below 1
