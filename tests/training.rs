@@ -2302,21 +2302,18 @@ fn dense_parameters_lent_to_the_gpu_train_as_in_host_memory() {
     lent_trains_as_in_host_memory(|| rustrec::model::ExecutorKind::Gpu.executor(0).unwrap());
 }
 
-/// Trains a DeepFM under each dense optimizer on the CPU executor and on
-/// `exec`, which keeps the dense parameters on its device: the same
-/// parameters and slots.
-fn lent_trains_as_in_host_memory(exec: impl Fn() -> std::sync::Arc<dyn rustrec::model::Executor>) {
+/// Every update rule, each once, with settings that exercise its slots.
+fn every_optimizer() -> Vec<rustrec::config::train_plan::OptimizerKind> {
     use rustrec::config::train_plan::OptimizerKind;
-    let optimizers = [
-        OptimizerKind::Adam {
-            beta1: 0.9,
-            beta2: 0.999,
-        },
+    let (beta1, beta2) = (0.9, 0.999);
+    vec![
+        OptimizerKind::Adam { beta1, beta2 },
         OptimizerKind::AdamW {
-            beta1: 0.9,
-            beta2: 0.999,
+            beta1,
+            beta2,
             weight_decay: 0.01,
         },
+        OptimizerKind::LazyAdam { beta1, beta2 },
         OptimizerKind::Adagrad {
             initial_accumulator: 0.1,
         },
@@ -2337,7 +2334,14 @@ fn lent_trains_as_in_host_memory(exec: impl Fn() -> std::sync::Arc<dyn rustrec::
             decay: 0.9,
             epsilon: 1e-6,
         },
-    ];
+    ]
+}
+
+/// Trains a DeepFM under each dense optimizer on the CPU executor and on
+/// `exec`, which keeps the dense parameters on its device: the same
+/// parameters and slots.
+fn lent_trains_as_in_host_memory(exec: impl Fn() -> std::sync::Arc<dyn rustrec::model::Executor>) {
+    let optimizers = every_optimizer();
     // Without batch norms: a bias a batch norm follows has no gradient but
     // rounding noise, which Adam turns into whole steps on any two executors.
     let block = model_block("DeepFM with variational dropout")
@@ -2505,48 +2509,23 @@ fn tables_kept_on_the_gpu_train_as_in_host_memory() {
 /// with every table in host memory, and on `exec` with every table kept
 /// on its device: the same parameters, rows and slots.
 fn tables_on_device_train_as_in_host_memory(exec: impl Fn() -> std::sync::Arc<dyn rustrec::model::Executor>) {
-    use rustrec::config::train_plan::OptimizerKind;
     use rustrec::optim::SlotState;
-    let (beta1, beta2) = (0.9, 0.999);
-    let kinds = [
-        OptimizerKind::Adagrad {
-            initial_accumulator: 0.1,
-        },
-        OptimizerKind::Adam { beta1, beta2 },
-        OptimizerKind::AdamW {
-            beta1,
-            beta2,
-            weight_decay: 0.01,
-        },
-        OptimizerKind::LazyAdam { beta1, beta2 },
-        OptimizerKind::Momentum { momentum: 0.9 },
-        OptimizerKind::Ftrl {
-            lr_power: -0.5,
-            initial_accumulator: 0.1,
-            l1: 0.001,
-            l2: 0.01,
-            l2_shrinkage: 0.0,
-        },
-    ];
-    let block = r#"train_config { save_checkpoints_steps: 4 gradient_clipping_by_norm: 0.5 }
-feature_configs { input_names: "c3" feature_name: "hist" feature_type: SequenceFeature separator: "|"
-                  hash_bucket_size: 30 embedding_dim: 4 max_seq_len: 3 }
-model_config { model_class: "MultiTowerDIN"
-  feature_groups { group_name: "user" feature_names: ["c1", "d1", "c3"] }
-  feature_groups { group_name: "item" feature_names: ["c2", "d2"] }
-  seq_att_groups { group_name: "din" seq_att_map { key: "c2" hist_seq: "hist" } }
-  multi_tower { towers { input: "user" dnn { hidden_units: [4] } }
-                towers { input: "item" dnn { hidden_units: [4] } }
-                din_towers { input: "din" dnn { hidden_units: [5, 1] } }
-                final_dnn { hidden_units: [4] } } }"#;
+    let kinds = every_optimizer();
+    // MultiTowerDIN with a mean tag feature among the user's; without
+    // batch norms: a bias a batch norm follows has no gradient but rounding
+    // noise, which Adam turns into whole steps.
+    let block = format!(
+        "train_config {{ save_checkpoints_steps: 4 gradient_clipping_by_norm: 0.5 }}\n{}",
+        model_block("MultiTowerDIN")
+            .replace(r#"["c1", "d1"]"#, r#"["c1", "d1", "c3"]"#)
+            .replace("hidden_units: [", "use_bn: false hidden_units: [")
+    );
+    assert!(block.contains(r#"["c1", "d1", "c3"]"#));
     for kind in kinds {
         let dir = tempfile::tempdir().unwrap();
         let trainer = |name: &str, lent: bool| {
             let sub = dir.path().join(name);
             std::fs::create_dir_all(&sub).unwrap();
-            // Without batch norms: a bias a batch norm follows has no
-            // gradient but rounding noise, which Adam turns into whole steps.
-            let block = block.replace("hidden_units: [", "use_bn: false hidden_units: [");
             let mut t = trainer_of(&sub, "DIN with tables on a device", &block);
             let opt = t.embeddings.tables[0].optimizer;
             t.plan.train.optimizers[opt].kind = kind.clone();
