@@ -15,6 +15,10 @@ use rustrec::checkpoint::StreamOffsets;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
+/// The longest one job or producer of these tests may take (each takes
+/// seconds): a job left waiting on a quiet topic fails its test.
+const LIMIT: Duration = Duration::from_secs(300);
+
 /// A topic name no other test or run uses.
 fn unique(what: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -126,7 +130,8 @@ fn train_until_every_row_is_traced(
     });
     let at = args.iter().position(|a| a == "--model_dir").unwrap();
     std::fs::write(Path::new(&args[at + 1]).join("OSS_STOP_SIGNAL"), "").unwrap();
-    ok(&job.wait_with_output().unwrap(), "the job going on from the checkpoint");
+    let what = "the job going on from the checkpoint";
+    ok(&common::wait_within(job, LIMIT, what), what);
 }
 
 fn ok(out: &std::process::Output, what: &str) {
@@ -182,7 +187,7 @@ fn every_row_is_trained_across_a_kill_and_a_resume_on_another_world_size() {
         .args(["-9", &pid.unwrap().to_string()])
         .status()
         .unwrap();
-    let out = job.wait_with_output().unwrap();
+    let out = common::wait_within(job, LIMIT, "the job with a killed rank");
     assert!(!out.status.success(), "the killed job succeeded");
     let ckpt = rustrec::checkpoint::latest(&dir).unwrap().unwrap();
     let resumed = StreamOffsets::of(&ckpt)
@@ -279,21 +284,23 @@ fn offset_info_and_offset_time_start_where_asked() {
     // k % 2, stamped a minute after the one before from T0.
     let topic = unique("offsets");
     let t0 = 1_600_000_000i64;
-    let out = produce(
-        &topic,
-        2,
-        &csv,
-        &[
-            "--rows",
-            "200",
-            "--time_from",
-            &t0.to_string(),
-            "--seconds_per_row",
-            "60",
-        ],
-    )
-    .output()
-    .unwrap();
+    let out = common::output_within(
+        &mut produce(
+            &topic,
+            2,
+            &csv,
+            &[
+                "--rows",
+                "200",
+                "--time_from",
+                &t0.to_string(),
+                "--seconds_per_row",
+                "60",
+            ],
+        ),
+        LIMIT,
+        "producing",
+    );
     ok(&out, "producing");
     let run = |name: &str, offset: serde_json::Value, steps: u32| -> Vec<(i32, i64)> {
         let dir = tmp.path().join(name);
@@ -306,12 +313,14 @@ fn offset_info_and_offset_time_start_where_asked() {
             .as_object_mut()
             .unwrap()
             .extend(offset.as_object().unwrap().clone());
-        let out = Command::new(env!("CARGO_BIN_EXE_train_eval"))
-            .current_dir(ROOT)
-            .args(train_args(&topic, &dir, edits))
-            .env("RUSTREC_TRACE_TRAINED_ROWS", &trace)
-            .output()
-            .unwrap();
+        let out = common::output_within(
+            Command::new(env!("CARGO_BIN_EXE_train_eval"))
+                .current_dir(ROOT)
+                .args(train_args(&topic, &dir, edits))
+                .env("RUSTREC_TRACE_TRAINED_ROWS", &trace),
+            LIMIT,
+            name,
+        );
         ok(&out, name);
         let mut rows = traced(&trace);
         rows.sort_unstable();
@@ -349,9 +358,11 @@ fn asynchronous_workers_read_their_partitions_and_a_synchronous_job_goes_on() {
     let csv = movielens(tmp.path());
     let topic = unique("async");
     let (partitions, rows) = (4usize, 2000usize);
-    let out = produce(&topic, partitions, &csv, &["--rows", &rows.to_string()])
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        &mut produce(&topic, partitions, &csv, &["--rows", &rows.to_string()]),
+        LIMIT,
+        "producing",
+    );
     ok(&out, "producing");
     let dir = tmp.path().join("model");
     let (trace1, trace2) = (tmp.path().join("trace1"), tmp.path().join("trace2"));
@@ -377,12 +388,14 @@ fn asynchronous_workers_read_their_partitions_and_a_synchronous_job_goes_on() {
         "--num_ps".into(),
         "1".into(),
     ]);
-    let out = common::mpirun()
-        .args(["-np", "3", env!("CARGO_BIN_EXE_train_eval")])
-        .args(&args)
-        .env("RUSTREC_TRACE_TRAINED_ROWS", &trace1)
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        common::mpirun()
+            .args(["-np", "3", env!("CARGO_BIN_EXE_train_eval")])
+            .args(&args)
+            .env("RUSTREC_TRACE_TRAINED_ROWS", &trace1),
+        LIMIT,
+        "asynchronous training",
+    );
     ok(&out, "asynchronous training");
     let ckpt = rustrec::checkpoint::latest(&dir).unwrap().unwrap();
     let saved = StreamOffsets::of(&ckpt).unwrap().expect("offsets");

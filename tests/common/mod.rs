@@ -1,8 +1,11 @@
 #![allow(dead_code)]
 pub mod models;
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// The shared folder beside the repository (sample configs, real data);
 /// `RUSTREC_SHARED_DIR` overrides it.
@@ -43,6 +46,69 @@ pub fn mpirun() -> Command {
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
     c
+}
+
+/// Runs `cmd` with its output captured, as `Command::output` does, but
+/// for at most `limit`: see [`wait_within`].
+pub fn output_within(cmd: &mut Command, limit: Duration, what: &str) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    wait_within(child, limit, what)
+}
+
+/// Waits for `child` (its stdout and stderr piped, or not captured) as
+/// `wait_with_output` does, for at most `limit`. Past it the child gets
+/// SIGTERM (mpirun passes it to its ranks), then SIGKILL, and the test
+/// fails with what it printed: a job waiting for input that never comes
+/// (a stream is endless) fails its test instead of hanging the suite.
+pub fn wait_within(mut child: Child, limit: Duration, what: &str) -> Output {
+    fn drain(r: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = mpsc::channel();
+        if let Some(mut r) = r {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = r.read_to_end(&mut v);
+                let _ = tx.send(v);
+            });
+        } else {
+            let _ = tx.send(Vec::new());
+        }
+        rx
+    }
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let wait_until = |child: &mut Child, deadline: Instant| loop {
+        match child.try_wait().unwrap() {
+            Some(status) => return Some(status),
+            None if Instant::now() >= deadline => return None,
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    if let Some(status) = wait_until(&mut child, Instant::now() + limit) {
+        return Output {
+            status,
+            stdout: stdout.recv().unwrap_or_default(),
+            stderr: stderr.recv().unwrap_or_default(),
+        };
+    }
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    if wait_until(&mut child, Instant::now() + Duration::from_secs(10)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // A rank that outlived mpirun may hold the pipes open: read what came.
+    let grace = Duration::from_secs(5);
+    let (out, err) = (
+        stdout.recv_timeout(grace).unwrap_or_default(),
+        stderr.recv_timeout(grace).unwrap_or_default(),
+    );
+    panic!(
+        "{what} did not finish within {limit:?}; it printed:\n{}{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
 }
 
 /// The pid of rank `rank` of the job training into `model_dir`.
