@@ -549,9 +549,11 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
             .to_string()
     };
     let all: Vec<PathBuf> = configs().into_iter().filter(|p| name_of(p).contains(&filter)).collect();
+    // Sorted first, then tried on as many threads as there are cores (each
+    // config in its own model_dir), then counted in order.
+    let mut todo = Vec::new();
     for path in &all {
         let name = name_of(path);
-        let reads_kafka = matches!(kind_of(path), Kind::Kafka);
         match kind_of(path) {
             Kind::Fragment => {
                 fragments.push(name);
@@ -561,8 +563,27 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
             Kind::Files => files += 1,
             Kind::Kafka => kafka += 1,
         }
-        let dir = tempfile::tempdir().unwrap();
-        match try_config(path, dir.path()) {
+        todo.push((name, path));
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outcomes = std::sync::Mutex::new(BTreeMap::new());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((_, path)) = todo.get(i) else {
+                    break;
+                };
+                let dir = tempfile::tempdir().unwrap();
+                let outcome = try_config(path, dir.path());
+                outcomes.lock().unwrap().insert(i, outcome);
+            });
+        }
+    });
+    for ((name, path), outcome) in todo.into_iter().zip(outcomes.into_inner().unwrap().into_values()) {
+        let reads_kafka = matches!(kind_of(path), Kind::Kafka);
+        match outcome {
             Outcome::Passed => {
                 kafka_passed += usize::from(reads_kafka);
                 passed.push(name)
