@@ -549,12 +549,13 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
             .to_string()
     };
     let all: Vec<PathBuf> = configs().into_iter().filter(|p| name_of(p).contains(&filter)).collect();
-    // Sorted first, then tried on as many threads as there are cores (each
-    // config in its own model_dir), then counted in order.
+    // Classified in order, tried on as many threads as there are cores
+    // (each config in its own model_dir), then counted in that order.
     let mut todo = Vec::new();
     for path in &all {
         let name = name_of(path);
-        match kind_of(path) {
+        let kind = kind_of(path);
+        match kind {
             Kind::Fragment => {
                 fragments.push(name);
                 continue;
@@ -563,27 +564,26 @@ fn easyrec_configs_train_evaluate_and_export_or_are_refused_by_name() {
             Kind::Files => files += 1,
             Kind::Kafka => kafka += 1,
         }
-        todo.push((name, path));
+        todo.push((name, path, matches!(kind, Kind::Kafka)));
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let outcomes = std::sync::Mutex::new(BTreeMap::new());
+    let outcomes = std::sync::Mutex::new((0..todo.len()).map(|_| None).collect::<Vec<Option<Outcome>>>());
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((_, path)) = todo.get(i) else {
+                let Some((_, path, _)) = todo.get(i) else {
                     break;
                 };
                 let dir = tempfile::tempdir().unwrap();
                 let outcome = try_config(path, dir.path());
-                outcomes.lock().unwrap().insert(i, outcome);
+                outcomes.lock().unwrap()[i] = Some(outcome);
             });
         }
     });
-    for ((name, path), outcome) in todo.into_iter().zip(outcomes.into_inner().unwrap().into_values()) {
-        let reads_kafka = matches!(kind_of(path), Kind::Kafka);
-        match outcome {
+    for ((name, _, reads_kafka), outcome) in todo.into_iter().zip(outcomes.into_inner().unwrap()) {
+        match outcome.expect("every config tried") {
             Outcome::Passed => {
                 kafka_passed += usize::from(reads_kafka);
                 passed.push(name)
